@@ -1,0 +1,156 @@
+// `kvbudget run CONFIG`: the whole experiment, config to plots.
+#include <omp.h>
+
+#include <atomic>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "experiments/cli/commands.h"
+#include "experiments/experiment.h"
+#include "experiments/progress.h"
+#include "experiments/report.h"
+#include "experiments/sweep.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::cli {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop.store(true); }
+
+std::string iso_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", &tm);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_run(const Args& args) {
+  po::options_description opts("kvbudget run CONFIG [options]");
+  std::string config;
+  std::vector<std::string> sets, budgets;
+  int threads = 0;
+  std::string out_dir;
+  opts.add_options()("help,h", "show this help")(
+      "set", po::value(&sets)->composing(), "override a config key: --set data.max_tokens=256 (repeatable)")(
+      "budget", po::value(&budgets)->composing(),
+      "add a budget query: --budget 'attn_kl_mean <= 1e-3' or --budget 'bpe <= 4' (repeatable)")(
+      "threads", po::value(&threads), "OpenMP threads (default: config `threads`, else all cores)")(
+      "out", po::value(&out_dir), "results base directory (default: config output.dir, else results/)")(
+      "no-plots", "skip the matplotlib plots")("quiet,q", "no progress output");
+  po::options_description hidden;
+  hidden.add_options()("config", po::value(&config));
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "kvbudget run: " << e.what() << "\n\n" << opts;
+    return kExitUsage;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\nWrites results/<name>/<timestamp>/: config.toml, manifest.json, points.csv, pareto.csv,\n"
+                         "budgets.json and plots/. See configs/README.md for the config reference.\n";
+    return kExitOk;
+  }
+  if (config.empty()) {
+    std::cerr << "kvbudget run: missing CONFIG (e.g. kvbudget run configs/quickstart.toml)\n\n" << opts;
+    return kExitUsage;
+  }
+  const bool quiet = vm.count("quiet") != 0;
+
+  ExperimentSpec spec = load_experiment(config, sets);
+  for (const std::string& b : budgets) spec.budgets.push_back(parse_budget_query(b, "--budget"));
+  if (threads > 0) spec.threads = threads;
+  if (!out_dir.empty()) spec.output.dir = out_dir;
+  if (vm.count("no-plots")) spec.output.plots = false;
+  if (spec.threads > 0) omp_set_num_threads(spec.threads);
+
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  const auto t_start = std::chrono::steady_clock::now();
+  if (!quiet) std::fprintf(stderr, "kvbudget: %s: %zu points; loading data\n", spec.name.c_str(), points.size());
+  const Recording rec = build_recording(spec.data);
+  if (!quiet) std::fprintf(stderr, "kvbudget: recording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
+
+  Report report(spec, points, make_run_dir(spec.output.dir, spec.name));
+  RunInfo info;
+  info.command_line = "kvbudget run " + join(args, " ");
+  info.status = "running";
+  info.started_iso = iso_now();
+  info.points_total = points.size();
+  info.recording_summary = rec.name + ": " + rec.summary();
+  report.write_config();
+  report.write_manifest(info);
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  // Completed results are rewritten atomically at most once a second while the
+  // sweep runs, so a crash loses at most the last second of points.
+  std::vector<PointResult> done_results;
+  auto last_write = std::chrono::steady_clock::now();
+  Progress progress(points.size(), quiet);
+  auto on_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t) {
+    done_results.push_back(r);
+    progress.update(done, r.ok ? p.key : r.error, r.ok, r.seconds);
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - last_write).count() >= 1.0) {
+      report.write_points(done_results);
+      last_write = now;
+    }
+  };
+  std::vector<PointResult> results = run_sweep(spec, rec, points, on_point, &g_stop);
+  progress.finish();
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+
+  report.write_points(results);
+  size_t failed = 0;
+  for (const PointResult& r : results) failed += r.ok ? 0 : 1;
+  const bool interrupted = g_stop.load();
+  const std::string frontier = report.write_frontier(results);
+  std::string plot_error;
+  if (spec.output.plots && results.size() > failed) plot_error = report.write_plots();
+
+  info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  info.status = interrupted ? "interrupted" : (failed ? "failed" : "complete");
+  report.write_manifest(info);
+
+  std::printf("%s", frontier.c_str());
+  std::printf("\n%zu of %zu points measured in %.1f s; results in %s\n", results.size() - failed, points.size(),
+              info.wall_seconds, report.dir().string().c_str());
+  if (spec.output.plots && plot_error.empty() && results.size() > failed)
+    std::printf("plots: %s\n", (report.dir() / "plots").string().c_str());
+  if (!plot_error.empty()) std::fprintf(stderr, "kvbudget run: error: plots not written: %s\n", plot_error.c_str());
+  if (failed) {
+    std::fprintf(stderr, "kvbudget run: error: %zu point(s) failed (see %s):\n", failed,
+                 (report.dir() / "errors.csv").string().c_str());
+    size_t shown = 0;
+    for (const PointResult& r : results)
+      if (!r.ok && shown++ < 5) std::fprintf(stderr, "  %s\n", r.error.c_str());
+  }
+  if (interrupted) {
+    std::fprintf(stderr, "kvbudget run: interrupted: %zu of %zu points were finished and written\n", results.size(),
+                 points.size());
+    return kExitInterrupted;
+  }
+  return (failed || !plot_error.empty()) ? kExitError : kExitOk;
+}
+
+}  // namespace kvb::cli

@@ -1,0 +1,4 @@
+#include "experiments/cli/commands.h"
+namespace kvb::cli {
+int cmd_inspect(const Args&) { return 2; }
+}

@@ -1,0 +1,18 @@
+// The kvbudget subcommands: one function per command, listed in main.cpp's table.
+// Each receives the arguments after the command name and returns the exit code
+// (kvb::kExitOk, kExitError, kExitUsage, kExitInterrupted).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace kvb::cli {
+
+using Args = std::vector<std::string>;
+
+int cmd_run(const Args& args);
+int cmd_inspect(const Args& args);
+int cmd_formats(const Args& args);
+int cmd_metrics(const Args& args);
+int cmd_strategies(const Args& args);
+
+}  // namespace kvb::cli

@@ -1,0 +1,68 @@
+// kvbudget: KV-cache quantization error budgets, from a declarative config to a
+// Pareto plot. `kvbudget help` lists the commands.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include "experiments/cli/commands.h"
+#include "kvb/build_config.h"
+#include "sim/core/error.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const kvb::cli::Args&);
+};
+
+// The command table.
+const Command kCommands[] = {
+    {"run", "run an experiment config: sweep, Pareto frontier, plots, budget answers", &kvb::cli::cmd_run},
+    {"inspect", "print a tensor file's tensors, statistics and per-head attention entropy", &kvb::cli::cmd_inspect},
+    {"formats", "list the format table (quantizers, names, bits per element)", &kvb::cli::cmd_formats},
+    {"metrics", "list the metric table", &kvb::cli::cmd_metrics},
+    {"strategies", "list the allocation strategies and their parameters", &kvb::cli::cmd_strategies},
+};
+
+void usage(std::FILE* to) {
+  std::fprintf(to, "kvbudget %s: KV-cache quantization error budgets\n\nusage: kvbudget <command> [options]\n\n",
+               KVB_VERSION);
+  for (const Command& c : kCommands) std::fprintf(to, "  %-11s %s\n", c.name, c.summary);
+  std::fprintf(to, "\n`kvbudget <command> --help` describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return kvb::kExitUsage;
+  }
+  const std::string name = argv[1];
+  if (name == "help" || name == "--help" || name == "-h") {
+    usage(stdout);
+    return kvb::kExitOk;
+  }
+  if (name == "--version") {
+    std::printf("kvbudget %s\n", KVB_VERSION);
+    return kvb::kExitOk;
+  }
+  kvb::cli::Args args(argv + 2, argv + argc);
+  for (const Command& c : kCommands) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const kvb::ConfigError& e) {
+      std::fprintf(stderr, "kvbudget %s: error: %s\n", c.name, e.what());
+      return kvb::kExitUsage;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kvbudget %s: error: %s\n", c.name, e.what());
+      return kvb::kExitError;
+    }
+  }
+  std::fprintf(stderr, "kvbudget: unknown command '%s'\n\n", name.c_str());
+  usage(stderr);
+  return kvb::kExitUsage;
+}

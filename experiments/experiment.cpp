@@ -1,0 +1,373 @@
+#include "experiments/experiment.h"
+
+#include <algorithm>
+#include <cmath>
+#include <regex>
+#include <sstream>
+
+#include "kvb/build_config.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+#include "sim/formats/registry.h"
+
+namespace kvb {
+
+namespace {
+
+// Relative data paths are looked up from the working directory, then from the
+// config file's directory, then from the source tree.
+std::filesystem::path resolve_data_path(const std::string& raw, const std::filesystem::path& config,
+                                        const std::string& where) {
+  const std::filesystem::path p(raw);
+  if (p.is_absolute()) return p;
+  const std::vector<std::filesystem::path> tries = {
+      std::filesystem::current_path() / p, config.parent_path() / p, std::filesystem::path(KVB_SOURCE_DIR) / p};
+  for (const auto& t : tries)
+    if (std::filesystem::exists(t)) return std::filesystem::weakly_canonical(t);
+  std::string msg = where + ": data path '" + raw + "' not found (looked in";
+  for (const auto& t : tries) msg += " " + t.string();
+  throw ConfigError(msg + ")");
+}
+
+SyntheticSpec parse_synthetic(const ConfigTable& t, uint64_t seed) {
+  SyntheticSpec s;
+  s.seed = static_cast<uint64_t>(t.integer("seed", static_cast<int64_t>(seed)));
+  s.layers = t.integer("layers", s.layers);
+  s.q_heads = t.integer("q_heads", s.q_heads);
+  s.kv_heads = t.integer("kv_heads", s.q_heads == s.kv_heads ? s.q_heads : s.kv_heads);
+  s.head_dim = t.integer("head_dim", s.head_dim);
+  s.tokens = t.integer("tokens", s.tokens);
+  s.entropy_mean = t.real("entropy_mean", s.entropy_mean);
+  s.entropy_spread = t.real("entropy_spread", s.entropy_spread);
+  s.sink_tokens = t.integer("sink_tokens", s.sink_tokens);
+  s.sink_heads = t.integer("sink_heads", s.sink_heads);
+  s.sink_mass = t.real("sink_mass", s.sink_mass);
+  s.recency = t.real("recency", s.recency);
+  s.recency_scale = t.real("recency_scale", s.recency_scale);
+  s.outlier_channels = t.integer("outlier_channels", s.outlier_channels);
+  s.outlier_scale = t.real("outlier_scale", s.outlier_scale);
+  s.rope = t.boolean("rope", s.rope);
+  s.rope_theta = t.real("rope_theta", s.rope_theta);
+  s.phase_fraction = t.real("phase_fraction", s.phase_fraction);
+  s.rho_first = t.real("rho_first", s.rho_first);
+  s.rho_second = t.real("rho_second", s.rho_second);
+  s.phase_marker = t.integer("phase_marker", s.phase_marker);
+  s.key_scale = t.real("key_scale", s.key_scale);
+  s.value_scale = t.real("value_scale", s.value_scale);
+  return s;
+}
+
+DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, uint64_t seed) {
+  DataSpec d;
+  d.where = t.where();
+  const auto synth = t.opt_table("synthetic");
+  const std::string source = t.string("source", synth ? "synthetic" : "file");
+  d.max_tokens = t.integer("max_tokens", 0);
+  if (d.max_tokens < 0) t.fail("max_tokens", "must be >= 0 (0 keeps every token)");
+  if (source == "synthetic") {
+    if (!synth) t.fail("source", "source = \"synthetic\" needs a [data.synthetic] table");
+    d.source = DataSpec::Source::Synthetic;
+    d.synthetic = parse_synthetic(*synth, seed);
+    for (const char* k : {"path", "query", "key", "value"})
+      if (t.has(k)) t.fail(k, "not used with synthetic data; remove it or drop [data.synthetic]");
+    return d;
+  }
+  if (source != "file") t.fail("source", "must be \"file\" or \"synthetic\", got \"" + source + "\"");
+  if (synth) t.fail("synthetic", "[data.synthetic] given but source = \"file\"");
+  d.source = DataSpec::Source::File;
+  RecordingSpec& r = d.file;
+  const std::string raw = t.required_string("path");
+  r.path = resolve_data_path(raw, config, t.where("path"));
+  r.query = t.string("query", r.query);
+  r.key = t.string("key", r.key);
+  r.value = t.string("value", r.value);
+  r.key_pre_rope = t.string("key_pre_rope", r.key_pre_rope);
+  r.attn_output = t.string("attn_output", r.attn_output);
+  r.token_ids = t.string("token_ids", r.token_ids);
+  r.layout = t.string("layout", r.layout);
+  r.attn_output_layout = t.string("attn_output_layout", r.attn_output_layout);
+  for (int64_t l : t.int_list("layers")) {
+    if (l < 0) t.fail("layers", "layer indices must be >= 0");
+    r.layers.push_back(static_cast<int>(l));
+  }
+  r.max_tokens = d.max_tokens;
+  if (auto theta = t.opt_real("rope_theta")) r.rope_theta = *theta;
+  for (const std::string* pat : {&r.query, &r.key, &r.value})
+    if (pat->find("{layer}") == std::string::npos)
+      t.fail("key", "tensor name pattern '" + *pat + "' has no {layer} placeholder");
+  return d;
+}
+
+// A config value -> candidate parameter values (an array is an axis; a numeric range
+// string is an axis; anything else is one value).
+std::vector<ParamValue> values_of(const ConfigTable& t, const std::string& key, bool allow_range) {
+  const toml::node* n = t.node(key);
+  auto scalar = [&](const toml::node& v) -> ParamValue {
+    if (v.is_boolean()) return *v.value<bool>();
+    if (v.is_integer()) return *v.value<int64_t>();
+    if (v.is_floating_point()) return *v.value<double>();
+    if (v.is_string()) return *v.value<std::string>();
+    t.fail(key, "expected a string, number or boolean (or an array of them), got " + toml_type_name(v));
+  };
+  if (const toml::array* a = n->as_array()) {
+    std::vector<ParamValue> out;
+    for (const toml::node& e : *a) out.push_back(scalar(e));
+    if (out.empty()) t.fail(key, "empty array: a sweep axis needs at least one value");
+    return out;
+  }
+  ParamValue v = scalar(*n);
+  if (allow_range)
+    if (const std::string* s = std::get_if<std::string>(&v))
+      if (auto r = parse_range(*s)) {
+        if (r->empty()) t.fail(key, "range '" + *s + "' is empty");
+        return *r;
+      }
+  return {v};
+}
+
+// Coerces a value to a parameter's type, or fails naming the key.
+ParamValue coerce(const ParamValue& v, const ParamDef& def, const ConfigTable& t, const std::string& key) {
+  switch (def.type) {
+    case ParamType::Bool:
+      if (std::holds_alternative<bool>(v)) return v;
+      break;
+    case ParamType::Int:
+      if (std::holds_alternative<int64_t>(v)) return v;
+      break;
+    case ParamType::Real:
+      if (const int64_t* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
+      if (std::holds_alternative<double>(v)) return v;
+      break;
+    case ParamType::String:
+      if (std::holds_alternative<std::string>(v)) return v;
+      break;
+  }
+  t.fail(key, "expected a " + std::string(param_type_name(def.type)) + ", got '" + param_to_string(v) + "'");
+}
+
+StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
+  StrategyBlock b;
+  b.index = index;
+  b.where = t.where();
+  b.type = t.required_string("type");
+  const StrategyType& type = require_strategy_type(b.type, t.where("type"));
+  b.label = t.string("name", b.type);
+
+  std::vector<std::string> var_names;
+  if (auto vars = t.opt_table("vars")) {
+    for (const std::string& k : vars->keys()) {
+      Axis a;
+      a.name = k;
+      a.is_var = true;
+      a.where = vars->where(k);
+      a.values = values_of(*vars, k, true);
+      b.axes.push_back(a);
+      var_names.push_back(k);
+    }
+  }
+  std::vector<std::string> param_names;
+  for (const ParamDef& def : type.params) {
+    param_names.push_back(def.name);
+    if (!t.has(def.name)) continue;
+    Axis a;
+    a.name = def.name;
+    a.where = t.where(def.name);
+    const bool numeric = def.type == ParamType::Int || def.type == ParamType::Real;
+    for (const ParamValue& v : values_of(t, def.name, numeric)) a.values.push_back(coerce(v, def, t, def.name));
+    b.axes.push_back(a);
+  }
+  // Unknown keys in a strategy are reported with this strategy's parameter list.
+  for (const std::string& k : t.keys()) {
+    if (k == "type" || k == "name" || k == "vars") continue;
+    if (std::find(param_names.begin(), param_names.end(), k) != param_names.end()) continue;
+    std::string msg = "unknown parameter '" + k + "' for strategy type '" + b.type + "'";
+    const std::string close = closest_match(k, param_names);
+    if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+    msg += "; parameters: " + join(param_names, ", ") + " (template variables go under [" + t.path() + ".vars])";
+    t.fail(k, msg);
+  }
+  // Every {var} used in a string parameter must be declared, and every var used.
+  std::set<std::string> used;
+  static const std::regex placeholder(R"(\{([A-Za-z_][A-Za-z0-9_]*)\})");
+  for (const Axis& a : b.axes) {
+    if (a.is_var) continue;
+    for (const ParamValue& v : a.values) {
+      const std::string* s = std::get_if<std::string>(&v);
+      if (!s) continue;
+      for (std::sregex_iterator it(s->begin(), s->end(), placeholder), end; it != end; ++it) {
+        const std::string name = (*it)[1];
+        if (std::find(var_names.begin(), var_names.end(), name) == var_names.end())
+          throw ConfigError(a.where + ": '{" + name + "}' is not declared under [" + t.path() + ".vars]");
+        used.insert(name);
+      }
+    }
+  }
+  for (const Axis& a : b.axes)
+    if (a.is_var && !used.count(a.name))
+      throw ConfigError(a.where + ": variable '" + a.name + "' is never used as {" + a.name + "} in a parameter");
+  std::sort(b.axes.begin(), b.axes.end(), [](const Axis& x, const Axis& y) { return x.name < y.name; });
+  return b;
+}
+
+MetricsSpec parse_metrics(const std::optional<ConfigTable>& t) {
+  MetricsSpec m;
+  std::vector<std::string> all;
+  for (const MetricDef& d : metric_table())
+    if (d.level != MetricLevel::Model) all.push_back(d.name);
+  if (!t) {
+    m.report = all;
+    m.pareto = {"attn_kl_mean", "attn_out_rel_err"};
+    return m;
+  }
+  m.report = t->string_list("report", all);
+  m.pareto = t->string_list("pareto", {"attn_kl_mean", "attn_out_rel_err"});
+  for (const std::string& name : m.report) require_metric(name, t->where("report"));
+  for (const std::string& name : m.pareto) {
+    require_metric(name, t->where("pareto"));
+    if (std::find(m.report.begin(), m.report.end(), name) == m.report.end()) m.report.push_back(name);
+  }
+  // Report in table order.
+  std::vector<std::string> ordered;
+  for (const MetricDef& d : metric_table())
+    if (std::find(m.report.begin(), m.report.end(), d.name) != m.report.end()) ordered.push_back(d.name);
+  m.report = ordered;
+  m.topk = t->integer("topk", m.topk);
+  if (m.topk < 1) t->fail("topk", "must be >= 1");
+  if (const toml::node* n = t->node("positions")) {
+    if (n->is_string()) {
+      m.positions_text = *n->value<std::string>();
+      if (m.positions_text != "all") {
+        auto r = parse_range(m.positions_text);
+        if (!r) t->fail("positions", "expected \"all\", a range \"a..b\" or an array of positions");
+        for (const ParamValue& v : *r) {
+          if (!std::holds_alternative<int64_t>(v)) t->fail("positions", "positions must be integers");
+          m.positions.push_back(std::get<int64_t>(v));
+        }
+      }
+    } else {
+      m.positions = t->int_list("positions");
+      m.positions_text = "list";
+    }
+    std::sort(m.positions.begin(), m.positions.end());
+    m.positions.erase(std::unique(m.positions.begin(), m.positions.end()), m.positions.end());
+    if (!m.positions.empty() && m.positions.front() < 0) t->fail("positions", "positions must be >= 0");
+  }
+  return m;
+}
+
+OutputSpec parse_output(const std::optional<ConfigTable>& t) {
+  OutputSpec o;
+  if (!t) return o;
+  o.dir = t->string("dir", o.dir.string());
+  o.plots = t->boolean("plots", o.plots);
+  o.target_context = t->integer("target_context", o.target_context);
+  if (o.target_context < 1) t->fail("target_context", "must be >= 1 token");
+  o.series = t->string("series", "");
+  return o;
+}
+
+}  // namespace
+
+std::optional<std::vector<ParamValue>> parse_range(const std::string& text) {
+  static const std::regex re(R"(^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*\.\.\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*(?::\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?))?\s*$)");
+  std::smatch m;
+  if (!std::regex_match(text, m, re)) return std::nullopt;
+  auto is_int = [](const std::string& s) { return s.find_first_of(".eE") == std::string::npos; };
+  const std::string a = m[1], b = m[2], st = m[3].matched ? std::string(m[3]) : "1";
+  std::vector<ParamValue> out;
+  if (is_int(a) && is_int(b) && is_int(st)) {
+    const int64_t lo = std::stoll(a), hi = std::stoll(b), step = std::stoll(st);
+    if (step <= 0) return std::vector<ParamValue>{};
+    for (int64_t v = lo; v <= hi; v += step) out.emplace_back(v);
+    return out;
+  }
+  const double lo = std::stod(a), hi = std::stod(b), step = std::stod(st);
+  if (!(step > 0)) return std::vector<ParamValue>{};
+  const int64_t n = static_cast<int64_t>(std::floor((hi - lo) / step + 1e-9));
+  for (int64_t i = 0; i <= n; ++i) out.emplace_back(lo + static_cast<double>(i) * step);
+  return out;
+}
+
+BudgetQuery parse_budget_query(const std::string& text, const std::string& where) {
+  static const std::regex re(R"(^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$)");
+  std::smatch m;
+  if (!std::regex_match(text, m, re))
+    throw ConfigError(where + ": budget query '" + text +
+                      "' should look like 'attn_kl_mean <= 1e-3' (least memory meeting an error budget) or "
+                      "'bpe <= 4' / 'bytes <= 1e6' (least error within a memory budget)");
+  BudgetQuery q;
+  q.text = text;
+  q.lhs = m[1];
+  q.upper = std::string(m[2])[0] == '<';
+  try {
+    q.bound = std::stod(m[3]);
+  } catch (...) {
+    throw ConfigError(where + ": budget query '" + text + "': '" + std::string(m[3]) + "' is not a number");
+  }
+  q.memory = q.lhs == "bpe" || q.lhs == "bytes" || q.lhs == "bpe_target" || q.lhs == "bytes_target";
+  if (q.memory) {
+    if (!q.upper) throw ConfigError(where + ": memory budget '" + text + "' must be an upper bound (<=)");
+  } else {
+    const MetricDef& def = require_metric(q.lhs, where + ": budget query '" + text + "'");
+    if ((def.better == Better::Lower) != q.upper)
+      throw ConfigError(where + ": budget query '" + text + "': " + q.lhs + " is better when " +
+                        (def.better == Better::Lower ? "lower; use <=" : "higher; use >="));
+  }
+  return q;
+}
+
+ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
+  ExperimentSpec e;
+  ConfigTable root = doc->root();
+  e.config_path = doc->file();
+  e.name = root.string("name", doc->file().stem().string());
+  static const std::regex safe_name(R"(^[A-Za-z0-9_.-]+$)");
+  if (!std::regex_match(e.name, safe_name))
+    root.fail("name", "'" + e.name + "' is used as a directory name: letters, digits, '_', '-', '.' only");
+  e.description = root.string("description", "");
+  const int64_t seed = root.integer("seed", 0);
+  if (seed < 0) root.fail("seed", "must be >= 0");
+  e.seed = static_cast<uint64_t>(seed);
+  e.threads = static_cast<int>(root.integer("threads", 0));
+  if (e.threads < 0) root.fail("threads", "must be >= 0 (0 = all cores)");
+
+  auto data = root.opt_table("data");
+  if (!data) throw ConfigError(doc->file().string() + ": missing [data] table (a recording path or [data.synthetic])");
+  e.data = parse_data(*data, doc->file(), e.seed);
+
+  const std::vector<ConfigTable> blocks = root.table_array("strategy");
+  if (blocks.empty())
+    throw ConfigError(doc->file().string() + ": no [[strategy]] blocks: the sweep is empty");
+  for (size_t i = 0; i < blocks.size(); ++i) e.strategies.push_back(parse_strategy(blocks[i], i));
+
+  e.metrics = parse_metrics(root.opt_table("metrics"));
+  e.output = parse_output(root.opt_table("output"));
+  if (auto b = root.opt_table("budgets")) {
+    for (const std::string& q : b->string_list("queries", {})) e.budgets.push_back(parse_budget_query(q, b->where("queries")));
+  }
+  doc->check_unknown_keys();
+
+  std::ostringstream os;
+  os << toml::toml_formatter(doc->table());
+  e.resolved_toml = os.str();
+  return e;
+}
+
+ExperimentSpec load_experiment(const std::filesystem::path& file, const std::vector<std::string>& overrides) {
+  auto doc = ConfigDoc::load(file);
+  for (const std::string& o : overrides) doc->apply_override(o);
+  return parse_experiment(doc);
+}
+
+Recording build_recording(const DataSpec& data) {
+  Recording rec;
+  if (data.source == DataSpec::Source::Synthetic) {
+    rec = generate_synthetic(data.synthetic);
+    if (data.max_tokens > 0) rec.truncate_tokens(data.max_tokens);
+  } else {
+    rec = load_recording(data.file);
+  }
+  return rec;
+}
+
+}  // namespace kvb

@@ -1,0 +1,106 @@
+// ExperimentSpec: a TOML experiment config, validated. See configs/README.md for the
+// full reference and configs/quickstart.toml for an example.
+//
+//   name, description, seed, threads
+//   [data]          a recording file (path + tensor name patterns + layout) or
+//   [data.synthetic] a seeded synthetic recording
+//   [[strategy]]    type + parameters; any parameter may be a sweep axis: an array
+//                   ([32, 64]) or a numeric range string ("2..8", "0.1..0.5:0.1").
+//                   [strategy.vars] declares template variables used as {name}
+//                   inside string parameters ("int{bits}-{mode}-g{group}").
+//   [metrics]       which metrics to report, which get a Pareto front, top-k, positions
+//   [output]        results directory, plots, target context
+//   [budgets]       queries = ["attn_kl_mean <= 1e-3", "bpe <= 4"]
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "experiments/config.h"
+#include "sim/metrics/metric_table.h"
+#include "sim/recording.h"
+#include "sim/strategies/strategy.h"
+#include "sim/synthetic.h"
+
+namespace kvb {
+
+struct DataSpec {
+  enum class Source { File, Synthetic } source = Source::File;
+  RecordingSpec file;
+  SyntheticSpec synthetic;
+  int64_t max_tokens = 0;  // applied to synthetic data too
+  std::string where;       // config location, for messages
+};
+
+// One sweep axis or fixed value of a strategy block.
+struct Axis {
+  std::string name;                 // parameter or variable name
+  std::vector<ParamValue> values;   // one value = fixed
+  bool is_var = false;              // declared under [strategy.vars]
+  std::string where;                // config location
+};
+
+struct StrategyBlock {
+  size_t index = 0;
+  std::string type;
+  std::string label;      // `name` in the config, default the type
+  std::vector<Axis> axes; // params and vars, sorted by name; the last varies fastest
+  std::string where;
+};
+
+struct MetricsSpec {
+  std::vector<std::string> report;  // metric names, table order
+  std::vector<std::string> pareto;  // metrics that get a frontier and a plot
+  int64_t topk = 8;
+  std::vector<int64_t> positions;   // evaluated query positions; empty = all
+  std::string positions_text = "all";
+};
+
+struct OutputSpec {
+  std::filesystem::path dir = "results";
+  bool plots = true;
+  int64_t target_context = 32768;
+  std::string series;  // column that colours plot points; "" = strategy label
+};
+
+struct BudgetQuery {
+  std::string text;       // as written
+  std::string lhs;        // metric name, "bpe" or "bytes"
+  bool upper = true;      // "<=" (true) or ">=" (false)
+  double bound = 0;
+  bool memory = false;    // a memory budget (least error within it) vs an error budget
+};
+
+struct ExperimentSpec {
+  std::string name;
+  std::string description;
+  uint64_t seed = 0;
+  int threads = 0;  // 0 = OpenMP default
+  DataSpec data;
+  std::vector<StrategyBlock> strategies;
+  MetricsSpec metrics;
+  OutputSpec output;
+  std::vector<BudgetQuery> budgets;
+  std::filesystem::path config_path;
+  std::string resolved_toml;  // the config after --set overrides, as TOML text
+};
+
+// Loads, applies overrides, validates everything that can be checked without data
+// (types, unknown keys, unknown metrics/strategies/formats in fixed values, empty
+// sweeps). Throws ConfigError with file:line locations.
+ExperimentSpec load_experiment(const std::filesystem::path& file, const std::vector<std::string>& overrides);
+ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc);
+
+// Parses "attn_kl_mean <= 1e-3" / "bpe <= 4" / "topk_overlap >= 0.9".
+BudgetQuery parse_budget_query(const std::string& text, const std::string& where);
+
+// Numeric range "2..8" or "0.1..0.5:0.1" -> values (ints when all parts are ints).
+std::optional<std::vector<ParamValue>> parse_range(const std::string& text);
+
+// Builds the recording the experiment describes (loads or generates, truncates).
+Recording build_recording(const DataSpec& data);
+
+}  // namespace kvb

@@ -1,0 +1,76 @@
+#include "experiments/frontier.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "sim/core/error.h"
+
+namespace kvb {
+
+namespace {
+bool better_than(double a, double b, Better dir) { return dir == Better::Lower ? a < b : a > b; }
+
+const std::vector<double>& column(const FrontierInput& in, const std::string& name) {
+  if (name == "bpe") return in.bpe;
+  if (name == "bytes") return in.bytes;
+  if (name == "bpe_target") return in.bpe_target;
+  if (name == "bytes_target") return in.bytes_target;
+  for (size_t i = 0; i < in.metric_names.size(); ++i)
+    if (in.metric_names[i] == name) return in.metric_values[i];
+  throw ConfigError("budget query: metric '" + name + "' is not among the reported metrics (add it to metrics.report)");
+}
+}  // namespace
+
+std::vector<size_t> pareto_front(const std::vector<double>& cost, const std::vector<double>& value, Better better) {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < cost.size(); ++i)
+    if (!std::isnan(cost[i]) && !std::isnan(value[i])) idx.push_back(i);
+  // By cost, then best value, then index: the first point of each cost is its best.
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+    if (cost[a] != cost[b]) return cost[a] < cost[b];
+    if (value[a] != value[b]) return better_than(value[a], value[b], better);
+    return a < b;
+  });
+  std::vector<size_t> front;
+  for (size_t i : idx) {
+    if (front.empty() || better_than(value[i], value[front.back()], better)) front.push_back(i);
+  }
+  return front;
+}
+
+BudgetAnswer answer_budget(const BudgetQuery& q, const FrontierInput& in) {
+  BudgetAnswer ans;
+  ans.query = q;
+  const std::vector<double>& lhs = column(in, q.lhs);
+  auto meets = [&](size_t i) {
+    return !std::isnan(lhs[i]) && (q.upper ? lhs[i] <= q.bound : lhs[i] >= q.bound);
+  };
+  if (!q.memory) {
+    // Least memory meeting an error budget; ties broken by the better metric value.
+    const MetricDef& def = *find_metric(q.lhs);
+    std::optional<size_t> best;
+    for (size_t i = 0; i < lhs.size(); ++i) {
+      if (!meets(i)) continue;
+      if (!best || in.bpe[i] < in.bpe[*best] ||
+          (in.bpe[i] == in.bpe[*best] && better_than(lhs[i], lhs[*best], def.better)))
+        best = i;
+    }
+    ans.picks.push_back({q.lhs, best});
+    return ans;
+  }
+  for (const std::string& m : in.pareto_metrics) {
+    const std::vector<double>& v = column(in, m);
+    const MetricDef& def = *find_metric(m);
+    std::optional<size_t> best;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!meets(i) || std::isnan(v[i])) continue;
+      if (!best || better_than(v[i], v[*best], def.better) || (v[i] == v[*best] && in.bpe[i] < in.bpe[*best]))
+        best = i;
+    }
+    ans.picks.push_back({m, best});
+  }
+  return ans;
+}
+
+}  // namespace kvb

@@ -1,0 +1,44 @@
+// Frontier: Pareto sets of memory against error, and budget queries over measured
+// points (FAISS's OperatingPoints question: the cheapest point reaching an accuracy,
+// the most accurate point within a cost).
+#pragma once
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "experiments/experiment.h"
+#include "sim/metrics/metric_table.h"
+
+namespace kvb {
+
+// Indices of the non-dominated points, sorted by increasing cost. A point is
+// dominated if another has cost <= and value at least as good, one strictly. Points
+// whose cost or value is NaN are ignored; of identical (cost, value) points the
+// first index is kept.
+std::vector<size_t> pareto_front(const std::vector<double>& cost, const std::vector<double>& value, Better better);
+
+// One answer to a budget query.
+struct BudgetAnswer {
+  BudgetQuery query;
+  // Error budget: the point with the least memory (bpe) meeting it.
+  // Memory budget: for each Pareto metric, the point with the best value within it.
+  struct Pick {
+    std::string metric;             // the metric optimized (memory budget) or constrained
+    std::optional<size_t> index;    // into the rows given; nullopt = nothing qualifies
+  };
+  std::vector<Pick> picks;
+};
+
+// Rows are described by column accessors so the frontier code does not depend on
+// how results are stored.
+struct FrontierInput {
+  std::vector<double> bpe, bytes, bpe_target, bytes_target;
+  std::vector<std::string> metric_names;             // columns available
+  std::vector<std::vector<double>> metric_values;    // [metric][row]
+  std::vector<std::string> pareto_metrics;           // metrics a memory budget optimizes
+};
+
+BudgetAnswer answer_budget(const BudgetQuery& q, const FrontierInput& in);
+
+}  // namespace kvb

@@ -1,0 +1,303 @@
+#include "experiments/report.h"
+
+#include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "experiments/atomic_file.h"
+#include "kvb/build_config.h"
+#include "kvb/git_info.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+namespace {
+
+std::string timestamp_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return trim(line.substr(line.find(':') + 1));
+  return "unknown";
+}
+
+std::string num(double v) { return format_double(v); }
+
+// Fixed-width number for console tables.
+std::string short_num(double v) {
+  char buf[32];
+  if (v == 0 || (std::fabs(v) >= 1e-3 && std::fabs(v) < 1e5)) std::snprintf(buf, sizeof buf, "%.4g", v);
+  else std::snprintf(buf, sizeof buf, "%.3e", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string plot_python() {
+  if (const char* p = std::getenv("KVB_PYTHON"); p && *p) return p;
+  if (::access("/usr/bin/python3", X_OK) == 0) return "/usr/bin/python3";
+  return "python3";
+}
+
+std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name) {
+  const std::filesystem::path parent = base / name;
+  std::filesystem::create_directories(parent);
+  const std::string stamp = timestamp_now();
+  std::filesystem::path dir = parent / stamp;
+  for (int i = 2; std::filesystem::exists(dir); ++i) dir = parent / (stamp + "-" + std::to_string(i));
+  std::filesystem::create_directories(dir);
+  // results/<name>/latest -> <timestamp> (best effort).
+  const std::filesystem::path latest = parent / "latest";
+  std::error_code ec;
+  const std::filesystem::path tmp_link = parent / (".latest.tmp." + std::to_string(::getpid()));
+  std::filesystem::remove(tmp_link, ec);
+  std::filesystem::create_directory_symlink(dir.filename(), tmp_link, ec);
+  if (!ec) std::filesystem::rename(tmp_link, latest, ec);
+  return dir;
+}
+
+Report::Report(const ExperimentSpec& spec, std::vector<SweepPoint> points, std::filesystem::path dir)
+    : spec_(spec), points_(std::move(points)), dir_(std::move(dir)) {}
+
+void Report::write_config() const { write_file_atomic(dir_ / "config.toml", spec_.resolved_toml + "\n"); }
+
+void Report::write_manifest(const RunInfo& info) const {
+  nlohmann::json j;
+  j["name"] = spec_.name;
+  j["description"] = spec_.description;
+  j["config"] = spec_.config_path.string();
+  j["command"] = info.command_line;
+  j["status"] = info.status;
+  j["started"] = info.started_iso;
+  j["wall_seconds"] = info.wall_seconds;
+  j["git_commit"] = KVB_GIT_COMMIT;
+  j["kvbudget_version"] = KVB_VERSION;
+  j["build_type"] = KVB_BUILD_TYPE;
+  j["compiler"] = KVB_CXX_COMPILER;
+  j["cuda_built"] = static_cast<bool>(KVB_HAVE_CUDA);
+  j["cpu"] = cpu_model();
+  j["cpu_cores_online"] = static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN));
+  j["threads"] = spec_.threads > 0 ? spec_.threads : omp_get_max_threads();
+  j["seed"] = spec_.seed;
+  j["points_total"] = info.points_total;
+  j["recording"] = info.recording_summary;
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  j["host"] = host;
+  write_file_atomic(dir_ / "manifest.json", j.dump(2) + "\n");
+}
+
+std::vector<std::string> Report::coord_columns() const {
+  std::set<std::string> cols;
+  for (const SweepPoint& p : points_)
+    for (const auto& [k, v] : p.coords) cols.insert(k);
+  return {cols.begin(), cols.end()};
+}
+
+std::string Report::points_csv(const std::vector<PointResult>& results) const {
+  const std::vector<std::string> coords = coord_columns();
+  std::ostringstream os;
+  os << "id,strategy,type,key";
+  for (const std::string& c : coords) os << "," << csv_field(c);
+  os << ",plan,bpe,bpe_target,bytes,bytes_target,compression";
+  for (const std::string& m : spec_.metrics.report) os << "," << m;
+  os << ",seconds\n";
+  for (const PointResult& r : results) {
+    if (!r.ok) continue;
+    const SweepPoint& p = points_[r.id];
+    os << p.id << "," << csv_field(p.label) << "," << csv_field(p.type) << "," << csv_field(p.key);
+    for (const std::string& c : coords) {
+      std::string v;
+      for (const auto& [k, val] : p.coords)
+        if (k == c) v = val;
+      os << "," << csv_field(v);
+    }
+    os << "," << csv_field(r.plan) << "," << num(r.bpe) << "," << num(r.bpe_target) << "," << num(r.bytes) << ","
+       << num(r.bytes_target) << "," << num(16.0 / r.bpe);
+    for (double v : r.metrics) os << "," << num(v);
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.3f", r.seconds);
+    os << "," << secs << "\n";
+  }
+  return os.str();
+}
+
+void Report::write_points(const std::vector<PointResult>& results) const {
+  std::vector<PointResult> sorted = results;
+  std::sort(sorted.begin(), sorted.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
+  write_file_atomic(dir_ / "points.csv", points_csv(sorted));
+  std::ostringstream err;
+  bool any = false;
+  err << "id,key,error\n";
+  for (const PointResult& r : sorted) {
+    if (r.ok) continue;
+    any = true;
+    err << r.id << "," << csv_field(points_[r.id].key) << "," << csv_field(r.error) << "\n";
+  }
+  if (any) write_file_atomic(dir_ / "errors.csv", err.str());
+}
+
+FrontierInput Report::frontier_input(const std::vector<const PointResult*>& ok) const {
+  FrontierInput in;
+  in.metric_names = spec_.metrics.report;
+  in.metric_values.resize(in.metric_names.size());
+  in.pareto_metrics = spec_.metrics.pareto;
+  for (const PointResult* r : ok) {
+    in.bpe.push_back(r->bpe);
+    in.bytes.push_back(r->bytes);
+    in.bpe_target.push_back(r->bpe_target);
+    in.bytes_target.push_back(r->bytes_target);
+    for (size_t m = 0; m < in.metric_names.size(); ++m) in.metric_values[m].push_back(r->metrics[m]);
+  }
+  return in;
+}
+
+std::string Report::write_frontier(const std::vector<PointResult>& results) const {
+  std::vector<const PointResult*> ok;
+  for (const PointResult& r : results)
+    if (r.ok) ok.push_back(&r);
+  std::sort(ok.begin(), ok.end(), [](const PointResult* a, const PointResult* b) { return a->id < b->id; });
+  const FrontierInput in = frontier_input(ok);
+  auto metric_index = [&](const std::string& m) {
+    return static_cast<size_t>(std::find(in.metric_names.begin(), in.metric_names.end(), m) - in.metric_names.begin());
+  };
+
+  std::ostringstream csv, console;
+  csv << "metric,rank,id,key,bpe,bytes,bpe_target,value\n";
+  for (const std::string& m : spec_.metrics.pareto) {
+    const MetricDef& def = *find_metric(m);
+    const std::vector<size_t> front = pareto_front(in.bpe, in.metric_values[metric_index(m)], def.better);
+    for (size_t k = 0; k < front.size(); ++k) {
+      const PointResult& r = *ok[front[k]];
+      csv << m << "," << k << "," << r.id << "," << csv_field(points_[r.id].key) << "," << num(r.bpe) << ","
+          << num(r.bytes) << "," << num(r.bpe_target) << "," << num(r.metrics[metric_index(m)]) << "\n";
+    }
+    // Console: the frontier of this metric with the other Pareto metrics beside it.
+    console << "\nPareto frontier: " << m << " (" << (def.better == Better::Lower ? "lower" : "higher")
+            << " is better) vs bits per element, " << front.size() << " of " << ok.size() << " points\n";
+    char line[512];
+    std::snprintf(line, sizeof line, "  %8s %7s %12s", "bpe", "x fp16", "bytes");
+    console << line;
+    for (const std::string& o : spec_.metrics.pareto) {
+      std::snprintf(line, sizeof line, " %14s", o.substr(0, 14).c_str());
+      console << line;
+    }
+    console << "  point\n";
+    for (size_t i : front) {
+      const PointResult& r = *ok[i];
+      std::snprintf(line, sizeof line, "  %8.4f %7.3f %12.0f", r.bpe, 16.0 / r.bpe, r.bytes);
+      console << line;
+      for (const std::string& o : spec_.metrics.pareto) {
+        std::snprintf(line, sizeof line, " %14s", short_num(r.metrics[metric_index(o)]).c_str());
+        console << line;
+      }
+      console << "  " << points_[r.id].key << "\n";
+    }
+  }
+  write_file_atomic(dir_ / "pareto.csv", csv.str());
+
+  nlohmann::json budgets = nlohmann::json::array();
+  if (!spec_.budgets.empty()) console << "\nBudget queries:\n";
+  for (const BudgetQuery& q : spec_.budgets) {
+    const BudgetAnswer a = answer_budget(q, in);
+    nlohmann::json jq;
+    jq["query"] = q.text;
+    jq["kind"] = q.memory ? "least error within a memory budget" : "least memory meeting an error budget";
+    jq["answers"] = nlohmann::json::array();
+    for (const BudgetAnswer::Pick& p : a.picks) {
+      nlohmann::json jp;
+      jp["metric"] = p.metric;
+      if (!p.index) {
+        jp["point"] = nullptr;
+        console << "  " << q.text << (q.memory ? " -> best " + p.metric : std::string()) << ": no point qualifies\n";
+      } else {
+        const PointResult& r = *ok[*p.index];
+        const double value = r.metrics[metric_index(p.metric)];
+        jp["point"] = points_[r.id].key;
+        jp["id"] = r.id;
+        jp["bpe"] = r.bpe;
+        jp["bytes"] = r.bytes;
+        jp["bpe_target"] = r.bpe_target;
+        jp["value"] = value;
+        console << "  " << q.text << (q.memory ? " -> best " + p.metric : std::string(" -> least memory")) << ": "
+                << points_[r.id].key << "  (bpe " << short_num(r.bpe) << ", " << p.metric << " " << short_num(value)
+                << ")\n";
+      }
+      jq["answers"].push_back(jp);
+    }
+    budgets.push_back(jq);
+  }
+  write_file_atomic(dir_ / "budgets.json", budgets.dump(2) + "\n");
+  return console.str();
+}
+
+std::string Report::write_plots() const {
+  std::filesystem::path script = std::filesystem::path(KVB_SOURCE_DIR) / "experiments" / "plot_pareto.py";
+  if (!std::filesystem::exists(script)) return "plot script not found at " + script.string();
+  const std::string python = plot_python();
+  std::vector<std::string> argv = {python, script.string(), "--results", dir_.string(), "--metrics",
+                                   join(spec_.metrics.pareto, ","), "--title", spec_.name};
+  if (!spec_.output.series.empty()) {
+    argv.push_back("--series");
+    argv.push_back(spec_.output.series);
+  }
+  const std::filesystem::path log = dir_ / "plots.log";
+  const pid_t pid = ::fork();
+  if (pid < 0) return "fork failed";
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "w", stdout);
+    (void)f;
+    ::dup2(STDOUT_FILENO, STDERR_FILENO);
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "cannot run %s\n", python.c_str());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    std::filesystem::remove(log);
+    return {};
+  }
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string tail = ss.str();
+  if (tail.size() > 800) tail = "..." + tail.substr(tail.size() - 800);
+  return python + " " + script.string() + " failed (see " + log.string() + "):\n" + tail +
+         "\n(plots need Debian's python3-matplotlib: scripts/setup.sh installs it)";
+}
+
+}  // namespace kvb

@@ -1,0 +1,72 @@
+// Report: everything a run writes under results/<name>/<timestamp>/.
+//
+//   config.toml     the resolved config (after --set)
+//   manifest.json   git commit, build type, CPU, threads, seed, wall time, status
+//   points.csv      one row per point: key, coordinates, bpe, bytes, every metric
+//   errors.csv      points that failed, with the reason (only when some failed)
+//   pareto.csv      the non-dominated points for each Pareto metric
+//   budgets.json    answers to the budget queries (also printed)
+//   plots/<metric>.png|svg   memory against each Pareto metric, frontier drawn
+//
+// Every file is written atomically (experiments/atomic_file.h).
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "experiments/experiment.h"
+#include "experiments/frontier.h"
+#include "experiments/sweep.h"
+#include "sim/recording.h"
+
+namespace kvb {
+
+// Creates results/<name>/<timestamp>/ (a suffix -2, -3, ... if it exists) and
+// points results/<name>/latest at it.
+std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name);
+
+struct RunInfo {
+  std::string command_line;
+  std::string status;  // "running", "complete", "interrupted", "failed"
+  std::string started_iso;
+  double wall_seconds = 0;
+  size_t points_total = 0;
+  std::string recording_summary;
+};
+
+class Report {
+ public:
+  Report(const ExperimentSpec& spec, std::vector<SweepPoint> points, std::filesystem::path dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+  void write_config() const;
+  void write_manifest(const RunInfo& info) const;
+  // points.csv (and errors.csv) for the results so far; safe to call repeatedly.
+  void write_points(const std::vector<PointResult>& results) const;
+  // pareto.csv and budgets.json; returns the console text of the frontier table and
+  // the budget answers.
+  std::string write_frontier(const std::vector<PointResult>& results) const;
+  // Runs experiments/plot_pareto.py through Debian's python3 with matplotlib.
+  // Returns an empty string on success, else why no plot was written.
+  std::string write_plots() const;
+
+  // CSV text (exposed for tests).
+  std::string points_csv(const std::vector<PointResult>& results) const;
+
+ private:
+  std::vector<std::string> coord_columns() const;
+  FrontierInput frontier_input(const std::vector<const PointResult*>& ok) const;
+
+  const ExperimentSpec& spec_;
+  std::vector<SweepPoint> points_;
+  std::filesystem::path dir_;
+};
+
+// Quotes a CSV field when needed (RFC 4180).
+std::string csv_field(const std::string& s);
+
+// The interpreter used for plots and notebooks: $KVB_PYTHON, else /usr/bin/python3.
+std::string plot_python();
+
+}  // namespace kvb

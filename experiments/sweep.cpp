@@ -1,0 +1,189 @@
+#include "experiments/sweep.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+#include "sim/simulator.h"
+
+namespace kvb {
+
+namespace {
+
+std::string substitute(std::string s, const std::vector<std::pair<std::string, std::string>>& vars) {
+  for (const auto& [name, value] : vars) s = replace_all(std::move(s), name, value);
+  return s;
+}
+
+std::string point_key(const std::string& type, const Params& p, const StrategyType& def) {
+  std::vector<std::string> parts;
+  for (const ParamDef& d : def.params) {
+    const ParamValue& v = p.values().at(d.name);
+    if (d.default_value && *d.default_value == v) continue;  // defaults are implied
+    parts.push_back(d.name + "=" + param_to_string(v));
+  }
+  return type + "(" + join(parts, ",") + ")";
+}
+
+// Advances idx to the next combination of axis values (the last axis fastest);
+// false once every combination was visited.
+bool next_combination(std::vector<size_t>& idx, const std::vector<Axis>& axes) {
+  for (size_t a = axes.size(); a-- > 0;) {
+    if (++idx[a] < axes[a].values.size()) return true;
+    idx[a] = 0;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
+  std::vector<SweepPoint> points;
+  for (const StrategyBlock& b : spec.strategies) {
+    const StrategyType& type = require_strategy_type(b.type, b.where);
+    std::vector<size_t> idx(b.axes.size(), 0);
+    do {
+      std::vector<std::pair<std::string, std::string>> vars;
+      for (size_t a = 0; a < b.axes.size(); ++a)
+        if (b.axes[a].is_var) vars.emplace_back(b.axes[a].name, param_to_string(b.axes[a].values[idx[a]]));
+      std::map<std::string, ParamValue> values;
+      for (const ParamDef& d : type.params)
+        if (d.default_value) values[d.name] = *d.default_value;
+      SweepPoint pt;
+      for (size_t a = 0; a < b.axes.size(); ++a) {
+        const Axis& axis = b.axes[a];
+        const ParamValue& v = axis.values[idx[a]];
+        if (axis.values.size() > 1 || axis.is_var) pt.coords.emplace_back(axis.name, param_to_string(v));
+        if (axis.is_var) continue;
+        if (const std::string* s = std::get_if<std::string>(&v)) values[axis.name] = substitute(*s, vars);
+        else values[axis.name] = v;
+      }
+      for (const ParamDef& d : type.params)
+        if (!values.count(d.name)) throw ConfigError(b.where + ": strategy '" + b.type + "' needs `" + d.name + "`");
+      pt.id = points.size();
+      pt.block = b.index;
+      pt.label = b.label;
+      pt.type = b.type;
+      pt.params = Params(values);
+      pt.key = point_key(b.type, pt.params, type);
+      try {
+        (void)type.make(pt.params);  // validates formats and parameter combinations
+      } catch (const Error& e) {
+        throw ConfigError(b.where + ": point " + pt.key + ": " + e.what());
+      }
+      points.push_back(std::move(pt));
+    } while (next_combination(idx, b.axes));
+  }
+  if (points.empty()) throw ConfigError(spec.config_path.string() + ": the sweep has no points");
+  return points;
+}
+
+std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
+                                   const std::vector<SweepPoint>& points, const PointCallback& on_point,
+                                   const std::atomic<bool>* stop) {
+  const size_t n = points.size();
+  const size_t L = static_cast<size_t>(rec.num_layers());
+  std::vector<PointResult> results(n);
+  std::vector<std::optional<Plan>> plans(n);
+  auto stopped = [&] { return stop && stop->load(); };
+
+  std::vector<const MetricDef*> metrics;
+  for (const std::string& m : spec.metrics.report) metrics.push_back(&require_metric(m, "metrics.report"));
+
+  SimOptions opt;
+  opt.topk = spec.metrics.topk;
+  opt.seed = spec.seed;
+  for (int64_t p : spec.metrics.positions)
+    if (p < rec.tokens) opt.positions.push_back(p);
+  if (!spec.metrics.positions.empty() && opt.positions.empty())
+    throw ConfigError("metrics.positions: no position is below the recording's " + std::to_string(rec.tokens) +
+                      " tokens");
+
+  if (spec.threads > 0) omp_set_num_threads(spec.threads);
+
+  // Phase 1: plans.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < n; ++i) {
+    results[i].id = points[i].id;
+    if (stopped()) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      const StrategyType& type = require_strategy_type(points[i].type, "strategy");
+      StrategyInput in{rec, spec.seed};
+      Plan plan = type.make(points[i].params)->build(in);
+      const std::string bad = plan.check();
+      if (!bad.empty()) throw Error(bad);
+      results[i].bpe = plan.bpe();
+      results[i].bpe_target = plan.bpe_at(spec.output.target_context);
+      results[i].bytes = plan.bytes_at(rec.tokens);
+      results[i].bytes_target = plan.bytes_at(spec.output.target_context);
+      results[i].plan = plan.describe();
+      plans[i] = std::move(plan);
+    } catch (const std::exception& e) {
+      results[i].error = points[i].key + ": " + e.what() + " (seed " + std::to_string(spec.seed) + ")";
+    }
+    results[i].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // Phase 2: (point, layer) tasks.
+  std::vector<ErrorStats> stats(n * L);
+  std::vector<std::atomic<size_t>> remaining(n);
+  std::vector<double> task_seconds(n * L, 0.0);
+  std::vector<std::string> task_error(n * L);
+  std::vector<char> finished(n, 0);
+  for (size_t i = 0; i < n; ++i) remaining[i] = L;
+  std::mutex mu;
+  size_t done = 0;
+
+  auto finalize = [&](size_t i) {
+    PointResult& r = results[i];
+    for (size_t l = 0; l < L && r.error.empty(); ++l) r.error = task_error[i * L + l];
+    if (r.error.empty() && plans[i]) {
+      ErrorStats all;
+      for (size_t l = 0; l < L; ++l) all.merge(stats[i * L + l]);
+      for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(all));
+      r.ok = true;
+    }
+    for (size_t l = 0; l < L; ++l) {
+      r.seconds += task_seconds[i * L + l];
+      stats[i * L + l] = ErrorStats();
+    }
+    plans[i].reset();
+    std::lock_guard<std::mutex> lock(mu);
+    finished[i] = 1;
+    ++done;
+    if (on_point) on_point(points[i], r, done, n);
+  };
+
+  // Points that failed in phase 1 are reported right away.
+  for (size_t i = 0; i < n; ++i)
+    if (!results[i].error.empty()) finalize(i);
+
+  const long tasks = static_cast<long>(n * L);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long task = 0; task < tasks; ++task) {
+    const size_t i = static_cast<size_t>(task) / L, l = static_cast<size_t>(task) % L;
+    if (!plans[i] || stopped()) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      stats[static_cast<size_t>(task)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(l), opt);
+    } catch (const std::exception& e) {
+      task_error[static_cast<size_t>(task)] = points[i].key + ": layer " + std::to_string(l) + ": " + e.what();
+    }
+    task_seconds[static_cast<size_t>(task)] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (--remaining[i] == 0) finalize(i);
+  }
+
+  std::vector<PointResult> out;
+  for (size_t i = 0; i < n; ++i)
+    if (finished[i]) out.push_back(std::move(results[i]));
+  return out;
+}
+
+}  // namespace kvb

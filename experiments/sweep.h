@@ -1,0 +1,54 @@
+// Sweep: expands a config's strategy blocks into points (the cartesian product of
+// their axes) and runs them in parallel. Work is split into (point, layer) tasks;
+// each point's layers are merged in layer order, so results are identical for any
+// number of threads.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "experiments/experiment.h"
+#include "sim/recording.h"
+
+namespace kvb {
+
+struct SweepPoint {
+  size_t id = 0;
+  size_t block = 0;       // index of its [[strategy]] block
+  std::string label;      // the block's name
+  std::string type;       // strategy type
+  Params params;          // templates substituted, defaults filled
+  // Values of the block's axes and variables at this point, for CSV columns/plots.
+  std::vector<std::pair<std::string, std::string>> coords;
+  std::string key;        // canonical: "uniform(format=int4-asym-g32)"
+};
+
+// Expands every block. Validates each point's parameters by constructing its
+// strategy (formats parsed, cross-parameter rules), so a bad value fails before any
+// work with the config location and the point key. An empty sweep is an error.
+std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec);
+
+struct PointResult {
+  size_t id = 0;
+  bool ok = false;
+  std::string error;            // when !ok: what failed, naming the point
+  double bpe = 0, bpe_target = 0;
+  double bytes = 0, bytes_target = 0;
+  std::string plan;             // Plan::describe()
+  std::vector<double> metrics;  // aligned with spec.metrics.report
+  double seconds = 0;           // CPU seconds spent on the point
+};
+
+// Called (serialized) as each point finishes, with how many are done.
+using PointCallback = std::function<void(const SweepPoint&, const PointResult&, size_t done, size_t total)>;
+
+// Runs the points. When *stop becomes true (Ctrl-C), points not yet started are
+// skipped and only finished points are returned. Returned results are sorted by id.
+std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
+                                   const std::vector<SweepPoint>& points, const PointCallback& on_point,
+                                   const std::atomic<bool>* stop);
+
+}  // namespace kvb

@@ -1,0 +1,32 @@
+// The one exception type of the library. Messages say what went wrong and where
+// (file, tensor name and index, config key and line, point key, seed), so a failure
+// is reproducible from its log line.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace kvb {
+
+// Exit codes used by the CLI.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;       // bad data, impossible budget, failed points
+inline constexpr int kExitUsage = 2;       // bad command line or config
+inline constexpr int kExitInterrupted = 130;
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Config and usage errors: the CLI exits with kExitUsage for these.
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& what) : Error(what) {}
+};
+
+// Prefixes an error message with a location ("data/x.safetensors: ...").
+[[noreturn]] inline void fail(const std::string& where, const std::string& what) {
+  throw Error(where.empty() ? what : where + ": " + what);
+}
+
+}  // namespace kvb

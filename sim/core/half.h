@@ -1,0 +1,75 @@
+// IEEE binary16 (fp16) and bfloat16 conversions, round-to-nearest-even, host and device.
+//
+// These are the storage rules for every scale, zero point and kept value in the
+// simulator, so that "fp16 metadata" means exactly what hardware would store. They
+// match F16C's _cvtss_sh(x, 0) and CUDA's __float2half_rn bit for bit, including
+// subnormals, overflow to infinity and NaN.
+#pragma once
+#include <cstdint>
+
+#include "sim/core/hd_math.h"
+
+namespace kvb {
+
+KVB_HD uint16_t f32_to_f16_bits(float f) {
+  const uint32_t x = float_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) {  // Inf or NaN (NaN stays quiet NaN)
+    return static_cast<uint16_t>(sign | (absx > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  }
+  if (absx >= 0x477ff000u) {  // >= 65520 rounds to infinity
+    return static_cast<uint16_t>(sign | 0x7c00u);
+  }
+  if (absx < 0x38800000u) {  // below 2^-14: half subnormal (or zero), m * 2^-24
+    const float scaled = mul_rn(bits_float(absx), 16777216.0f);  // exact: power of two
+    const uint32_t m = static_cast<uint32_t>(round_even(scaled));  // m == 1024 -> min normal
+    return static_cast<uint16_t>(sign | m);
+  }
+  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to even.
+  const uint32_t rounded = absx + 0xc8000fffu + ((absx >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (rounded >> 13));
+}
+
+KVB_HD float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
+    const float v = mul_rn(static_cast<float>(mant), 5.9604644775390625e-08f);
+    return sign ? -v : v;
+  }
+  if (exp == 31) {
+    return bits_float(sign | 0x7f800000u | (mant << 13));
+  }
+  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+KVB_HD uint16_t f32_to_bf16_bits(float f) {
+  const uint32_t x = float_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it a quiet NaN
+    return static_cast<uint16_t>((x >> 16) | 0x0040u);
+  }
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+KVB_HD float bf16_bits_to_f32(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+// Round-trip helpers: the value a float becomes once stored at that precision.
+KVB_HD float round_to_f16(float f) { return f16_bits_to_f32(f32_to_f16_bits(f)); }
+KVB_HD float round_to_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
+
+// Storage precision of a scalar (scale, zero point, kept element).
+enum class StoreDtype : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+
+KVB_HD int store_dtype_bits(StoreDtype d) { return d == StoreDtype::F32 ? 32 : 16; }
+
+KVB_HD float round_to_store(float f, StoreDtype d) {
+  switch (d) {
+    case StoreDtype::F16: return round_to_f16(f);
+    case StoreDtype::BF16: return round_to_bf16(f);
+    default: return f;
+  }
+}
+
+}  // namespace kvb

@@ -1,0 +1,59 @@
+// Correctly rounded scalar helpers that behave identically on host and device.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "sim/core/hd.h"
+
+namespace kvb {
+
+// a*b rounded once, never fused with a following add.
+KVB_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;  // host code is built with -ffp-contract=off
+#endif
+}
+
+KVB_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+KVB_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// Round to nearest integer, ties to even (IEEE default mode on both sides).
+KVB_HD float round_even(float x) {
+#if defined(__CUDA_ARCH__)
+  return rintf(x);
+#else
+  return std::rint(x);  // default rounding mode: to nearest, ties to even
+#endif
+}
+
+KVB_HD float clampf(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+KVB_HD uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+KVB_HD float bits_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+}  // namespace kvb

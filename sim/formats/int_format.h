@@ -1,0 +1,58 @@
+// Integer quantizers, b = 1..8, symmetric (absmax) or asymmetric (min-max), grouped
+// along head_dim (g<G>, tok) or along tokens per channel (ch<G>, ch).
+//
+// Name grammar: int<b>-<sym|asym>-<g<G>|tok|ch<G>|ch>[-s<fp16|bf16|fp32>][-z<fp16|bf16|fp32>]
+//   g<G>   groups of G consecutive channels within each token (G divides head_dim)
+//   tok    per token: one group is the whole head_dim vector
+//   ch<G>  per channel, groups of G consecutive tokens (KIVI keys); a last partial
+//          group is quantized on its own and pays its own metadata
+//   ch     per channel over the whole span
+//   -s/-z  dtype of the stored scale / zero (min); default fp16, omitted in the
+//          canonical name. Symmetric formats store no zero.
+#pragma once
+#include <string>
+
+#include "sim/core/half.h"
+#include "sim/formats/format.h"
+
+namespace kvb {
+
+enum class IntGrouping { Channels, PerToken, TokensPerChannel, WholeSpanPerChannel };
+
+struct IntFormatSpec {
+  int bits = 4;
+  bool symmetric = false;
+  IntGrouping grouping = IntGrouping::Channels;
+  int64_t group = 32;  // for Channels and TokensPerChannel
+  StoreDtype scale_dtype = StoreDtype::F16;
+  StoreDtype zero_dtype = StoreDtype::F16;
+
+  std::string name() const;
+  // Elements per group along the grouping axis for a span (head_dim or tokens).
+  int64_t group_len(int64_t tokens, int64_t head_dim) const;
+  int metadata_bits_per_group() const;
+};
+
+class IntFormat final : public Format {
+ public:
+  explicit IntFormat(IntFormatSpec spec) : spec_(spec) {}
+  const IntFormatSpec& spec() const { return spec_; }
+
+  std::string name() const override { return spec_.name(); }
+  uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
+  void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
+  double nominal_bits() const override { return spec_.bits; }
+  std::string check_shape(int64_t tokens, int64_t head_dim) const override;
+
+ private:
+  IntFormatSpec spec_;
+};
+
+// Family entry for the registry.
+FormatPtr parse_int_format(std::string_view name);
+
+// Dtype names used in format names: "fp16", "bf16", "fp32".
+const char* store_dtype_name(StoreDtype d);
+bool parse_store_dtype(std::string_view s, StoreDtype& out);
+
+}  // namespace kvb

@@ -1,0 +1,52 @@
+#include "sim/formats/registry.h"
+
+#include <algorithm>
+
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+#include "sim/formats/int_format.h"
+#include "sim/formats/keep_format.h"
+
+namespace kvb {
+
+// The format table. One entry per family; order is the order users see.
+const std::vector<FormatFamily>& format_families() {
+  static const std::vector<FormatFamily> families = {
+      {"int", "int<b>-<sym|asym>-<g<G>|tok|ch<G>|ch>[-s<dtype>][-z<dtype>]",
+       "integer b=1..8, absmax (sym) or min-max (asym), per group of channels, per token or per channel",
+       {"int4-asym-g32", "int4-sym-g32", "int2-asym-g64", "int8-sym-tok", "int2-asym-ch32", "int3-asym-ch",
+        "int1-sym-g32", "int1-asym-g16", "int4-asym-g32-sbf16-zfp32", "int5-sym-g16-sfp32"},
+       &parse_int_format},
+      {"keep", "keep-<fp16|bf16|fp32>", "values stored unquantized at fp16, bf16 or fp32 (sinks, windows)",
+       {"keep-fp16", "keep-bf16", "keep-fp32"}, &parse_keep_format},
+  };
+  return families;
+}
+
+const std::vector<FormatAlias>& format_aliases() {
+  static const std::vector<FormatAlias> aliases = {
+      {"fp16", "keep-fp16", "an unquantized half-precision cache"},
+      {"bf16", "keep-bf16", "an unquantized bfloat16 cache"},
+      {"fp32", "keep-fp32", "the fp32 reference"},
+  };
+  return aliases;
+}
+
+FormatPtr make_format(std::string_view name) {
+  for (const FormatAlias& a : format_aliases())
+    if (a.alias == name) return make_format(a.canonical);
+  for (const FormatFamily& f : format_families())
+    if (FormatPtr p = f.parse(name)) return p;
+  std::vector<std::string> known;
+  for (const FormatFamily& f : format_families()) known.insert(known.end(), f.examples.begin(), f.examples.end());
+  for (const FormatAlias& a : format_aliases()) known.push_back(a.alias);
+  std::string msg = "unknown format '" + std::string(name) + "'";
+  const std::string close = closest_match(name, known);
+  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  msg += "; families:";
+  for (const FormatFamily& f : format_families()) msg += " " + f.syntax + ";";
+  msg += " run `kvbudget formats` for the full table";
+  throw ConfigError(msg);
+}
+
+}  // namespace kvb

@@ -1,0 +1,14 @@
+#include "sim/metrics/error_stats.h"
+
+namespace kvb {
+
+void ErrorStats::merge(const ErrorStats& o) {
+  k_err2 += o.k_err2;
+  k_norm2 += o.k_norm2;
+  v_err2 += o.v_err2;
+  v_norm2 += o.v_norm2;
+  rows.insert(rows.end(), o.rows.begin(), o.rows.end());
+  logit_pairs += o.logit_pairs;
+}
+
+}  // namespace kvb

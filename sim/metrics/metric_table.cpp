@@ -1,0 +1,128 @@
+#include "sim/metrics/metric_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+namespace {
+
+double ratio(double num, double den) { return den > 0 ? num / den : (num > 0 ? INFINITY : 0.0); }
+double snr_db(double err2, double norm2) {
+  return err2 > 0 ? 10.0 * std::log10(norm2 / err2) : std::numeric_limits<double>::infinity();
+}
+
+template <typename F>
+std::vector<double> per_row(const ErrorStats& s, F f) {
+  std::vector<double> v;
+  v.reserve(s.rows.size());
+  for (const AttentionRow& r : s.rows) v.push_back(f(r));
+  return v;
+}
+
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+}
+double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
+
+double kl(const AttentionRow& r) { return r.kl; }
+double out_rel(const AttentionRow& r) { return r.out_norm2 > 0 ? std::sqrt(r.out_err2 / r.out_norm2) : 0.0; }
+
+double k_rel_mse(const ErrorStats& s) { return ratio(s.k_err2, s.k_norm2); }
+double v_rel_mse(const ErrorStats& s) { return ratio(s.v_err2, s.v_norm2); }
+double k_snr(const ErrorStats& s) { return snr_db(s.k_err2, s.k_norm2); }
+double v_snr(const ErrorStats& s) { return snr_db(s.v_err2, s.v_norm2); }
+double logit_rmse(const ErrorStats& s) {
+  double sum = 0;
+  for (const AttentionRow& r : s.rows) sum += r.logit_err2;
+  return s.logit_pairs ? std::sqrt(sum / static_cast<double>(s.logit_pairs)) : 0.0;
+}
+double logit_max(const ErrorStats& s) {
+  double m = 0;
+  for (const AttentionRow& r : s.rows) m = std::max(m, static_cast<double>(r.logit_err_max));
+  return m;
+}
+double kl_mean(const ErrorStats& s) { return mean(per_row(s, kl)); }
+double kl_p99(const ErrorStats& s) { return quantile(per_row(s, kl), 0.99); }
+double kl_max(const ErrorStats& s) { return max_of(per_row(s, kl)); }
+double topk(const ErrorStats& s) { return mean(per_row(s, [](const AttentionRow& r) { return double(r.topk_overlap); })); }
+double out_rel_mean(const ErrorStats& s) { return mean(per_row(s, out_rel)); }
+double out_rel_p99(const ErrorStats& s) { return quantile(per_row(s, out_rel), 0.99); }
+double out_rel_total(const ErrorStats& s) {
+  double e = 0, n = 0;
+  for (const AttentionRow& r : s.rows) {
+    e += r.out_err2;
+    n += r.out_norm2;
+  }
+  return n > 0 ? std::sqrt(e / n) : 0.0;
+}
+
+}  // namespace
+
+const std::vector<MetricDef>& metric_table() {
+  using B = Better;
+  using L = MetricLevel;
+  static const std::vector<MetricDef> table = {
+      {"k_rel_mse", "", "relative MSE of keys ||K - K̂||² / ||K||²", B::Lower, L::Tensor, &k_rel_mse},
+      {"v_rel_mse", "", "relative MSE of values ||V - V̂||² / ||V||²", B::Lower, L::Tensor, &v_rel_mse},
+      {"k_snr_db", "dB", "key signal-to-noise ratio 10 log10(||K||² / ||K - K̂||²)", B::Higher, L::Tensor, &k_snr},
+      {"v_snr_db", "dB", "value signal-to-noise ratio", B::Higher, L::Tensor, &v_snr},
+      {"logit_rmse", "", "RMS of ŝ - s over causal (t, j), s = q·k/√d", B::Lower, L::Attention, &logit_rmse},
+      {"logit_err_max", "", "max |ŝ - s| over causal (t, j)", B::Lower, L::Attention, &logit_max},
+      {"attn_kl_mean", "nats", "mean over (layer, head, t) of KL(p || p̂)", B::Lower, L::Attention, &kl_mean},
+      {"attn_kl_p99", "nats", "99th percentile of KL(p || p̂)", B::Lower, L::Attention, &kl_p99},
+      {"attn_kl_max", "nats", "max of KL(p || p̂)", B::Lower, L::Attention, &kl_max},
+      {"topk_overlap", "", "mean |topk(p) ∩ topk(p̂)| / k (k = metrics.topk)", B::Higher, L::Attention, &topk},
+      {"attn_out_rel_err", "", "mean over (layer, head, t) of ||o - ô|| / ||o||, o = softmax(s)·v", B::Lower,
+       L::Attention, &out_rel_mean},
+      {"attn_out_rel_err_p99", "", "99th percentile of ||o - ô|| / ||o||", B::Lower, L::Attention, &out_rel_p99},
+      {"attn_out_rel_fro", "", "sqrt(sum ||o - ô||² / sum ||o||²) over all rows", B::Lower, L::Attention,
+       &out_rel_total},
+  };
+  return table;
+}
+
+const MetricDef* find_metric(std::string_view name) {
+  for (const MetricDef& m : metric_table())
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+const MetricDef& require_metric(std::string_view name, const std::string& where) {
+  if (const MetricDef* m = find_metric(name)) return *m;
+  std::vector<std::string> names;
+  for (const MetricDef& m : metric_table()) names.push_back(m.name);
+  std::string msg = where + ": unknown metric '" + std::string(name) + "'";
+  const std::string close = closest_match(name, names);
+  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  msg += "; known metrics: " + join(names, ", ");
+  throw ConfigError(msg);
+}
+
+const char* level_name(MetricLevel l) {
+  switch (l) {
+    case MetricLevel::Tensor: return "tensor";
+    case MetricLevel::Attention: return "attention";
+    default: return "model";
+  }
+}
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(lo), v.end());
+  const double a = v[lo];
+  double b = a;
+  if (hi != lo) b = *std::min_element(v.begin() + static_cast<long>(lo) + 1, v.end());
+  return a + (pos - static_cast<double>(lo)) * (b - a);
+}
+
+}  // namespace kvb

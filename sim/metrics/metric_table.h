@@ -1,0 +1,37 @@
+// The metric table (methods.md §4): every metric a result row can carry, in one list
+// that configs, CSV columns, Pareto fronts, budget queries and `kvbudget metrics`
+// iterate over. Adding a metric means adding one entry in metric_table.cpp (and, for
+// a new per-row quantity, one field of AttentionRow filled by the simulator).
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sim/metrics/error_stats.h"
+
+namespace kvb {
+
+enum class Better { Lower, Higher };
+enum class MetricLevel { Tensor, Attention, Model };
+
+struct MetricDef {
+  std::string name;
+  std::string unit;
+  std::string description;
+  Better better = Better::Lower;
+  MetricLevel level = MetricLevel::Attention;
+  double (*compute)(const ErrorStats&) = nullptr;  // nullptr for model-level metrics
+};
+
+const std::vector<MetricDef>& metric_table();
+// nullptr if unknown.
+const MetricDef* find_metric(std::string_view name);
+// Throws kvb::ConfigError naming the closest metric when unknown.
+const MetricDef& require_metric(std::string_view name, const std::string& where);
+
+const char* level_name(MetricLevel l);
+
+// Quantile with linear interpolation between order statistics (NumPy's default).
+double quantile(std::vector<double> values, double q);
+
+}  // namespace kvb

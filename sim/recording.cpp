@@ -1,0 +1,92 @@
+#include "sim/recording.h"
+
+#include <sstream>
+
+#include "sim/core/error.h"
+
+namespace kvb {
+
+bool Recording::has_pre_rope_keys() const { return !layers.empty() && !layers[0].key_pre_rope.empty(); }
+bool Recording::has_attn_output() const { return !layers.empty() && !layers[0].attn_output.empty(); }
+
+void Recording::validate() const {
+  const std::string where = "recording '" + name + "' (" + source + ")";
+  if (layers.empty()) throw Error(where + ": no layers");
+  if (q_heads <= 0 || kv_heads <= 0 || head_dim <= 0 || tokens <= 0)
+    throw Error(where + ": empty dimensions (" + summary() + ")");
+  if (q_heads % kv_heads != 0)
+    throw Error(where + ": query heads (" + std::to_string(q_heads) + ") must be a multiple of KV heads (" +
+                std::to_string(kv_heads) + ") for GQA");
+  const std::vector<int64_t> qshape = {q_heads, tokens, head_dim};
+  const std::vector<int64_t> kvshape = {kv_heads, tokens, head_dim};
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerTensors& L = layers[i];
+    const std::string lw = where + " layer " + std::to_string(layer_ids.empty() ? int(i) : layer_ids[i]);
+    auto need = [&](const Tensor& t, const std::vector<int64_t>& shape, const char* what) {
+      if (t.shape != shape)
+        throw Error(lw + ": " + what + " has shape " + shape_str(t.shape) + ", expected " + shape_str(shape) +
+                    " [heads, tokens, head_dim]");
+    };
+    need(L.query, qshape, "query");
+    need(L.key, kvshape, "key");
+    need(L.value, kvshape, "value");
+    if (!L.key_pre_rope.empty()) need(L.key_pre_rope, kvshape, "key_pre_rope");
+    if (!L.attn_output.empty()) need(L.attn_output, {tokens, q_heads * head_dim}, "attn_output");
+    require_finite(L.query, lw + " query");
+    require_finite(L.key, lw + " key");
+    require_finite(L.value, lw + " value");
+    if (!L.key_pre_rope.empty()) require_finite(L.key_pre_rope, lw + " key_pre_rope");
+    if (!L.attn_output.empty()) require_finite(L.attn_output, lw + " attn_output");
+  }
+  if (!token_ids.empty() && static_cast<int64_t>(token_ids.size()) != tokens)
+    throw Error(where + ": " + std::to_string(token_ids.size()) + " token ids for " + std::to_string(tokens) + " tokens");
+  if (!positions.empty() && static_cast<int64_t>(positions.size()) != tokens)
+    throw Error(where + ": " + std::to_string(positions.size()) + " positions for " + std::to_string(tokens) + " tokens");
+  if (phase_boundary && (*phase_boundary < 0 || *phase_boundary > tokens))
+    throw Error(where + ": phase boundary " + std::to_string(*phase_boundary) + " outside [0, " +
+                std::to_string(tokens) + "]");
+}
+
+namespace {
+// Keeps the first n rows of dimension 1 of a [H, T, d] tensor.
+void truncate_htd(Tensor& t, int64_t n) {
+  if (t.empty()) return;
+  const int64_t H = t.dim(0), T = t.dim(1), d = t.dim(2);
+  Tensor out({H, n, d});
+  for (int64_t h = 0; h < H; ++h)
+    std::copy(t.slice(h), t.slice(h) + n * d, out.slice(h));
+  (void)T;
+  t = std::move(out);
+}
+}  // namespace
+
+void Recording::truncate_tokens(int64_t n) {
+  if (n <= 0 || n >= tokens) return;
+  for (LayerTensors& L : layers) {
+    truncate_htd(L.query, n);
+    truncate_htd(L.key, n);
+    truncate_htd(L.value, n);
+    truncate_htd(L.key_pre_rope, n);
+    if (!L.attn_output.empty()) {
+      const int64_t w = L.attn_output.dim(1);
+      L.attn_output.data.resize(static_cast<size_t>(n * w));
+      L.attn_output.shape = {n, w};
+    }
+  }
+  if (!token_ids.empty()) token_ids.resize(static_cast<size_t>(n));
+  if (!positions.empty()) positions.resize(static_cast<size_t>(n));
+  if (phase_boundary && *phase_boundary > n) phase_boundary = n;
+  tokens = n;
+}
+
+std::string Recording::summary() const {
+  std::ostringstream os;
+  os << layers.size() << " layers, " << q_heads << "/" << kv_heads << " q/kv heads, head_dim " << head_dim << ", "
+     << tokens << " tokens";
+  if (rope.applied) os << ", post-RoPE (theta " << rope.theta << ")";
+  if (has_pre_rope_keys()) os << ", pre-RoPE keys";
+  if (has_attn_output()) os << ", attn_output";
+  return os.str();
+}
+
+}  // namespace kvb

@@ -1,0 +1,87 @@
+// Recording: what attention consumed in a real or synthetic forward pass.
+// Read-only once built; shared by every sweep point and thread.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sim/core/tensor.h"
+
+namespace kvb {
+
+// One transformer layer's attention inputs and output, host fp32.
+struct LayerTensors {
+  Tensor query;         // [q_heads, T, head_dim]; post-RoPE when the model uses RoPE
+  Tensor key;           // [kv_heads, T, head_dim]; post-RoPE when the model uses RoPE
+  Tensor value;         // [kv_heads, T, head_dim]
+  Tensor key_pre_rope;  // [kv_heads, T, head_dim], or empty when not recorded
+  Tensor attn_output;   // [T, q_heads * head_dim] (input of o_proj), or empty
+};
+
+// How the recorded keys were rotated (Hugging Face "rotate_half" convention: pair
+// channel i with i + head_dim/2, angle position * theta^(-2i/head_dim)).
+struct RopeInfo {
+  bool applied = false;   // query/key are post-RoPE
+  double theta = 10000.0;
+};
+
+struct Recording {
+  std::string name;    // e.g. "gpt2-bytes-record" or "synthetic"
+  std::string source;  // file path or "synthetic(seed=...)"
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t tokens = 0;                   // T
+  std::vector<int> layer_ids;           // original layer index of layers[i]
+  std::vector<LayerTensors> layers;
+  std::vector<int64_t> token_ids;       // length T, or empty when unknown
+  std::vector<int64_t> positions;       // length T; RoPE positions (default 0..T-1)
+  std::optional<int64_t> phase_boundary;  // first token of the second phase, if known
+  RopeInfo rope;
+  std::map<std::string, std::string> metadata;
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
+  int64_t group_size() const { return q_heads / kv_heads; }  // query heads per KV head
+  int64_t kv_head_of(int64_t q_head) const { return q_head / group_size(); }
+  bool has_pre_rope_keys() const;
+  bool has_attn_output() const;
+  // Number of K and V elements: 2 * L * kv_heads * T * head_dim.
+  int64_t kv_elements() const { return 2 * num_layers() * kv_heads * tokens * head_dim; }
+
+  // Shapes agree across layers, GQA divides, positions/token ids have length T, and
+  // every value is finite. Throws kvb::Error naming the tensor (and index) otherwise.
+  void validate() const;
+  // Keeps the first n tokens (n <= T), e.g. for a quick run on a prefix.
+  void truncate_tokens(int64_t n);
+  std::string summary() const;  // "6 layers, 6/6 heads, head_dim 64, 512 tokens"
+};
+
+// Where and how to read a recording from tensor files.
+struct RecordingSpec {
+  std::filesystem::path path;  // .safetensors, sharded index/dir, .npz, dir of .npy
+  // Tensor name patterns; {layer} is replaced by the layer index.
+  std::string query = "layers.{layer}.query";
+  std::string key = "layers.{layer}.key";
+  std::string value = "layers.{layer}.value";
+  std::string key_pre_rope = "layers.{layer}.key_pre_rope";  // optional tensor
+  std::string attn_output = "layers.{layer}.attn_output";    // optional tensor
+  std::string token_ids = "input_ids";                       // optional tensor
+  // Axis names of the stored q/k/v tensors, outermost first, from
+  // {batch, heads, tokens, head_dim}; a batch axis must have size 1.
+  std::string layout = "heads,tokens,head_dim";
+  // Axis names of attn_output: {batch, tokens, hidden} (hidden = heads*head_dim) or
+  // a q/k/v-like layout with heads and head_dim.
+  std::string attn_output_layout = "tokens,hidden";
+  std::vector<int> layers;        // subset of layer indices; empty = all found
+  int64_t max_tokens = 0;         // keep the first max_tokens; 0 = all
+  std::optional<double> rope_theta;  // when set, keys are marked post-RoPE with this theta
+};
+
+// Loads and validates (Recording::validate) a recording. Layers are discovered from
+// the key pattern. Errors name the file, the tensor and the expected shape.
+Recording load_recording(const RecordingSpec& spec);
+
+}  // namespace kvb

@@ -1,0 +1,51 @@
+#include "sim/strategies/strategy.h"
+
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+std::string param_to_string(const ParamValue& v) {
+  if (const bool* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  if (const int64_t* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const double* d = std::get_if<double>(&v)) return format_double(*d);
+  return std::get<std::string>(v);
+}
+
+const char* param_type_name(ParamType t) {
+  switch (t) {
+    case ParamType::Bool: return "boolean";
+    case ParamType::Int: return "integer";
+    case ParamType::Real: return "number";
+    default: return "string";
+  }
+}
+
+const ParamValue& Params::get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw Error("internal: strategy parameter '" + name + "' missing");
+  return it->second;
+}
+const std::string& Params::str(const std::string& name) const { return std::get<std::string>(get(name)); }
+int64_t Params::integer(const std::string& name) const { return std::get<int64_t>(get(name)); }
+double Params::real(const std::string& name) const {
+  const ParamValue& v = get(name);
+  if (const int64_t* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
+  return std::get<double>(v);
+}
+bool Params::boolean(const std::string& name) const { return std::get<bool>(get(name)); }
+
+const StrategyType& require_strategy_type(const std::string& name, const std::string& where) {
+  std::vector<std::string> names;
+  for (const StrategyType& t : strategy_types()) {
+    if (t.name == name) return t;
+    names.push_back(t.name);
+  }
+  std::string msg = where + ": unknown strategy type '" + name + "'";
+  const std::string close = closest_match(name, names);
+  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  msg += "; known: " + join(names, ", ");
+  throw ConfigError(msg);
+}
+
+}  // namespace kvb

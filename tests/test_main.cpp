@@ -1,0 +1,3 @@
+// Shared doctest main for every test program.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
