@@ -263,6 +263,7 @@ OutputSpec parse_output(const std::optional<ConfigTable>& t) {
   o.target_context = t->integer("target_context", o.target_context);
   if (o.target_context < 1) t->fail("target_context", "must be >= 1 token");
   o.series = t->string("series", "");
+  o.marker = t->string("marker", "");
   return o;
 }
 

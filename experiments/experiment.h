@@ -63,7 +63,8 @@ struct OutputSpec {
   std::filesystem::path dir = "results";
   bool plots = true;
   int64_t target_context = 32768;
-  std::string series;  // column that colours plot points; "" = strategy label
+  std::string series;  // points.csv column that colours plot points; "" = strategy label
+  std::string marker;  // points.csv column that shapes plot points; "" = none
 };
 
 struct BudgetQuery {

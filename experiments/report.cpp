@@ -271,6 +271,10 @@ std::string Report::write_plots() const {
     argv.push_back("--series");
     argv.push_back(spec_.output.series);
   }
+  if (!spec_.output.marker.empty()) {
+    argv.push_back("--marker");
+    argv.push_back(spec_.output.marker);
+  }
   const std::filesystem::path log = dir_ / "plots.log";
   const pid_t pid = ::fork();
   if (pid < 0) return "fork failed";

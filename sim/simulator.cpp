@@ -48,13 +48,12 @@ float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::
 // Per-thread scratch for one query head.
 struct HeadScratch {
   RowMat scores, dscores, probs, dprobs, out, dout;
-  std::vector<double> p, phat;
+  std::vector<double> p, phat, dp;  // p, p̂ and p̂ - p of one row
   std::vector<int32_t> ia, ib;
 };
 
 // Adds the rows of query head h (positions `pos`) to stats.
-void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* khat_delta,
-                   const float* vhat, const float* vdelta, const std::vector<int64_t>& pos, const SimOptions& opt,
+void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* khat_delta, const float* vdelta, const std::vector<int64_t>& pos, const SimOptions& opt,
                    HeadScratch& s, ErrorStats& stats) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
   const int64_t T = rec.tokens, d = rec.head_dim;
@@ -64,10 +63,10 @@ void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* 
   ConstRowMap K(L.key.slice(g), T, d);
   ConstRowMap V(L.value.slice(g), T, d);
   ConstRowMap dK(khat_delta, T, d);
-  ConstRowMap Vhat(vhat, T, d);
   ConstRowMap dV(vdelta, T, d);
   s.p.resize(static_cast<size_t>(T));
   s.phat.resize(static_cast<size_t>(T));
+  s.dp.resize(static_cast<size_t>(T));
 
   for (size_t b0 = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block)) {
     const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
@@ -91,30 +90,42 @@ void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* 
       double z = 0;
       for (int64_t j = 0; j < n; ++j) z += (s.p[j] = std::exp(static_cast<double>(sr[j]) - mx));
       for (int64_t j = 0; j < n; ++j) s.p[j] /= z;
-      // p̂_j = p_j e^{Δs_j} / Σ p e^{Δs}; KL(p||p̂) = log Σ p e^{Δs} - Σ p Δs.
-      double dmx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) dmx = std::max(dmx, static_cast<double>(dsr[j]));
-      double zhat = 0, mean_ds = 0, err2 = 0, errmax = 0;
+      // p̂_j = p_j e^{Δs_j} / (1 + A) with A = Σ p_j (e^{Δs_j} - 1), and
+      // KL(p || p̂) = log(1 + A) - Σ p_j Δs_j. expm1/log1p keep tiny errors exact
+      // (Δs = 0 gives exactly 0); large shifts use the max-shifted form.
+      double dmx = -INFINITY, mean_ds = 0, err2 = 0, errmax = 0;
       for (int64_t j = 0; j < n; ++j) {
         const double ds = dsr[j];
-        s.phat[j] = s.p[j] * std::exp(ds - dmx);
-        zhat += s.phat[j];
+        dmx = std::max(dmx, ds);
         mean_ds += s.p[j] * ds;
         err2 += ds * ds;
         errmax = std::max(errmax, std::fabs(ds));
       }
-      for (int64_t j = 0; j < n; ++j) s.phat[j] /= zhat;
+      double kl = 0;
+      if (dmx < 30.0) {
+        double a = 0;
+        for (int64_t j = 0; j < n; ++j) a += s.p[j] * std::expm1(static_cast<double>(dsr[j]));
+        for (int64_t j = 0; j < n; ++j)
+          s.dp[j] = s.p[j] * (std::expm1(static_cast<double>(dsr[j])) - a) / (1.0 + a);
+        kl = std::log1p(a) - mean_ds;
+      } else {
+        double zhat = 0;
+        for (int64_t j = 0; j < n; ++j) zhat += (s.phat[j] = s.p[j] * std::exp(dsr[j] - dmx));
+        for (int64_t j = 0; j < n; ++j) s.dp[j] = s.phat[j] / zhat - s.p[j];
+        kl = std::log(zhat) + dmx - mean_ds;
+      }
+      for (int64_t j = 0; j < n; ++j) s.phat[j] = s.p[j] + s.dp[j];
       AttentionRow row;
       row.layer = static_cast<int32_t>(layer);
       row.q_head = static_cast<int32_t>(h);
       row.position = static_cast<int32_t>(t);
-      row.kl = static_cast<float>(std::max(0.0, std::log(zhat) + dmx - mean_ds));
+      row.kl = static_cast<float>(std::max(0.0, kl));
       row.logit_err2 = static_cast<float>(err2);
       row.logit_err_max = static_cast<float>(errmax);
       row.topk_overlap = topk_overlap(s.p.data(), s.phat.data(), n, opt.topk, s.ia, s.ib);
       for (int64_t j = 0; j < n; ++j) {
         s.probs(r, j) = static_cast<float>(s.p[j]);
-        s.dprobs(r, j) = static_cast<float>(s.phat[j] - s.p[j]);
+        s.dprobs(r, j) = static_cast<float>(s.dp[j]);
       }
       stats.rows.push_back(row);
       stats.logit_pairs += n;
@@ -129,7 +140,6 @@ void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* 
       row.out_err2 = s.dout.row(r).squaredNorm();
     }
   }
-  (void)Vhat;
 }
 
 }  // namespace
@@ -175,7 +185,7 @@ ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer,
       stats.v_norm2 += static_cast<double>(v[i]) * v[i];
     }
     for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-      simulate_head(rec, layer, h, kdelta.data(), vhat.data(), vdelta.data(), pos, opt, scratch, stats);
+      simulate_head(rec, layer, h, kdelta.data(), vdelta.data(), pos, opt, scratch, stats);
   }
   // Rows in (q_head, position) order within the layer.
   return stats;

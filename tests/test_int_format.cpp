@@ -1,0 +1,210 @@
+// Integer quantizers (sim/formats/int_format.*, int_block.h) and the format table:
+// error bounds, exact code ranges, exact bits per element, name round trips.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "sim/core/error.h"
+#include "sim/core/half.h"
+#include "sim/formats/int_block.h"
+#include "sim/formats/int_format.h"
+#include "sim/formats/registry.h"
+#include "test_util.h"
+
+using namespace kvb;
+
+namespace {
+
+std::vector<float> roundtrip(const Format& f, const std::vector<float>& x, int64_t rows, int64_t cols) {
+  std::vector<float> out(x.size());
+  f.roundtrip(ConstMatView{x.data(), rows, cols, cols}, MatView{out.data(), rows, cols, cols}, SpanInfo{});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("fp16 and bf16 conversion round to nearest even, with subnormals and overflow") {
+  CHECK(f32_to_f16_bits(1.0f) == 0x3c00);
+  CHECK(f32_to_f16_bits(-2.0f) == 0xc000);
+  CHECK(f32_to_f16_bits(65504.0f) == 0x7bff);
+  CHECK(f32_to_f16_bits(65519.0f) == 0x7bff);      // below the halfway point
+  CHECK(f32_to_f16_bits(65520.0f) == 0x7c00);      // halfway to 2^16 rounds to even = inf
+  CHECK(f32_to_f16_bits(5.9604645e-08f) == 0x0001);  // smallest subnormal
+  CHECK(f32_to_f16_bits(2.9802322e-08f) == 0x0000);  // exactly half of it: ties to even (0)
+  CHECK(f32_to_f16_bits(8.940697e-08f) == 0x0002);   // 1.5 ulp: ties to even (2)
+  CHECK(f32_to_f16_bits(6.1035156e-05f) == 0x0400);  // smallest normal
+  CHECK(f32_to_f16_bits(1.0f + 1.0f / 2048.0f) == 0x3c00);  // tie between 1 and 1+2^-10: even
+  CHECK(f32_to_f16_bits(1.0f + 3.0f / 2048.0f) == 0x3c02);  // tie: to even mantissa 2
+  CHECK(std::isnan(f16_bits_to_f32(f32_to_f16_bits(NAN))));
+  // Every half value survives a round trip through fp32.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_bits_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    REQUIRE(f32_to_f16_bits(f) == h);
+  }
+  CHECK(f32_to_bf16_bits(1.0f) == 0x3f80);
+  CHECK(f32_to_bf16_bits(bits_float(0x3f808000u)) == 0x3f80);  // tie: to even
+  CHECK(f32_to_bf16_bits(bits_float(0x3f818000u)) == 0x3f82);  // tie: to even
+  CHECK(f32_to_bf16_bits(bits_float(0x3f808001u)) == 0x3f81);  // above the tie
+}
+
+TEST_CASE("format names parse to canonical names and back") {
+  for (const FormatFamily& fam : format_families()) {
+    for (const std::string& ex : fam.examples) {
+      FormatPtr f = make_format(ex);
+      CHECK_MESSAGE(f->name() == ex, "example " << ex << " is not canonical");
+      CHECK(make_format(f->name())->name() == f->name());
+    }
+  }
+  CHECK(make_format("int4-asym-g32-sfp16-zfp16")->name() == "int4-asym-g32");
+  CHECK(make_format("fp16")->name() == "keep-fp16");
+}
+
+TEST_CASE("malformed format names are clear errors") {
+  CHECK_THROWS_WITH_AS(make_format("int9-asym-g32"), doctest::Contains("bits must be 1..8"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("int4-asim-g32"), doctest::Contains("mode must be"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("int4-asym-x32"), doctest::Contains("grouping"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("int4-sym-g32-zfp32"), doctest::Contains("store no zero"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("int4-asym-g0"), doctest::Contains(">= 1"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("int4-asym"), doctest::Contains("expected int<b>"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("keep-fp8"), doctest::Contains("keep-fp16"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("int4-asym-g32-q"), doctest::Contains("unknown option"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("kep-fp16"), doctest::Contains("did you mean 'keep-fp16'"), ConfigError);
+}
+
+TEST_CASE("exact bits per element include every scale and zero (methods.md 1)") {
+  // asymmetric int-b, fp16 scale + fp16 min per group of G: b + 32/G
+  CHECK(make_format("int2-asym-g32")->bpe(512, 64) == 3.0);   // KIVI-2 G=32
+  CHECK(make_format("int4-asym-g64")->bpe(512, 128) == 4.5);  // quanto int4
+  CHECK(make_format("int2-asym-g64")->bpe(512, 128) == 2.5);  // quanto int2
+  // symmetric int-b, fp16 scale per group: b + 16/G
+  CHECK(make_format("int4-sym-g32")->bpe(100, 64) == 4.5);
+  CHECK(make_format("int8-sym-tok")->bpe(100, 64) == 8.25);
+  CHECK(make_format("int3-asym-tok-sfp32-zfp32")->bpe(7, 128) == 3.5);
+  CHECK(make_format("int4-asym-g16-sbf16-zfp32")->bpe(9, 64) == 4.0 + 48.0 / 16.0);
+  // per channel, groups of 32 tokens: 96 tokens = 3 groups per channel
+  CHECK(make_format("int2-asym-ch32")->storage_bits(96, 64) == 96u * 64u * 2u + 3u * 64u * 32u);
+  // a partial last group pays its own metadata: 100 tokens = 4 groups
+  CHECK(make_format("int2-asym-ch32")->storage_bits(100, 64) == 100u * 64u * 2u + 4u * 64u * 32u);
+  CHECK(make_format("int2-asym-ch")->storage_bits(100, 64) == 100u * 64u * 2u + 64u * 32u);
+  CHECK(make_format("keep-fp16")->bpe(3, 64) == 16.0);
+  CHECK(make_format("keep-fp32")->bpe(3, 64) == 32.0);
+  CHECK(make_format("int4-asym-g48")->check_shape(10, 64).find("does not divide") != std::string::npos);
+}
+
+TEST_CASE("asymmetric codes cover exactly 0..2^b-1 and errors stay within half a step") {
+  const int64_t rows = 64, cols = 64;
+  const std::vector<float> x = test::random_normal(static_cast<size_t>(rows * cols), 7);
+  for (int bits = 1; bits <= 8; ++bits) {
+    IntFormatSpec s;
+    s.bits = bits;
+    s.symmetric = false;
+    s.group = 16;
+    s.scale_dtype = s.zero_dtype = StoreDtype::F32;
+    const float levels = static_cast<float>((1 << bits) - 1);
+    std::set<int> codes;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+        const float* g = x.data() + r * cols + c0;
+        const float lo = *std::min_element(g, g + 16), hi = *std::max_element(g, g + 16);
+        const IntGroupParams p = int_asym_params(lo, hi, bits, s.scale_dtype, s.zero_dtype);
+        CHECK(p.scale == doctest::Approx((hi - lo) / levels).epsilon(1e-6));
+        for (int i = 0; i < 16; ++i) {
+          const int q = int_asym_encode(g[i], p, bits);
+          REQUIRE(q >= 0);
+          REQUIRE(q <= (1 << bits) - 1);
+          codes.insert(q);
+          const float xhat = int_decode(q, p);
+          // |x - x̂| <= s/2 (plus float rounding of the affine map)
+          REQUIRE(std::fabs(g[i] - xhat) <= p.scale * 0.5f * (1 + 1e-5f) + 1e-6f * std::fabs(g[i]));
+        }
+        // min and max of the group are reproduced at the ends of the code range
+        CHECK(int_asym_encode(lo, p, bits) == 0);
+        CHECK(int_asym_encode(hi, p, bits) == (1 << bits) - 1);
+      }
+    CHECK(static_cast<int>(codes.size()) == (1 << bits));  // every code is reachable
+  }
+}
+
+TEST_CASE("symmetric codes lie in +-(2^(b-1)-1) with error within half a step; b=1 is the sign quantizer") {
+  const std::vector<float> x = test::random_normal(4096, 11, 2.0f);
+  for (int bits = 2; bits <= 8; ++bits) {
+    const int qmax = (1 << (bits - 1)) - 1;
+    for (size_t g0 = 0; g0 < x.size(); g0 += 32) {
+      float absmax = 0;
+      for (size_t i = g0; i < g0 + 32; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+      const IntGroupParams p = int_sym_params(absmax, bits, StoreDtype::F32);
+      for (size_t i = g0; i < g0 + 32; ++i) {
+        const int q = int_sym_encode(x[i], p, bits);
+        REQUIRE(q >= -qmax);
+        REQUIRE(q <= qmax);
+        REQUIRE(std::fabs(x[i] - int_decode(q, p)) <= p.scale * 0.5f * (1 + 1e-5f) + 1e-6f);
+      }
+    }
+  }
+  // b = 1: codes ±1, reconstruction ±mean|x| of the group.
+  std::vector<float> g = {0.5f, -1.5f, 2.0f, -0.0f};
+  FormatPtr f = make_format("int1-sym-g4-sfp32");
+  const std::vector<float> y = roundtrip(*f, g, 1, 4);
+  const float m = (0.5f + 1.5f + 2.0f + 0.0f) / 4.0f;
+  CHECK(y == std::vector<float>{m, -m, m, m});
+}
+
+TEST_CASE("constant groups, zeros and fp16 metadata are handled exactly") {
+  std::vector<float> same(64, 3.25f);
+  for (const char* name : {"int4-asym-g32", "int2-asym-tok", "int3-asym-ch16", "int1-asym-g32"}) {
+    const std::vector<float> y = roundtrip(*make_format(name), same, 2, 32);
+    for (float v : y) CHECK(v == 3.25f);  // scale 0, min 3.25 (exact in fp16)
+  }
+  // Symmetric: the fp16 scale 3.25/7 is rounded, so only half a step is promised.
+  const float s7 = round_to_f16(3.25f / 7.0f);
+  for (float v : roundtrip(*make_format("int4-sym-g32"), same, 2, 32)) CHECK(v == 7.0f * s7);
+  std::vector<float> zeros(64, 0.0f);
+  for (float v : roundtrip(*make_format("int4-sym-g32"), zeros, 2, 32)) CHECK(v == 0.0f);
+  // With fp16 metadata the stored scale and min are what decoding uses.
+  const std::vector<float> x = test::random_normal(32, 3);
+  const std::vector<float> y = roundtrip(*make_format("int4-asym-g32"), x, 1, 32);
+  const float lo = *std::min_element(x.begin(), x.end()), hi = *std::max_element(x.begin(), x.end());
+  const float s16 = round_to_f16((hi - lo) / 15.0f), z16 = round_to_f16(lo);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float q = std::rint((x[i] - z16) / s16);
+    CHECK(y[i] == std::max(0.0f, std::min(15.0f, q)) * s16 + z16);
+  }
+}
+
+TEST_CASE("per-channel grouping quantizes each channel along tokens") {
+  // Two channels with very different ranges: per-channel groups keep both accurate.
+  const int64_t T = 64, d = 2;
+  std::vector<float> x(static_cast<size_t>(T * d));
+  for (int64_t t = 0; t < T; ++t) {
+    x[static_cast<size_t>(t * d)] = 100.0f + static_cast<float>(t % 7);
+    x[static_cast<size_t>(t * d + 1)] = 0.01f * static_cast<float>(t % 5);
+  }
+  const std::vector<float> y = roundtrip(*make_format("int8-asym-ch32-sfp32-zfp32"), x, T, d);
+  for (int64_t t = 0; t < T; ++t) {
+    CHECK(std::fabs(y[static_cast<size_t>(t * d)] - x[static_cast<size_t>(t * d)]) <= 6.0f / 255.0f / 2 + 1e-4f);
+    CHECK(std::fabs(y[static_cast<size_t>(t * d + 1)] - x[static_cast<size_t>(t * d + 1)]) <=
+          0.04f / 255.0f / 2 + 1e-6f);
+  }
+}
+
+TEST_CASE("every format in the table round-trips finite values and keeps its shape") {
+  const int64_t T = 96, d = 64;
+  const std::vector<float> x = test::random_normal(static_cast<size_t>(T * d), 5);
+  double norm2 = 0;
+  for (float v : x) norm2 += double(v) * v;
+  for (const FormatFamily& fam : format_families())
+    for (const std::string& ex : fam.examples) {
+      FormatPtr f = make_format(ex);
+      if (!f->check_shape(T, d).empty()) continue;
+      const std::vector<float> y = roundtrip(*f, x, T, d);
+      double err2 = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        REQUIRE(std::isfinite(y[i]));
+        err2 += double(y[i] - x[i]) * (y[i] - x[i]);
+      }
+      INFO(ex);
+      CHECK(err2 / norm2 < 1.5);  // sane even at 1 bit (min-max 1-bit is ~1.4 on N(0,1))
+      if (f->lossless()) CHECK(err2 == 0.0);
+    }
+}
