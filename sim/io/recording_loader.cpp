@@ -88,14 +88,14 @@ Layout parse_layout(const std::string& text, const char* option, bool for_attn_o
 // `what` names the tensor in errors.
 Tensor to_axis_order(Tensor t, const Layout& layout, const std::vector<Axis>& order, const std::string& what) {
   if (t.rank() != static_cast<int>(layout.axes.size()))
-    fail(what, "has shape " + shape_str(t.shape) + " (rank " + std::to_string(t.rank()) + "), but the layout '" +
+    throw Error(what + " has shape " + shape_str(t.shape) + " (rank " + std::to_string(t.rank()) + "), but the layout '" +
                    layout.text + "' names " + std::to_string(layout.axes.size()) + " axes");
   std::vector<int64_t> shape;  // the stored shape without the batch axis
   std::vector<Axis> axes;
   for (size_t i = 0; i < layout.axes.size(); ++i) {
     if (layout.axes[i] == Axis::Batch) {
       if (t.shape[i] != 1)
-        fail(what, "has batch size " + std::to_string(t.shape[i]) + " (shape " + shape_str(t.shape) + ", layout '" +
+        throw Error(what + " has batch size " + std::to_string(t.shape[i]) + " (shape " + shape_str(t.shape) + ", layout '" +
                        layout.text + "'); a recording holds one sequence, so the batch axis must have size 1");
       continue;
     }
@@ -170,7 +170,7 @@ std::string recording_name(const fs::path& path) {
   if (p.filename().empty()) p = p.parent_path();  // trailing slash
   const std::string file = p.filename().string();
   if (fs::is_directory(p)) return file;
-  if (file.size() > 5 && file.ends_with(".index.json")) return p.parent_path().filename().string();
+  if (file.ends_with(".index.json")) return p.parent_path().filename().string();
   return p.stem().string();
 }
 
@@ -225,7 +225,8 @@ class LayerReader {
   std::vector<std::string> names_;
 };
 
-// The layers named by the key pattern, numerically sorted, restricted to spec.layers.
+// The layers named by the key pattern, numerically sorted, restricted to spec.layers
+// (also sorted, duplicates dropped).
 std::vector<int> select_layers(const LayerReader& reader, const RecordingSpec& spec, const std::string& where) {
   if (spec.key.find("{layer}") == std::string::npos)
     throw ConfigError("key pattern '" + spec.key + "' has no {layer} placeholder");
@@ -244,8 +245,10 @@ std::vector<int> select_layers(const LayerReader& reader, const RecordingSpec& s
       fail(where, "layer " + std::to_string(l) + " requested, but the file has layers " + join(have, ", ") +
                       " (from key pattern '" + spec.key + "')");
     }
-    if (std::find(chosen.begin(), chosen.end(), l) == chosen.end()) chosen.push_back(l);
+    chosen.push_back(l);
   }
+  std::sort(chosen.begin(), chosen.end());  // file order, whatever order they were listed in
+  chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
   return chosen;
 }
 
