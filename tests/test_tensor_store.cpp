@@ -320,7 +320,8 @@ TEST_CASE("fixture: llama-bytes recording file") {
 
 TEST_CASE("fixture: reference files (I32 token ids, F32 logits)") {
   for (const char* model : {"gpt2", "llama"}) {
-    CAPTURE(model);
+    const std::string model_name = model;
+    CAPTURE(model_name);
     const auto store = TensorStore::open(data_dir() / "reference" / (std::string(model) + "-bytes-reference.safetensors"));
     CHECK(store->info("input_ids").dtype == DType::I32);
     const std::vector<int64_t> ids = store->read_i64("input_ids");
