@@ -1,0 +1,40 @@
+// A read-only memory mapping of one whole file, shared by the stores that read from
+// it (a safetensors file, an .npy, an .npz archive). Internal to sim/io.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace kvb {
+
+class MappedFile {
+ public:
+  // Maps `path` read-only. Throws kvb::Error naming the file when it is missing, not a
+  // regular file, or cannot be mapped. An empty file maps to size() == 0, data() == nullptr.
+  static std::shared_ptr<const MappedFile> open(const std::filesystem::path& path);
+
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const std::filesystem::path& path() const { return path_; }
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  std::string where() const { return path_.string(); }  // error-message prefix
+
+ private:
+  MappedFile() = default;
+  std::filesystem::path path_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// Little-endian unsigned integer of N bytes at p (any alignment).
+inline uint64_t load_le(const uint8_t* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace kvb
