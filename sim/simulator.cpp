@@ -144,19 +144,21 @@ void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* 
 
 }  // namespace
 
+void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d, SpanInfo span, float* out) {
+  for (const Segment& seg : unit.segments) {
+    if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
+    const int64_t n = seg.end - seg.begin;
+    span.first_token = seg.begin;
+    seg.format->roundtrip(ConstMatView{x + seg.begin * d, n, d, d}, MatView{out + seg.begin * d, n, d, d}, span);
+  }
+}
+
 void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,
                       const SimOptions& opt, float* out) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
   const Tensor& src = kind == Kind::Key ? L.key : L.value;
-  const int64_t d = rec.head_dim;
-  const float* x = src.slice(kv_head);
-  for (const Segment& seg : plan.unit(layer, kv_head, kind).segments) {
-    const int64_t n = seg.end - seg.begin;
-    ConstMatView in{x + seg.begin * d, n, d, d};
-    MatView o{out + seg.begin * d, n, d, d};
-    SpanInfo span{layer, kv_head, kind == Kind::Key, seg.begin, opt.seed};
-    seg.format->roundtrip(in, o, span);
-  }
+  const SpanInfo span{layer, kv_head, kind == Kind::Key, 0, opt.seed};
+  reconstruct_unit(plan.unit(layer, kv_head, kind), src.slice(kv_head), rec.tokens, rec.head_dim, span, out);
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {

@@ -24,7 +24,14 @@ struct SimOptions {
   int64_t row_block = 128;          // query rows per GEMM block
 };
 
-// The reconstructed [T, head_dim] matrix of one unit, row-major, into out.
+// Quantizes then dequantizes one unit's source matrix x [T, head_dim] (row-major)
+// segment by segment as `unit` says, into out [T, head_dim]. `span` identifies the
+// unit (layer, KV head, K or V, seed); first_token is set per segment. The model
+// forward pass (quantized KV cache) uses this too.
+void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, SpanInfo span,
+                      float* out);
+
+// The reconstructed [T, head_dim] matrix of one unit of a recording, into out.
 void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,
                       const SimOptions& opt, float* out);
 
