@@ -1,12 +1,4 @@
-// Crash-safe file writes: content goes to a temporary file in the same directory,
-// is flushed to disk, then renamed over the target. A reader (or a crash, or Ctrl-C)
-// sees either the old complete file or the new complete file, never a truncated one.
+// The atomic writer lives in sim/io (the tensor writers use it too); this header
+// keeps experiments' includes working.
 #pragma once
-#include <filesystem>
-#include <string>
-
-namespace kvb {
-
-void write_file_atomic(const std::filesystem::path& path, const std::string& content);
-
-}  // namespace kvb
+#include "sim/io/atomic_file.h"
