@@ -15,16 +15,37 @@ void Plan::assign_all(Kind kind, const FormatPtr& format) {
     for (int64_t g = 0; g < kv_heads_; ++g) unit(l, g, kind).segments = {Segment{0, tokens_, format}};
 }
 
+namespace {
+
+// A segment of a plan for `tokens` tokens, placed in a sequence of `context` tokens:
+// segments reaching the plan's end follow the context's end. Empty when it vanishes.
+Segment segment_at(const Segment& s, int64_t tokens, int64_t context) {
+  Segment out = s;
+  out.end = s.end >= tokens ? context : std::min(s.end, context);
+  out.begin = std::min(s.begin, context);
+  return out;
+}
+
+}  // namespace
+
 uint64_t Plan::storage_bits_at(int64_t context) const {
   uint64_t bits = 0;
   for (const UnitPlan& u : units_) {
     for (const Segment& s : u.segments) {
-      const int64_t end = s.end >= tokens_ ? context : std::min(s.end, context);
-      const int64_t begin = std::min(s.begin, context);
-      if (end > begin) bits += s.format->storage_bits(end - begin, head_dim_);
+      const Segment at = segment_at(s, tokens_, context);
+      if (at.end > at.begin) bits += s.format->storage_bits(at.end - at.begin, head_dim_);
     }
   }
   return bits;
+}
+
+UnitPlan Plan::unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context) const {
+  UnitPlan out;
+  for (const Segment& s : unit(layer, kv_head, kind).segments) {
+    const Segment at = segment_at(s, tokens_, context);
+    if (at.end > at.begin) out.segments.push_back(at);
+  }
+  return out;
 }
 
 double Plan::bpe_at(int64_t context) const {

@@ -52,6 +52,13 @@ class Plan {
   // Bytes of the cache at a context: bpe * elements / 8.
   double bytes_at(int64_t context) const { return static_cast<double>(storage_bits_at(context)) / 8.0; }
 
+  // The unit's segments for a sequence of `context` tokens (a cache that has grown to,
+  // or beyond, a different length than the plan's T), by storage_bits_at's rule:
+  // segments that reach T are extended (or cut) to `context`; earlier ones keep their
+  // tokens, cut at `context`; segments starting at or beyond `context` are dropped.
+  // The result covers [0, context). The model's KV cache reconstructs through it.
+  UnitPlan unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context) const;
+
   // Empty when every unit's segments cover [0, T) in order with formats that accept
   // the shapes; otherwise the first problem, naming the unit.
   std::string check() const;
