@@ -1,0 +1,75 @@
+#include "sim/model/kv_cache.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "sim/core/error.h"
+#include "sim/simulator.h"
+
+namespace kvb {
+
+KvCache::KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim)
+    : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), units_(static_cast<size_t>(layers * kv_heads * 2)) {}
+
+int64_t KvCache::length(int64_t layer) const {
+  return static_cast<int64_t>(unit(layer, 0, 0).size()) / head_dim_;
+}
+
+void KvCache::append(int64_t layer, const float* keys, const float* values, int64_t stride, int64_t n) {
+  for (int64_t g = 0; g < kv_heads_; ++g) {
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<float>& u = unit(layer, g, kind);
+      const float* src = (kind == 0 ? keys : values) + g * head_dim_;
+      u.reserve(u.size() + static_cast<size_t>(n * head_dim_));
+      for (int64_t r = 0; r < n; ++r) u.insert(u.end(), src + r * stride, src + r * stride + head_dim_);
+    }
+  }
+}
+
+KvCache::LayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const {
+  LayerView v;
+  v.keys.resize(static_cast<size_t>(kv_heads_));
+  v.values.resize(static_cast<size_t>(kv_heads_));
+  if (!q.plan) {
+    for (int64_t g = 0; g < kv_heads_; ++g) {
+      v.keys[static_cast<size_t>(g)] = keys(layer, g);
+      v.values[static_cast<size_t>(g)] = values(layer, g);
+    }
+    return v;
+  }
+  const int64_t length = this->length(layer), d = head_dim_;
+  const int64_t unit_floats = length * d;
+  scratch.resize(static_cast<size_t>(2 * kv_heads_ * unit_floats));
+  const int64_t units = 2 * kv_heads_;
+  std::vector<std::string> errors(static_cast<size_t>(units));
+#pragma omp parallel for schedule(dynamic, 1) if (units > 1 && !omp_in_parallel())
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t g = u / 2;
+    const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;
+    try {
+      const SpanInfo span{layer, g, kind == Kind::Key, 0, q.seed};
+      reconstruct_unit(q.plan->unit_at(layer, g, kind, length), unit(layer, g, static_cast<int>(kind)).data(), length, d,
+                       span, scratch.data() + u * unit_floats);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(u)] = "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " +
+                                       kind_name(kind) + ": " + e.what();
+    }
+  }
+  for (const std::string& e : errors)
+    if (!e.empty()) throw Error(e);
+  for (int64_t g = 0; g < kv_heads_; ++g) {
+    v.keys[static_cast<size_t>(g)] = scratch.data() + (2 * g) * unit_floats;
+    v.values[static_cast<size_t>(g)] = scratch.data() + (2 * g + 1) * unit_floats;
+  }
+  return v;
+}
+
+void check_plan_fits(const Plan& plan, int64_t layers, int64_t kv_heads, int64_t head_dim) {
+  if (plan.layers() != layers || plan.kv_heads() != kv_heads || plan.head_dim() != head_dim)
+    throw Error("the plan is for " + std::to_string(plan.layers()) + " layers x " + std::to_string(plan.kv_heads()) +
+                " KV heads x head_dim " + std::to_string(plan.head_dim()) + ", but the model's cache has " +
+                std::to_string(layers) + " x " + std::to_string(kv_heads) + " x " + std::to_string(head_dim));
+}
+
+}  // namespace kvb

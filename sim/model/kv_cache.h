@@ -1,0 +1,71 @@
+// The model's KV cache: the exact keys (post-RoPE) and values of every token
+// processed so far, and what attention reads from it, which is either those exact
+// values or their quantize→dequantize reconstruction through a Plan.
+//
+// Reconstruction goes through the simulator's reconstruct_unit() with the Plan's
+// segments for the cache's current length (Plan::unit_at), unit by unit, exactly as
+// the recording simulator reconstructs a recording; so whatever a Plan and its
+// formats express applies to the model unchanged. Semantics:
+//  - teacher forcing (all T tokens in one pass): each layer's cache of T tokens is
+//    reconstructed once, and attention at every position reads the reconstructed
+//    keys and values (its own included), as in the recording simulator. The
+//    reconstructed layer output feeds the next layer, so errors propagate.
+//  - generation (tokens appended one at a time): before each step the whole cache,
+//    prefix plus the new token, is reconstructed at the new length. For formats
+//    whose groups lie within one token (per-token, groups along head_dim) this equals
+//    teacher forcing; for groups along tokens (per-channel) the newest partial
+//    group is quantized on its own, as a real cache that re-quantizes would.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "sim/plan.h"
+
+namespace kvb {
+
+struct CacheQuantization {
+  const Plan* plan = nullptr;  // nullptr: attention reads the exact fp32 cache
+  uint64_t seed = 0;           // handed to seeded formats (SpanInfo::seed)
+};
+
+class KvCache {
+ public:
+  KvCache() = default;
+  KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim);
+
+  int64_t layers() const { return layers_; }
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  // Tokens held by a layer (layers fill up one after the other within a forward step).
+  int64_t length(int64_t layer) const;
+
+  // Appends n tokens to a layer: row r of KV head g is read at
+  // keys + r * stride + g * head_dim (and the same for values).
+  void append(int64_t layer, const float* keys, const float* values, int64_t stride, int64_t n);
+
+  // Exact [length, head_dim] rows of one KV head.
+  const float* keys(int64_t layer, int64_t kv_head) const { return unit(layer, kv_head, 0).data(); }
+  const float* values(int64_t layer, int64_t kv_head) const { return unit(layer, kv_head, 1).data(); }
+
+  // What attention reads for a layer: per KV head, [length, head_dim] rows, exact or
+  // reconstructed through q.plan (into `scratch`, which must outlive the pointers).
+  struct LayerView {
+    std::vector<const float*> keys, values;
+  };
+  LayerView view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const;
+
+ private:
+  const std::vector<float>& unit(int64_t layer, int64_t kv_head, int kind) const {
+    return units_[static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + kind)];
+  }
+  std::vector<float>& unit(int64_t layer, int64_t kv_head, int kind) {
+    return units_[static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + kind)];
+  }
+  int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  std::vector<std::vector<float>> units_;  // [(layer, kv_head, K/V)] -> [length, head_dim]
+};
+
+// Throws kvb::Error unless the plan's layers, KV heads and head_dim match the cache.
+void check_plan_fits(const Plan& plan, int64_t layers, int64_t kv_heads, int64_t head_dim);
+
+}  // namespace kvb

@@ -1,0 +1,270 @@
+#include "sim/model/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Typed access to config.json keys; every error names the file and the key.
+class JsonKeys {
+ public:
+  JsonKeys(const json& j, std::string file, std::string prefix = "")
+      : j_(j), file_(std::move(file)), prefix_(std::move(prefix)) {}
+
+  bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(file_ + ": key '" + prefix_ + key + "': " + what);
+  }
+  const json& raw(const std::string& key) const {
+    if (!has(key)) throw Error(file_ + ": missing key '" + prefix_ + key + "'");
+    return j_.at(key);
+  }
+  int64_t integer(const std::string& key) const {
+    const json& v = raw(key);
+    if (!v.is_number_integer()) fail(key, "expected an integer, got " + v.dump());
+    return v.get<int64_t>();
+  }
+  int64_t integer(const std::string& key, int64_t def) const { return has(key) ? integer(key) : def; }
+  int64_t positive(const std::string& key) const {
+    const int64_t v = integer(key);
+    if (v <= 0) fail(key, "must be > 0, got " + std::to_string(v));
+    return v;
+  }
+  double real(const std::string& key) const {
+    const json& v = raw(key);
+    if (!v.is_number()) fail(key, "expected a number, got " + v.dump());
+    return v.get<double>();
+  }
+  double real(const std::string& key, double def) const { return has(key) ? real(key) : def; }
+  bool boolean(const std::string& key, bool def) const {
+    if (!has(key)) return def;
+    const json& v = j_.at(key);
+    if (!v.is_boolean()) fail(key, "expected true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+  std::string string(const std::string& key, const std::string& def) const {
+    if (!has(key)) return def;
+    const json& v = j_.at(key);
+    if (!v.is_string()) fail(key, "expected a string, got " + v.dump());
+    return v.get<std::string>();
+  }
+  std::optional<int64_t> opt_token(const std::string& key) const {
+    if (!has(key)) return std::nullopt;
+    const json& v = j_.at(key);
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int64_t>();  // eos lists
+    if (!v.is_number_integer()) fail(key, "expected a token id, got " + v.dump());
+    return v.get<int64_t>();
+  }
+  JsonKeys object(const std::string& key) const {
+    const json& v = raw(key);
+    if (!v.is_object()) fail(key, "expected an object, got " + v.dump());
+    return JsonKeys(v, file_, prefix_ + key + ".");
+  }
+
+ private:
+  const json& j_;
+  std::string file_;
+  std::string prefix_;
+};
+
+Activation parse_activation(const JsonKeys& k, const std::string& key, const std::string& name) {
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast") return Activation::GeluTanh;
+  if (name == "gelu") return Activation::GeluErf;
+  if (name == "relu") return Activation::Relu;
+  if (name == "silu" || name == "swish") return Activation::Silu;
+  k.fail(key, "unsupported activation '" + name + "' (supported: gelu_new, gelu_pytorch_tanh, gelu, relu, silu)");
+}
+
+// RoPE: transformers 5 writes `rope_parameters` {rope_theta, rope_type, ...};
+// transformers 4 writes `rope_theta` and an optional `rope_scaling` {type|rope_type, ...}.
+RopeConfig parse_rope(const JsonKeys& k) {
+  RopeConfig r;
+  r.enabled = true;
+  std::optional<JsonKeys> params;
+  if (k.has("rope_parameters")) params.emplace(k.object("rope_parameters"));
+  else if (k.has("rope_scaling")) params.emplace(k.object("rope_scaling"));
+  r.theta = k.real("rope_theta", 10000.0);
+  if (!params) return r;
+  if (params->has("rope_theta")) r.theta = params->real("rope_theta");
+  r.type = params->string("rope_type", params->string("type", "default"));
+  const std::string key = params->has("rope_type") ? "rope_type" : "type";
+  if (r.type == "default") return r;
+  if (r.type == "linear") {
+    r.factor = params->real("factor");
+  } else if (r.type == "llama3") {
+    r.factor = params->real("factor");
+    r.low_freq_factor = params->real("low_freq_factor");
+    r.high_freq_factor = params->real("high_freq_factor");
+    r.original_max_positions = params->integer("original_max_position_embeddings");
+    if (!(r.high_freq_factor > r.low_freq_factor))
+      params->fail("high_freq_factor", "must be greater than low_freq_factor");
+  } else {
+    params->fail(key, "unsupported RoPE type '" + r.type + "' (supported: default, linear, llama3)");
+  }
+  if (!(r.factor > 0)) params->fail("factor", "must be > 0");
+  if (!(r.theta > 0)) k.fail("rope_theta", "must be > 0");
+  return r;
+}
+
+void parse_gpt2(const JsonKeys& k, ModelConfig& c) {
+  c.family = ModelFamily::Gpt2;
+  c.hidden_size = k.positive("n_embd");
+  c.layers = k.positive("n_layer");
+  c.q_heads = c.kv_heads = k.positive("n_head");
+  if (c.hidden_size % c.q_heads != 0)
+    k.fail("n_head", "n_embd " + std::to_string(c.hidden_size) + " is not a multiple of n_head " +
+                         std::to_string(c.q_heads));
+  c.head_dim = c.hidden_size / c.q_heads;
+  c.intermediate_size = k.has("n_inner") ? k.positive("n_inner") : 4 * c.hidden_size;
+  c.max_positions = k.positive("n_positions");
+  c.norm_eps = k.real("layer_norm_epsilon", 1e-5);
+  c.activation = parse_activation(k, "activation_function", k.string("activation_function", "gelu_new"));
+  c.gated_mlp = false;
+  c.qkv_bias = c.o_bias = c.mlp_bias = true;
+  c.tied_embeddings = k.boolean("tie_word_embeddings", true);
+  c.scale_attn_weights = k.boolean("scale_attn_weights", true);
+  c.scale_by_inverse_layer_idx = k.boolean("scale_attn_by_inverse_layer_idx", false);
+  c.sliding_window.assign(static_cast<size_t>(c.layers), 0);
+}
+
+void parse_llama_family(const JsonKeys& k, ModelConfig& c) {
+  c.family = ModelFamily::Llama;
+  c.hidden_size = k.positive("hidden_size");
+  c.layers = k.positive("num_hidden_layers");
+  c.q_heads = k.positive("num_attention_heads");
+  c.kv_heads = k.has("num_key_value_heads") ? k.positive("num_key_value_heads") : c.q_heads;
+  if (c.q_heads % c.kv_heads != 0)
+    k.fail("num_key_value_heads", std::to_string(c.kv_heads) + " does not divide num_attention_heads " +
+                                      std::to_string(c.q_heads));
+  if (k.has("head_dim")) {
+    c.head_dim = k.positive("head_dim");
+  } else {
+    if (c.hidden_size % c.q_heads != 0)
+      k.fail("num_attention_heads", "hidden_size is not a multiple of it and no head_dim is given");
+    c.head_dim = c.hidden_size / c.q_heads;
+  }
+  if (c.head_dim % 2 != 0) k.fail("head_dim", "RoPE needs an even head_dim, got " + std::to_string(c.head_dim));
+  c.intermediate_size = k.positive("intermediate_size");
+  c.max_positions = k.integer("max_position_embeddings", 0);
+  c.norm_eps = k.real("rms_norm_eps", 1e-6);
+  c.activation = parse_activation(k, "hidden_act", k.string("hidden_act", "silu"));
+  c.gated_mlp = true;
+  if (c.architecture == "Qwen2ForCausalLM") {
+    c.qkv_bias = true;
+    c.o_bias = false;
+  } else {
+    c.qkv_bias = c.o_bias = k.boolean("attention_bias", false);
+  }
+  c.mlp_bias = k.boolean("mlp_bias", false);
+  c.tied_embeddings = k.boolean("tie_word_embeddings", false);
+  if (k.has("partial_rotary_factor") && k.real("partial_rotary_factor") != 1.0)
+    k.fail("partial_rotary_factor", "only full rotary embeddings (1.0) are supported");
+  c.rope = parse_rope(k);
+
+  // Sliding windows: explicit per-layer `layer_types`, else Mistral's `sliding_window`
+  // on every layer, else Qwen2's use_sliding_window from max_window_layers on.
+  c.sliding_window.assign(static_cast<size_t>(c.layers), 0);
+  const int64_t window = k.integer("sliding_window", 0);
+  if (k.has("sliding_window") && window <= 0) k.fail("sliding_window", "must be > 0 or null");
+  if (k.has("layer_types")) {
+    const json& types = k.raw("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.layers)
+      k.fail("layer_types", "expected an array of " + std::to_string(c.layers) + " layer types");
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const json& t = types[static_cast<size_t>(l)];
+      const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
+      if (s == "sliding_attention") {
+        if (window <= 0) k.fail("layer_types", "layer " + std::to_string(l) + " is sliding_attention but sliding_window is not set");
+        c.sliding_window[static_cast<size_t>(l)] = window;
+      } else if (s != "full_attention") {
+        k.fail("layer_types", "layer " + std::to_string(l) + ": unsupported layer type '" + s +
+                                  "' (full_attention or sliding_attention)");
+      }
+    }
+  } else if (c.architecture == "Qwen2ForCausalLM") {
+    if (k.boolean("use_sliding_window", false) && window > 0) {
+      const int64_t from = k.integer("max_window_layers", c.layers);
+      for (int64_t l = from; l < c.layers; ++l) c.sliding_window[static_cast<size_t>(l)] = window;
+    }
+  } else if (window > 0) {
+    c.sliding_window.assign(static_cast<size_t>(c.layers), window);
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> names = {"GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                                                 "MistralForCausalLM"};
+  return names;
+}
+
+float ModelConfig::score_scale(int64_t layer) const {
+  double s = scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
+  if (scale_by_inverse_layer_idx) s /= static_cast<double>(layer + 1);
+  return static_cast<float>(s);
+}
+
+std::string ModelConfig::summary() const {
+  std::ostringstream os;
+  os << architecture << ": " << layers << " layers, " << q_heads << "/" << kv_heads << " q/kv heads, head_dim "
+     << head_dim << ", hidden " << hidden_size << ", mlp " << intermediate_size << ", vocab " << vocab_size;
+  if (rope.enabled) os << ", RoPE theta " << format_double(rope.theta) << (rope.type == "default" ? "" : " " + rope.type);
+  for (int64_t w : sliding_window)
+    if (w > 0) {
+      os << ", sliding window " << w;
+      break;
+    }
+  return os.str();
+}
+
+ModelConfig load_model_config(const fs::path& dir) {
+  ModelConfig c;
+  c.dir = dir;
+  c.config_file = dir / "config.json";
+  const std::string file = c.config_file.string();
+  if (!fs::is_directory(dir)) throw Error(dir.string() + ": not a checkpoint directory (no such directory)");
+  std::ifstream in(c.config_file, std::ios::binary);
+  if (!in) throw Error(file + ": cannot open (a Hugging Face checkpoint directory holds config.json)");
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::exception& e) {
+    throw Error(file + ": malformed JSON: " + e.what());
+  }
+  if (!j.is_object()) throw Error(file + ": expected a JSON object, got " + std::string(j.type_name()));
+  const JsonKeys k(j, file);
+
+  const json& archs = k.raw("architectures");
+  if (!archs.is_array() || archs.empty() || !archs[0].is_string())
+    k.fail("architectures", "expected a list of architecture names, got " + archs.dump());
+  c.architecture = archs[0].get<std::string>();
+  c.model_type = k.string("model_type", "");
+  const auto& supported = supported_architectures();
+  if (std::find(supported.begin(), supported.end(), c.architecture) == supported.end())
+    k.fail("architectures", "unsupported architecture '" + c.architecture + "' (supported: " + join(supported, ", ") + ")");
+  if (c.architecture == "GPT2LMHeadModel") parse_gpt2(k, c);
+  else parse_llama_family(k, c);
+
+  c.vocab_size = k.positive("vocab_size");
+  c.bos_token_id = k.opt_token("bos_token_id");
+  c.eos_token_id = k.opt_token("eos_token_id");
+  if (!(c.norm_eps > 0)) throw Error(file + ": the normalization epsilon must be > 0");
+  return c;
+}
+
+}  // namespace kvb

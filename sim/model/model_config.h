@@ -1,0 +1,79 @@
+// ModelConfig: what the forward pass needs from a Hugging Face checkpoint's
+// config.json, for the architectures it implements:
+//
+//   GPT2LMHeadModel     learned positions, LayerNorm, GELU (tanh), Conv1D weights [in, out],
+//                       tied lm_head
+//   LlamaForCausalLM    RoPE (default, linear or llama3 scaling), RMSNorm, SwiGLU, GQA,
+//                       tied or untied embeddings
+//   Qwen2ForCausalLM    Llama with q/k/v biases (and optional sliding-window layers)
+//   MistralForCausalLM  Llama with a sliding attention window
+//
+// Both generations of Hugging Face's RoPE keys are read: `rope_parameters` (transformers
+// 5) and `rope_theta` + `rope_scaling` (transformers 4).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+enum class ModelFamily { Gpt2, Llama };       // Llama also covers Qwen2 and Mistral
+enum class Activation { GeluTanh, GeluErf, Relu, Silu };
+
+struct RopeConfig {
+  bool enabled = false;
+  double theta = 10000.0;
+  std::string type = "default";  // "default", "linear" or "llama3"
+  double factor = 1.0;           // linear and llama3: context extension factor
+  double low_freq_factor = 1.0;  // llama3
+  double high_freq_factor = 4.0; // llama3
+  int64_t original_max_positions = 8192;  // llama3: original_max_position_embeddings
+};
+
+struct ModelConfig {
+  std::filesystem::path dir;          // the checkpoint directory
+  std::filesystem::path config_file;  // dir / "config.json"
+  std::string architecture;           // e.g. "LlamaForCausalLM"
+  std::string model_type;             // e.g. "llama"
+  ModelFamily family = ModelFamily::Llama;
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t layers = 0;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;  // MLP hidden width
+  int64_t max_positions = 0;      // GPT-2: size of the position table; others: informational
+  double norm_eps = 1e-5;
+  Activation activation = Activation::Silu;
+  bool gated_mlp = true;          // SwiGLU (gate, up, down) vs GPT-2's fc -> act -> proj
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool mlp_bias = false;
+  bool tied_embeddings = false;   // lm_head reuses the token embedding
+  RopeConfig rope;
+  // Per layer: 0 = full causal attention, W > 0 = key j is visible from query t only
+  // when t - W < j <= t (Hugging Face's sliding window).
+  std::vector<int64_t> sliding_window;
+  // Attention scores are q·k * score_scale(layer): 1/sqrt(head_dim), and for GPT-2
+  // with scale_attn_by_inverse_layer_idx also / (layer + 1).
+  bool scale_attn_weights = true;
+  bool scale_by_inverse_layer_idx = false;
+  std::optional<int64_t> bos_token_id, eos_token_id;
+
+  float score_scale(int64_t layer) const;
+  int64_t qkv_width() const { return (q_heads + 2 * kv_heads) * head_dim; }
+  std::string summary() const;  // "LlamaForCausalLM: 6 layers, 6/2 heads, head_dim 64, ..."
+};
+
+// Reads dir/config.json. Errors (kvb::Error) name the file and the key: malformed
+// JSON, a missing or mistyped key, an unsupported architecture or RoPE type.
+ModelConfig load_model_config(const std::filesystem::path& dir);
+
+// The architectures load_model_config accepts, for messages and listings.
+const std::vector<std::string>& supported_architectures();
+
+}  // namespace kvb

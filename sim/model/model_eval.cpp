@@ -1,0 +1,139 @@
+#include "sim/model/model_eval.h"
+
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+#include "sim/model/tokenizer.h"
+
+namespace kvb {
+
+namespace fs = std::filesystem;
+
+std::vector<int64_t> load_tokens(const TokenSource& src, const ModelConfig& config) {
+  std::vector<int64_t> ids;
+  std::string where;
+  if (!src.token_file.empty()) {
+    where = src.token_file.string();
+    ids = read_token_ids(src.token_file);
+  } else if (!src.text.empty()) {
+    where = src.text.string();
+    std::ifstream in(src.text, std::ios::binary);
+    if (!in) throw Error(where + ": cannot open text file");
+    std::stringstream text;
+    text << in.rdbuf();
+    const bool bytes = src.tokenizer == "bytes";
+    const bool add_bos = src.add_bos.value_or(bytes);
+    if (add_bos && !config.bos_token_id)
+      throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
+                        " has no bos_token_id");
+    if (bytes) {
+      if (config.vocab_size < 256)
+        throw ConfigError(where + ": the byte tokenizer needs a vocabulary of at least 256 ids, but " +
+                          config.config_file.string() + " has vocab_size " + std::to_string(config.vocab_size));
+      ids = ByteTokenizer(add_bos ? config.bos_token_id : std::nullopt).encode(text.str());
+    } else {
+      ids = BpeTokenizer::load(src.tokenizer)->encode(text.str());
+      if (add_bos) ids.insert(ids.begin(), *config.bos_token_id);
+    }
+  } else {
+    throw ConfigError("no tokens to evaluate: give a text file or a token id file");
+  }
+  if (src.max_tokens > 0 && static_cast<int64_t>(ids.size()) > src.max_tokens) ids.resize(static_cast<size_t>(src.max_tokens));
+  if (ids.size() < 2) throw Error(where + ": " + std::to_string(ids.size()) + " token(s); evaluation needs at least 2");
+  return ids;
+}
+
+std::vector<double> next_token_nll(const RowMatrix& logits, const std::vector<int64_t>& tokens) {
+  std::vector<double> nll;
+  std::vector<double> lp;
+  for (int64_t t = 0; t + 1 < logits.rows(); ++t) {
+    log_softmax(logits.row(t).data(), logits.cols(), lp);
+    nll.push_back(-lp[static_cast<size_t>(tokens[static_cast<size_t>(t + 1)])]);
+  }
+  return nll;
+}
+
+Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTensors> layers,
+                                 const std::vector<int64_t>& tokens, const std::string& source) {
+  Recording rec;
+  rec.name = config.dir.filename().string();
+  rec.source = source;
+  rec.q_heads = config.q_heads;
+  rec.kv_heads = config.kv_heads;
+  rec.head_dim = config.head_dim;
+  rec.tokens = static_cast<int64_t>(tokens.size());
+  rec.layer_ids.resize(layers.size());
+  std::iota(rec.layer_ids.begin(), rec.layer_ids.end(), 0);
+  rec.layers = std::move(layers);
+  rec.token_ids = tokens;
+  rec.positions.resize(tokens.size());
+  std::iota(rec.positions.begin(), rec.positions.end(), int64_t{0});
+  rec.rope.applied = config.rope.enabled;
+  rec.rope.theta = config.rope.theta;
+  rec.metadata["model"] = config.dir.filename().string();
+  rec.metadata["architecture"] = config.architecture;
+  rec.metadata["tokens"] = std::to_string(tokens.size());
+  rec.metadata["layout"] = "query/key/value: [heads, tokens, head_dim]; attn_output: [tokens, heads*head_dim]";
+  rec.metadata["rope"] = config.rope.enabled ? "key/query are post-RoPE; key_pre_rope is pre-RoPE" : "none";
+  rec.validate();
+  return rec;
+}
+
+ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::vector<int64_t> tokens,
+                               ContinuationSpec continuations, std::string source_description)
+    : model_(std::move(model)), tokens_(std::move(tokens)), continuation_spec_(continuations) {
+  const int64_t T = static_cast<int64_t>(tokens_.size());
+  const ContinuationSpec& c = continuation_spec_;
+  if (c.count < 0 || c.prompt < 1 || c.tokens < 1)
+    throw ConfigError("continuations: count must be >= 0, prompt and tokens >= 1");
+  if (c.count > 0 && c.prompt + c.tokens > T)
+    throw ConfigError("continuations: a prompt of " + std::to_string(c.prompt) + " tokens plus " +
+                      std::to_string(c.tokens) + " generated tokens exceeds the " + std::to_string(T) +
+                      " evaluated tokens");
+  for (int64_t i = 0; i < c.count; ++i) {
+    const int64_t span = T - c.tokens - c.prompt;
+    const int64_t offset = c.count > 1 ? (i * span + (c.count - 1) / 2) / (c.count - 1) : 0;
+    prompt_lengths_.push_back(c.prompt + offset);
+  }
+
+  std::vector<LayerTensors> capture;
+  ExtendOptions opt;
+  opt.capture = &capture;
+  base_logits_ = model_->forward(tokens_, opt);
+  base_nll_ = next_token_nll(base_logits_, tokens_);
+  recording_ = recording_from_capture(model_->config(), std::move(capture), tokens_, source_description);
+  for (int64_t p : prompt_lengths_)
+    base_continuations_.push_back(greedy_continuation(
+        *model_, std::span<const int64_t>(tokens_.data(), static_cast<size_t>(p)), c.tokens, CacheQuantization{}));
+}
+
+ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out) const {
+  const CacheQuantization cache{&plan, seed};
+  ExtendOptions opt;
+  opt.cache = cache;
+  const RowMatrix logits = model_->forward(tokens_, opt);
+  ModelStats s;
+  std::vector<double> lp, lq;
+  for (int64_t t = 0; t + 1 < logits.rows(); ++t) {
+    const float* base = base_logits_.row(t).data();
+    const float* quant = logits.row(t).data();
+    log_softmax(base, logits.cols(), lp);
+    log_softmax(quant, logits.cols(), lq);
+    const size_t next = static_cast<size_t>(tokens_[static_cast<size_t>(t + 1)]);
+    s.nll.push_back(-lq[next]);
+    s.nll_base.push_back(base_nll_[static_cast<size_t>(t)]);
+    s.kl.push_back(kl_from_log_probs(lp, lq));
+    s.same_top.push_back(argmax(base, logits.cols()) == argmax(quant, logits.cols()) ? 1 : 0);
+  }
+  for (int64_t p : prompt_lengths_)
+    s.continuations.push_back(greedy_continuation(
+        *model_, std::span<const int64_t>(tokens_.data(), static_cast<size_t>(p)), continuation_spec_.tokens, cache));
+  s.continuations_base = base_continuations_;
+  if (logits_out) *logits_out = logits;
+  return s;
+}
+
+}  // namespace kvb

@@ -1,0 +1,84 @@
+// Model-level evaluation of KV-cache plans (methods.md §4, model level).
+//
+// A ModelEvaluator runs the exact (unquantized) model once on a token sequence and
+// keeps what every plan is compared against: the logits, the recording of what
+// attention consumed (what strategies build plans from), and the greedy
+// continuations of a few prompts. evaluate(plan) then repeats both with the plan's
+// quantized cache and returns the raw model statistics (ModelStats) that the metric
+// table reduces to PPL, PPL ratio, next-token KL, same-top rate, token match and BLEU.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sim/metrics/model_metrics.h"
+#include "sim/model/transformer.h"
+#include "sim/plan.h"
+#include "sim/recording.h"
+
+namespace kvb {
+
+// Where the evaluated tokens come from.
+struct TokenSource {
+  std::filesystem::path text;        // a text file, tokenized with `tokenizer`, or
+  std::filesystem::path token_file;  // token ids: .npy or whitespace-separated text
+  std::string tokenizer = "bytes";   // "bytes" or the path of a tokenizer.json (GPT-2 BPE)
+  std::optional<bool> add_bos;       // prepend the model's bos_token_id; default: yes for bytes, no for BPE
+  int64_t max_tokens = 0;            // keep the first N tokens (0 = all)
+};
+
+// The token ids for a model (BOS from its config). Errors name the file; an empty
+// result is an error.
+std::vector<int64_t> load_tokens(const TokenSource& source, const ModelConfig& config);
+
+// Greedy continuations: `count` prompts, each a prefix of the evaluated sequence, of
+// lengths spread evenly from `prompt` to T - `tokens` (so every continuation stays
+// within the T positions the plan was built for), each continued by `tokens` tokens.
+struct ContinuationSpec {
+  int64_t count = 0;
+  int64_t prompt = 64;
+  int64_t tokens = 20;
+};
+
+class ModelEvaluator {
+ public:
+  // Runs the exact model on `tokens` (teacher forcing with capture, then the
+  // continuations). Throws kvb::ConfigError when the continuations do not fit.
+  ModelEvaluator(std::shared_ptr<const Transformer> model, std::vector<int64_t> tokens, ContinuationSpec continuations,
+                 std::string source_description);
+
+  const Transformer& model() const { return *model_; }
+  const std::vector<int64_t>& tokens() const { return tokens_; }
+  const Recording& recording() const { return recording_; }
+  const RowMatrix& base_logits() const { return base_logits_; }  // [T, vocab]
+  const std::vector<double>& base_nll() const { return base_nll_; }  // [T - 1]
+  const std::vector<int64_t>& prompt_lengths() const { return prompt_lengths_; }
+  const std::vector<std::vector<int64_t>>& base_continuations() const { return base_continuations_; }
+
+  // The quantized run: teacher forcing and the same continuations with the plan's
+  // cache, compared with the exact run. Const and thread-safe. `logits_out`, when
+  // given, receives the quantized logits [T, vocab].
+  ModelStats evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out = nullptr) const;
+
+ private:
+  std::shared_ptr<const Transformer> model_;
+  std::vector<int64_t> tokens_;
+  ContinuationSpec continuation_spec_;
+  Recording recording_;
+  RowMatrix base_logits_;
+  std::vector<double> base_nll_;
+  std::vector<int64_t> prompt_lengths_;
+  std::vector<std::vector<int64_t>> base_continuations_;
+};
+
+// -log softmax(logits[t])[tokens[t + 1]] for t = 0 .. T-2.
+std::vector<double> next_token_nll(const RowMatrix& logits, const std::vector<int64_t>& tokens);
+
+// The Recording of an exact run's capture (recording.h layout), positions 0..T-1.
+Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTensors> layers,
+                                 const std::vector<int64_t>& tokens, const std::string& source);
+
+}  // namespace kvb

@@ -1,0 +1,167 @@
+#include "sim/model/transformer.h"
+
+#include <algorithm>
+
+#include "sim/core/error.h"
+#include "sim/model/attention.h"
+#include "sim/model/layers.h"
+#include "sim/model/rotary.h"
+
+namespace kvb {
+
+namespace {
+
+// Copies [n, d] column block `col` of a row-major [n, stride] matrix into dst [n, d].
+void copy_columns(const float* src, int64_t stride, int64_t col, int64_t n, int64_t d, float* dst) {
+  for (int64_t r = 0; r < n; ++r) std::copy(src + r * stride + col, src + r * stride + col + d, dst + r * d);
+}
+
+// Per-head slices of a [n, stride] matrix into a [heads, n, d] tensor.
+Tensor heads_tensor(const float* src, int64_t stride, int64_t first_col, int64_t heads, int64_t n, int64_t d) {
+  Tensor t({heads, n, d});
+  for (int64_t h = 0; h < heads; ++h) copy_columns(src, stride, first_col + h * d, n, d, t.slice(h));
+  return t;
+}
+
+}  // namespace
+
+std::shared_ptr<const Transformer> Transformer::load(const std::filesystem::path& dir) {
+  ModelConfig config = load_model_config(dir);
+  const std::unique_ptr<TensorStore> store = open_checkpoint(dir);
+  ModelWeights weights = load_model_weights(config, *store);
+  return std::make_shared<const Transformer>(std::move(config), std::move(weights));
+}
+
+Transformer::Transformer(ModelConfig config, ModelWeights weights)
+    : config_(std::move(config)), weights_(std::move(weights)) {
+  if (config_.rope.enabled) inv_freq_ = rope_inverse_frequencies(config_.rope, config_.head_dim);
+}
+
+Transformer::State Transformer::new_state() const {
+  State s;
+  s.cache = KvCache(config_.layers, config_.kv_heads, config_.head_dim);
+  return s;
+}
+
+void Transformer::check_tokens(std::span<const int64_t> tokens, int64_t first_position) const {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      throw Error("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(first_position + static_cast<int64_t>(i)) +
+                  " is outside the vocabulary of " + config_.dir.string() + " (vocab_size " +
+                  std::to_string(config_.vocab_size) + " in config.json)");
+  const int64_t end = first_position + static_cast<int64_t>(tokens.size());
+  if (config_.family == ModelFamily::Gpt2 && end > config_.max_positions)
+    throw Error(config_.dir.string() + ": " + std::to_string(end) + " tokens exceed the learned position table (n_positions " +
+                std::to_string(config_.max_positions) + " in config.json)");
+}
+
+RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t first = state.length, context = first + n;
+  const int64_t d = c.head_dim, qkv_width = c.qkv_width();
+  const int64_t k_col = c.q_heads * d, v_col = k_col + c.kv_heads * d;
+  if (n == 0) throw Error("internal: extend() with no tokens");
+  check_tokens(tokens, first);
+  if (opt.cache.plan) check_plan_fits(*opt.cache.plan, c.layers, c.kv_heads, d);
+  if (opt.capture) opt.capture->assign(static_cast<size_t>(c.layers), LayerTensors{});
+
+  // Residual stream x [n, hidden].
+  RowMatrix x(n, c.hidden_size);
+  for (int64_t i = 0; i < n; ++i) {
+    x.row(i) = weights_.token_embedding.row(tokens[static_cast<size_t>(i)]);
+    if (weights_.position_embedding.size()) x.row(i) += weights_.position_embedding.row(first + i);
+  }
+  RotaryTable rotary;
+  if (c.rope.enabled) rotary = make_rotary_table(inv_freq_, first, n);
+
+  RowMatrix h, qkv, attn(n, c.q_heads * d), proj, mlp, act;
+  std::vector<float> scratch;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const BlockWeights& blk = weights_.blocks[static_cast<size_t>(l)];
+    LayerTensors* cap = opt.capture ? &(*opt.capture)[static_cast<size_t>(l)] : nullptr;
+
+    normalize_rows(x, blk.attn_norm, c.norm_eps, h);
+    dense(h, blk.qkv, qkv);  // [n, (q_heads + 2 kv_heads) d]: q | k | v
+    if (cap && c.rope.enabled) cap->key_pre_rope = heads_tensor(qkv.data(), qkv_width, k_col, c.kv_heads, n, d);
+    if (c.rope.enabled)
+      for (int64_t hh = 0; hh < c.q_heads + c.kv_heads; ++hh) rotate_rows(qkv.data() + hh * d, n, qkv_width, rotary);
+    if (cap) {
+      cap->query = heads_tensor(qkv.data(), qkv_width, 0, c.q_heads, n, d);
+      cap->key = heads_tensor(qkv.data(), qkv_width, k_col, c.kv_heads, n, d);
+      cap->value = heads_tensor(qkv.data(), qkv_width, v_col, c.kv_heads, n, d);
+    }
+    state.cache.append(l, qkv.data() + k_col, qkv.data() + v_col, qkv_width, n);
+    const KvCache::LayerView kv = state.cache.view(l, opt.cache, scratch);
+    const AttentionGeometry geo{c.q_heads, c.kv_heads, d, c.score_scale(l), c.sliding_window[static_cast<size_t>(l)]};
+    causal_attention(qkv.data(), qkv_width, n, context, kv.keys, kv.values, geo, attn.data());
+    if (cap) {
+      cap->attn_output = Tensor({n, c.q_heads * d});
+      std::copy(attn.data(), attn.data() + attn.size(), cap->attn_output.ptr());
+    }
+    dense(attn, blk.attn_out, proj);
+    x += proj;
+
+    normalize_rows(x, blk.mlp_norm, c.norm_eps, h);
+    dense(h, blk.mlp_in, mlp);
+    if (c.gated_mlp) {
+      gated_activation(mlp, c.activation, act);
+      dense(act, blk.mlp_out, proj);
+    } else {
+      activate(mlp.data(), mlp.size(), c.activation);
+      dense(mlp, blk.mlp_out, proj);
+    }
+    x += proj;
+  }
+  state.length = context;
+
+  if (!opt.all_logits) {
+    const RowMatrix last = x.bottomRows(1);
+    x = last;
+  }
+  normalize_rows(x, weights_.final_norm, c.norm_eps, h);
+  RowMatrix logits;
+  dense(h, weights_.output_embedding(), nullptr, logits);
+  return logits;
+}
+
+RowMatrix Transformer::forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  State s = new_state();
+  return extend(s, tokens, opt);
+}
+
+double Transformer::flops_per_token(int64_t context) const {
+  const ModelConfig& c = config_;
+  const double H = static_cast<double>(c.hidden_size), d = static_cast<double>(c.head_dim);
+  const double per_layer = H * static_cast<double>(c.qkv_width()) + static_cast<double>(c.q_heads) * d * H +
+                           static_cast<double>(c.gated_mlp ? 3 : 2) * H * static_cast<double>(c.intermediate_size) +
+                           2.0 * static_cast<double>(c.q_heads) * d * static_cast<double>(context);
+  return 2.0 * (static_cast<double>(c.layers) * per_layer + H * static_cast<double>(c.vocab_size));
+}
+
+std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<const int64_t> prompt,
+                                         int64_t new_tokens, const CacheQuantization& cache) {
+  std::vector<int64_t> out;
+  if (new_tokens <= 0) return out;
+  Transformer::State state = model.new_state();
+  ExtendOptions opt;
+  opt.cache = cache;
+  opt.all_logits = false;
+  RowMatrix logits = model.extend(state, prompt, opt);
+  while (true) {
+    const int64_t next = argmax(logits.data(), logits.cols());
+    out.push_back(next);
+    if (static_cast<int64_t>(out.size()) == new_tokens) break;
+    logits = model.extend(state, std::span<const int64_t>(&out.back(), 1), opt);
+  }
+  return out;
+}
+
+int64_t argmax(const float* values, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (values[i] > values[best]) best = i;
+  return best;
+}
+
+}  // namespace kvb

@@ -1,0 +1,78 @@
+// Transformer: the fp32 forward pass of a Hugging Face causal LM checkpoint (see
+// model_config.h for the architectures), with a KV cache that attention reads either
+// exactly or reconstructed through a Plan (kv_cache.h).
+//
+// One code path serves teacher forcing and generation: extend() runs a chunk of new
+// tokens at the positions after those already in the cache. A fresh state and all T
+// tokens is teacher forcing; a prompt, then one token at a time, is generation.
+// Dense layers are Eigen GEMMs; work is parallel with OpenMP when called outside a
+// parallel region, and results are bit-identical for any thread count.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "sim/model/kv_cache.h"
+#include "sim/model/model_config.h"
+#include "sim/model/weights.h"
+#include "sim/recording.h"
+
+namespace kvb {
+
+struct ExtendOptions {
+  CacheQuantization cache;    // exact cache, or through a Plan
+  bool all_logits = true;     // false: logits of the last new token only (generation)
+  // When set, receives per layer what attention consumed for the new tokens, in the
+  // recording layout (recording.h): query [q_heads, n, d] and key [kv_heads, n, d]
+  // post-RoPE, key_pre_rope (RoPE models), value, attn_output [n, q_heads * d]. Keys
+  // and values are the exact ones (before any quantization).
+  std::vector<LayerTensors>* capture = nullptr;
+};
+
+class Transformer {
+ public:
+  // Reads dir/config.json and the safetensors weights (single or sharded).
+  static std::shared_ptr<const Transformer> load(const std::filesystem::path& dir);
+  Transformer(ModelConfig config, ModelWeights weights);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+
+  struct State {
+    KvCache cache;
+    int64_t length = 0;  // tokens processed so far (the next token's position)
+  };
+  State new_state() const;
+
+  // Runs `tokens` at positions state.length, state.length + 1, ... and appends them to
+  // the state's cache. Returns logits [n, vocab] (or [1, vocab] without all_logits).
+  // Throws kvb::Error for a token id outside the vocabulary (naming the index) or a
+  // position beyond a learned position table.
+  RowMatrix extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt) const;
+
+  // Teacher forcing: a fresh state, every token. Logits [T, vocab].
+  RowMatrix forward(std::span<const int64_t> tokens, const ExtendOptions& opt = {}) const;
+
+  // Dense FLOPs of one token at context length `context` (2 per multiply-add: the
+  // projections, the MLP, the LM head, and q·k and p·v over `context` keys).
+  double flops_per_token(int64_t context) const;
+
+ private:
+  void check_tokens(std::span<const int64_t> tokens, int64_t first_position) const;
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::vector<float> inv_freq_;  // RoPE inverse frequencies, [head_dim / 2]
+};
+
+// Greedy decoding: the prompt, then `new_tokens` argmax tokens, each fed back. Does
+// not stop at EOS, so every continuation has exactly new_tokens tokens.
+std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<const int64_t> prompt,
+                                         int64_t new_tokens, const CacheQuantization& cache);
+
+// Index of the largest value (the first one on ties).
+int64_t argmax(const float* values, int64_t n);
+
+}  // namespace kvb
