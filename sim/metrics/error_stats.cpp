@@ -9,6 +9,7 @@ void ErrorStats::merge(const ErrorStats& o) {
   v_norm2 += o.v_norm2;
   rows.insert(rows.end(), o.rows.begin(), o.rows.end());
   logit_pairs += o.logit_pairs;
+  model.merge(o.model);
 }
 
 }  // namespace kvb

@@ -1,8 +1,11 @@
 // Raw error accumulators of one simulated point, from which every metric in the
-// metric table (metric_table.h) is a reduction.
+// metric table (metric_table.h) is a reduction: tensor and attention level from the
+// recording simulator, model level from the forward pass (model_metrics.h).
 #pragma once
 #include <cstdint>
 #include <vector>
+
+#include "sim/metrics/model_metrics.h"
 
 namespace kvb {
 
@@ -27,6 +30,9 @@ struct ErrorStats {
   // (layer, q_head, position) order.
   std::vector<AttentionRow> rows;
   int64_t logit_pairs = 0;  // number of causal (t, j) pairs behind logit_err2
+  // Model level: a forward pass with the quantized cache against the unquantized one
+  // (empty unless the data source is a model).
+  ModelStats model;
 
   // Appends another partial result (e.g. the next layer). Merging in a fixed order
   // keeps results identical for any thread count.

@@ -63,6 +63,36 @@ double out_rel_total(const ErrorStats& s) {
   return n > 0 ? std::sqrt(e / n) : 0.0;
 }
 
+// Model level (ErrorStats::model). NaN when the point has no model results.
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+double ppl(const ErrorStats& s) { return perplexity(s.model.nll); }
+double ppl_ratio(const ErrorStats& s) {
+  const ModelStats& m = s.model;
+  if (!m.has_positions()) return kNaN;
+  double diff = 0;  // exp(mean(nll) - mean(nll_base)) = PPL / PPL_base
+  for (size_t i = 0; i < m.nll.size(); ++i) diff += m.nll[i] - m.nll_base[i];
+  return std::exp(diff / static_cast<double>(m.nll.size()));
+}
+double token_kl_mean(const ErrorStats& s) { return s.model.has_positions() ? mean(s.model.kl) : kNaN; }
+double token_kl_median(const ErrorStats& s) { return s.model.has_positions() ? quantile(s.model.kl, 0.5) : kNaN; }
+double token_kl_p99(const ErrorStats& s) { return s.model.has_positions() ? quantile(s.model.kl, 0.99) : kNaN; }
+double token_kl_max(const ErrorStats& s) { return s.model.has_positions() ? max_of(s.model.kl) : kNaN; }
+double same_top(const ErrorStats& s) {
+  if (!s.model.has_positions()) return kNaN;
+  double same = 0;
+  for (uint8_t v : s.model.same_top) same += v;
+  return same / static_cast<double>(s.model.same_top.size());
+}
+double gen_match(const ErrorStats& s) {
+  return s.model.has_continuations() ? token_match_rate(s.model.continuations, s.model.continuations_base) : kNaN;
+}
+double gen_bleu(const ErrorStats& s) {
+  return s.model.has_continuations() ? corpus_bleu4(s.model.continuations, s.model.continuations_base) : kNaN;
+}
+double gen_bleu_research(const ErrorStats& s) {
+  return s.model.has_continuations() ? research_bleu4(s.model.continuations, s.model.continuations_base) : kNaN;
+}
+
 }  // namespace
 
 const std::vector<MetricDef>& metric_table() {
@@ -84,6 +114,23 @@ const std::vector<MetricDef>& metric_table() {
       {"attn_out_rel_err_p99", "", "99th percentile of ||o - ô|| / ||o||", B::Lower, L::Attention, &out_rel_p99},
       {"attn_out_rel_fro", "", "sqrt(sum ||o - ô||² / sum ||o||²) over all rows", B::Lower, L::Attention,
        &out_rel_total},
+      {"ppl", "", "perplexity exp(mean NLL) of the next token, teacher-forced, quantized cache", B::Lower, L::Model,
+       &ppl},
+      {"ppl_ratio", "", "PPL with the quantized cache / PPL with the exact cache", B::Lower, L::Model, &ppl_ratio},
+      {"next_token_kl_mean", "nats", "mean over positions of KL(p_base || p_quantized) of the next token", B::Lower,
+       L::Model, &token_kl_mean},
+      {"next_token_kl_median", "nats", "median of the next-token KL", B::Lower, L::Model, &token_kl_median},
+      {"next_token_kl_p99", "nats", "99th percentile of the next-token KL", B::Lower, L::Model, &token_kl_p99},
+      {"next_token_kl_max", "nats", "max of the next-token KL", B::Lower, L::Model, &token_kl_max},
+      {"same_top_rate", "", "fraction of positions where the quantized and exact argmax tokens agree", B::Higher,
+       L::Model, &same_top},
+      {"gen_token_match", "", "greedy continuations: fraction of tokens equal to the exact model's at the same index",
+       B::Higher, L::Model, &gen_match, true},
+      {"gen_bleu4", "", "greedy continuations: corpus BLEU-4 on token ids against the exact model's", B::Higher,
+       L::Model, &gen_bleu, true},
+      {"gen_bleu4_research", "",
+       "greedy continuations: per-sequence BLEU-4, orders without matches dropped, averaged (the research's variant)",
+       B::Higher, L::Model, &gen_bleu_research, true},
   };
   return table;
 }

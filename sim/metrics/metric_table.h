@@ -20,7 +20,10 @@ struct MetricDef {
   std::string description;
   Better better = Better::Lower;
   MetricLevel level = MetricLevel::Attention;
-  double (*compute)(const ErrorStats&) = nullptr;  // nullptr for model-level metrics
+  double (*compute)(const ErrorStats&) = nullptr;
+  // Model level only: the metric reduces greedy continuations, so the data source
+  // must generate some ([data] continuations > 0).
+  bool needs_continuations = false;
 };
 
 const std::vector<MetricDef>& metric_table();

@@ -1,0 +1,143 @@
+#include "sim/metrics/model_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "sim/core/error.h"
+
+namespace kvb {
+
+namespace {
+
+constexpr int kMaxOrder = 4;
+
+struct NgramCounts {
+  int64_t matches[kMaxOrder] = {0, 0, 0, 0};  // clipped
+  int64_t totals[kMaxOrder] = {0, 0, 0, 0};   // candidate n-grams
+};
+
+// Clipped n-gram matches of one candidate against one reference, n = 1..4.
+NgramCounts count_ngrams(const std::vector<int64_t>& cand, const std::vector<int64_t>& ref) {
+  NgramCounts c;
+  for (int n = 1; n <= kMaxOrder; ++n) {
+    std::map<std::vector<int64_t>, int64_t> ref_counts, cand_counts;
+    for (size_t i = 0; i + n <= ref.size(); ++i) ++ref_counts[std::vector<int64_t>(ref.begin() + i, ref.begin() + i + n)];
+    for (size_t i = 0; i + n <= cand.size(); ++i)
+      ++cand_counts[std::vector<int64_t>(cand.begin() + i, cand.begin() + i + n)];
+    for (const auto& [gram, count] : cand_counts) {
+      const auto it = ref_counts.find(gram);
+      if (it != ref_counts.end()) c.matches[n - 1] += std::min(count, it->second);
+      c.totals[n - 1] += count;
+    }
+  }
+  return c;
+}
+
+double brevity_penalty(double candidate_len, double reference_len) {
+  if (candidate_len <= 0) return 0.0;
+  return candidate_len > reference_len ? 1.0 : std::exp(1.0 - reference_len / candidate_len);
+}
+
+void require_pairs(const std::vector<std::vector<int64_t>>& c, const std::vector<std::vector<int64_t>>& r) {
+  if (c.size() != r.size())
+    throw Error("internal: " + std::to_string(c.size()) + " candidates but " + std::to_string(r.size()) +
+                " references");
+}
+
+}  // namespace
+
+void ModelStats::merge(const ModelStats& o) {
+  nll.insert(nll.end(), o.nll.begin(), o.nll.end());
+  nll_base.insert(nll_base.end(), o.nll_base.begin(), o.nll_base.end());
+  kl.insert(kl.end(), o.kl.begin(), o.kl.end());
+  same_top.insert(same_top.end(), o.same_top.begin(), o.same_top.end());
+  continuations.insert(continuations.end(), o.continuations.begin(), o.continuations.end());
+  continuations_base.insert(continuations_base.end(), o.continuations_base.begin(), o.continuations_base.end());
+}
+
+double perplexity(const std::vector<double>& nll) {
+  if (nll.empty()) return std::numeric_limits<double>::quiet_NaN();
+  double sum = 0;
+  for (double v : nll) sum += v;
+  return std::exp(sum / static_cast<double>(nll.size()));
+}
+
+void log_softmax(const float* logits, int64_t n, std::vector<double>& out) {
+  out.resize(static_cast<size_t>(n));
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double z = 0;
+  for (int64_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(logits[i]) - mx);
+  const double log_z = mx + std::log(z);
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<double>(logits[i]) - log_z;
+}
+
+double kl_from_log_probs(const std::vector<double>& log_p, const std::vector<double>& log_q) {
+  double kl = 0;
+  for (size_t i = 0; i < log_p.size(); ++i) {
+    const double p = std::exp(log_p[i]);
+    if (p > 0) kl += p * (log_p[i] - log_q[i]);
+  }
+  return std::max(0.0, kl);
+}
+
+double token_match_rate(const std::vector<std::vector<int64_t>>& candidates,
+                        const std::vector<std::vector<int64_t>>& references) {
+  require_pairs(candidates, references);
+  int64_t same = 0, total = 0;
+  for (size_t s = 0; s < references.size(); ++s) {
+    const auto& c = candidates[s];
+    const auto& r = references[s];
+    for (size_t i = 0; i < r.size(); ++i) same += (i < c.size() && c[i] == r[i]) ? 1 : 0;
+    total += static_cast<int64_t>(r.size());
+  }
+  return total ? static_cast<double>(same) / static_cast<double>(total) : std::numeric_limits<double>::quiet_NaN();
+}
+
+double corpus_bleu4(const std::vector<std::vector<int64_t>>& candidates,
+                    const std::vector<std::vector<int64_t>>& references) {
+  require_pairs(candidates, references);
+  if (candidates.empty()) return std::numeric_limits<double>::quiet_NaN();
+  int64_t matches[kMaxOrder] = {0, 0, 0, 0}, totals[kMaxOrder] = {0, 0, 0, 0};
+  double c_len = 0, r_len = 0;
+  for (size_t s = 0; s < candidates.size(); ++s) {
+    const NgramCounts c = count_ngrams(candidates[s], references[s]);
+    for (int n = 0; n < kMaxOrder; ++n) {
+      matches[n] += c.matches[n];
+      totals[n] += c.totals[n];
+    }
+    c_len += static_cast<double>(candidates[s].size());
+    r_len += static_cast<double>(references[s].size());
+  }
+  double log_sum = 0;
+  for (int n = 0; n < kMaxOrder; ++n) {
+    if (matches[n] == 0) return 0.0;
+    log_sum += std::log(static_cast<double>(matches[n]) / static_cast<double>(totals[n]));
+  }
+  return brevity_penalty(c_len, r_len) * std::exp(log_sum / kMaxOrder);
+}
+
+double research_bleu4(const std::vector<std::vector<int64_t>>& candidates,
+                      const std::vector<std::vector<int64_t>>& references) {
+  require_pairs(candidates, references);
+  if (candidates.empty()) return std::numeric_limits<double>::quiet_NaN();
+  double sum = 0;
+  for (size_t s = 0; s < candidates.size(); ++s) {
+    const NgramCounts c = count_ngrams(candidates[s], references[s]);
+    double log_sum = 0;
+    int kept = 0;
+    for (int n = 0; n < kMaxOrder; ++n) {
+      if (c.matches[n] == 0) continue;
+      log_sum += std::log(static_cast<double>(c.matches[n]) / static_cast<double>(c.totals[n]));
+      ++kept;
+    }
+    if (kept == 0) continue;  // scores 0
+    sum += brevity_penalty(static_cast<double>(candidates[s].size()), static_cast<double>(references[s].size())) *
+           std::exp(log_sum / kept);
+  }
+  return sum / static_cast<double>(candidates.size());
+}
+
+}  // namespace kvb

@@ -1,0 +1,56 @@
+// Model-level raw results and the reductions behind the model metrics of the metric
+// table (methods.md §4): perplexity, next-token KL and top-token agreement from
+// teacher forcing, and agreement of greedy continuations (token match, BLEU-4).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace kvb {
+
+// What a forward pass with a quantized cache produced next to the unquantized one.
+struct ModelStats {
+  // Teacher forcing, one entry per evaluated position t = 0 .. T-2 (each predicts
+  // token t + 1), in position order.
+  std::vector<double> nll;        // -log p_quantized(token t+1), nats
+  std::vector<double> nll_base;   // -log p_base(token t+1), nats
+  std::vector<double> kl;         // KL(p_base(·|t) || p_quantized(·|t)), nats
+  std::vector<uint8_t> same_top;  // 1 when argmax p_base == argmax p_quantized
+  // Greedy continuations of the same prompts, quantized and unquantized.
+  std::vector<std::vector<int64_t>> continuations;
+  std::vector<std::vector<int64_t>> continuations_base;
+
+  bool has_positions() const { return !nll.empty(); }
+  bool has_continuations() const { return !continuations.empty(); }
+  // Appends another result (e.g. another text): positions and continuations pooled.
+  void merge(const ModelStats& other);
+};
+
+// exp(mean nll).
+double perplexity(const std::vector<double>& nll);
+
+// log-softmax of n logits (double), and helpers on it.
+void log_softmax(const float* logits, int64_t n, std::vector<double>& out);
+// KL(p || q) = Σ p (log p − log q) from log-probabilities; >= 0 up to rounding, clamped at 0.
+double kl_from_log_probs(const std::vector<double>& log_p, const std::vector<double>& log_q);
+
+// Fraction of positions i < |reference| where candidate[i] == reference[i], pooled
+// over all pairs (a candidate shorter than its reference misses the rest).
+double token_match_rate(const std::vector<std::vector<int64_t>>& candidates,
+                        const std::vector<std::vector<int64_t>>& references);
+
+// Standard corpus BLEU-4 (Papineni et al. 2002) on token ids, one reference per
+// candidate: clipped n-gram matches and candidate n-gram counts summed over the corpus
+// for n = 1..4, p_n = matches / counts, BLEU = BP · exp(¼ Σ log p_n), BP =
+// min(1, exp(1 − r/c)) with r, c the total reference and candidate lengths. No
+// smoothing: 0 when some order has no match.
+double corpus_bleu4(const std::vector<std::vector<int64_t>>& candidates,
+                    const std::vector<std::vector<int64_t>>& references);
+
+// The research's variant (methods.md §6): BLEU-4 per sequence, where orders with no
+// matching n-gram are dropped and the geometric mean is taken over the remaining
+// orders (0 when not even a unigram matches), times that sequence's BP; the scores
+// are then averaged over sequences.
+double research_bleu4(const std::vector<std::vector<int64_t>>& candidates,
+                      const std::vector<std::vector<int64_t>>& references);
+
+}  // namespace kvb
