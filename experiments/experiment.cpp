@@ -72,7 +72,41 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
       if (t.has(k)) t.fail(k, "not used with synthetic data; remove it or drop [data.synthetic]");
     return d;
   }
-  if (source != "file") t.fail("source", "must be \"file\" or \"synthetic\", got \"" + source + "\"");
+  if (source == "model") {
+    if (synth) t.fail("synthetic", "[data.synthetic] given but source = \"model\"");
+    for (const char* k : {"path", "query", "key", "value", "key_pre_rope", "attn_output", "token_ids", "layout",
+                          "attn_output_layout", "layers", "rope_theta"})
+      if (t.has(k)) t.fail(k, "not used with source = \"model\" (the recording comes from the model's own run)");
+    d.source = DataSpec::Source::Model;
+    ModelDataSpec& m = d.model;
+    m.checkpoint = resolve_data_path(t.required_string("model"), config, t.where("model"));
+    const bool has_text = t.has("text"), has_ids = t.has("token_file");
+    if (has_text == has_ids) t.fail(has_text ? "token_file" : "text", "give exactly one of `text` and `token_file`");
+    if (has_text) m.tokens.text = resolve_data_path(t.required_string("text"), config, t.where("text"));
+    else m.tokens.token_file = resolve_data_path(t.required_string("token_file"), config, t.where("token_file"));
+    const std::string tokenizer = t.string("tokenizer", "bytes");
+    if (tokenizer != "bytes") {
+      if (has_ids) t.fail("tokenizer", "a tokenizer is only used with `text`");
+      m.tokens.tokenizer = resolve_data_path(tokenizer, config, t.where("tokenizer")).string();
+    }
+    if (t.has("add_bos")) m.tokens.add_bos = t.boolean("add_bos", true);
+    d.max_tokens = t.integer("max_tokens", 512);
+    if (d.max_tokens < 0) t.fail("max_tokens", "must be >= 0 (0 keeps every token)");
+    m.tokens.max_tokens = d.max_tokens;
+    m.continuations.count = t.integer("continuations", 4);
+    m.continuations.prompt = t.integer("continuation_prompt", m.continuations.prompt);
+    m.continuations.tokens = t.integer("continuation_tokens", m.continuations.tokens);
+    if (m.continuations.count < 0) t.fail("continuations", "must be >= 0");
+    if (m.continuations.prompt < 1) t.fail("continuation_prompt", "must be >= 1 token");
+    if (m.continuations.tokens < 1) t.fail("continuation_tokens", "must be >= 1 token");
+    if (d.max_tokens > 0 && m.continuations.count > 0 && m.continuations.prompt + m.continuations.tokens > d.max_tokens)
+      t.fail("continuation_prompt", "continuation_prompt + continuation_tokens (" +
+                                        std::to_string(m.continuations.prompt + m.continuations.tokens) +
+                                        ") exceeds max_tokens " + std::to_string(d.max_tokens));
+    return d;
+  }
+  if (source != "file")
+    t.fail("source", "must be \"file\", \"synthetic\" or \"model\", got \"" + source + "\"");
   if (synth) t.fail("synthetic", "[data.synthetic] given but source = \"file\"");
   d.source = DataSpec::Source::File;
   RecordingSpec& r = d.file;
@@ -209,21 +243,37 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
   return b;
 }
 
-MetricsSpec parse_metrics(const std::optional<ConfigTable>& t) {
+// Model-level metrics need a model data source, and those of greedy continuations
+// need continuations.
+void check_metric_source(const MetricDef& def, const DataSpec& data, const std::string& where) {
+  if (def.level != MetricLevel::Model) return;
+  if (data.source != DataSpec::Source::Model)
+    throw ConfigError(where + ": '" + def.name + "' is a model-level metric; it needs [data] source = \"model\"");
+  if (def.needs_continuations && data.model.continuations.count == 0)
+    throw ConfigError(where + ": '" + def.name + "' compares greedy continuations, but [data] continuations = 0");
+}
+
+MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& data) {
   MetricsSpec m;
   std::vector<std::string> all;
-  for (const MetricDef& d : metric_table())
-    if (d.level != MetricLevel::Model) all.push_back(d.name);
+  for (const MetricDef& d : metric_table()) {
+    if (d.level == MetricLevel::Model && data.source != DataSpec::Source::Model) continue;
+    if (d.needs_continuations && data.model.continuations.count == 0) continue;
+    all.push_back(d.name);
+  }
+  const std::vector<std::string> default_pareto =
+      data.source == DataSpec::Source::Model ? std::vector<std::string>{"ppl_ratio", "next_token_kl_mean"}
+                                             : std::vector<std::string>{"attn_kl_mean", "attn_out_rel_err"};
   if (!t) {
     m.report = all;
-    m.pareto = {"attn_kl_mean", "attn_out_rel_err"};
+    m.pareto = default_pareto;
     return m;
   }
   m.report = t->string_list("report", all);
-  m.pareto = t->string_list("pareto", {"attn_kl_mean", "attn_out_rel_err"});
-  for (const std::string& name : m.report) require_metric(name, t->where("report"));
+  m.pareto = t->string_list("pareto", default_pareto);
+  for (const std::string& name : m.report) check_metric_source(require_metric(name, t->where("report")), data, t->where("report"));
   for (const std::string& name : m.pareto) {
-    require_metric(name, t->where("pareto"));
+    check_metric_source(require_metric(name, t->where("pareto")), data, t->where("pareto"));
     if (std::find(m.report.begin(), m.report.end(), name) == m.report.end()) m.report.push_back(name);
   }
   // Report in table order.
@@ -341,7 +391,7 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
     throw ConfigError(doc->file().string() + ": no [[strategy]] blocks: the sweep is empty");
   for (size_t i = 0; i < blocks.size(); ++i) e.strategies.push_back(parse_strategy(blocks[i], i));
 
-  e.metrics = parse_metrics(root.opt_table("metrics"));
+  e.metrics = parse_metrics(root.opt_table("metrics"), e.data);
   e.output = parse_output(root.opt_table("output"));
   if (auto b = root.opt_table("budgets")) {
     for (const std::string& q : b->string_list("queries", {})) e.budgets.push_back(parse_budget_query(q, b->where("queries")));
@@ -360,9 +410,22 @@ ExperimentSpec load_experiment(const std::filesystem::path& file, const std::vec
   return parse_experiment(doc);
 }
 
+std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data) {
+  if (data.source != DataSpec::Source::Model) throw Error("internal: build_model_evaluator without a model source");
+  const ModelDataSpec& m = data.model;
+  std::shared_ptr<const Transformer> model = Transformer::load(m.checkpoint);
+  std::vector<int64_t> tokens = load_tokens(m.tokens, model->config());
+  const std::filesystem::path& from = m.tokens.text.empty() ? m.tokens.token_file : m.tokens.text;
+  const std::string source = "model " + m.checkpoint.string() + " on " + std::to_string(tokens.size()) +
+                             " tokens of " + from.string();
+  return std::make_shared<const ModelEvaluator>(std::move(model), std::move(tokens), m.continuations, source);
+}
+
 Recording build_recording(const DataSpec& data) {
   Recording rec;
-  if (data.source == DataSpec::Source::Synthetic) {
+  if (data.source == DataSpec::Source::Model) {
+    rec = build_model_evaluator(data)->recording();
+  } else if (data.source == DataSpec::Source::Synthetic) {
     rec = generate_synthetic(data.synthetic);
     if (data.max_tokens > 0) rec.truncate_tokens(data.max_tokens);
   } else {

@@ -2,8 +2,9 @@
 // full reference and configs/quickstart.toml for an example.
 //
 //   name, description, seed, threads
-//   [data]          a recording file (path + tensor name patterns + layout) or
-//   [data.synthetic] a seeded synthetic recording
+//   [data]          a recording file (path + tensor name patterns + layout), or
+//   [data.synthetic] a seeded synthetic recording, or
+//   [data] source = "model": a checkpoint run on a text (model-level metrics too)
 //   [[strategy]]    type + parameters; any parameter may be a sweep axis: an array
 //                   ([32, 64]) or a numeric range string ("2..8", "0.1..0.5:0.1").
 //                   [strategy.vars] declares template variables used as {name}
@@ -21,17 +22,27 @@
 
 #include "experiments/config.h"
 #include "sim/metrics/metric_table.h"
+#include "sim/model/model_eval.h"
 #include "sim/recording.h"
 #include "sim/strategies/strategy.h"
 #include "sim/synthetic.h"
 
 namespace kvb {
 
+// [data] source = "model": a checkpoint run on a text; the recording strategies see is
+// the exact model's, and every point also gets the model-level metrics.
+struct ModelDataSpec {
+  std::filesystem::path checkpoint;  // Hugging Face checkpoint directory
+  TokenSource tokens;                // text or token ids, tokenizer, BOS, max_tokens
+  ContinuationSpec continuations;    // greedy continuations for token match and BLEU
+};
+
 struct DataSpec {
-  enum class Source { File, Synthetic } source = Source::File;
+  enum class Source { File, Synthetic, Model } source = Source::File;
   RecordingSpec file;
   SyntheticSpec synthetic;
-  int64_t max_tokens = 0;  // applied to synthetic data too
+  ModelDataSpec model;
+  int64_t max_tokens = 0;  // applied to synthetic and model data too
   std::string where;       // config location, for messages
 };
 
@@ -101,7 +112,12 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
 // Numeric range "2..8" or "0.1..0.5:0.1" -> values (ints when all parts are ints).
 std::optional<std::vector<ParamValue>> parse_range(const std::string& text);
 
-// Builds the recording the experiment describes (loads or generates, truncates).
+// Builds the recording the experiment describes (loads or generates, truncates; for
+// a model, records the exact run).
 Recording build_recording(const DataSpec& data);
+
+// For source = "model": loads the checkpoint and the tokens and runs the exact model
+// (ModelEvaluator), whose recording() is the experiment's recording.
+std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data);
 
 }  // namespace kvb

@@ -85,15 +85,24 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
 
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
-                                   const std::atomic<bool>* stop) {
+                                   const std::atomic<bool>* stop, const ModelEvaluator* model) {
   const size_t n = points.size();
-  const size_t L = static_cast<size_t>(rec.num_layers());
   std::vector<PointResult> results(n);
   std::vector<std::optional<Plan>> plans(n);
   auto stopped = [&] { return stop && stop->load(); };
 
   std::vector<const MetricDef*> metrics;
-  for (const std::string& m : spec.metrics.report) metrics.push_back(&require_metric(m, "metrics.report"));
+  bool need_sim = false, need_model = false;
+  for (const std::string& m : spec.metrics.report) {
+    metrics.push_back(&require_metric(m, "metrics.report"));
+    (metrics.back()->level == MetricLevel::Model ? need_model : need_sim) = true;
+  }
+  if (need_model && !model)
+    throw ConfigError("metrics.report: model-level metrics need [data] source = \"model\"");
+  // Tasks of a point: L layer tasks (when tensor or attention metrics are reported),
+  // then one model task (when model metrics are).
+  const size_t L = need_sim ? static_cast<size_t>(rec.num_layers()) : 0;
+  const size_t per_point = L + (need_model ? 1 : 0);
 
   SimOptions opt;
   opt.topk = spec.metrics.topk;
@@ -130,28 +139,29 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     results[i].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // Phase 2: (point, layer) tasks.
-  std::vector<ErrorStats> stats(n * L);
+  // Phase 2: (point, layer) and (point, model) tasks.
+  const size_t P = per_point;
+  std::vector<ErrorStats> stats(n * P);
   std::vector<std::atomic<size_t>> remaining(n);
-  std::vector<double> task_seconds(n * L, 0.0);
-  std::vector<std::string> task_error(n * L);
+  std::vector<double> task_seconds(n * P, 0.0);
+  std::vector<std::string> task_error(n * P);
   std::vector<char> finished(n, 0);
-  for (size_t i = 0; i < n; ++i) remaining[i] = L;
+  for (size_t i = 0; i < n; ++i) remaining[i] = P;
   std::mutex mu;
   size_t done = 0;
 
   auto finalize = [&](size_t i) {
     PointResult& r = results[i];
-    for (size_t l = 0; l < L && r.error.empty(); ++l) r.error = task_error[i * L + l];
+    for (size_t k = 0; k < P && r.error.empty(); ++k) r.error = task_error[i * P + k];
     if (r.error.empty() && plans[i]) {
       ErrorStats all;
-      for (size_t l = 0; l < L; ++l) all.merge(stats[i * L + l]);
+      for (size_t k = 0; k < P; ++k) all.merge(stats[i * P + k]);
       for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(all));
       r.ok = true;
     }
-    for (size_t l = 0; l < L; ++l) {
-      r.seconds += task_seconds[i * L + l];
-      stats[i * L + l] = ErrorStats();
+    for (size_t k = 0; k < P; ++k) {
+      r.seconds += task_seconds[i * P + k];
+      stats[i * P + k] = ErrorStats();
     }
     plans[i].reset();
     std::lock_guard<std::mutex> lock(mu);
@@ -164,16 +174,18 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
   for (size_t i = 0; i < n; ++i)
     if (!results[i].error.empty()) finalize(i);
 
-  const long tasks = static_cast<long>(n * L);
+  const long tasks = static_cast<long>(n * P);
 #pragma omp parallel for schedule(dynamic, 1)
   for (long task = 0; task < tasks; ++task) {
-    const size_t i = static_cast<size_t>(task) / L, l = static_cast<size_t>(task) % L;
+    const size_t i = static_cast<size_t>(task) / P, k = static_cast<size_t>(task) % P;
     if (!plans[i] || stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      stats[static_cast<size_t>(task)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(l), opt);
+      if (k < L) stats[static_cast<size_t>(task)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(k), opt);
+      else stats[static_cast<size_t>(task)].model = model->evaluate(*plans[i], spec.seed);
     } catch (const std::exception& e) {
-      task_error[static_cast<size_t>(task)] = points[i].key + ": layer " + std::to_string(l) + ": " + e.what();
+      task_error[static_cast<size_t>(task)] =
+          points[i].key + ": " + (k < L ? "layer " + std::to_string(k) : std::string("model")) + ": " + e.what();
     }
     task_seconds[static_cast<size_t>(task)] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

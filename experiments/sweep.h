@@ -1,7 +1,7 @@
 // Sweep: expands a config's strategy blocks into points (the cartesian product of
-// their axes) and runs them in parallel. Work is split into (point, layer) tasks;
-// each point's layers are merged in layer order, so results are identical for any
-// number of threads.
+// their axes) and runs them in parallel. Work is split into (point, layer) tasks and,
+// with a model, one (point, model) task; each point's results are merged in a fixed
+// order, so results are identical for any number of threads.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "experiments/experiment.h"
+#include "sim/model/model_eval.h"
 #include "sim/recording.h"
 
 namespace kvb {
@@ -47,8 +48,12 @@ using PointCallback = std::function<void(const SweepPoint&, const PointResult&, 
 
 // Runs the points. When *stop becomes true (Ctrl-C), points not yet started are
 // skipped and only finished points are returned. Returned results are sorted by id.
+// Model-level metrics need `model` (source = "model"; its recording() is `rec`): each
+// point then also runs one model task, a forward pass and the continuations with its
+// plan, beside its (point, layer) simulator tasks. Layer tasks are skipped when only
+// model-level metrics are reported.
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
-                                   const std::atomic<bool>* stop);
+                                   const std::atomic<bool>* stop, const ModelEvaluator* model = nullptr);
 
 }  // namespace kvb

@@ -85,7 +85,13 @@ int cmd_run(const Args& args) {
   const std::vector<SweepPoint> points = expand_sweep(spec);
   const auto t_start = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "kvbudget: %s: %zu points; loading data\n", spec.name.c_str(), points.size());
-  const Recording rec = build_recording(spec.data);
+  // A model source runs the exact model once: its recording is what strategies see,
+  // and the evaluator compares every point's quantized forward pass against it.
+  std::shared_ptr<const ModelEvaluator> model;
+  Recording loaded;
+  if (spec.data.source == DataSpec::Source::Model) model = build_model_evaluator(spec.data);
+  else loaded = build_recording(spec.data);
+  const Recording& rec = model ? model->recording() : loaded;
   if (!quiet) std::fprintf(stderr, "kvbudget: recording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
 
   Report report(spec, points, make_run_dir(spec.output.dir, spec.name));
@@ -115,7 +121,7 @@ int cmd_run(const Args& args) {
       last_write = now;
     }
   };
-  std::vector<PointResult> results = run_sweep(spec, rec, points, on_point, &g_stop);
+  std::vector<PointResult> results = run_sweep(spec, rec, points, on_point, &g_stop, model.get());
   progress.finish();
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
