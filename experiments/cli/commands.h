@@ -11,6 +11,8 @@ using Args = std::vector<std::string>;
 
 int cmd_run(const Args& args);
 int cmd_inspect(const Args& args);
+int cmd_record(const Args& args);
+int cmd_eval(const Args& args);
 int cmd_formats(const Args& args);
 int cmd_metrics(const Args& args);
 int cmd_strategies(const Args& args);

@@ -1,0 +1,194 @@
+// `kvbudget eval MODEL_DIR --text FILE [--format F]`: perplexity of a checkpoint on a
+// token sequence with an exact KV cache and, when a format or strategy is given, with
+// the quantized cache beside it (every model-level metric of the metric table).
+// Per-position logits and NLL can be written to .safetensors or .npy, to check the
+// forward pass against another implementation.
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "experiments/cli/commands.h"
+#include "experiments/cli/model_input.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+#include "sim/io/tensor_writer.h"
+#include "sim/metrics/metric_table.h"
+#include "sim/strategies/strategy.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::cli {
+
+namespace {
+
+// "--param name=value" against a strategy's parameter table, defaults filled in.
+Params strategy_params(const StrategyType& type, const std::vector<std::string>& assignments) {
+  std::map<std::string, ParamValue> values;
+  for (const ParamDef& d : type.params)
+    if (d.default_value) values[d.name] = *d.default_value;
+  for (const std::string& a : assignments) {
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos) throw ConfigError("--param '" + a + "': expected name=value");
+    const std::string name = trim(a.substr(0, eq)), text = trim(a.substr(eq + 1));
+    const ParamDef* def = nullptr;
+    std::vector<std::string> names;
+    for (const ParamDef& d : type.params) {
+      names.push_back(d.name);
+      if (d.name == name) def = &d;
+    }
+    if (!def) {
+      std::string msg = "--param '" + a + "': strategy '" + type.name + "' has no parameter '" + name + "'";
+      const std::string close = closest_match(name, names);
+      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      throw ConfigError(msg + "; parameters: " + join(names, ", "));
+    }
+    try {
+      size_t used = 0;
+      switch (def->type) {
+        case ParamType::Bool:
+          if (text != "true" && text != "false") throw std::invalid_argument("bool");
+          values[name] = text == "true";
+          break;
+        case ParamType::Int: values[name] = static_cast<int64_t>(std::stoll(text, &used)); break;
+        case ParamType::Real: values[name] = std::stod(text, &used); break;
+        case ParamType::String: values[name] = text; break;
+      }
+      if (used != 0 && used != text.size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      throw ConfigError("--param '" + a + "': expected a " + param_type_name(def->type));
+    }
+  }
+  for (const ParamDef& d : type.params)
+    if (!values.count(d.name)) throw ConfigError("strategy '" + type.name + "' needs --param " + d.name + "=...");
+  return Params(values);
+}
+
+std::vector<float> as_floats(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+
+}  // namespace
+
+int cmd_eval(const Args& args) {
+  po::options_description opts("kvbudget eval MODEL_DIR (--text FILE | --tokens FILE) [options]");
+  ModelInput in;
+  std::string format, key_format, value_format, strategy, out, nll_out;
+  std::vector<std::string> params;
+  uint64_t seed = 0;
+  ContinuationSpec cont;
+  opts.add_options()("help,h", "show this help")(
+      "format", po::value(&format), "quantize keys and values with this format (e.g. int4-asym-g32)")(
+      "key-format", po::value(&key_format), "format of keys (with --value-format)")(
+      "value-format", po::value(&value_format), "format of values (with --key-format)")(
+      "strategy", po::value(&strategy), "an allocation strategy (`kvbudget strategies`), with --param")(
+      "param", po::value(&params)->composing(), "a strategy parameter: --param format=int4-asym-g32 (repeatable)")(
+      "seed", po::value(&seed)->default_value(0), "seed for seeded formats and strategies")(
+      "continuations", po::value(&cont.count)->default_value(0), "greedy continuations to compare (token match, BLEU)")(
+      "continuation-prompt", po::value(&cont.prompt)->default_value(64), "shortest continuation prompt, tokens")(
+      "continuation-tokens", po::value(&cont.tokens)->default_value(20), "tokens generated per continuation")(
+      "out,o", po::value(&out),
+      ".safetensors: logits [T, vocab], nll [T-1], input_ids (and logits_exact, nll_exact when quantized); "
+      ".npy: the logits")("nll", po::value(&nll_out), "write the per-position NLL [T-1] (nats) to this .npy");
+  in.add_options(opts);
+  po::options_description hidden;
+  hidden.add_options()("model", po::value(&in.checkpoint));
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("model", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "kvbudget eval: " << e.what() << "\n\n" << opts;
+    return kExitUsage;
+  }
+  if (vm.count("help")) {
+    std::cout << opts
+              << "\nnll[t] is -log p(token t+1 | tokens 0..t) in nats for t = 0..T-2; PPL = exp(mean nll).\n"
+                 "With --format, --key-format/--value-format or --strategy, the exact run is recorded first\n"
+                 "(what strategies build their plan from) and the quantized run is compared with it.\n";
+    return kExitOk;
+  }
+  const int quant_choices = (format.empty() ? 0 : 1) + (key_format.empty() && value_format.empty() ? 0 : 1) +
+                            (strategy.empty() ? 0 : 1);
+  if (quant_choices > 1) throw ConfigError("give one of --format, --key-format/--value-format and --strategy");
+  if (key_format.empty() != value_format.empty()) throw ConfigError("--key-format and --value-format go together");
+  if (!params.empty() && strategy.empty()) throw ConfigError("--param needs --strategy");
+  if (cont.count < 0 || cont.prompt < 1 || cont.tokens < 1)
+    throw ConfigError("--continuations must be >= 0, --continuation-prompt and --continuation-tokens >= 1");
+  if (!out.empty() && std::filesystem::path(out).extension() != ".safetensors" &&
+      std::filesystem::path(out).extension() != ".npy")
+    throw ConfigError("--out " + out + ": expected a .safetensors or .npy file");
+  if (!nll_out.empty() && std::filesystem::path(nll_out).extension() != ".npy")
+    throw ConfigError("--nll " + nll_out + ": expected a .npy file");
+  // The strategy is built before any work so that a bad name fails fast.
+  std::unique_ptr<Strategy> strat;
+  std::string plan_source;
+  if (!format.empty()) {
+    strategy = "uniform";
+    params = {"format=" + format};
+  } else if (!key_format.empty()) {
+    strategy = "uniform";
+    params = {"key_format=" + key_format, "value_format=" + value_format};
+  }
+  if (!strategy.empty()) {
+    const StrategyType& type = require_strategy_type(strategy, "--strategy");
+    strat = type.make(strategy_params(type, params));
+    plan_source = strategy + "(" + join(params, ",") + ")";
+  }
+
+  const std::shared_ptr<const Transformer> model = in.load_model();
+  const ModelConfig& cfg = model->config();
+  const std::vector<int64_t> tokens = in.load_tokens(cfg);
+  std::printf("model: %s\n  %s\ntokens: %zu from %s\n", cfg.dir.string().c_str(), cfg.summary().c_str(), tokens.size(),
+              in.token_origin().c_str());
+  const std::string source = "model " + in.checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
+  const ModelEvaluator evaluator(model, tokens, cont, source);
+  const double exact_ppl = perplexity(evaluator.base_nll());
+  std::printf("exact cache: PPL %.6g (mean NLL %.6g nats over %zu positions)\n", exact_ppl, std::log(exact_ppl),
+              evaluator.base_nll().size());
+
+  RowMatrix quant_logits;
+  ErrorStats stats;
+  if (strat) {
+    const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed});
+    const std::string bad = plan.check();
+    if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
+    std::printf("plan: %s = %s, %.4f bits per element (%.4g bytes at %zu tokens)\n", plan_source.c_str(),
+                plan.describe().c_str(), plan.bpe(), plan.bytes_at(plan.tokens()), tokens.size());
+    stats.model = evaluator.evaluate(plan, seed, &quant_logits);
+    std::printf("quantized cache:\n");
+    for (const MetricDef& m : metric_table()) {
+      if (m.level != MetricLevel::Model || (m.needs_continuations && cont.count == 0)) continue;
+      std::printf("  %-22s %-12.6g %s\n", m.name.c_str(), m.compute(stats), m.description.c_str());
+    }
+  } else if (cont.count > 0) {
+    std::printf("(continuations are compared only with a quantized cache: give --format or --strategy)\n");
+  }
+
+  // Files: the evaluated run (quantized when a plan is given), and the exact one.
+  const RowMatrix& logits = strat ? quant_logits : evaluator.base_logits();
+  const std::vector<float> nll = as_floats(strat ? stats.model.nll : evaluator.base_nll());
+  const std::vector<float> nll_exact = as_floats(evaluator.base_nll());
+  const int64_t T = static_cast<int64_t>(tokens.size()), V = cfg.vocab_size;
+  if (!out.empty()) {
+    std::vector<TensorToWrite> t = {TensorToWrite::of_floats("logits", {T, V}, logits.data()),
+                                    TensorToWrite::of_floats("nll", {T - 1}, nll.data()),
+                                    TensorToWrite::of_ints("input_ids", {T}, tokens.data(), DType::I32)};
+    if (strat) {
+      t.push_back(TensorToWrite::of_floats("logits_exact", {T, V}, evaluator.base_logits().data()));
+      t.push_back(TensorToWrite::of_floats("nll_exact", {T - 1}, nll_exact.data()));
+    }
+    if (std::filesystem::path(out).extension() == ".npy") t.resize(1);
+    write_tensors(out, t, {{"model", cfg.dir.string()}, {"plan", strat ? plan_source : "exact"}});
+    std::printf("wrote %s\n", out.c_str());
+  }
+  if (!nll_out.empty()) {
+    write_npy(nll_out, TensorToWrite::of_floats("nll", {T - 1}, nll.data()));
+    std::printf("wrote %s\n", nll_out.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace kvb::cli

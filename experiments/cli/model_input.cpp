@@ -1,0 +1,47 @@
+#include "experiments/cli/model_input.h"
+
+#include <omp.h>
+
+#include "sim/core/error.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::cli {
+
+void ModelInput::add_options(po::options_description& opts) {
+  opts.add_options()("text", po::value(&text), "text file to run on (tokenized by --tokenizer)")(
+      "tokens", po::value(&token_file), "token ids instead of text: .npy, or whitespace-separated integers")(
+      "tokenizer", po::value(&tokenizer)->default_value("bytes"),
+      "'bytes' (ids 0..255, the fixtures' scheme) or a tokenizer.json (GPT-2 byte-level BPE)")(
+      "bos", po::bool_switch(&bos), "prepend the model's bos_token_id (default for --tokenizer bytes)")(
+      "no-bos", po::bool_switch(&no_bos), "do not prepend BOS")(
+      "max-tokens", po::value(&max_tokens)->default_value(512), "keep the first N tokens (0 = all)")(
+      "threads", po::value(&threads), "OpenMP threads (default: all cores)");
+}
+
+std::shared_ptr<const Transformer> ModelInput::load_model() const {
+  if (checkpoint.empty()) throw ConfigError("missing MODEL_DIR (a Hugging Face checkpoint directory)");
+  if (text.empty() == token_file.empty()) throw ConfigError("give exactly one of --text and --tokens");
+  if (bos && no_bos) throw ConfigError("--bos and --no-bos contradict each other");
+  if (!token_file.empty() && (tokenizer != "bytes" || bos))
+    throw ConfigError("--tokenizer and --bos apply to --text only");
+  if (max_tokens < 0) throw ConfigError("--max-tokens must be >= 0");
+  if (threads < 0) throw ConfigError("--threads must be >= 0");
+  if (threads > 0) omp_set_num_threads(threads);
+  return Transformer::load(checkpoint);
+}
+
+std::vector<int64_t> ModelInput::load_tokens(const ModelConfig& config) const {
+  TokenSource src;
+  src.text = text;
+  src.token_file = token_file;
+  src.tokenizer = tokenizer;
+  if (bos) src.add_bos = true;
+  if (no_bos) src.add_bos = false;
+  src.max_tokens = max_tokens;
+  return kvb::load_tokens(src, config);
+}
+
+std::string ModelInput::token_origin() const { return text.empty() ? token_file : text; }
+
+}  // namespace kvb::cli

@@ -1,0 +1,32 @@
+// Options shared by the commands that run a model (`record`, `eval`): the checkpoint,
+// where the tokens come from, and the thread count.
+#pragma once
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sim/model/model_eval.h"
+#include "sim/model/transformer.h"
+
+namespace kvb::cli {
+
+struct ModelInput {
+  std::string checkpoint;          // positional MODEL_DIR
+  std::string text, token_file;
+  std::string tokenizer = "bytes";
+  bool no_bos = false, bos = false;
+  int64_t max_tokens = 512;
+  int threads = 0;
+
+  // Adds --text, --tokens, --tokenizer, --bos, --no-bos, --max-tokens, --threads.
+  void add_options(boost::program_options::options_description& opts);
+  // Checks the combination (throws kvb::ConfigError), sets the thread count, loads
+  // the model and the tokens.
+  std::shared_ptr<const Transformer> load_model() const;
+  std::vector<int64_t> load_tokens(const ModelConfig& config) const;
+  std::string token_origin() const;  // the text or token file
+};
+
+}  // namespace kvb::cli
