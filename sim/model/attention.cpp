@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sim/model/layers.h"
+
 namespace kvb {
 
 namespace {
@@ -28,7 +30,10 @@ void causal_attention(const float* queries, int64_t query_stride, int64_t n, int
   const int64_t tasks = geo.q_heads * blocks;
   const int64_t out_stride = geo.q_heads * d;
 
-#pragma omp parallel if (tasks > 1 && !omp_in_parallel())
+  // q·k and p·v over the visible keys (about half the context for teacher forcing).
+  const double flops = 4.0 * static_cast<double>(geo.q_heads * d) * static_cast<double>(n) *
+                       static_cast<double>(context - n / 2);
+#pragma omp parallel if (tasks > 1 && parallel_worthwhile(flops))
   {
     RowMat scores;
 #pragma omp for schedule(dynamic, 1)

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "sim/core/error.h"
+#include "sim/model/layers.h"
 #include "sim/simulator.h"
 
 namespace kvb {
@@ -43,7 +44,8 @@ KvCache::LayerView KvCache::view(int64_t layer, const CacheQuantization& q, std:
   scratch.resize(static_cast<size_t>(2 * kv_heads_ * unit_floats));
   const int64_t units = 2 * kv_heads_;
   std::vector<std::string> errors(static_cast<size_t>(units));
-#pragma omp parallel for schedule(dynamic, 1) if (units > 1 && !omp_in_parallel())
+#pragma omp parallel for schedule(dynamic, 1) \
+    if (units > 1 && parallel_worthwhile(50.0 * static_cast<double>(units * unit_floats)))
   for (int64_t u = 0; u < units; ++u) {
     const int64_t g = u / 2;
     const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;

@@ -34,13 +34,19 @@ void activate_span(float* p, int64_t n, Activation act) {
 
 }  // namespace
 
+bool parallel_worthwhile(double flops) {
+  constexpr double kMinFlops = 4e6;  // ~tens of microseconds of work on one core
+  return flops >= kMinFlops && !omp_in_parallel() && omp_get_max_threads() > 1;
+}
+
 void dense(const RowMatrix& x, const RowMatrix& weight, const Eigen::VectorXf* bias, RowMatrix& y) {
   const int64_t rows = x.rows(), out = weight.rows();
   y.resize(rows, out);
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
   const int64_t col_tiles = (out + kTileCols - 1) / kTileCols;
   const int64_t tiles = row_tiles * col_tiles;
-#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1 && !omp_in_parallel())
+#pragma omp parallel for schedule(dynamic, 1) \
+    if (tiles > 1 && parallel_worthwhile(2.0 * static_cast<double>(rows * out * x.cols())))
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t r0 = (t / col_tiles) * kTileRows, c0 = (t % col_tiles) * kTileCols;
     const int64_t nr = std::min(kTileRows, rows - r0), nc = std::min(kTileCols, out - c0);
@@ -84,7 +90,7 @@ void normalize_rows(const RowMatrix& x, const NormWeights& norm, double eps, Row
 void activate(float* x, int64_t n, Activation act) {
   constexpr int64_t kChunk = 1 << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1 && !omp_in_parallel())
+#pragma omp parallel for schedule(static) if (chunks > 1 && parallel_worthwhile(20.0 * static_cast<double>(n)))
   for (int64_t c = 0; c < chunks; ++c) activate_span(x + c * kChunk, std::min(kChunk, n - c * kChunk), act);
 }
 

@@ -13,6 +13,12 @@
 
 namespace kvb {
 
+// Whether a piece of work of about `flops` operations should fan out to OpenMP
+// threads: not inside a parallel region, and not when the work is too small to pay
+// for waking the other threads (a decoding step of a small model). Only the
+// scheduling depends on it, never the arithmetic.
+bool parallel_worthwhile(double flops);
+
 // y [rows, out] = x [rows, in] · weightᵀ (+ bias), weight [out, in]. y is resized.
 void dense(const RowMatrix& x, const RowMatrix& weight, const Eigen::VectorXf* bias, RowMatrix& y);
 inline void dense(const RowMatrix& x, const DenseWeights& w, RowMatrix& y) {
