@@ -1,0 +1,532 @@
+// The forward pass (sim/model/): parity with Hugging Face on the fixtures, the
+// recorded tensors, exactness of lossless caches, generation against teacher forcing,
+// every architecture option against a plain reference implementation, and errors.
+#include <omp.h>
+
+#include <cmath>
+
+#include "io_test_files.h"
+#include "model_test_files.h"
+#include "sim/core/half.h"
+#include "sim/formats/registry.h"
+#include "sim/io/recording_writer.h"
+#include "sim/io/tensor_store.h"
+#include "sim/metrics/metric_table.h"
+#include "sim/model/model_eval.h"
+#include "sim/model/rotary.h"
+#include "sim/model/transformer.h"
+#include "sim/strategies/uniform.h"
+
+using namespace kvb;
+using namespace kvb::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::shared_ptr<const Transformer> fixture_model(const std::string& name) {
+  static std::map<std::string, std::shared_ptr<const Transformer>> cache;
+  auto& m = cache[name];
+  if (!m) m = Transformer::load(data_dir() / "models" / name);
+  return m;
+}
+
+std::vector<int64_t> reference_ids(const std::string& name) {
+  return TensorStore::open(data_dir() / "reference" / (name + "-reference.safetensors"))->read_i64("input_ids");
+}
+
+Plan uniform_plan(const Recording& rec, const std::string& format) {
+  return UniformStrategy(make_format(format), make_format(format)).build({rec, 0});
+}
+
+std::vector<double> llama_inv_freq(double theta, int64_t d) {
+  std::vector<double> f;
+  for (int64_t i = 0; i < d / 2; ++i) f.push_back(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d)));
+  return f;
+}
+
+std::vector<int64_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("fixtures: logits match Hugging Face's reference to 1e-4 relative") {
+  // Norm: for each position t, max_v |ours - ref| / max_v |ref|; the worst position
+  // must be below 1e-4. The relative L2 error per row is reported beside it.
+  for (const std::string name : {"gpt2-bytes", "llama-bytes"}) {
+    CAPTURE(name);
+    const auto ref = TensorStore::open(data_dir() / "reference" / (name + "-reference.safetensors"));
+    const std::vector<int64_t> ids = ref->read_i64("input_ids");
+    const Tensor want = ref->read_f32("logits");
+    const Tensor want_nll = ref->read_f32("nll");
+    const RowMatrix got = fixture_model(name)->forward(ids);
+    REQUIRE(got.rows() == 512);
+    REQUIRE(got.cols() == 257);
+    double worst_max = 0, worst_l2 = 0;
+    for (int64_t t = 0; t < got.rows(); ++t) {
+      double diff = 0, scale = 0, e2 = 0, n2 = 0;
+      for (int64_t v = 0; v < got.cols(); ++v) {
+        const double r = want.data[static_cast<size_t>(t * got.cols() + v)], o = got(t, v);
+        diff = std::max(diff, std::fabs(o - r));
+        scale = std::max(scale, std::fabs(r));
+        e2 += (o - r) * (o - r);
+        n2 += r * r;
+      }
+      worst_max = std::max(worst_max, diff / scale);
+      worst_l2 = std::max(worst_l2, std::sqrt(e2 / n2));
+    }
+    MESSAGE(name << ": worst max|d|/max|ref| per position " << worst_max << ", worst relative L2 per row " << worst_l2);
+    CHECK(worst_max < 1e-4);
+    CHECK(worst_l2 < 1e-4);
+    // NLL of the next token, positions 0..510 (the reference's 512th targets a byte
+    // beyond the window).
+    const std::vector<double> nll = next_token_nll(got, ids);
+    REQUIRE(nll.size() == 511);
+    double worst_nll = 0;
+    for (size_t t = 0; t < nll.size(); ++t) worst_nll = std::max(worst_nll, std::fabs(nll[t] - want_nll.data[t]));
+    CHECK(worst_nll < 1e-4);
+  }
+}
+
+TEST_CASE("fixtures: the captured q/k/v and attention outputs reproduce the recordings within fp16 rounding") {
+  for (const std::string name : {"gpt2-bytes", "llama-bytes"}) {
+    CAPTURE(name);
+    const std::vector<int64_t> ids = reference_ids(name);
+    std::vector<LayerTensors> capture;
+    ExtendOptions opt;
+    opt.capture = &capture;
+    (void)fixture_model(name)->forward(ids, opt);
+    const Recording ours = recording_from_capture(fixture_model(name)->config(), capture, ids, "test");
+    RecordingSpec spec;
+    spec.path = data_dir() / "records" / (name + "-record.safetensors");
+    const Recording hf = load_recording(spec);
+    REQUIRE(hf.num_layers() == ours.num_layers());
+    REQUIRE(hf.has_pre_rope_keys() == ours.has_pre_rope_keys());
+    // The recording stores HF's fp32 values rounded to fp16: each element is within
+    // half an fp16 ulp (2^-11 relative, 2^-25 absolute below fp16's normal range) of
+    // the fp32 value, plus the forward pass's own ~1e-5 relative difference.
+    double worst = 0;
+    auto compare = [&](const Tensor& a, const Tensor& b, const std::string& what) {
+      REQUIRE(a.shape == b.shape);
+      double absmax = 0;
+      for (float v : b.data) absmax = std::max(absmax, static_cast<double>(std::fabs(v)));
+      int64_t bad = 0;
+      for (size_t i = 0; i < a.data.size(); ++i) {
+        const double err = std::fabs(a.data[i] - b.data[i]);
+        const double allowed = std::ldexp(std::fabs(b.data[i]), -11) + std::ldexp(1.0, -25) + 2e-5 * absmax;
+        bad += err > allowed ? 1 : 0;
+        worst = std::max(worst, err / absmax);
+      }
+      CHECK_MESSAGE(bad == 0, what << ": " << bad << " elements beyond fp16 rounding");
+    };
+    for (int64_t l = 0; l < hf.num_layers(); ++l) {
+      const LayerTensors &a = ours.layers[l], &b = hf.layers[l];
+      const std::string L = "layer " + std::to_string(l) + " ";
+      compare(a.query, b.query, L + "query");
+      compare(a.key, b.key, L + "key");
+      compare(a.value, b.value, L + "value");
+      compare(a.attn_output, b.attn_output, L + "attn_output");
+      if (hf.has_pre_rope_keys()) compare(a.key_pre_rope, b.key_pre_rope, L + "key_pre_rope");
+    }
+    MESSAGE(name << ": worst |ours - recorded| / max|recorded| " << worst);
+
+    // Written as F16 and read back by the loader, the recording keeps its layout.
+    const fs::path file = scratch_dir("model_record_" + name) / "rec.safetensors";
+    write_recording(file, ours, DType::F16, {{"text", "test"}});
+    RecordingSpec back;
+    back.path = file;
+    const Recording reread = load_recording(back);
+    CHECK(reread.token_ids == ids);
+    CHECK(reread.rope.applied == ours.rope.applied);
+    CHECK(reread.has_attn_output());
+    for (size_t i = 0; i < reread.layers[5].key.data.size(); ++i)
+      REQUIRE(reread.layers[5].key.data[i] == round_to_f16(ours.layers[5].key.data[i]));
+  }
+}
+
+TEST_CASE("lossless caches: keep-fp32 is bit-exact; keep-fp16 changes PPL only by rounding") {
+  const std::vector<int64_t> ids = reference_ids("llama-bytes");
+  const ModelEvaluator ev(fixture_model("llama-bytes"), ids, ContinuationSpec{}, "test");
+  const double base_ppl = perplexity(ev.base_nll());
+  MESSAGE("llama-bytes exact PPL " << base_ppl);
+  RowMatrix logits;
+  ErrorStats fp32;
+  fp32.model = ev.evaluate(uniform_plan(ev.recording(), "keep-fp32"), 0, &logits);
+  CHECK(logits == ev.base_logits());
+  CHECK(find_metric("ppl_ratio")->compute(fp32) == 1.0);
+  CHECK(find_metric("next_token_kl_max")->compute(fp32) == 0.0);
+  CHECK(find_metric("same_top_rate")->compute(fp32) == 1.0);
+
+  ErrorStats fp16;
+  fp16.model = ev.evaluate(uniform_plan(ev.recording(), "keep-fp16"), 0);
+  const double ratio = find_metric("ppl_ratio")->compute(fp16);
+  MESSAGE("keep-fp16 PPL ratio " << ratio << ", next-token KL mean " << find_metric("next_token_kl_mean")->compute(fp16));
+  CHECK(std::fabs(ratio - 1.0) < 1e-4);
+  CHECK(find_metric("next_token_kl_mean")->compute(fp16) < 1e-5);
+
+  // A 2-bit cache is visibly worse, and more bits are better.
+  ErrorStats int2, int8;
+  int2.model = ev.evaluate(uniform_plan(ev.recording(), "int2-asym-g32"), 0);
+  int8.model = ev.evaluate(uniform_plan(ev.recording(), "int8-asym-g32"), 0);
+  CHECK(find_metric("ppl_ratio")->compute(int2) > 1.5);
+  CHECK(find_metric("next_token_kl_mean")->compute(int2) > find_metric("next_token_kl_mean")->compute(int8));
+  CHECK(find_metric("same_top_rate")->compute(int2) < find_metric("same_top_rate")->compute(int8));
+}
+
+TEST_CASE("quantization error propagates: layer 0's quantized cache changes layer 1's inputs") {
+  const std::vector<int64_t> all = reference_ids("gpt2-bytes");
+  const std::vector<int64_t> ids(all.begin(), all.begin() + 64);
+  const auto model = fixture_model("gpt2-bytes");
+  std::vector<LayerTensors> exact, quant;
+  ExtendOptions a;
+  a.capture = &exact;
+  model->forward(ids, a);
+  const Recording rec = recording_from_capture(model->config(), exact, ids, "test");
+  // Only layer 0 is quantized (int2); every other unit keeps fp32.
+  Plan plan = uniform_plan(rec, "keep-fp32");
+  for (int64_t g = 0; g < rec.kv_heads; ++g)
+    for (Kind k : {Kind::Key, Kind::Value}) plan.unit(0, g, k).segments = {Segment{0, 64, make_format("int2-asym-g32")}};
+  ExtendOptions b;
+  b.capture = &quant;
+  b.cache.plan = &plan;
+  model->forward(ids, b);
+  // Captured keys are the exact ones computed from each layer's (perturbed) input.
+  CHECK(quant[0].key.data == exact[0].key.data);
+  CHECK(quant[0].attn_output.data != exact[0].attn_output.data);
+  CHECK(quant[1].key.data != exact[1].key.data);
+}
+
+TEST_CASE("results do not depend on the thread count") {
+  const std::vector<int64_t> ids = reference_ids("llama-bytes");
+  const auto model = fixture_model("llama-bytes");
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const RowMatrix one = model->forward(ids);
+  omp_set_num_threads(2);
+  const RowMatrix two = model->forward(ids);
+  omp_set_num_threads(saved);
+  CHECK(one == two);
+}
+
+TEST_CASE("generation: token-by-token decoding reproduces teacher forcing") {
+  const std::vector<int64_t> ids = reference_ids("llama-bytes");
+  const auto model = fixture_model("llama-bytes");
+  const RowMatrix full = model->forward(ids);
+  // The first 100 tokens at once, then the next 20 one by one.
+  Transformer::State state = model->new_state();
+  ExtendOptions opt;
+  opt.all_logits = false;
+  RowMatrix step = model->extend(state, std::span<const int64_t>(ids.data(), 100), opt);
+  double worst = 0;
+  for (int64_t t = 100; t <= 120; ++t) {
+    REQUIRE(step.rows() == 1);
+    double diff = 0, scale = 0;
+    for (int64_t v = 0; v < full.cols(); ++v) {
+      diff = std::max(diff, static_cast<double>(std::fabs(step(0, v) - full(t - 1, v))));
+      scale = std::max(scale, static_cast<double>(std::fabs(full(t - 1, v))));
+    }
+    worst = std::max(worst, diff / scale);
+    if (t < 120) step = model->extend(state, std::span<const int64_t>(&ids[t], 1), opt);
+  }
+  CHECK(state.length == 120);
+  CHECK(worst < 1e-5);
+
+  // Greedy continuation: feeding prompt + continuation back, each generated token is
+  // the argmax of the position before it.
+  const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 200);
+  const std::vector<int64_t> gen = greedy_continuation(*model, prompt, 16, {});
+  REQUIRE(gen.size() == 16);
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), gen.begin(), gen.end());
+  const RowMatrix again = model->forward(all);
+  for (size_t i = 0; i < gen.size(); ++i) CHECK(argmax(again.row(199 + i).data(), again.cols()) == gen[i]);
+}
+
+TEST_CASE("a plan shorter or longer than the cache follows Plan::unit_at") {
+  Plan plan(1, 1, 10, 4);
+  plan.unit(0, 0, Kind::Key).segments = {Segment{0, 2, make_format("keep-fp32")},
+                                         Segment{2, 10, make_format("int4-asym-g4")}};
+  plan.unit(0, 0, Kind::Value).segments = {Segment{0, 10, make_format("keep-fp16")}};
+  const UnitPlan shorter = plan.unit_at(0, 0, Kind::Key, 5);
+  REQUIRE(shorter.segments.size() == 2);
+  CHECK(shorter.segments[1].begin == 2);
+  CHECK(shorter.segments[1].end == 5);
+  const UnitPlan one = plan.unit_at(0, 0, Kind::Key, 1);
+  REQUIRE(one.segments.size() == 1);
+  CHECK(one.segments[0].end == 1);
+  const UnitPlan longer = plan.unit_at(0, 0, Kind::Key, 25);
+  CHECK(longer.segments.back().end == 25);
+  CHECK(plan.storage_bits_at(25) ==
+        make_format("keep-fp32")->storage_bits(2, 4) + make_format("int4-asym-g4")->storage_bits(23, 4) +
+            make_format("keep-fp16")->storage_bits(25, 4));
+}
+
+TEST_CASE("Llama family options against a plain reference forward pass") {
+  const fs::path root = scratch_dir("model_tiny");
+  const std::vector<int64_t> tokens = some_tokens(13, 23, 7);
+  struct Case {
+    std::string name;
+    TinyLlamaOptions opt;
+    nlohmann::json extra;
+    std::vector<double> inv_freq;
+    std::vector<int64_t> window;
+  };
+  TinyLlamaOptions llama;
+  TinyLlamaOptions qwen;
+  qwen.architecture = "Qwen2ForCausalLM";
+  qwen.qkv_bias = true;
+  qwen.tied = true;
+  TinyLlamaOptions mistral;
+  mistral.architecture = "MistralForCausalLM";
+  mistral.kv_heads = 1;
+  // llama3 scaling with a short original context so that every branch is taken.
+  std::vector<double> l3 = llama_inv_freq(10000.0, 8);
+  const double factor = 8, low = 1, high = 4, old_ctx = 64;
+  for (double& f : l3) {
+    const double wavelen = 2 * M_PI / f;
+    if (wavelen > old_ctx / low) f /= factor;
+    else if (wavelen >= old_ctx / high) {
+      const double s = (old_ctx / wavelen - low) / (high - low);
+      f = (1 - s) * f / factor + s * f;
+    }
+  }
+  std::vector<double> linear = llama_inv_freq(500.0, 8);
+  for (double& f : linear) f /= 2.0;
+  const std::vector<Case> cases = {
+      {"llama GQA untied, rope_parameters", llama,
+       {{"rope_parameters", {{"rope_theta", 10000.0}, {"rope_type", "default"}}}}, llama_inv_freq(10000.0, 8), {0, 0}},
+      {"qwen2 q/k/v biases, tied, sliding window from layer 1", qwen,
+       {{"rope_theta", 1000.0}, {"use_sliding_window", true}, {"sliding_window", 4}, {"max_window_layers", 1}},
+       llama_inv_freq(1000.0, 8), {0, 4}},
+      {"mistral sliding window, MQA", mistral, {{"rope_theta", 10000.0}, {"sliding_window", 3}},
+       llama_inv_freq(10000.0, 8), {3, 3}},
+      {"llama3 scaling (transformers 4 keys)", llama,
+       {{"rope_theta", 10000.0},
+        {"rope_scaling",
+         {{"rope_type", "llama3"}, {"factor", factor}, {"low_freq_factor", low}, {"high_freq_factor", high},
+          {"original_max_position_embeddings", 64}}}},
+       l3, {0, 0}},
+      {"linear scaling", llama, {{"rope_theta", 500.0}, {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}},
+       linear, {0, 0}},
+      {"layer_types", llama,
+       {{"rope_theta", 10000.0}, {"sliding_window", 2}, {"layer_types", {"sliding_attention", "full_attention"}}},
+       llama_inv_freq(10000.0, 8), {2, 0}},
+  };
+  int index = 0;
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    TinyCheckpoint ck = tiny_llama(c.opt);
+    ck.config.update(c.extra);
+    const fs::path dir = ck.write(root / std::to_string(index++));
+    const auto model = Transformer::load(dir);
+    CHECK(model->config().sliding_window == c.window);
+    const std::vector<float> got_freq = rope_inverse_frequencies(model->config().rope, 8);
+    for (size_t i = 0; i < got_freq.size(); ++i) CHECK(got_freq[i] == doctest::Approx(c.inv_freq[i]).epsilon(1e-6));
+    const RowMatrix got = model->forward(tokens);
+    const auto want = reference_llama(ck, c.opt, c.inv_freq, c.window, tokens);
+    CHECK(worst_relative_row_error(want, got.data(), got.cols()) < 1e-5);
+  }
+}
+
+TEST_CASE("F16 and BF16 checkpoints compute in fp32") {
+  for (DType dt : {DType::F16, DType::BF16}) {
+    CAPTURE(dtype_name(dt));
+    TinyLlamaOptions o;
+    TinyCheckpoint ck = tiny_llama(o);
+    ck.config["rope_theta"] = 10000.0;
+    for (auto& [name, v] : ck.values)
+      for (float& x : v) x = dt == DType::F16 ? round_to_f16(x) : round_to_bf16(x);
+    const fs::path dir = ck.write(scratch_dir(std::string("model_half_") + dtype_name(dt)), dt);
+    CHECK(TensorStore::open(dir / "model.safetensors")->info("lm_head.weight").dtype == dt);
+    const std::vector<int64_t> tokens = some_tokens(9, o.vocab, 3);
+    const RowMatrix got = Transformer::load(dir)->forward(tokens);
+    const auto want = reference_llama(ck, o, llama_inv_freq(10000.0, 8), {0, 0}, tokens);
+    CHECK(worst_relative_row_error(want, got.data(), got.cols()) < 1e-5);
+  }
+}
+
+TEST_CASE("GPT-2 against a plain reference: Conv1D [in, out], LayerNorm, gelu_new, learned positions") {
+  const int64_t H = 16, heads = 2, d = 8, I = 40, V = 19, P = 12, L = 2;
+  TinyCheckpoint ck;
+  ck.config = {{"architectures", {"GPT2LMHeadModel"}}, {"n_embd", H}, {"n_head", heads}, {"n_layer", L},
+               {"n_positions", P}, {"n_inner", I}, {"vocab_size", V}, {"layer_norm_epsilon", 1e-5},
+               {"activation_function", "gelu_new"}};
+  ck.add("transformer.wte.weight", {V, H}, 1.0f);
+  ck.add("transformer.wpe.weight", {P, H}, 0.5f);
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string b = "transformer.h." + std::to_string(l) + ".";
+    ck.add(b + "ln_1.weight", {H}, 0.1f, 1.0f);
+    ck.add(b + "ln_1.bias", {H}, 0.1f);
+    ck.add(b + "attn.c_attn.weight", {H, 3 * H}, 0.3f);
+    ck.add(b + "attn.c_attn.bias", {3 * H}, 0.1f);
+    ck.add(b + "attn.c_proj.weight", {H, H}, 0.3f);
+    ck.add(b + "attn.c_proj.bias", {H}, 0.1f);
+    ck.add(b + "ln_2.weight", {H}, 0.1f, 1.0f);
+    ck.add(b + "ln_2.bias", {H}, 0.1f);
+    ck.add(b + "mlp.c_fc.weight", {H, I}, 0.3f);
+    ck.add(b + "mlp.c_fc.bias", {I}, 0.1f);
+    ck.add(b + "mlp.c_proj.weight", {I, H}, 0.3f);
+    ck.add(b + "mlp.c_proj.bias", {H}, 0.1f);
+  }
+  ck.add("transformer.ln_f.weight", {H}, 0.1f, 1.0f);
+  ck.add("transformer.ln_f.bias", {H}, 0.1f);
+  const fs::path dir = ck.write(scratch_dir("model_gpt2_tiny"));
+  const std::vector<int64_t> tokens = some_tokens(P, V, 11);
+
+  // Conv1D: y = x · W + b with W [in, out].
+  auto conv = [&](const std::string& w, const std::vector<double>& x, int64_t out) {
+    std::vector<double> y(ck.at(w.substr(0, w.size() - 6) + "bias").begin(), ck.at(w.substr(0, w.size() - 6) + "bias").end());
+    for (int64_t o = 0; o < out; ++o)
+      for (size_t i = 0; i < x.size(); ++i) y[o] += x[i] * ck.at(w)[i * out + o];
+    return y;
+  };
+  auto ln = [&](const std::vector<double>& x, const std::string& p) {
+    double mean = 0, var = 0;
+    for (double v : x) mean += v / H;
+    for (double v : x) var += (v - mean) * (v - mean) / H;
+    std::vector<double> y(x.size());
+    for (int64_t i = 0; i < H; ++i)
+      y[i] = (x[i] - mean) / std::sqrt(var + 1e-5) * ck.at(p + ".weight")[i] + ck.at(p + ".bias")[i];
+    return y;
+  };
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  std::vector<std::vector<double>> x(T, std::vector<double>(H));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < H; ++i)
+      x[t][i] = ck.at("transformer.wte.weight")[tokens[t] * H + i] + ck.at("transformer.wpe.weight")[t * H + i];
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string b = "transformer.h." + std::to_string(l) + ".";
+    std::vector<std::vector<double>> qkv;
+    for (int64_t t = 0; t < T; ++t) qkv.push_back(conv(b + "attn.c_attn.weight", ln(x[t], b + "ln_1"), 3 * H));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> attn(H, 0.0);
+      for (int64_t h = 0; h < heads; ++h) {
+        std::vector<double> s;
+        for (int64_t j = 0; j <= t; ++j) {
+          double dot = 0;
+          for (int64_t i = 0; i < d; ++i) dot += qkv[t][h * d + i] * qkv[j][H + h * d + i];
+          s.push_back(dot / std::sqrt(double(d)));
+        }
+        double mx = *std::max_element(s.begin(), s.end()), z = 0;
+        for (double& e : s) z += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= t; ++j)
+          for (int64_t i = 0; i < d; ++i) attn[h * d + i] += s[j] / z * qkv[j][2 * H + h * d + i];
+      }
+      const std::vector<double> o = conv(b + "attn.c_proj.weight", attn, H);
+      for (int64_t i = 0; i < H; ++i) x[t][i] += o[i];
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> m = conv(b + "mlp.c_fc.weight", ln(x[t], b + "ln_2"), I);
+      for (double& v : m) v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+      const std::vector<double> o = conv(b + "mlp.c_proj.weight", m, H);
+      for (int64_t i = 0; i < H; ++i) x[t][i] += o[i];
+    }
+  }
+  std::vector<std::vector<double>> want;
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<double> h = ln(x[t], "transformer.ln_f");
+    std::vector<double> row(V, 0.0);
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t i = 0; i < H; ++i) row[v] += h[i] * ck.at("transformer.wte.weight")[v * H + i];
+    want.push_back(row);
+  }
+  const auto model = Transformer::load(dir);
+  const RowMatrix got = model->forward(tokens);
+  CHECK(worst_relative_row_error(want, got.data(), got.cols()) < 1e-5);
+  // Beyond the learned position table.
+  const std::string msg = error_of([&] { model->forward(some_tokens(P + 1, V, 1)); });
+  CHECK(has(msg, "13 tokens exceed the learned position table (n_positions 12"));
+}
+
+TEST_CASE("errors: architecture, config.json, weights and token ids are named") {
+  const fs::path root = scratch_dir("model_errors");
+  TinyLlamaOptions o;
+  auto write = [&](const std::string& name, const std::function<void(TinyCheckpoint&)>& edit) {
+    TinyCheckpoint ck = tiny_llama(o);
+    edit(ck);
+    return ck.write(root / name);
+  };
+  SUBCASE("unsupported architecture") {
+    const fs::path dir = write("bert", [](TinyCheckpoint& c) { c.config["architectures"] = {"BertForMaskedLM"}; });
+    const std::string msg = error_of([&] { Transformer::load(dir); });
+    CHECK(has(msg, (dir / "config.json").string()));
+    CHECK(has(msg, "key 'architectures'"));
+    CHECK(has(msg, "unsupported architecture 'BertForMaskedLM'"));
+    CHECK(has(msg, "LlamaForCausalLM"));
+  }
+  SUBCASE("missing weight") {
+    const fs::path dir = write("missing", [](TinyCheckpoint& c) {
+      c.values.erase("model.layers.1.mlp.up_proj.weight");
+      c.shapes.erase("model.layers.1.mlp.up_proj.weight");
+    });
+    const std::string msg = error_of([&] { Transformer::load(dir); });
+    CHECK(has(msg, (dir / "model.safetensors").string()));
+    CHECK(has(msg, "missing weight 'model.layers.1.mlp.up_proj.weight' [48, 32]"));
+  }
+  SUBCASE("weight with the wrong shape") {
+    const fs::path dir = write("shape", [](TinyCheckpoint& c) { c.shapes["model.norm.weight"] = {2, 16}; });
+    const std::string msg = error_of([&] { Transformer::load(dir); });
+    CHECK(has(msg, "weight 'model.norm.weight' has shape [2, 16]"));
+    CHECK(has(msg, "implies [32]"));
+  }
+  SUBCASE("malformed config.json") {
+    const fs::path dir = write("malformed", [](TinyCheckpoint&) {});
+    std::ofstream(dir / "config.json") << "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": ";
+    const std::string msg = error_of([&] { Transformer::load(dir); });
+    CHECK(has(msg, (dir / "config.json").string() + ": malformed JSON"));
+  }
+  SUBCASE("missing and mistyped keys") {
+    const fs::path dir = write("no_hidden", [](TinyCheckpoint& c) { c.config.erase("hidden_size"); });
+    CHECK(has(error_of([&] { Transformer::load(dir); }), "config.json: missing key 'hidden_size'"));
+    const fs::path dir2 = write("typed", [](TinyCheckpoint& c) { c.config["num_attention_heads"] = "four"; });
+    CHECK(has(error_of([&] { Transformer::load(dir2); }), "key 'num_attention_heads': expected an integer, got \"four\""));
+    const fs::path dir3 = write("rope", [](TinyCheckpoint& c) {
+      c.config["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    });
+    CHECK(has(error_of([&] { Transformer::load(dir3); }), "key 'rope_scaling.rope_type': unsupported RoPE type 'yarn'"));
+    const fs::path dir4 = write("gqa", [](TinyCheckpoint& c) { c.config["num_key_value_heads"] = 3; });
+    CHECK(has(error_of([&] { Transformer::load(dir4); }), "key 'num_key_value_heads': 3 does not divide"));
+  }
+  SUBCASE("no checkpoint files") {
+    const fs::path dir = root / "empty";
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << tiny_llama(o).config.dump();
+    CHECK(has(error_of([&] { Transformer::load(dir); }), "no model.safetensors or model.safetensors.index.json"));
+    CHECK(has(error_of([&] { Transformer::load(root / "nowhere"); }), "not a checkpoint directory"));
+  }
+  SUBCASE("token id out of the vocabulary") {
+    const auto model = fixture_model("llama-bytes");
+    const std::string msg = error_of([&] { model->forward(std::vector<int64_t>{256, 72, 300, 5}); });
+    CHECK(has(msg, "token id 300 at index 2 is outside the vocabulary"));
+    CHECK(has(msg, "vocab_size 257"));
+    CHECK(has(error_of([&] { model->forward(std::vector<int64_t>{-1}); }), "token id -1 at index 0"));
+  }
+  SUBCASE("a plan for another model") {
+    const auto model = fixture_model("gpt2-bytes");
+    Plan plan(6, 2, 8, 64);
+    ExtendOptions opt;
+    opt.cache.plan = &plan;
+    CHECK(has(error_of([&] { model->forward(std::vector<int64_t>{256, 1, 2}, opt); }),
+              "the plan is for 6 layers x 2 KV heads x head_dim 64, but the model's cache has 6 x 6 x 64"));
+  }
+}
+
+TEST_CASE("fixture checkpoints: sharded loading and configs") {
+  const ModelConfig g = fixture_model("gpt2-bytes")->config();
+  CHECK(g.family == ModelFamily::Gpt2);
+  CHECK(g.tied_embeddings);
+  CHECK(g.head_dim == 64);
+  CHECK(g.intermediate_size == 1536);
+  CHECK(fixture_model("gpt2-bytes")->weights().lm_head.size() == 0);
+  const ModelConfig l = fixture_model("llama-bytes")->config();
+  CHECK(l.kv_heads == 2);
+  CHECK(!l.tied_embeddings);
+  CHECK(l.rope.enabled);
+  CHECK(l.rope.theta == 10000.0);
+  CHECK(l.bos_token_id == 256);
+  CHECK(l.summary() == "LlamaForCausalLM: 6 layers, 6/2 q/kv heads, head_dim 64, hidden 384, mlp 1024, vocab 257, "
+                       "RoPE theta 10000");
+}

@@ -1,0 +1,103 @@
+// Model-level metrics (sim/metrics/model_metrics.h and their metric-table entries)
+// against cases computed by hand.
+#include <cmath>
+
+#include "sim/metrics/metric_table.h"
+#include "sim/metrics/model_metrics.h"
+#include "test_util.h"
+
+using namespace kvb;
+using Seqs = std::vector<std::vector<int64_t>>;
+
+namespace {
+// cand [1,2,3,4,5,6] vs ref [1,2,3,4,9,6]: p1..p4 = 5/6, 3/5, 2/4, 1/3.
+const std::vector<int64_t> kCand = {1, 2, 3, 4, 5, 6}, kRef = {1, 2, 3, 4, 9, 6};
+const double kBleuB = std::pow(5.0 / 6 * 3.0 / 5 * 2.0 / 4 * 1.0 / 3, 0.25);
+double metric(const ErrorStats& s, const char* name) { return find_metric(name)->compute(s); }
+}  // namespace
+
+TEST_CASE("BLEU-4, standard and research variant, on small token lists") {
+  // Identical sequences.
+  CHECK(corpus_bleu4({{1, 2, 3, 4, 5}}, {{1, 2, 3, 4, 5}}) == doctest::Approx(1.0));
+  CHECK(research_bleu4({{1, 2, 3, 4, 5}}, {{1, 2, 3, 4, 5}}) == doctest::Approx(1.0));
+  // All four orders match partially.
+  CHECK(kBleuB == doctest::Approx(0.5372849659));
+  CHECK(corpus_bleu4({kCand}, {kRef}) == doctest::Approx(kBleuB));
+  CHECK(research_bleu4({kCand}, {kRef}) == doctest::Approx(kBleuB));
+  // No 4-gram match: standard BLEU is 0; the research variant drops the order and
+  // takes the geometric mean of p1..p3 = 3/6, 2/5, 1/4.
+  const Seqs c = {{1, 2, 3, 7, 8, 9}}, r = {{1, 2, 3, 4, 5, 6}};
+  CHECK(corpus_bleu4(c, r) == 0.0);
+  CHECK(research_bleu4(c, r) == doctest::Approx(std::cbrt(0.5 * 0.4 * 0.25)));
+  // Nothing matches: 0 in both.
+  CHECK(research_bleu4({{7, 7}}, {{1, 2}}) == 0.0);
+  CHECK(corpus_bleu4({{7, 7}}, {{1, 2}}) == 0.0);
+  // Clipping: four 1s against one 1 count once; only unigrams remain in the variant.
+  CHECK(research_bleu4({{1, 1, 1, 1}}, {{1, 2, 3, 4}}) == doctest::Approx(0.25));
+  // Brevity penalty: a perfect half-length candidate scores exp(1 - 8/4).
+  CHECK(corpus_bleu4({{1, 2, 3, 4}}, {{1, 2, 3, 4, 5, 6, 7, 8}}) == doctest::Approx(std::exp(-1.0)));
+  CHECK(research_bleu4({{1, 2, 3, 4}}, {{1, 2, 3, 4, 5, 6, 7, 8}}) == doctest::Approx(std::exp(-1.0)));
+  // A corpus pools counts (10/11, 7/9, 5/7, 3/5); the variant averages sequence scores.
+  const Seqs cands = {kCand, {1, 2, 3, 4, 5}}, refs = {kRef, {1, 2, 3, 4, 5}};
+  CHECK(corpus_bleu4(cands, refs) == doctest::Approx(std::pow(10.0 / 11 * 7.0 / 9 * 5.0 / 7 * 3.0 / 5, 0.25)));
+  CHECK(research_bleu4(cands, refs) == doctest::Approx((kBleuB + 1.0) / 2));
+  CHECK(std::isnan(corpus_bleu4({}, {})));
+}
+
+TEST_CASE("token match, KL from log-probabilities, log-softmax, perplexity") {
+  CHECK(token_match_rate({{1, 2, 3}}, {{1, 5, 3, 4}}) == doctest::Approx(0.5));
+  CHECK(token_match_rate({{1, 2}, {3}}, {{1, 2}, {4}}) == doctest::Approx(2.0 / 3));
+  // p = softmax(0, ln 2) = (1/3, 2/3), q = (1/2, 1/2).
+  std::vector<double> lp, lq;
+  const float a[2] = {0.0f, static_cast<float>(std::log(2.0))}, b[2] = {3.0f, 3.0f};
+  log_softmax(a, 2, lp);
+  log_softmax(b, 2, lq);
+  CHECK(std::exp(lp[0]) == doctest::Approx(1.0 / 3));
+  CHECK(lq[1] == doctest::Approx(std::log(0.5)));
+  CHECK(kl_from_log_probs(lp, lq) == doctest::Approx(1.0 / 3 * std::log(2.0 / 3) + 2.0 / 3 * std::log(4.0 / 3)));
+  CHECK(kl_from_log_probs(lp, lp) == 0.0);
+  // Large logits do not overflow.
+  const float big[3] = {1000.0f, 999.0f, -1000.0f};
+  log_softmax(big, 3, lp);
+  CHECK(std::isfinite(lp[2]));
+  CHECK(std::exp(lp[0]) + std::exp(lp[1]) == doctest::Approx(1.0));
+  CHECK(perplexity({std::log(2.0), std::log(8.0)}) == doctest::Approx(4.0));
+}
+
+TEST_CASE("metric table: model metrics reduce ErrorStats::model") {
+  ErrorStats s;
+  CHECK(std::isnan(metric(s, "ppl")));
+  CHECK(std::isnan(metric(s, "gen_bleu4")));
+  s.model.nll = {1, 2, 3};
+  s.model.nll_base = {1, 1, 1};
+  s.model.kl = {0.1, 0.4, 0.2};
+  s.model.same_top = {1, 0, 1};
+  s.model.continuations = {kCand, {1, 2, 3, 4, 5}};
+  s.model.continuations_base = {kRef, {1, 2, 3, 4, 5}};
+  CHECK(metric(s, "ppl") == doctest::Approx(std::exp(2.0)));
+  CHECK(metric(s, "ppl_ratio") == doctest::Approx(std::exp(1.0)));
+  CHECK(metric(s, "next_token_kl_mean") == doctest::Approx(0.7 / 3));
+  CHECK(metric(s, "next_token_kl_median") == doctest::Approx(0.2));
+  CHECK(metric(s, "next_token_kl_p99") == doctest::Approx(0.2 + 0.98 * 0.2));
+  CHECK(metric(s, "next_token_kl_max") == doctest::Approx(0.4));
+  CHECK(metric(s, "same_top_rate") == doctest::Approx(2.0 / 3));
+  CHECK(metric(s, "gen_token_match") == doctest::Approx(10.0 / 11));
+  CHECK(metric(s, "gen_bleu4") == doctest::Approx(corpus_bleu4(s.model.continuations, s.model.continuations_base)));
+  CHECK(metric(s, "gen_bleu4_research") == doctest::Approx((kBleuB + 1.0) / 2));
+  // Merging pools positions and continuations.
+  ErrorStats twice = s;
+  twice.merge(s);
+  CHECK(twice.model.nll.size() == 6);
+  CHECK(metric(twice, "ppl_ratio") == doctest::Approx(std::exp(1.0)));
+  // Every model metric is in the table once, at the model level, with its direction.
+  int model_metrics = 0;
+  for (const MetricDef& m : metric_table()) {
+    if (m.level != MetricLevel::Model) continue;
+    ++model_metrics;
+    CHECK(static_cast<bool>(m.compute));
+    const bool higher = m.name == "same_top_rate" || m.name.rfind("gen_", 0) == 0;
+    CHECK((m.better == Better::Higher) == higher);
+    CHECK(m.needs_continuations == (m.name.rfind("gen_", 0) == 0));
+  }
+  CHECK(model_metrics == 10);
+}

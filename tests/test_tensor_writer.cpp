@@ -1,0 +1,126 @@
+// The tensor writers (sim/io/tensor_writer.h), checked by reading their files back with
+// the stores (which tests/test_tensor_store.cpp checks against the formats' specs).
+#include <cmath>
+#include <limits>
+
+#include "io_test_files.h"
+#include "sim/core/half.h"
+#include "sim/io/tensor_store.h"
+#include "sim/io/tensor_writer.h"
+
+using namespace kvb;
+using namespace kvb::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<float> kFloats = {-1.5f, 0.0f, 0.333333f, 65504.0f, 1e-7f, -3.25e-3f};
+const std::vector<int64_t> kInts = {-7, 0, 256, 2147483647, -2147483648LL, 42};
+
+bool no_temporaries(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().string().find(".tmp.") != std::string::npos) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: every writable dtype reads back, with metadata and 8-byte alignment") {
+  const fs::path dir = scratch_dir("writer_st");
+  const fs::path file = dir / "all.safetensors";
+  write_safetensors(file,
+                    {TensorToWrite::of_floats("f32", {2, 3}, kFloats.data(), DType::F32),
+                     TensorToWrite::of_floats("f16", {6}, kFloats.data(), DType::F16),
+                     TensorToWrite::of_floats("bf16", {3, 2}, kFloats.data(), DType::BF16),
+                     TensorToWrite::of_ints("i32", {6}, kInts.data(), DType::I32),
+                     TensorToWrite::of_ints("i64", {2, 3}, kInts.data(), DType::I64),
+                     TensorToWrite::of_floats("scalar", {}, kFloats.data() + 2, DType::F32),
+                     TensorToWrite::of_floats("empty", {0, 4}, kFloats.data(), DType::F16)},
+                    {{"model", "test"}, {"tokens", "6"}});
+  CHECK(no_temporaries(dir));
+  const auto store = TensorStore::open(file);
+  CHECK(store->metadata().at("model") == "test");
+  CHECK(store->info("bf16").dtype == DType::BF16);
+  CHECK(store->info("i64").shape == std::vector<int64_t>{2, 3});
+  CHECK(store->read_f32("f32").data == kFloats);
+  const Tensor f16 = store->read_f32("f16");
+  const Tensor bf16 = store->read_f32("bf16");
+  for (size_t i = 0; i < kFloats.size(); ++i) {
+    CHECK(f16.data[i] == round_to_f16(kFloats[i]));
+    CHECK(bf16.data[i] == round_to_bf16(kFloats[i]));
+  }
+  CHECK(store->read_i64("i32") == kInts);
+  CHECK(store->read_i64("i64") == kInts);
+  CHECK(store->read_f32("scalar").data == std::vector<float>{kFloats[2]});
+  CHECK(store->read_f32("empty").numel() == 0);
+  // The data section starts at a multiple of 8 bytes.
+  std::ifstream in(file, std::ios::binary);
+  uint8_t len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  CHECK((8 + n) % 8 == 0);
+}
+
+TEST_CASE("npy: F32, F16, I32 and I64 read back; shapes of rank 0, 1 and 3") {
+  const fs::path dir = scratch_dir("writer_npy");
+  write_npy(dir / "a.npy", TensorToWrite::of_floats("a", {3, 1, 2}, kFloats.data(), DType::F32));
+  write_npy(dir / "h.npy", TensorToWrite::of_floats("h", {6}, kFloats.data(), DType::F16));
+  write_npy(dir / "i.npy", TensorToWrite::of_ints("i", {6}, kInts.data(), DType::I32));
+  write_npy(dir / "l.npy", TensorToWrite::of_ints("l", {2, 3}, kInts.data(), DType::I64));
+  write_npy(dir / "s.npy", TensorToWrite::of_floats("s", {}, kFloats.data(), DType::F32));
+  CHECK(no_temporaries(dir));
+  const auto a = TensorStore::open(dir / "a.npy");
+  CHECK(a->info("a").shape == std::vector<int64_t>{3, 1, 2});
+  CHECK(a->read_f32("a").data == kFloats);
+  CHECK(TensorStore::open(dir / "h.npy")->read_f32("h").data[3] == 65504.0f);
+  CHECK(TensorStore::open(dir / "i.npy")->read_i64("i") == kInts);
+  CHECK(TensorStore::open(dir / "l.npy")->read_i64("l") == kInts);
+  CHECK(TensorStore::open(dir / "s.npy")->info("s").shape.empty());
+  // The header is padded so that the data starts at a multiple of 64 bytes.
+  CHECK((fs::file_size(dir / "a.npy") - 6 * 4) % 64 == 0);
+  // write_tensors picks the format from the extension.
+  write_tensors(dir / "b.npy", {TensorToWrite::of_floats("b", {2}, kFloats.data())});
+  CHECK(TensorStore::open(dir / "b.npy")->read_f32("b").data.size() == 2);
+}
+
+TEST_CASE("writer errors name the file and the tensor, and leave no file behind") {
+  const fs::path dir = scratch_dir("writer_errors");
+  const std::vector<int64_t> too_big = {1, int64_t{1} << 40};
+  std::string msg = error_of([&] {
+    write_safetensors(dir / "x.safetensors", {TensorToWrite::of_ints("ids", {2}, too_big.data(), DType::I32)});
+  });
+  CHECK(has(msg, "x.safetensors: tensor 'ids': value 1099511627776 at flat index 1 does not fit I32"));
+  CHECK(!fs::exists(dir / "x.safetensors"));
+  CHECK(no_temporaries(dir));
+  msg = error_of([&] {
+    write_safetensors(dir / "d.safetensors", {TensorToWrite::of_floats("a", {1}, kFloats.data()),
+                                              TensorToWrite::of_floats("a", {1}, kFloats.data())});
+  });
+  CHECK(has(msg, "tensor 'a' given twice"));
+  msg = error_of([&] { write_npy(dir / "b.npy", TensorToWrite::of_floats("b", {2}, kFloats.data(), DType::BF16)); });
+  CHECK(has(msg, "b.npy: tensor 'b': NumPy has no BF16 type"));
+  msg = error_of([&] {
+    write_tensors(dir / "two.npy", {TensorToWrite::of_floats("a", {1}, kFloats.data()),
+                                    TensorToWrite::of_floats("b", {1}, kFloats.data())});
+  });
+  CHECK(has(msg, "a .npy file holds one array"));
+  msg = error_of([&] { write_tensors(dir / "x.bin", {TensorToWrite::of_floats("a", {1}, kFloats.data())}); });
+  CHECK(has(msg, "unknown output extension '.bin'"));
+  msg = error_of([&] { write_safetensors(dir / "n.safetensors", {TensorToWrite::of_floats("a", {2}, nullptr)}); });
+  CHECK(has(msg, "no float values given"));
+  msg = error_of([&] { write_safetensors(dir / "no_dir" / "x.safetensors", {}); });
+  CHECK(has(msg, "cannot create"));
+  CHECK(parse_float_dtype("bfloat16", "--dtype") == DType::BF16);
+  CHECK(has(error_of([] { parse_float_dtype("f8", "--dtype"); }), "--dtype: unknown dtype 'f8'"));
+}
+
+TEST_CASE("an existing file is replaced only once the new one is complete") {
+  const fs::path dir = scratch_dir("writer_replace");
+  const fs::path file = dir / "t.safetensors";
+  write_safetensors(file, {TensorToWrite::of_floats("a", {6}, kFloats.data())});
+  const std::vector<int64_t> bad = {int64_t{1} << 40};
+  (void)error_of([&] { write_safetensors(file, {TensorToWrite::of_ints("a", {1}, bad.data(), DType::I32)}); });
+  CHECK(TensorStore::open(file)->read_f32("a").data == kFloats);
+  CHECK(no_temporaries(dir));
+}

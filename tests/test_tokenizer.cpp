@@ -1,0 +1,203 @@
+// Tokenizers and token sources (sim/model/tokenizer.h, load_tokens): the fixtures'
+// byte scheme, GPT-2 byte-level BPE from a small hand-written tokenizer.json whose
+// expected ids follow from GPT-2's pre-tokenization pattern and merge ranks, and
+// token id files.
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "io_test_files.h"
+#include "sim/io/tensor_writer.h"
+#include "sim/model/model_eval.h"
+#include "sim/model/tokenizer.h"
+
+using namespace kvb;
+using namespace kvb::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// GPT-2's byte alphabet, written out from its definition: printable Latin-1 bytes
+// ('!'..'~', 0xA1..0xAC, 0xAE..0xFF) stand for themselves, the other bytes, in order,
+// for U+0100, U+0101, ...
+std::string byte_symbol(int b) {
+  int next = 256;
+  for (int c = 0; c < 256; ++c) {
+    const bool printable = (c >= 33 && c <= 126) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
+    const int cp = printable ? c : next++;
+    if (c == b) {
+      std::string s;
+      if (cp < 0x80) s += static_cast<char>(cp);
+      else {
+        s += static_cast<char>(0xC0 | (cp >> 6));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+      return s;
+    }
+  }
+  return "";
+}
+
+// Vocabulary: the 256 byte symbols (id = byte value), then the merge results in rank
+// order (ids 256, 257, ...), then "<|endoftext|>".
+const std::vector<std::pair<std::string, std::string>> kMerges = {
+    {"Ġ", "t"}, {"h", "e"},    {"Ġt", "he"},   {"l", "l"},     {"e", "ll"}, {"H", "ell"}, {"Hell", "o"}, {"o", "r"},
+    {"Ġ", "w"}, {"Ġw", "or"},  {"Ġwor", "l"},  {"Ġworl", "d"}, {"'", "s"},  {"4", "2"},   {"Ġ", "42"},   {"!", "!"},
+    {"f", "Ã"}};
+
+fs::path write_tokenizer(const fs::path& dir, bool pair_merges, bool prefix_space) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_symbol(b)] = b;
+  nlohmann::json merges = nlohmann::json::array();
+  int id = 256;
+  for (const auto& [l, r] : kMerges) {
+    vocab[l + r] = id++;
+    if (pair_merges) merges.push_back({l, r});
+    else merges.push_back(l + " " + r);
+  }
+  nlohmann::json j = {
+      {"version", "1.0"},
+      {"added_tokens", {{{"id", id}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", prefix_space}, {"trim_offsets", true}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", merges}}}};
+  const fs::path p = dir / (std::string(pair_merges ? "pairs" : "strings") + (prefix_space ? "_prefix" : "") + ".json");
+  std::ofstream(p) << j.dump();
+  return p;
+}
+
+int64_t id_of(const BpeTokenizer& t, const std::string& token) {
+  const auto id = t.token_id(token);
+  REQUIRE_MESSAGE(id.has_value(), "no token " << token);
+  return *id;
+}
+
+std::vector<int64_t> bytes_of(const std::string& s) {
+  std::vector<int64_t> v;
+  for (char c : s) v.push_back(static_cast<unsigned char>(c));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("byte tokenizer: BOS then the bytes; decoding skips non-byte ids") {
+  const ByteTokenizer t(256);
+  CHECK(t.encode("Hi\n\xC3\xA9") == std::vector<int64_t>{256, 72, 105, 10, 0xC3, 0xA9});
+  CHECK(t.decode({256, 72, 105}) == "Hi");
+  CHECK(ByteTokenizer(std::nullopt).encode("A") == std::vector<int64_t>{65});
+}
+
+TEST_CASE("GPT-2 BPE: pre-tokenization pieces, merges by rank, added tokens, round trip") {
+  const fs::path dir = scratch_dir("bpe");
+  for (bool pairs : {false, true}) {
+    CAPTURE(pairs);
+    const auto tok = BpeTokenizer::load(write_tokenizer(dir, pairs, false));
+    CHECK(tok->vocab_size() == 256 + static_cast<int64_t>(kMerges.size()) + 1);
+    // Pieces: "Hello" " the" " world" "'s" " 42" "!!" "  \n" "\n" "x" (the last space
+    // of a run before a non-space goes to \s+ on its own when it is not ' ').
+    const std::string text = "Hello the world's 42!!  \n\nx";
+    std::vector<int64_t> want = {id_of(*tok, "Hello"), id_of(*tok, "Ġthe"), id_of(*tok, "Ġworld"), id_of(*tok, "'s"),
+                                 id_of(*tok, "Ġ42"),   id_of(*tok, "!!"),   ' ',                    ' ',
+                                 '\n',                 '\n',                'x'};
+    CHECK(tok->encode(text) == want);
+    CHECK(tok->decode(tok->encode(text)) == text);
+    // A space run before a word: all but the last space form one piece, the last
+    // joins the word (" the" merges); a merge never crosses pieces ("t" "he" stay
+    // apart in "xthe" because "Ġt" needs the space).
+    CHECK(tok->encode("a   the") == std::vector<int64_t>{'a', ' ', ' ', id_of(*tok, "Ġthe")});
+    CHECK(tok->encode("xthe") == std::vector<int64_t>{'x', 't', id_of(*tok, "he")});
+    // Letters beyond ASCII stay in their word: "f" + the first byte of "é" merges.
+    CHECK(tok->encode(" caf\xC3\xA9") == std::vector<int64_t>{' ', 'c', 'a', id_of(*tok, "fÃ"), 0xA9});
+    CHECK(tok->decode(tok->encode("na\xC3\xAFve caf\xC3\xA9")) == "na\xC3\xAFve caf\xC3\xA9");
+    // Numbers and symbols are their own pieces; contractions split off.
+    CHECK(tok->encode("x42") == std::vector<int64_t>{'x', id_of(*tok, "42")});
+    CHECK(tok->encode("it's") == std::vector<int64_t>{'i', 't', id_of(*tok, "'s")});
+    // Added tokens are matched literally before anything else.
+    const int64_t eot = id_of(*tok, "<|endoftext|>");
+    CHECK(tok->encode("x<|endoftext|> the") == std::vector<int64_t>{'x', eot, id_of(*tok, "Ġthe")});
+    CHECK(tok->decode({'x', eot}) == "x<|endoftext|>");
+  }
+  const auto prefixed = BpeTokenizer::load(write_tokenizer(dir, false, true));
+  CHECK(prefixed->encode("the") == std::vector<int64_t>{id_of(*prefixed, "Ġthe")});
+}
+
+TEST_CASE("BPE: what is not GPT-2 byte-level BPE is a named error") {
+  const fs::path dir = scratch_dir("bpe_errors");
+  const fs::path good = write_tokenizer(dir, false, false);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(good));
+  auto write = [&](const std::string& name, const nlohmann::json& v) {
+    std::ofstream(dir / name) << v.dump();
+    return error_of([&] { BpeTokenizer::load(dir / name); });
+  };
+  nlohmann::json wp = j;
+  wp["model"]["type"] = "WordPiece";
+  CHECK(has(write("wp.json", wp), "wp.json: key 'model.type': 'WordPiece' is not supported"));
+  nlohmann::json norm = j;
+  norm["normalizer"] = {{"type", "NFC"}};
+  CHECK(has(write("norm.json", norm), "key 'normalizer'"));
+  nlohmann::json pre = j;
+  pre["pre_tokenizer"] = {{"type", "Metaspace"}};
+  CHECK(has(write("pre.json", pre), "key 'pre_tokenizer': only the ByteLevel pre-tokenizer"));
+  nlohmann::json merge = j;
+  merge["model"]["merges"][3] = "nospace";
+  CHECK(has(write("merge.json", merge), "key 'model.merges': entry 3 'nospace'"));
+  std::ofstream(dir / "broken.json") << "{\"model\": ";
+  CHECK(has(error_of([&] { BpeTokenizer::load(dir / "broken.json"); }), "broken.json: malformed JSON"));
+  const auto tok = BpeTokenizer::load(good);
+  CHECK(has(error_of([&] { tok->decode({99999}); }), "token id 99999 is not in the vocabulary"));
+  // A vocabulary without some byte cannot encode it.
+  nlohmann::json holes = j;
+  holes["model"]["vocab"].erase(byte_symbol('z'));
+  std::ofstream(dir / "holes.json") << holes.dump();
+  const auto holey = BpeTokenizer::load(dir / "holes.json");
+  CHECK(has(error_of([&] { holey->encode("z"); }), "the vocabulary has no token 'z'"));
+}
+
+TEST_CASE("token id files: whitespace-separated text and .npy") {
+  const fs::path dir = scratch_dir("token_files");
+  std::ofstream(dir / "ids.txt") << "256 72\n105\t10  \n";
+  CHECK(read_token_ids(dir / "ids.txt") == std::vector<int64_t>{256, 72, 105, 10});
+  std::ofstream(dir / "bad.txt") << "1 2 x3 4";
+  CHECK(has(error_of([&] { read_token_ids(dir / "bad.txt"); }), "bad.txt: entry 2 'x3' is not an integer token id"));
+  const std::vector<int64_t> ids = {256, 1, 2, 3};
+  write_npy(dir / "ids.npy", TensorToWrite::of_ints("ids", {2, 2}, ids.data(), DType::I32));
+  CHECK(read_token_ids(dir / "ids.npy") == ids);
+  const std::vector<float> f = {1, 2};
+  write_npy(dir / "f.npy", TensorToWrite::of_floats("f", {2}, f.data()));
+  CHECK(has(error_of([&] { read_token_ids(dir / "f.npy"); }), "f.npy: token ids must be an integer array, got F32"));
+  CHECK(has(error_of([&] { read_token_ids(dir / "none.txt"); }), "none.txt: cannot open"));
+}
+
+TEST_CASE("load_tokens: BOS from the model config, max_tokens, tokenizer choice") {
+  const fs::path dir = scratch_dir("load_tokens");
+  std::ofstream(dir / "t.txt") << "In the beginning";
+  ModelConfig cfg;
+  cfg.vocab_size = 257;
+  cfg.bos_token_id = 256;
+  cfg.config_file = dir / "config.json";
+  TokenSource src;
+  src.text = dir / "t.txt";
+  std::vector<int64_t> want = {256};
+  for (int64_t b : bytes_of("In the beginning")) want.push_back(b);
+  CHECK(load_tokens(src, cfg) == want);
+  src.max_tokens = 4;
+  CHECK(load_tokens(src, cfg) == std::vector<int64_t>{256, 'I', 'n', ' '});
+  src.add_bos = false;
+  CHECK(load_tokens(src, cfg) == std::vector<int64_t>{'I', 'n', ' ', 't'});
+  // GPT-2 BPE: no BOS unless asked.
+  src = TokenSource{};
+  src.text = dir / "t.txt";
+  src.tokenizer = write_tokenizer(dir, false, false).string();
+  const std::vector<int64_t> bpe = load_tokens(src, cfg);
+  CHECK(bpe.front() == 'I');
+  CHECK(bpe.size() < want.size() - 1);  // " the" merged
+  src.add_bos = true;
+  CHECK(load_tokens(src, cfg).front() == 256);
+  cfg.bos_token_id.reset();
+  CHECK(has(error_of([&] { load_tokens(src, cfg); }), "has no bos_token_id"));
+  std::ofstream(dir / "one.txt") << "";
+  TokenSource one;
+  one.text = dir / "one.txt";
+  one.add_bos = false;
+  CHECK(has(error_of([&] { load_tokens(one, cfg); }), "0 token(s); evaluation needs at least 2"));
+}
