@@ -58,7 +58,7 @@ constexpr double kRecencyLowFreq = 0.25;
 constexpr double kEntropyTolBits = 1e-4;
 constexpr double kSinkMassTol = 1e-5;
 constexpr double kRhoTol = 1e-6;
-constexpr double kMaxContentGain = 1e5;
+constexpr double kMaxContentGain = 1e5;  // largest β · key_scale tried
 constexpr double kMaxSinkBonusNats = 60.0;
 constexpr int kMaxSolverSteps = 200;
 
@@ -72,6 +72,13 @@ constexpr int kMaxSolverSteps = 200;
 
 std::string num(double v) { return format_double(v); }
 std::string num(int64_t v) { return std::to_string(v); }
+// A measured value in a warning: 4 significant digits.
+std::string approx(double v) {
+  std::ostringstream os;
+  os.precision(4);
+  os << v;
+  return os.str();
+}
 
 int64_t positional_pair_count(const SyntheticSpec& s) {
   if (!(s.recency > 0)) return 0;
@@ -410,14 +417,18 @@ double solve_shared_weight(const Plan& P, const std::vector<double>& mean_shared
     }
     return mean_pairwise_cosine(rows.data(), n, d);
   };
+  // ρ(w) normally rises from ρ(0) (own parts only) to ρ(1) (shared direction only); with
+  // tiny head_dim or theta RoPE can turn the shared direction faster than the positional
+  // pairs, so the solver accepts either orientation.
   const double rho0 = rho_at(0.0), rho1 = rho_at(1.0);
-  if (target <= rho0 || target >= rho1) {
-    const bool low = std::abs(target - rho0) < std::abs(target - rho1);
-    const double reached = low ? rho0 : rho1;
+  const double lowest = std::min(rho0, rho1), highest = std::max(rho0, rho1);
+  if (target <= lowest || target >= highest) {
+    const bool nearer_w0 = std::abs(target - rho0) <= std::abs(target - rho1);
+    const double reached = nearer_w0 ? rho0 : rho1;
     if (std::abs(reached - target) > 1e-3)
-      warnings.push_back(where + ": target rho " + num(target) + " is outside the reachable [" + num(rho0) + ", " +
-                         num(rho1) + "]; clamped to " + num(reached));
-    return low ? 0.0 : 1.0;
+      warnings.push_back(where + ": target rho " + approx(target) + " is outside the reachable [" + approx(lowest) + ", " +
+                         approx(highest) + "]; clamped to " + approx(reached));
+    return nearer_w0 ? 0.0 : 1.0;
   }
   return solve_bracketed(rho_at, 0.0, rho0, 1.0, rho1, target, kRhoTol);
 }
@@ -546,9 +557,10 @@ struct GainSolution {
 };
 
 GainSolution solve_content_gain(const Plan& P, CalibrationScores& sc, double target) {
-  const double x_max = std::log(kMaxContentGain);
+  // Content scores scale with key_scale; so does the useful range of β.
+  const double x_start = -std::log(P.spec.key_scale), x_max = x_start + std::log(kMaxContentGain);
   double x_lo = -INFINITY, x_hi = INFINITY;  // H(x_lo) > target > H(x_hi)
-  double x = 0;
+  double x = x_start;
   GainSolution sol;
   for (int step = 0; step < kMaxSolverSteps; ++step) {
     const double beta = std::exp(x);
@@ -672,15 +684,15 @@ SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, Calibrat
   double beta = 0;
   if (target >= h_max - kEntropyTolBits) {
     if (target > h_max + 0.01)
-      warnings.push_back(where + ": entropy target " + num(target) + " bits exceeds the " + num(h_max) +
+      warnings.push_back(where + ": entropy target " + approx(target) + " bits exceeds the " + approx(h_max) +
                          " bits the causal prefix (and recency) allow; clamped (entropy_mean/entropy_spread)");
     target = std::min(target, h_max);
   } else {
     const GainSolution sol = solve_content_gain(P, scores, target);
     beta = sol.beta;
     if (!sol.reached) {
-      warnings.push_back(where + ": entropy target " + num(target) + " bits not reached; got " +
-                         num(sol.entropy_bits) + " bits (entropy_mean/entropy_spread)");
+      warnings.push_back(where + ": entropy target " + approx(target) + " bits not reached; got " +
+                         approx(sol.entropy_bits) + " bits (entropy_mean/entropy_spread)");
       target = sol.entropy_bits;
     }
   }
@@ -696,8 +708,8 @@ SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, Calibrat
     if (s.sink_mass <= m_lo || s.sink_mass >= m_hi) {
       const bool low = s.sink_mass <= m_lo;
       gamma = low ? -gmax : gmax;
-      warnings.push_back(where + ": sink_mass " + num(s.sink_mass) + " outside the reachable [" + num(m_lo) + ", " +
-                         num(m_hi) + "]; clamped");
+      warnings.push_back(where + ": sink_mass " + approx(s.sink_mass) + " outside the reachable [" + approx(m_lo) + ", " +
+                         approx(m_hi) + "]; clamped");
     } else {
       gamma = solve_bracketed(mass_at, -gmax, m_lo, gmax, m_hi, s.sink_mass, kSinkMassTol);
     }

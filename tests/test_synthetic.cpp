@@ -262,6 +262,21 @@ TEST_CASE("synthetic: unreachable entropy targets are clamped with a warning, no
   CHECK(kvb::head_entropy(rec, 0, 0, all_positions(rec)).shannon == doctest::Approx(uniform).epsilon(0.01));
 }
 
+TEST_CASE("synthetic: unreachable rho is clamped with a warning naming the field") {
+  // theta = 10 turns even the slowest RoPE pair by 0.1 rad per token: no direction stays
+  // shared over a phase, so post-RoPE keys cannot reach rho 0.6.
+  kvb::SyntheticSpec s = small_spec();
+  s.layers = 1;
+  s.rope = true;
+  s.rope_theta = 10;
+  s.rho_first = 0.6;
+  kvb::SyntheticReport report;
+  const kvb::Recording rec = kvb::generate_synthetic(s, &report);
+  REQUIRE(report.warnings.size() == 1);
+  CHECK(report.warnings[0].find("rho_first") != std::string::npos);
+  CHECK(kvb::key_rho(rec, 0, rec.tokens) < 0.1);
+}
+
 TEST_CASE("synthetic: sink heads put sink_mass on the sink tokens, other heads do not") {
   kvb::SyntheticSpec s = small_spec();
   s.sink_heads = 2;
