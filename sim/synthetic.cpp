@@ -22,7 +22,7 @@
 #include "sim/core/strings.h"
 #include "sim/metrics/attention.h"
 #include "sim/metrics/redundancy.h"
-#include "sim/synthetic_rng.h"
+#include "sim/core/rng.h"
 
 namespace kvb {
 namespace {
