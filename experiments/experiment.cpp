@@ -52,6 +52,8 @@ SyntheticSpec parse_synthetic(const ConfigTable& t, uint64_t seed) {
   s.rho_first = t.real("rho_first", s.rho_first);
   s.rho_second = t.real("rho_second", s.rho_second);
   s.phase_marker = t.integer("phase_marker", s.phase_marker);
+  s.sink_layers = t.integer("sink_layers", s.sink_layers);
+  s.calibration_queries = t.integer("calibration_queries", s.calibration_queries);
   s.key_scale = t.real("key_scale", s.key_scale);
   s.value_scale = t.real("value_scale", s.value_scale);
   return s;

@@ -209,7 +209,7 @@ std::string Report::write_frontier(const std::vector<PointResult>& results) cons
     std::snprintf(line, sizeof line, "  %8s %7s %12s", "bpe", "x fp16", "bytes");
     console << line;
     for (const std::string& o : spec_.metrics.pareto) {
-      std::snprintf(line, sizeof line, " %14s", o.substr(0, 14).c_str());
+      std::snprintf(line, sizeof line, " %20s", o.substr(0, 20).c_str());
       console << line;
     }
     console << "  point\n";
@@ -218,7 +218,7 @@ std::string Report::write_frontier(const std::vector<PointResult>& results) cons
       std::snprintf(line, sizeof line, "  %8.4f %7.3f %12.0f", r.bpe, 16.0 / r.bpe, r.bytes);
       console << line;
       for (const std::string& o : spec_.metrics.pareto) {
-        std::snprintf(line, sizeof line, " %14s", short_num(r.metrics[metric_index(o)]).c_str());
+        std::snprintf(line, sizeof line, " %20s", short_num(r.metrics[metric_index(o)]).c_str());
         console << line;
       }
       console << "  " << points_[r.id].key << "\n";

@@ -15,34 +15,50 @@ void Plan::assign_all(Kind kind, const FormatPtr& format) {
     for (int64_t g = 0; g < kv_heads_; ++g) unit(l, g, kind).segments = {Segment{0, tokens_, format}};
 }
 
-namespace {
-
-// A segment of a plan for `tokens` tokens, placed in a sequence of `context` tokens:
-// segments reaching the plan's end follow the context's end. Empty when it vanishes.
-Segment segment_at(const Segment& s, int64_t tokens, int64_t context) {
-  Segment out = s;
-  out.end = s.end >= tokens ? context : std::min(s.end, context);
-  out.begin = std::min(s.begin, context);
-  return out;
+bool RecentWindow::holds(int64_t t, int64_t j, int64_t first) const {
+  if (!active() || j < first || j > t) return false;
+  if (mode == Mode::Sliding) return j > t - size;
+  const int64_t flushed = first + size * ((t + 1 - first) / size);  // tokens before this are quantized
+  return j >= flushed;
 }
 
-}  // namespace
+int64_t RecentWindow::held_at(int64_t context, int64_t first) const {
+  if (!active() || context <= first) return 0;
+  if (mode == Mode::Sliding) return std::min(size, context - first);
+  return (context - first) % size;
+}
+
+bool Plan::has_windows() const {
+  for (const UnitPlan& u : units_)
+    if (u.window.active()) return true;
+  return false;
+}
 
 uint64_t Plan::storage_bits_at(int64_t context) const {
   uint64_t bits = 0;
   for (const UnitPlan& u : units_) {
+    // Segments that reach the recorded end stretch to `context`; a replacing window
+    // takes its tokens out of the stored range.
+    const int64_t held = u.window.held_at(context, prefill_);
+    const int64_t stored_end = u.window.extra_copy ? context : context - held;
     for (const Segment& s : u.segments) {
-      const Segment at = segment_at(s, tokens_, context);
-      if (at.end > at.begin) bits += s.format->storage_bits(at.end - at.begin, head_dim_);
+      const int64_t end = std::min(s.end >= tokens_ ? context : s.end, stored_end);
+      const int64_t begin = std::min(s.begin, stored_end);
+      if (end > begin) bits += s.format->storage_bits(end - begin, head_dim_);
     }
+    if (held > 0) bits += u.window.format->storage_bits(held, head_dim_);
   }
   return bits;
 }
 
 UnitPlan Plan::unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context) const {
+  const UnitPlan& u = unit(layer, kv_head, kind);
   UnitPlan out;
-  for (const Segment& s : unit(layer, kv_head, kind).segments) {
-    const Segment at = segment_at(s, tokens_, context);
+  out.window = u.window;
+  for (const Segment& s : u.segments) {
+    Segment at = s;
+    at.end = s.end >= tokens_ ? context : std::min(s.end, context);
+    at.begin = std::min(s.begin, context);
     if (at.end > at.begin) out.segments.push_back(at);
   }
   return out;
@@ -54,6 +70,8 @@ double Plan::bpe_at(int64_t context) const {
 }
 
 std::string Plan::check() const {
+  if (prefill_ < 0 || prefill_ > tokens_)
+    return "prefill " + std::to_string(prefill_) + " outside [0, " + std::to_string(tokens_) + "]";
   for (int64_t l = 0; l < layers_; ++l)
     for (int64_t g = 0; g < kv_heads_; ++g)
       for (Kind kind : {Kind::Key, Kind::Value}) {
@@ -72,6 +90,8 @@ std::string Plan::check() const {
         }
         if (next != tokens_)
           return where.str() + ": segments end at token " + std::to_string(next) + ", not " + std::to_string(tokens_);
+        if (u.window.size < 0) return where.str() + ": negative window size";
+        if (u.window.size > 0 && !u.window.format) return where.str() + ": window without a format";
       }
   return {};
 }
@@ -88,7 +108,15 @@ std::string Plan::describe() const {
     for (const auto& [name, n] : m) out += (out.empty() ? "" : "+") + name;
     return out;
   };
-  return "K:" + list(k_count) + " V:" + list(v_count);
+  std::string out = "K:" + list(k_count) + " V:" + list(v_count);
+  for (Kind kind : {Kind::Key, Kind::Value}) {
+    const RecentWindow& w = unit(0, 0, kind).window;
+    if (w.active())
+      out += std::string(" ") + kind_name(kind) + "window:" + std::to_string(w.size) + "x" + w.format->name() +
+             (w.mode == RecentWindow::Mode::Chunked ? "/chunked" : "/sliding") + (w.extra_copy ? "/copy" : "");
+  }
+  if (prefill_ > 0) out += " prefill:" + std::to_string(prefill_);
+  return out;
 }
 
 }  // namespace kvb

@@ -1,6 +1,14 @@
 // Plan: who gets which precision. For every cache unit (layer, KV head, K or V) a
-// list of token-range segments, each stored with one Format. A Plan's memory is
-// computed from its formats (Format::storage_bits), never assumed.
+// list of token-range segments, each stored with one Format, and optionally a
+// recency window whose tokens are seen at another precision relative to each query
+// (methods.md §3). A Plan's memory is computed from its formats
+// (Format::storage_bits), never assumed.
+//
+// Time semantics: the query at position t sees key/value j <= t as
+//   - the exact value, if t < prefill (prompt attention runs before the cache is
+//     written, as in Hugging Face's QuantizedCache prefill);
+//   - the window version, if the unit's window holds j at time t;
+//   - the stored (segment) version otherwise.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,8 +24,32 @@ struct Segment {
   FormatPtr format;
 };
 
+// Recent tokens at higher precision, relative to the query (never a static "last W
+// tokens of the recording", which would flatter windows).
+struct RecentWindow {
+  enum class Mode {
+    Sliding,  // the last W tokens: t - W < j <= t (quant.cpp --k-window)
+    Chunked,  // a residual flushed every W tokens (KIVI, HF QuantizedCache):
+              // j >= first + W * floor((t + 1 - first) / W), first = the plan's prefill
+  };
+  int64_t size = 0;   // W tokens; 0 = no window
+  FormatPtr format;   // precision of window tokens, e.g. keep-fp16
+  Mode mode = Mode::Sliding;
+  // false: window tokens replace their quantized copy (KIVI, HF); true: the window
+  // is an extra copy beside the complete quantized cache (quant.cpp) and costs W·p.
+  bool extra_copy = false;
+
+  bool active() const { return size > 0 && format != nullptr; }
+  // Whether the query at t sees token j <= t in window precision; `first` is the
+  // first token the window may hold (the plan's prefill).
+  bool holds(int64_t t, int64_t j, int64_t first) const;
+  // Tokens held at the end of a context of `context` tokens (what memory counts).
+  int64_t held_at(int64_t context, int64_t first) const;
+};
+
 struct UnitPlan {
   std::vector<Segment> segments;  // sorted, disjoint, covering [0, T)
+  RecentWindow window;            // optional
 };
 
 enum class Kind : int { Key = 0, Value = 1 };
@@ -33,6 +65,12 @@ class Plan {
   int64_t tokens() const { return tokens_; }
   int64_t head_dim() const { return head_dim_; }
 
+  // Tokens [0, prefill) form a prompt processed before the cache is written: queries
+  // t < prefill attend exact keys/values, and windows only hold tokens >= prefill.
+  int64_t prefill() const { return prefill_; }
+  void set_prefill(int64_t tokens) { prefill_ = tokens; }
+  bool has_windows() const;
+
   UnitPlan& unit(int64_t layer, int64_t kv_head, Kind kind) { return units_[index(layer, kv_head, kind)]; }
   const UnitPlan& unit(int64_t layer, int64_t kv_head, Kind kind) const {
     return units_[index(layer, kv_head, kind)];
@@ -40,7 +78,9 @@ class Plan {
   // Every unit of one kind, e.g. to give all keys one format.
   void assign_all(Kind kind, const FormatPtr& format);
 
-  // Exact storage in bits of the whole cache at the recorded context.
+  // Exact storage in bits of the whole cache at the recorded context: segments, plus
+  // the window's tokens at window precision (replacing their stored copy unless the
+  // window is an extra copy).
   uint64_t storage_bits() const { return storage_bits_at(tokens_); }
   // The same plan at another context length: segments that reach the recorded end
   // are extended (or cut) to `context`; earlier segments (sinks, a first phase) keep
@@ -52,11 +92,12 @@ class Plan {
   // Bytes of the cache at a context: bpe * elements / 8.
   double bytes_at(int64_t context) const { return static_cast<double>(storage_bits_at(context)) / 8.0; }
 
-  // The unit's segments for a sequence of `context` tokens (a cache that has grown to,
-  // or beyond, a different length than the plan's T), by storage_bits_at's rule:
+  // The unit for a sequence of `context` tokens (a cache that has grown to, or
+  // beyond, a different length than the plan's T), by storage_bits_at's rule:
   // segments that reach T are extended (or cut) to `context`; earlier ones keep their
   // tokens, cut at `context`; segments starting at or beyond `context` are dropped.
-  // The result covers [0, context). The model's KV cache reconstructs through it.
+  // The segments cover [0, context); the window is the unit's (it is relative to the
+  // query, not to T). The model's KV cache reconstructs through it.
   UnitPlan unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context) const;
 
   // Empty when every unit's segments cover [0, T) in order with formats that accept
@@ -71,6 +112,7 @@ class Plan {
     return static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + static_cast<int>(kind));
   }
   int64_t layers_ = 0, kv_heads_ = 0, tokens_ = 0, head_dim_ = 0;
+  int64_t prefill_ = 0;
   std::vector<UnitPlan> units_;
 };
 

@@ -45,28 +45,87 @@ float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::
   return static_cast<float>(common) / static_cast<float>(k);
 }
 
+// One unit's reconstruction error as the attention of each query sees it.
+// stored: x̂ - x of the segment version [T, d]; window: x̂ - x of the window version
+// [T, d] (empty when the unit has no window).
+struct UnitDelta {
+  std::vector<float> stored, window;
+  const RecentWindow* win = nullptr;
+  bool has_window() const { return !window.empty(); }
+};
+
+// Which version of token j the query at t sees (Plan's time semantics).
+enum class Seen { Exact, Stored, Window };
+inline Seen seen_version(const UnitDelta& u, int64_t t, int64_t j, int64_t prefill) {
+  if (t < prefill) return Seen::Exact;
+  if (u.has_window() && u.win->holds(t, j, prefill)) return Seen::Window;
+  return Seen::Stored;
+}
+
 // Per-thread scratch for one query head.
 struct HeadScratch {
-  RowMat scores, dscores, probs, dprobs, out, dout;
+  RowMat scores, dscores, dscores_win, probs, dprobs, phat_stored, phat_win, out, dout;
   std::vector<double> p, phat, dp;  // p, p̂ and p̂ - p of one row
+  std::vector<float> ds;            // Δs of one row as the query sees the cache
   std::vector<int32_t> ia, ib;
 };
 
+// Causal attention of one row: p from the reference scores s[0..n), and p̂ from
+// s + Δs. Fills p, dp = p̂ - p and p̂; returns KL(p || p̂) in nats.
+//   p̂_j = p_j e^{Δs_j} / (1 + A),  A = Σ p_j (e^{Δs_j} - 1)
+//   KL  = log(1 + A) - Σ p_j Δs_j
+// expm1/log1p keep tiny errors exact (Δs = 0 gives exactly 0); large shifts use
+// the max-shifted form.
+double row_attention(const float* s, const float* ds, int64_t n, HeadScratch& h) {
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, static_cast<double>(s[j]));
+  double z = 0;
+  for (int64_t j = 0; j < n; ++j) z += (h.p[j] = std::exp(static_cast<double>(s[j]) - mx));
+  for (int64_t j = 0; j < n; ++j) h.p[j] /= z;
+  double dmx = -INFINITY, mean_ds = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    dmx = std::max(dmx, static_cast<double>(ds[j]));
+    mean_ds += h.p[j] * ds[j];
+  }
+  double kl;
+  if (dmx < 30.0) {
+    double a = 0;
+    for (int64_t j = 0; j < n; ++j) a += h.p[j] * std::expm1(static_cast<double>(ds[j]));
+    for (int64_t j = 0; j < n; ++j) h.dp[j] = h.p[j] * (std::expm1(static_cast<double>(ds[j])) - a) / (1.0 + a);
+    kl = std::log1p(a) - mean_ds;
+  } else {
+    double zhat = 0;
+    for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = h.p[j] * std::exp(ds[j] - dmx));
+    for (int64_t j = 0; j < n; ++j) h.dp[j] = h.phat[j] / zhat - h.p[j];
+    kl = std::log(zhat) + dmx - mean_ds;
+  }
+  for (int64_t j = 0; j < n; ++j) h.phat[j] = h.p[j] + h.dp[j];
+  return std::max(0.0, kl);
+}
+
 // Adds the rows of query head h (positions `pos`) to stats.
-void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* khat_delta, const float* vdelta, const std::vector<int64_t>& pos, const SimOptions& opt,
-                   HeadScratch& s, ErrorStats& stats) {
+//   o  = P·V
+//   Δo = (P̂ - P)·V + P̂_stored·ΔV_stored + P̂_window·ΔV_window
+// where P̂_stored / P̂_window keep the entries whose value the query sees in that
+// version (entries of exact versions drop out).
+void simulate_head(const Recording& rec, const Plan& plan, int64_t layer, int64_t h, const UnitDelta& dk,
+                   const UnitDelta& dv, const std::vector<int64_t>& pos, const SimOptions& opt, HeadScratch& s,
+                   ErrorStats& stats) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
-  const int64_t T = rec.tokens, d = rec.head_dim;
+  const int64_t T = rec.tokens, d = rec.head_dim, prefill = plan.prefill();
   const int64_t g = rec.kv_head_of(h);
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
+  const bool mixed_k = dk.has_window() || prefill > 0;  // Δs needs per-(t, j) selection
+  const bool mixed_v = dv.has_window() || prefill > 0;
   ConstRowMap Q(L.query.slice(h), T, d);
   ConstRowMap K(L.key.slice(g), T, d);
   ConstRowMap V(L.value.slice(g), T, d);
-  ConstRowMap dK(khat_delta, T, d);
-  ConstRowMap dV(vdelta, T, d);
+  ConstRowMap dK(dk.stored.data(), T, d);
+  ConstRowMap dV(dv.stored.data(), T, d);
   s.p.resize(static_cast<size_t>(T));
   s.phat.resize(static_cast<size_t>(T));
   s.dp.resize(static_cast<size_t>(T));
+  s.ds.resize(static_cast<size_t>(T));
 
   for (size_t b0 = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block)) {
     const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
@@ -76,50 +135,36 @@ void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* 
     for (int64_t r = 0; r < rows; ++r) Qb.row(r) = Q.row(pos[b0 + static_cast<size_t>(r)]);
     s.scores.noalias() = (Qb * K.topRows(cols).transpose()) * inv_sqrt_d;
     s.dscores.noalias() = (Qb * dK.topRows(cols).transpose()) * inv_sqrt_d;
+    if (dk.has_window()) {
+      ConstRowMap dKw(dk.window.data(), T, d);
+      s.dscores_win.noalias() = (Qb * dKw.topRows(cols).transpose()) * inv_sqrt_d;
+    }
     s.probs.setZero(rows, cols);
     s.dprobs.setZero(rows, cols);
+    if (mixed_v) s.phat_stored.setZero(rows, cols);
+    if (dv.has_window()) s.phat_win.setZero(rows, cols);
 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = pos[b0 + static_cast<size_t>(r)];
       const int64_t n = t + 1;
-      const float* sr = s.scores.row(r).data();
       const float* dsr = s.dscores.row(r).data();
-      // p from the reference scores (double).
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, static_cast<double>(sr[j]));
-      double z = 0;
-      for (int64_t j = 0; j < n; ++j) z += (s.p[j] = std::exp(static_cast<double>(sr[j]) - mx));
-      for (int64_t j = 0; j < n; ++j) s.p[j] /= z;
-      // p̂_j = p_j e^{Δs_j} / (1 + A) with A = Σ p_j (e^{Δs_j} - 1), and
-      // KL(p || p̂) = log(1 + A) - Σ p_j Δs_j. expm1/log1p keep tiny errors exact
-      // (Δs = 0 gives exactly 0); large shifts use the max-shifted form.
-      double dmx = -INFINITY, mean_ds = 0, err2 = 0, errmax = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        const double ds = dsr[j];
-        dmx = std::max(dmx, ds);
-        mean_ds += s.p[j] * ds;
-        err2 += ds * ds;
-        errmax = std::max(errmax, std::fabs(ds));
+      if (mixed_k) {
+        for (int64_t j = 0; j < n; ++j) {
+          const Seen v = seen_version(dk, t, j, prefill);
+          s.ds[j] = v == Seen::Exact ? 0.0f : (v == Seen::Window ? s.dscores_win(r, j) : dsr[j]);
+        }
+        dsr = s.ds.data();
       }
-      double kl = 0;
-      if (dmx < 30.0) {
-        double a = 0;
-        for (int64_t j = 0; j < n; ++j) a += s.p[j] * std::expm1(static_cast<double>(dsr[j]));
-        for (int64_t j = 0; j < n; ++j)
-          s.dp[j] = s.p[j] * (std::expm1(static_cast<double>(dsr[j])) - a) / (1.0 + a);
-        kl = std::log1p(a) - mean_ds;
-      } else {
-        double zhat = 0;
-        for (int64_t j = 0; j < n; ++j) zhat += (s.phat[j] = s.p[j] * std::exp(dsr[j] - dmx));
-        for (int64_t j = 0; j < n; ++j) s.dp[j] = s.phat[j] / zhat - s.p[j];
-        kl = std::log(zhat) + dmx - mean_ds;
-      }
-      for (int64_t j = 0; j < n; ++j) s.phat[j] = s.p[j] + s.dp[j];
       AttentionRow row;
       row.layer = static_cast<int32_t>(layer);
       row.q_head = static_cast<int32_t>(h);
       row.position = static_cast<int32_t>(t);
-      row.kl = static_cast<float>(std::max(0.0, kl));
+      row.kl = static_cast<float>(row_attention(s.scores.row(r).data(), dsr, n, s));
+      double err2 = 0, errmax = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        err2 += static_cast<double>(dsr[j]) * dsr[j];
+        errmax = std::max(errmax, std::fabs(static_cast<double>(dsr[j])));
+      }
       row.logit_err2 = static_cast<float>(err2);
       row.logit_err_max = static_cast<float>(errmax);
       row.topk_overlap = topk_overlap(s.p.data(), s.phat.data(), n, opt.topk, s.ia, s.ib);
@@ -127,19 +172,61 @@ void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* 
         s.probs(r, j) = static_cast<float>(s.p[j]);
         s.dprobs(r, j) = static_cast<float>(s.dp[j]);
       }
+      if (mixed_v) {
+        for (int64_t j = 0; j < n; ++j) {
+          const Seen v = seen_version(dv, t, j, prefill);
+          if (v == Seen::Stored) s.phat_stored(r, j) = static_cast<float>(s.phat[j]);
+          else if (v == Seen::Window) s.phat_win(r, j) = static_cast<float>(s.phat[j]);
+        }
+      }
       stats.rows.push_back(row);
       stats.logit_pairs += n;
     }
-    // o = P·V and Δo = P̂·ΔV + (P̂ - P)·V, with P̂ = P + ΔP.
     s.out.noalias() = s.probs * V.topRows(cols);
     s.dout.noalias() = s.dprobs * V.topRows(cols);
-    s.dout.noalias() += (s.probs + s.dprobs) * dV.topRows(cols);
+    if (mixed_v) {
+      s.dout.noalias() += s.phat_stored * dV.topRows(cols);
+      if (dv.has_window()) {
+        ConstRowMap dVw(dv.window.data(), T, d);
+        s.dout.noalias() += s.phat_win * dVw.topRows(cols);
+      }
+    } else {
+      s.dout.noalias() += (s.probs + s.dprobs) * dV.topRows(cols);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       AttentionRow& row = stats.rows[stats.rows.size() - static_cast<size_t>(rows - r)];
       row.out_norm2 = s.out.row(r).squaredNorm();
       row.out_err2 = s.dout.row(r).squaredNorm();
     }
   }
+}
+
+// Reconstructs one unit and returns its errors (stored and window versions), adding
+// the tensor-level error of the stored version to stats.
+UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
+                     const SimOptions& opt, double& err2, double& norm2) {
+  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
+  const int64_t n = rec.tokens * rec.head_dim;
+  const float* x = (kind == Kind::Key ? L.key : L.value).slice(g);
+  const UnitPlan& unit = plan.unit(layer, g, kind);
+  UnitDelta u;
+  u.stored.resize(static_cast<size_t>(n));
+  reconstruct_unit(unit, x, rec.tokens, rec.head_dim, SpanInfo{layer, g, kind == Kind::Key, 0, opt.seed},
+                   u.stored.data());
+  for (int64_t i = 0; i < n; ++i) {
+    u.stored[i] -= x[i];
+    err2 += static_cast<double>(u.stored[i]) * u.stored[i];
+    norm2 += static_cast<double>(x[i]) * x[i];
+  }
+  if (unit.window.active()) {
+    u.win = &unit.window;
+    u.window.resize(static_cast<size_t>(n));
+    unit.window.format->roundtrip(ConstMatView{x, rec.tokens, rec.head_dim, rec.head_dim},
+                                  MatView{u.window.data(), rec.tokens, rec.head_dim, rec.head_dim},
+                                  SpanInfo{layer, g, kind == Kind::Key, 0, opt.seed});
+    for (int64_t i = 0; i < n; ++i) u.window[i] -= x[i];
+  }
+  return u;
 }
 
 }  // namespace
@@ -162,34 +249,20 @@ void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {
-  const int64_t T = rec.tokens, d = rec.head_dim;
   std::vector<int64_t> pos = opt.positions;
   if (pos.empty()) {
-    pos.resize(static_cast<size_t>(T));
+    pos.resize(static_cast<size_t>(rec.tokens));
     std::iota(pos.begin(), pos.end(), 0);
   }
-  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
   ErrorStats stats;
-  std::vector<float> khat(static_cast<size_t>(T * d)), vhat(static_cast<size_t>(T * d));
-  std::vector<float> kdelta(static_cast<size_t>(T * d)), vdelta(static_cast<size_t>(T * d));
   HeadScratch scratch;
   for (int64_t g = 0; g < rec.kv_heads; ++g) {
-    reconstruct_unit(rec, plan, layer, g, Kind::Key, opt, khat.data());
-    reconstruct_unit(rec, plan, layer, g, Kind::Value, opt, vhat.data());
-    const float* k = L.key.slice(g);
-    const float* v = L.value.slice(g);
-    for (int64_t i = 0; i < T * d; ++i) {
-      kdelta[i] = khat[i] - k[i];
-      vdelta[i] = vhat[i] - v[i];
-      stats.k_err2 += static_cast<double>(kdelta[i]) * kdelta[i];
-      stats.k_norm2 += static_cast<double>(k[i]) * k[i];
-      stats.v_err2 += static_cast<double>(vdelta[i]) * vdelta[i];
-      stats.v_norm2 += static_cast<double>(v[i]) * v[i];
-    }
+    const UnitDelta dk = unit_delta(rec, plan, layer, g, Kind::Key, opt, stats.k_err2, stats.k_norm2);
+    const UnitDelta dv = unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2);
     for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-      simulate_head(rec, layer, h, kdelta.data(), vdelta.data(), pos, opt, scratch, stats);
+      simulate_head(rec, plan, layer, h, dk, dv, pos, opt, scratch, stats);
   }
-  // Rows in (q_head, position) order within the layer.
+  // Rows are in (q_head, position) order within the layer.
   return stats;
 }
 

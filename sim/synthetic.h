@@ -1,11 +1,30 @@
 // Seeded synthetic recordings whose attention has controlled, measurable structure.
 //
 // The same spec and seed give the same tensors bit for bit on every run and for any
-// thread count (own RNG and normal transform, no std:: distributions). Every control below is a property of the attention computed from the
-// generated queries and keys (causal softmax(q·kᵀ/√d)), and tests/test_synthetic.cpp
-// measures each one.
+// thread count (own RNG and normal transform, no std:: distributions). Every control
+// below is a property of the attention computed from the generated queries and keys
+// (causal softmax(q·kᵀ/√d), sim/metrics/attention.h) or of the keys themselves
+// (sim/metrics/redundancy.h), and tests/test_synthetic.cpp measures each one.
+//
+// How (details in sim/synthetic.cpp): head_dim is cut into rotary pairs (channel i with
+// i + d/2) with separate jobs, so that every score decomposes exactly into
+//   s(t, j) = content(t, j) + recency(t − j) + sink bonus(j):
+//   - content pairs: key = D·(√w·A·u_phase + √(1−w)·key_scale·z_j), u a seeded direction
+//     shared by a phase's keys (its weight w sets ρ), z_j Gaussian, D the outlier scaling;
+//     the query is β·(direction of a seeded target key's own part z before D, plus
+//     noise), so a head "looks for" one earlier token and β sets how sharply;
+//   - positional pairs: rotating key/query components whose dot product is
+//     recency·mean_p cos(ω_p (t − j)) (with RoPE: constant pre-RoPE vectors in the RoPE
+//     pairs of matching frequency, exactly as RoPE models learn it);
+//   - one sink pair (the slowest): sink keys carry a large component there, sink heads'
+//     queries a matching one of calibrated size.
+// Then w (per layer and phase) is solved so the research ρ hits its target, β per head so
+// the head's mean entropy hits its target, the sink gain so sink heads put sink_mass on
+// the sink tokens.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "sim/recording.h"
 
@@ -15,8 +34,8 @@ struct SyntheticSpec {
   uint64_t seed = 0;
   int64_t layers = 2;
   int64_t q_heads = 8;
-  int64_t kv_heads = 8;   // q_heads must be a multiple
-  int64_t head_dim = 64;  // even (RoPE pairs)
+  int64_t kv_heads = 8;   // q_heads must be a multiple (GQA: q head h reads kv head h / (q_heads/kv_heads))
+  int64_t head_dim = 64;  // must be even with RoPE; odd sizes leave the last channel as content
   int64_t tokens = 256;
 
   // Per-head mean Shannon attention entropy (bits, mean over query positions) of the
@@ -27,17 +46,21 @@ struct SyntheticSpec {
 
   // Attention sinks: the first sink_tokens positions receive, in each sink head,
   // sink_mass of the attention on average over query positions. sink_heads heads per
-  // layer (the lowest-entropy slots) are sink heads; 0 disables sinks.
+  // layer (the lowest-entropy slots) are sink heads; 0 disables sinks. sink_layers > 0
+  // restricts sink heads to that many layers (a seeded choice), e.g. sink_heads = 1,
+  // sink_layers = 3 gives 3 sink heads among 144 as reported for GPT-2; 0 = every layer.
   int64_t sink_tokens = 1;
   int64_t sink_heads = 0;
   double sink_mass = 0.6;
+  int64_t sink_layers = 0;
 
   // Recency: a positional score bonus of `recency` nats at distance 0 decaying over
-  // about recency_scale tokens (sum of rotary cosines), in every head. 0 disables.
+  // about recency_scale tokens (mean of rotary cosines), in every head. 0 disables.
   double recency = 0.0;
   double recency_scale = 32.0;
 
-  // Key outlier channels: this many channels per KV head scaled by outlier_scale.
+  // Key outlier channels: this many channels per KV head scaled by outlier_scale
+  // (pre-RoPE keys: the channels are fixed there, as in real models).
   int64_t outlier_channels = 0;
   double outlier_scale = 8.0;
 
@@ -59,9 +82,56 @@ struct SyntheticSpec {
 
   double key_scale = 1.0;    // typical key norm / sqrt(head_dim)
   double value_scale = 1.0;  // values ~ N(0, value_scale^2)
+
+  // Query positions the entropy and sink calibration measure (spread evenly over
+  // 1..T-1, as spread_positions()). More is more exact and slower.
+  int64_t calibration_queries = 512;
 };
 
-// Validates the spec (clear kvb::ConfigError naming the field) and generates.
-Recording generate_synthetic(const SyntheticSpec& spec);
+// How the channels of every head are used (indices into head_dim). Rotary pair p is
+// channels p and p + head_dim/2.
+struct SyntheticChannels {
+  std::vector<int64_t> positional;  // recency pairs' channels (empty when recency = 0)
+  std::vector<double> positional_freq;  // radians per token of each positional pair
+  std::vector<int64_t> sink;        // the sink pair's channels (empty without sink heads)
+  std::vector<int64_t> content;     // every other channel
+  // Content channels that carry the shared phase direction u: all of them without RoPE;
+  // with RoPE the slowest-rotating quarter (a direction RoPE barely turns, so keys can
+  // stay similar across a long phase).
+  std::vector<int64_t> shared;
+};
+
+struct SyntheticHeadReport {
+  bool sink = false;
+  double entropy_target = 0;      // bits, after clamping (sink heads: their content slot)
+  double entropy_calibrated = 0;  // bits, mean over the calibration positions
+  double sink_mass_calibrated = 0;  // mean mass on the sink tokens, calibration positions
+  double content_gain = 0;        // β: query content norm
+  double sink_gain = 0;           // query component on the sink channel (0 for non-sink heads)
+};
+
+struct SyntheticLayerReport {
+  double shared_weight_first = 0, shared_weight_second = 0;  // w per phase
+  double rho_first = 0, rho_second = 0;  // research ρ of this layer after generation
+  std::vector<std::vector<int64_t>> outlier_channels;  // [kv_heads] -> sorted channels
+  std::vector<SyntheticHeadReport> heads;              // [q_heads]
+};
+
+// What the generator aimed for and reached; `warnings` lists every target it had to
+// clamp (unreachable entropy, ρ or sink mass), naming layer, head and spec field.
+struct SyntheticReport {
+  SyntheticChannels channels;
+  int64_t phase_boundary = 0;  // first token of the second phase (= T for one phase)
+  std::vector<SyntheticLayerReport> layers;
+  std::vector<std::string> warnings;
+};
+
+// Throws kvb::ConfigError naming the first bad field and why.
+void validate_synthetic_spec(const SyntheticSpec& spec);
+
+// Validates the spec and generates. When `report` is given it receives the calibration
+// details; the recording's metadata carries the spec, the measured ρ per phase and the
+// warnings either way.
+Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report = nullptr);
 
 }  // namespace kvb

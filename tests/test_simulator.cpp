@@ -1,5 +1,6 @@
 // The simulator (sim/simulator.*) against hand-computed attention errors, plans'
 // memory accounting, GQA head mapping and determinism.
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -207,4 +208,164 @@ TEST_CASE("quantiles interpolate like NumPy") {
   std::vector<double> v(101);
   std::iota(v.begin(), v.end(), 0.0);
   CHECK(quantile(v, 0.99) == doctest::Approx(99.0));
+}
+
+namespace {
+
+// Brute-force reference of the time semantics: for every evaluated (t, j) the
+// version of key/value j the query at t sees is assembled explicitly, and attention
+// is computed in double precision from scratch.
+struct Reference {
+  double kl = 0, out_rel = 0;
+};
+Reference brute_force(const Recording& rec, const Plan& plan, int64_t layer, int64_t h, int64_t t) {
+  const int64_t T = rec.tokens, d = rec.head_dim, g = rec.kv_head_of(h);
+  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
+  auto version = [&](Kind kind, bool window) {
+    std::vector<float> out(static_cast<size_t>(T * d));
+    const float* x = (kind == Kind::Key ? L.key : L.value).slice(g);
+    const UnitPlan& u = plan.unit(layer, g, kind);
+    if (window) u.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{out.data(), T, d, d}, SpanInfo{});
+    else reconstruct_unit(u, x, T, d, SpanInfo{}, out.data());
+    return out;
+  };
+  auto pick = [&](Kind kind, int64_t j, const std::vector<float>& stored, const std::vector<float>& win) {
+    const UnitPlan& u = plan.unit(layer, g, kind);
+    const float* x = (kind == Kind::Key ? L.key : L.value).slice(g) + j * d;
+    if (t < plan.prefill()) return std::vector<double>(x, x + d);
+    const std::vector<float>& src = u.window.holds(t, j, plan.prefill()) ? win : stored;
+    return std::vector<double>(src.begin() + j * d, src.begin() + (j + 1) * d);
+  };
+  const std::vector<float> ks = version(Kind::Key, false), vs = version(Kind::Value, false);
+  const bool kw = plan.unit(layer, g, Kind::Key).window.active(), vw = plan.unit(layer, g, Kind::Value).window.active();
+  const std::vector<float> kwin = kw ? version(Kind::Key, true) : ks, vwin = vw ? version(Kind::Value, true) : vs;
+  const float* q = L.query.slice(h) + t * d;
+  std::vector<double> s(t + 1), sh(t + 1);
+  for (int64_t j = 0; j <= t; ++j) {
+    const float* k = L.key.slice(g) + j * d;
+    const std::vector<double> kh = pick(Kind::Key, j, ks, kwin);
+    for (int64_t c = 0; c < d; ++c) {
+      s[j] += double(q[c]) * k[c] / std::sqrt(double(d));
+      sh[j] += double(q[c]) * kh[c] / std::sqrt(double(d));
+    }
+  }
+  auto softmax = [](std::vector<double> v) {
+    const double m = *std::max_element(v.begin(), v.end());
+    double z = 0;
+    for (double& x : v) z += (x = std::exp(x - m));
+    for (double& x : v) x /= z;
+    return v;
+  };
+  const std::vector<double> p = softmax(s), ph = softmax(sh);
+  Reference ref;
+  std::vector<double> o(d), oh(d);
+  for (int64_t j = 0; j <= t; ++j) {
+    ref.kl += p[j] * std::log(p[j] / ph[j]);
+    const float* v = L.value.slice(g) + j * d;
+    const std::vector<double> vh = pick(Kind::Value, j, vs, vwin);
+    for (int64_t c = 0; c < d; ++c) {
+      o[c] += p[j] * v[c];
+      oh[c] += ph[j] * vh[c];
+    }
+  }
+  double e = 0, nrm = 0;
+  for (int64_t c = 0; c < d; ++c) {
+    e += (oh[c] - o[c]) * (oh[c] - o[c]);
+    nrm += o[c] * o[c];
+  }
+  ref.out_rel = std::sqrt(e / nrm);
+  return ref;
+}
+
+void check_against_brute_force(const Recording& rec, const Plan& plan) {
+  const ErrorStats s = simulate(rec, plan, SimOptions{});
+  for (const AttentionRow& row : s.rows) {
+    if (row.position % 3 != 0) continue;  // a third of the rows is plenty
+    const Reference ref = brute_force(rec, plan, row.layer, row.q_head, row.position);
+    INFO("layer " << row.layer << " head " << row.q_head << " t " << row.position);
+    CHECK(row.kl == doctest::Approx(ref.kl).epsilon(2e-3).scale(1e-7));
+    CHECK(std::sqrt(row.out_err2 / row.out_norm2) == doctest::Approx(ref.out_rel).epsilon(2e-3).scale(1e-6));
+  }
+}
+
+Plan windowed_plan(const Recording& rec, RecentWindow::Mode mode, bool keys_only, int64_t prefill) {
+  Plan plan(rec.num_layers(), rec.kv_heads, rec.tokens, rec.head_dim);
+  plan.assign_all(Kind::Key, make_format("int2-asym-g8"));
+  plan.assign_all(Kind::Value, make_format("int3-sym-g8"));
+  plan.set_prefill(prefill);
+  for (int64_t l = 0; l < rec.num_layers(); ++l)
+    for (int64_t g = 0; g < rec.kv_heads; ++g)
+      for (Kind k : {Kind::Key, Kind::Value}) {
+        if (keys_only && k == Kind::Value) continue;
+        RecentWindow& w = plan.unit(l, g, k).window;
+        w.size = 5;
+        w.format = make_format("keep-fp16");
+        w.mode = mode;
+      }
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("recency windows are relative to each query: sliding, chunked, keys only, prefill") {
+  const Recording rec = tiny_recording(4, 2, 23, 8, 41);
+  check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0));
+  check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Chunked, false, 0));
+  check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Sliding, true, 0));
+  check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Chunked, false, 7));
+  // A window shrinks the error compared with no window.
+  Plan plain = windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0);
+  for (int64_t l = 0; l < rec.num_layers(); ++l)
+    for (int64_t g = 0; g < 2; ++g)
+      for (Kind k : {Kind::Key, Kind::Value}) plain.unit(l, g, k).window = RecentWindow{};
+  const double with = metric(simulate(rec, windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0), {}), "attn_kl_mean");
+  const double without = metric(simulate(rec, plain, {}), "attn_kl_mean");
+  CHECK(with < without);
+  // Prefill queries see exact values: rows t < prefill have no error at all.
+  const ErrorStats pre = simulate(rec, windowed_plan(rec, RecentWindow::Mode::Chunked, false, 7), {});
+  for (const AttentionRow& row : pre.rows)
+    if (row.position < 7) CHECK(row.out_err2 == 0.0f);
+}
+
+TEST_CASE("window membership: sliding and chunked (flushed) residuals") {
+  RecentWindow w;
+  w.size = 4;
+  w.format = make_format("keep-fp16");
+  CHECK(w.holds(10, 10, 0));
+  CHECK(w.holds(10, 7, 0));
+  CHECK(!w.holds(10, 6, 0));
+  w.mode = RecentWindow::Mode::Chunked;
+  // After appending t = 10 (11 tokens), 8 were flushed: the residual is 8, 9, 10.
+  CHECK(w.holds(10, 8, 0));
+  CHECK(!w.holds(10, 7, 0));
+  // After t = 11 (12 tokens) everything was flushed.
+  CHECK(!w.holds(11, 11, 0));
+  // With a 3-token prefill the chunks start at token 3.
+  CHECK(w.holds(9, 7, 3));
+  CHECK(!w.holds(9, 6, 3));
+  CHECK(!w.holds(9, 2, 3));
+  CHECK(w.held_at(12, 0) == 0);
+  CHECK(w.held_at(13, 0) == 1);
+  CHECK(w.held_at(13, 3) == 2);
+}
+
+TEST_CASE("window memory: replacement W(p - b)/T, extra copy W p/T (methods.md 1)") {
+  const Recording rec = tiny_recording(2, 2, 64, 32, 2);
+  Plan plan(rec.num_layers(), 2, 64, 32);
+  plan.assign_all(Kind::Key, make_format("int2-asym-g32"));   // 3 bpe
+  plan.assign_all(Kind::Value, make_format("int2-asym-g32"));
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t g = 0; g < 2; ++g) {
+      RecentWindow& w = plan.unit(l, g, Kind::Key).window;
+      w.size = 16;
+      w.format = make_format("keep-fp32");
+    }
+  // Keys: 48 tokens at 3 bpe + 16 at 32; values 3 bpe.
+  CHECK(plan.bpe() == doctest::Approx(((48 * 3.0 + 16 * 32.0) / 64 + 3.0) / 2));
+  CHECK(plan.bpe_at(32768) == doctest::Approx((3.0 + 16.0 * (32 - 3) / 32768 + 3.0) / 2));
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t g = 0; g < 2; ++g) plan.unit(l, g, Kind::Key).window.extra_copy = true;
+  CHECK(plan.bpe() == doctest::Approx((3.0 + 16.0 * 32 / 64 + 3.0) / 2));
+  CHECK(plan.bpe_at(32768) == doctest::Approx((3.0 + 16.0 * 32 / 32768 + 3.0) / 2));
+  CHECK(plan.describe().find("Kwindow:16xkeep-fp32/sliding/copy") != std::string::npos);
 }

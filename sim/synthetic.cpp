@@ -1,0 +1,934 @@
+// Synthetic recording generator. See sim/synthetic.h for the controls and the idea.
+//
+// Frames: "pre" is the key before RoPE (what key_pre_rope stores), "post" after it (what
+// attention reads). Without RoPE they coincide. Queries are built in the post frame.
+//
+// Work is split by layer; every random stream is keyed by (seed, purpose, layer, head), and
+// every reduction runs inside one layer in a fixed order, so the result does not depend on
+// the number of threads.
+#include "sim/synthetic.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <functional>
+#include <numbers>
+#include <optional>
+#include <sstream>
+
+#include "sim/core/error.h"
+#include "sim/core/rope.h"
+#include "sim/core/strings.h"
+#include "sim/metrics/attention.h"
+#include "sim/metrics/redundancy.h"
+#include "sim/core/rng.h"
+
+namespace kvb {
+namespace {
+
+using synth::derive_seed;
+using synth::Rng;
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstRowMap = Eigen::Map<const RowMatrix>;
+
+// What each random stream is for; a stream is (seed, purpose, layer, head[, phase]).
+enum StreamPurpose : uint64_t {
+  kSinkLayerChoice = 1,
+  kHeadRoles = 2,
+  kSharedDirection = 3,
+  kKeyOwn = 4,
+  kOutlierChoice = 5,
+  kPositionalPhase = 6,
+  kQueryTarget = 7,
+  kQueryNoise = 8,
+  kValues = 9,
+  kTokenIds = 10,
+};
+
+// Query content direction = unit(own part of the target key (unit) + ν · noise (norm ≈ 1)).
+constexpr double kQueryNoiseWeight = 0.5;
+// Sink keys' component on the sink channel, in units of key_scale·√d (about a whole key).
+constexpr double kSinkKeyNorm = 1.0;
+// Recency targets: positional frequencies spread geometrically over
+// [kRecencyLowFreq, kRecencyHighFreq] / recency_scale radians per token.
+constexpr double kRecencyHighFreq = 2.0;
+constexpr double kRecencyLowFreq = 0.25;
+// Calibration tolerances and limits.
+constexpr double kEntropyTolBits = 1e-4;
+constexpr double kSinkMassTol = 1e-5;
+constexpr double kRhoTol = 1e-6;
+constexpr double kMaxContentGain = 1e5;  // largest β · key_scale tried
+constexpr double kMaxSinkBonusNats = 60.0;
+constexpr int kMaxSolverSteps = 200;
+
+// ---------------------------------------------------------------------------
+// Spec checks and the channel layout
+// ---------------------------------------------------------------------------
+
+[[noreturn]] void bad_field(const std::string& field, const std::string& why) {
+  throw ConfigError("synthetic spec: " + field + ": " + why);
+}
+
+std::string num(double v) { return format_double(v); }
+std::string num(int64_t v) { return std::to_string(v); }
+// A measured value in a warning: 4 significant digits.
+std::string approx(double v) {
+  std::ostringstream os;
+  os.precision(4);
+  os << v;
+  return os.str();
+}
+
+int64_t positional_pair_count(const SyntheticSpec& s) {
+  if (!(s.recency > 0)) return 0;
+  return std::clamp<int64_t>(s.head_dim / 16, 1, 4);
+}
+
+int64_t phase_boundary_of(const SyntheticSpec& s) {
+  if (s.phase_fraction >= 1.0) return s.tokens;
+  return static_cast<int64_t>(std::llround(s.phase_fraction * static_cast<double>(s.tokens)));
+}
+
+// Channel layout shared by every head. Pair p = channels (p, p + d/2); with odd d the
+// last channel is an unpaired content channel.
+SyntheticChannels plan_channels(const SyntheticSpec& s) {
+  const int64_t d = s.head_dim, half = d / 2;
+  SyntheticChannels ch;
+  std::vector<char> used(static_cast<size_t>(half), 0);
+  if (s.sink_heads > 0) {
+    // The slowest RoPE pair: sink keys at positions 0..sink_tokens-1 barely rotate.
+    used[static_cast<size_t>(half - 1)] = 1;
+    ch.sink = {half - 1, d - 1 - (d % 2)};
+  }
+  const int64_t P = positional_pair_count(s);
+  for (int64_t k = 0; k < P; ++k) {
+    const double frac = P == 1 ? 0.5 : static_cast<double>(k) / static_cast<double>(P - 1);
+    const double target = std::exp(std::log(kRecencyHighFreq) +
+                                   frac * (std::log(kRecencyLowFreq) - std::log(kRecencyHighFreq))) /
+                          s.recency_scale;
+    int64_t pair = -1;
+    double freq = target;
+    if (s.rope) {  // the free RoPE pair whose frequency is nearest in log scale
+      double best = INFINITY;
+      for (int64_t p = 0; p < half; ++p) {
+        if (used[static_cast<size_t>(p)]) continue;
+        const double f = rope_inv_freq(p, d, s.rope_theta);
+        const double gap = std::abs(std::log(f) - std::log(target));
+        if (gap < best) best = gap, pair = p, freq = f;
+      }
+    } else {
+      for (int64_t p = 0; p < half && pair < 0; ++p)
+        if (!used[static_cast<size_t>(p)]) pair = p;
+    }
+    used[static_cast<size_t>(pair)] = 1;
+    ch.positional.push_back(pair);
+    ch.positional.push_back(pair + half);
+    ch.positional_freq.push_back(freq);
+  }
+  std::vector<int64_t> content_pairs;
+  for (int64_t p = 0; p < half; ++p)
+    if (!used[static_cast<size_t>(p)]) content_pairs.push_back(p);
+  for (int64_t p : content_pairs) ch.content.push_back(p);
+  for (int64_t p : content_pairs) ch.content.push_back(p + half);
+  if (d % 2) ch.content.push_back(d - 1);
+  if (!s.rope) {
+    ch.shared = ch.content;
+  } else {
+    // Higher pair index = slower rotation; keep the slowest quarter (at least one pair).
+    const size_t n = std::max<size_t>(1, content_pairs.size() / 4);
+    for (size_t i = content_pairs.size() - n; i < content_pairs.size(); ++i) {
+      ch.shared.push_back(content_pairs[i]);
+      ch.shared.push_back(content_pairs[i] + half);
+    }
+  }
+  std::sort(ch.content.begin(), ch.content.end());
+  std::sort(ch.shared.begin(), ch.shared.end());
+  return ch;
+}
+
+}  // namespace
+
+void validate_synthetic_spec(const SyntheticSpec& s) {
+  auto require = [](bool ok, const std::string& field, const std::string& why) {
+    if (!ok) bad_field(field, why);
+  };
+  require(s.layers >= 1, "layers", "must be >= 1, got " + num(s.layers));
+  require(s.q_heads >= 1, "q_heads", "must be >= 1, got " + num(s.q_heads));
+  require(s.kv_heads >= 1, "kv_heads", "must be >= 1, got " + num(s.kv_heads));
+  require(s.q_heads % s.kv_heads == 0, "q_heads",
+          num(s.q_heads) + " is not a multiple of kv_heads = " + num(s.kv_heads) +
+              " (GQA needs the same number of query heads per KV head)");
+  require(s.head_dim >= 1, "head_dim", "must be >= 1, got " + num(s.head_dim));
+  require(!s.rope || s.head_dim % 2 == 0, "head_dim",
+          num(s.head_dim) + " is odd, but rope = true rotates channel pairs (i, i + head_dim/2)");
+  require(s.tokens >= 2, "tokens", "must be >= 2, got " + num(s.tokens));
+  require(std::isfinite(s.entropy_mean) && s.entropy_mean >= 0, "entropy_mean",
+          "must be a finite number of bits >= 0, got " + num(s.entropy_mean));
+  require(std::isfinite(s.entropy_spread) && s.entropy_spread >= 0, "entropy_spread",
+          "must be finite and >= 0, got " + num(s.entropy_spread));
+  require(s.entropy_mean - s.entropy_spread / 2 >= 0, "entropy_spread",
+          "entropy_mean - entropy_spread/2 = " + num(s.entropy_mean - s.entropy_spread / 2) +
+              " bits is negative; entropies are >= 0");
+  require(s.sink_heads >= 0 && s.sink_heads <= s.q_heads, "sink_heads",
+          num(s.sink_heads) + " outside [0, q_heads = " + num(s.q_heads) + "]");
+  require(s.sink_layers >= 0 && s.sink_layers <= s.layers, "sink_layers",
+          num(s.sink_layers) + " outside [0, layers = " + num(s.layers) + "] (0 = every layer)");
+  if (s.sink_heads > 0) {
+    require(s.sink_tokens >= 1 && s.sink_tokens < s.tokens, "sink_tokens",
+            num(s.sink_tokens) + " outside [1, tokens - 1 = " + num(s.tokens - 1) + "]");
+    require(s.sink_mass > 0 && s.sink_mass < 1, "sink_mass",
+            num(s.sink_mass) + " is not in (0, 1) (mean attention mass on the sink tokens)");
+  }
+  require(std::isfinite(s.recency) && s.recency >= 0, "recency",
+          "must be finite and >= 0 (nats of score bonus at distance 0), got " + num(s.recency));
+  require(std::isfinite(s.recency_scale) && s.recency_scale >= 1, "recency_scale",
+          "must be >= 1 token, got " + num(s.recency_scale));
+  require(std::isfinite(s.outlier_scale) && s.outlier_scale > 0, "outlier_scale",
+          "must be finite and > 0, got " + num(s.outlier_scale));
+  require(!s.rope || (std::isfinite(s.rope_theta) && s.rope_theta > 1), "rope_theta",
+          "must be > 1, got " + num(s.rope_theta));
+  require(std::isfinite(s.key_scale) && s.key_scale > 0, "key_scale", "must be finite and > 0, got " + num(s.key_scale));
+  require(std::isfinite(s.value_scale) && s.value_scale >= 0, "value_scale",
+          "must be finite and >= 0, got " + num(s.value_scale));
+  require(s.calibration_queries >= 1, "calibration_queries", "must be >= 1, got " + num(s.calibration_queries));
+  require(s.phase_marker >= 0, "phase_marker", "must be a token id >= 0, got " + num(s.phase_marker));
+
+  // Subspaces: positional pairs + the sink pair + at least one content pair.
+  const int64_t pairs = s.head_dim / 2, P = positional_pair_count(s), sink = s.sink_heads > 0 ? 1 : 0;
+  const int64_t content_channels = 2 * (pairs - P - sink) + s.head_dim % 2;
+  require(content_channels >= 1, "head_dim",
+          num(s.head_dim) + " leaves no content channel after " + num(P) + " positional pair(s) (recency > 0) and " +
+              num(sink) + " sink pair (sink_heads > 0); use a larger head_dim");
+  require(s.outlier_channels >= 0 && s.outlier_channels <= content_channels, "outlier_channels",
+          num(s.outlier_channels) + " outside [0, " + num(content_channels) +
+              "] (the content channels of head_dim = " + num(s.head_dim) + ")");
+
+  // Phases and their target ρ.
+  require(std::isfinite(s.phase_fraction) && s.phase_fraction > 0 && s.phase_fraction <= 1, "phase_fraction",
+          num(s.phase_fraction) + " is not in (0, 1]");
+  const int64_t boundary = phase_boundary_of(s);
+  const int64_t n_first = boundary, n_second = s.tokens - boundary;
+  if (s.phase_fraction < 1)
+    require(n_first >= 2 && n_second >= 2, "phase_fraction",
+            num(s.phase_fraction) + " of " + num(s.tokens) + " tokens gives phases of " + num(n_first) + " and " +
+                num(n_second) + " tokens; each needs at least 2 for a pairwise cosine");
+  auto check_rho = [&](double rho, int64_t n, const char* field) {
+    const double lo = -1.0 / static_cast<double>(n - 1);
+    require(std::isfinite(rho) && rho > lo && rho < 1, field,
+            num(rho) + " is not in (" + num(lo) + ", 1), the range of a mean pairwise cosine of " + num(n) +
+                " keys");
+  };
+  check_rho(s.rho_first, n_first, "rho_first");
+  if (s.phase_fraction < 1) check_rho(s.rho_second, n_second, "rho_second");
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Root finding
+// ---------------------------------------------------------------------------
+
+// Solves f(x) = target for x in [a, b], where fa = f(a) and fb = f(b) lie on opposite
+// sides of target and f is continuous (Illinois variant of regula falsi: superlinear,
+// never leaves the bracket). Returns the best x found within max_steps.
+double solve_bracketed(const std::function<double(double)>& f, double a, double fa, double b, double fb,
+                       double target, double tol) {
+  fa -= target;
+  fb -= target;
+  double best_x = std::abs(fa) < std::abs(fb) ? a : b;
+  double best_err = std::min(std::abs(fa), std::abs(fb));
+  int kept = 0;  // +1: a was kept last step, −1: b was kept
+  for (int step = 0; step < kMaxSolverSteps && best_err > tol; ++step) {
+    double x = (a * fb - b * fa) / (fb - fa);
+    if (!(x > std::min(a, b) && x < std::max(a, b))) x = 0.5 * (a + b);
+    const double fx = f(x) - target;
+    if (std::abs(fx) < best_err) best_err = std::abs(fx), best_x = x;
+    if ((fx < 0) == (fa < 0)) {  // replaces a; b kept
+      a = x, fa = fx;
+      if (kept == -1) fb *= 0.5;
+      kept = -1;
+    } else {
+      b = x, fb = fx;
+      if (kept == +1) fa *= 0.5;
+      kept = +1;
+    }
+    if (std::abs(b - a) <= 1e-14 * (std::abs(a) + std::abs(b))) break;
+  }
+  return best_x;
+}
+
+// ---------------------------------------------------------------------------
+// Shared plan
+// ---------------------------------------------------------------------------
+
+struct Plan {
+  SyntheticSpec spec;
+  int64_t L = 0, Hq = 0, G = 0, group = 0, d = 0, T = 0;
+  int64_t boundary = 0;  // first token of the second phase (T for one phase)
+  SyntheticChannels ch;
+  std::optional<RopeTable> rope;
+  std::vector<int64_t> calib_positions;  // query positions the calibration measures
+  std::vector<char> sink_layer;          // [L]: does layer l have sink heads
+  double shared_amplitude = 0;           // A: norm of the shared direction, key_scale·√(content channels)
+  double positional_key_amp = 0;         // a: amplitude of a key's positional pair
+  double positional_query_amp = 0;       // b: query amplitude, a·b·P/√d = recency
+  double sink_key_value = 0;             // σ: sink keys' component on the sink channel
+
+  int64_t phase_of(int64_t t) const { return t < boundary ? 0 : 1; }
+  int64_t num_phases() const { return boundary < T ? 2 : 1; }
+  int64_t sink_channel() const { return ch.sink.empty() ? -1 : ch.sink[0]; }
+};
+
+Plan make_plan(const SyntheticSpec& s) {
+  Plan P;
+  P.spec = s;
+  P.L = s.layers, P.Hq = s.q_heads, P.G = s.kv_heads, P.group = s.q_heads / s.kv_heads;
+  P.d = s.head_dim, P.T = s.tokens;
+  P.boundary = phase_boundary_of(s);
+  P.ch = plan_channels(s);
+  if (s.rope) P.rope = make_rope_table(P.T, P.d, nullptr, s.rope_theta);
+  P.calib_positions = spread_positions(P.T, s.calibration_queries);
+  P.sink_layer.assign(static_cast<size_t>(P.L), s.sink_heads > 0 ? 1 : 0);
+  if (s.sink_heads > 0 && s.sink_layers > 0) {
+    std::vector<int64_t> order(static_cast<size_t>(P.L));
+    for (int64_t l = 0; l < P.L; ++l) order[static_cast<size_t>(l)] = l;
+    Rng rng(derive_seed({s.seed, kSinkLayerChoice}));
+    synth::shuffle(order.data(), P.L, rng);
+    for (int64_t i = s.sink_layers; i < P.L; ++i) P.sink_layer[static_cast<size_t>(order[static_cast<size_t>(i)])] = 0;
+  }
+  P.shared_amplitude = s.key_scale * std::sqrt(static_cast<double>(P.ch.content.size()));
+  P.positional_key_amp = s.key_scale * std::sqrt(2.0);  // each channel's RMS = key_scale
+  const double n_pos = static_cast<double>(P.ch.positional_freq.size());
+  P.positional_query_amp = n_pos > 0 ? s.recency * std::sqrt(static_cast<double>(P.d)) / (n_pos * P.positional_key_amp) : 0;
+  P.sink_key_value = kSinkKeyNorm * s.key_scale * std::sqrt(static_cast<double>(P.d));
+  return P;
+}
+
+// ---------------------------------------------------------------------------
+// Keys
+// ---------------------------------------------------------------------------
+
+// One KV head's keys as separate parts in the pre frame, each [T, d]; the key is
+// √w_phase · shared + √(1 − w_phase) · own + fixed.
+struct KeyParts {
+  std::vector<float> shared;  // D · A · u_phase(t): the phase's common direction
+  std::vector<float> own;     // D · key_scale · z_t: the token's own Gaussian part
+  // key_scale · z_t without the outlier scaling: what queries that look for token t align
+  // with, so that outlier channels do not dominate which keys a query finds.
+  std::vector<float> own_unscaled;
+  std::vector<float> fixed;   // positional pairs + sink component
+  std::vector<int64_t> outliers;  // channels scaled by outlier_scale, sorted
+};
+
+std::vector<int64_t> choose_outlier_channels(const Plan& P, int64_t l, int64_t g) {
+  const SyntheticSpec& s = P.spec;
+  if (s.outlier_channels == 0) return {};
+  // With RoPE prefer the content channels outside the shared (slow) pairs, so outliers
+  // sit where the other channels have equal RMS; then the shared ones if more are asked.
+  std::vector<int64_t> first, second;
+  for (int64_t c : P.ch.content) {
+    const bool shared = std::binary_search(P.ch.shared.begin(), P.ch.shared.end(), c);
+    (s.rope && shared ? second : first).push_back(c);
+  }
+  Rng rng(derive_seed({s.seed, kOutlierChoice, static_cast<uint64_t>(l), static_cast<uint64_t>(g)}));
+  synth::shuffle(first.data(), static_cast<int64_t>(first.size()), rng);
+  synth::shuffle(second.data(), static_cast<int64_t>(second.size()), rng);
+  first.insert(first.end(), second.begin(), second.end());
+  std::vector<int64_t> out(first.begin(), first.begin() + s.outlier_channels);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+KeyParts make_key_parts(const Plan& P, int64_t l, int64_t g) {
+  const SyntheticSpec& s = P.spec;
+  const int64_t T = P.T, d = P.d, half = d / 2;
+  const uint64_t ul = static_cast<uint64_t>(l), ug = static_cast<uint64_t>(g);
+  KeyParts parts;
+  parts.shared.assign(static_cast<size_t>(T * d), 0.0f);
+  parts.own.assign(static_cast<size_t>(T * d), 0.0f);
+  parts.own_unscaled.assign(static_cast<size_t>(T * d), 0.0f);
+  parts.fixed.assign(static_cast<size_t>(T * d), 0.0f);
+  parts.outliers = choose_outlier_channels(P, l, g);
+  std::vector<double> scale(static_cast<size_t>(d), 1.0);  // D
+  for (int64_t c : parts.outliers) scale[static_cast<size_t>(c)] = s.outlier_scale;
+
+  // Shared direction per phase: random signs on the shared channels, norm A.
+  const double per_channel = P.shared_amplitude / std::sqrt(static_cast<double>(P.ch.shared.size()));
+  std::vector<std::vector<double>> u(static_cast<size_t>(P.num_phases()));
+  for (int64_t ph = 0; ph < P.num_phases(); ++ph) {
+    Rng rng(derive_seed({s.seed, kSharedDirection, ul, ug, static_cast<uint64_t>(ph)}));
+    u[static_cast<size_t>(ph)].assign(static_cast<size_t>(d), 0.0);
+    for (int64_t c : P.ch.shared) u[static_cast<size_t>(ph)][static_cast<size_t>(c)] = rng.sign() * per_channel;
+  }
+  Rng own_rng(derive_seed({s.seed, kKeyOwn, ul, ug}));
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<double>& ut = u[static_cast<size_t>(P.phase_of(t))];
+    float* sh = parts.shared.data() + t * d;
+    float* own = parts.own.data() + t * d;
+    float* own_unscaled = parts.own_unscaled.data() + t * d;
+    for (int64_t c : P.ch.content) {
+      const double D = scale[static_cast<size_t>(c)];
+      const double z = s.key_scale * own_rng.normal();
+      sh[c] = static_cast<float>(D * ut[static_cast<size_t>(c)]);
+      own[c] = static_cast<float>(D * z);
+      own_unscaled[c] = static_cast<float>(z);
+    }
+  }
+
+  // Positional pairs: post frame a·(cos(ω t + φ), sin(ω t + φ)). With RoPE the pre frame
+  // holds the constant a·(cos φ, sin φ) and RoPE supplies the rotation.
+  Rng phase_rng(derive_seed({s.seed, kPositionalPhase, ul, ug}));
+  for (size_t k = 0; k < P.ch.positional_freq.size(); ++k) {
+    const int64_t lo = P.ch.positional[2 * k], hi = lo + half;
+    const double phi = 2.0 * std::numbers::pi * phase_rng.uniform();
+    const double omega = s.rope ? 0.0 : P.ch.positional_freq[k];
+    for (int64_t t = 0; t < T; ++t) {
+      const double angle = omega * static_cast<double>(t) + phi;
+      parts.fixed[static_cast<size_t>(t * d + lo)] = static_cast<float>(P.positional_key_amp * std::cos(angle));
+      parts.fixed[static_cast<size_t>(t * d + hi)] = static_cast<float>(P.positional_key_amp * std::sin(angle));
+    }
+  }
+  if (const int64_t sc = P.sink_channel(); sc >= 0)
+    for (int64_t t = 0; t < s.sink_tokens; ++t) parts.fixed[static_cast<size_t>(t * d + sc)] = static_cast<float>(P.sink_key_value);
+  return parts;
+}
+
+// The post frame of a pre-frame [T, d] buffer (a rotated copy with RoPE, else a copy).
+std::vector<float> to_post(const Plan& P, const std::vector<float>& pre) {
+  std::vector<float> post = pre;
+  if (P.rope) apply_rope(post.data(), *P.rope);
+  return post;
+}
+
+// Solves the shared weight w of one phase so that the research ρ of the layer (keys
+// averaged over KV heads, post frame) hits `target`. mean_* are the head-averaged post
+// frame parts, [T, d] double.
+double solve_shared_weight(const Plan& P, const std::vector<double>& mean_shared, const std::vector<double>& mean_own,
+                           const std::vector<double>& mean_fixed, int64_t t0, int64_t t1, double target,
+                           const std::string& where, std::vector<std::string>& warnings) {
+  const int64_t d = P.d, n = t1 - t0;
+  std::vector<double> rows(static_cast<size_t>(n * d));
+  auto rho_at = [&](double w) {
+    const double a = std::sqrt(w), b = std::sqrt(1.0 - w);
+    for (int64_t i = 0; i < n * d; ++i) {
+      const size_t k = static_cast<size_t>(t0 * d + i);
+      rows[static_cast<size_t>(i)] = a * mean_shared[k] + b * mean_own[k] + mean_fixed[k];
+    }
+    return mean_pairwise_cosine(rows.data(), n, d);
+  };
+  // ρ(w) normally rises from ρ(0) (own parts only) to ρ(1) (shared direction only); with
+  // tiny head_dim or theta RoPE can turn the shared direction faster than the positional
+  // pairs, so the solver accepts either orientation.
+  const double rho0 = rho_at(0.0), rho1 = rho_at(1.0);
+  const double lowest = std::min(rho0, rho1), highest = std::max(rho0, rho1);
+  if (target <= lowest || target >= highest) {
+    const bool nearer_w0 = std::abs(target - rho0) <= std::abs(target - rho1);
+    const double reached = nearer_w0 ? rho0 : rho1;
+    if (std::abs(reached - target) > 1e-3)
+      warnings.push_back(where + ": target rho " + approx(target) + " is outside the reachable [" + approx(lowest) + ", " +
+                         approx(highest) + "]; clamped to " + approx(reached));
+    return nearer_w0 ? 0.0 : 1.0;
+  }
+  return solve_bracketed(rho_at, 0.0, rho0, 1.0, rho1, target, kRhoTol);
+}
+
+// ---------------------------------------------------------------------------
+// Queries
+// ---------------------------------------------------------------------------
+
+// Scores at the calibration positions, by source, so that the query gains β and γ can
+// be varied without new dot products: row r is query position t = calib_positions[r],
+// column j a key (only j <= t is causal). All scores are already divided by √d.
+struct CalibrationScores {
+  RowMatrix positional;     // [R, T] q_pos,t · k_j / √d of a KV head (unused when recency = 0)
+  std::vector<float> sink;  // [T] e_sink · k_j / √d, per unit sink gain (empty without sinks)
+  RowMatrix content;        // [R, T] q̂_t · k_j / √d of the current query head
+  RowMatrix query_rows;     // [R, d] scratch: the query rows being scored
+  std::vector<float> logits;   // [T] scratch: shifted logits of one row
+  std::vector<float> weights;  // [T] scratch: their exponentials
+};
+
+// out = (rows calib_positions of queries [T, d]) · keysᵀ / √d, [R, T].
+void score_rows(const Plan& P, const std::vector<float>& queries, const float* keys, RowMatrix& query_rows,
+                RowMatrix& out) {
+  const Eigen::Index R = static_cast<Eigen::Index>(P.calib_positions.size());
+  query_rows.resize(R, P.d);
+  for (Eigen::Index r = 0; r < R; ++r)
+    query_rows.row(r) = ConstRowMap(queries.data() + P.calib_positions[static_cast<size_t>(r)] * P.d, 1, P.d);
+  const ConstRowMap K(keys, P.T, P.d);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(P.d));
+  out.resize(R, P.T);
+  out.noalias() = (query_rows * K.transpose()) * inv_sqrt_d;
+}
+
+void kv_head_scores(const Plan& P, const std::vector<float>& pos_queries, const float* keys, CalibrationScores& sc) {
+  if (!P.ch.positional.empty()) score_rows(P, pos_queries, keys, sc.query_rows, sc.positional);
+  sc.sink.clear();
+  if (const int64_t ch = P.sink_channel(); ch >= 0) {
+    const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(P.d));
+    for (int64_t j = 0; j < P.T; ++j) sc.sink.push_back(keys[j * P.d + ch] * inv_sqrt_d);
+  }
+}
+
+struct AttentionSummary {
+  double entropy_bits = 0;     // mean Shannon entropy over the calibration positions
+  double entropy_slope = 0;    // its derivative with respect to β, bits per unit β
+  double sink_mass = 0;        // mean mass on the first sink_tokens keys
+};
+
+// Mean entropy (and its β-derivative) and sink mass of softmax(β·content + positional +
+// γ·sink) over the calibration rows. Logits and exponentials in fp32, sums in double.
+// dH/dβ = −Cov_p(content, logit) per row (H in nats).
+AttentionSummary summarize(const Plan& P, CalibrationScores& sc, double beta, double gamma) {
+  AttentionSummary sum;
+  const size_t R = P.calib_positions.size();
+  const size_t T = static_cast<size_t>(P.T);
+  sc.logits.resize(T);
+  sc.weights.resize(T);
+  float* logits = sc.logits.data();
+  float* weights = sc.weights.data();
+  const bool has_pos = !P.ch.positional.empty(), has_sink = !sc.sink.empty() && gamma != 0;
+  const float b = static_cast<float>(beta), g = static_cast<float>(gamma);
+  for (size_t r = 0; r < R; ++r) {
+    const int64_t n = P.calib_positions[r] + 1;
+    const float* content = sc.content.data() + r * T;
+    for (int64_t j = 0; j < n; ++j) logits[j] = b * content[j];
+    if (has_pos) {
+      const float* positional = sc.positional.data() + r * T;
+      for (int64_t j = 0; j < n; ++j) logits[j] += positional[j];
+    }
+    if (has_sink)
+      for (int64_t j = 0; j < n; ++j) logits[j] += g * sc.sink[static_cast<size_t>(j)];
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, logits[j]);
+    for (int64_t j = 0; j < n; ++j) {
+      logits[j] -= mx;
+      weights[j] = std::exp(logits[j]);
+    }
+    // Σ e, Σ e·ℓ, Σ e·c, Σ e·c·ℓ in kLanes independent partial sums (vectorizable
+    // without reassociation; the order is fixed, so results are reproducible).
+    constexpr int64_t kLanes = 8;
+    double acc_z[kLanes] = {}, acc_l[kLanes] = {}, acc_c[kLanes] = {}, acc_cl[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes)
+      for (int64_t k = 0; k < kLanes; ++k) {
+        const double e = weights[j + k], l = logits[j + k], c = content[j + k];
+        acc_z[k] += e;
+        acc_l[k] += e * l;
+        acc_c[k] += e * c;
+        acc_cl[k] += e * c * l;
+      }
+    for (int64_t k = 0; j < n; ++j, ++k) {
+      const double e = weights[j], l = logits[j], c = content[j];
+      acc_z[k] += e;
+      acc_l[k] += e * l;
+      acc_c[k] += e * c;
+      acc_cl[k] += e * c * l;
+    }
+    double z = 0, e_logit = 0, e_content = 0, e_content_logit = 0, sink = 0;
+    for (int64_t k = 0; k < kLanes; ++k) {
+      z += acc_z[k];
+      e_logit += acc_l[k];
+      e_content += acc_c[k];
+      e_content_logit += acc_cl[k];
+    }
+    for (int64_t k = 0; k < std::min(n, P.spec.sink_tokens); ++k) sink += weights[k];
+    const double inv_z = 1.0 / z;
+    // H = log Z − E_p[shifted logit], in nats.
+    sum.entropy_bits += std::log(z) - e_logit * inv_z;
+    sum.entropy_slope -= e_content_logit * inv_z - (e_content * inv_z) * (e_logit * inv_z);
+    sum.sink_mass += sink * inv_z;
+  }
+  const double per_row_bits = 1.0 / (static_cast<double>(R) * std::numbers::ln2);
+  sum.entropy_bits *= per_row_bits;
+  sum.entropy_slope *= per_row_bits;
+  sum.sink_mass /= static_cast<double>(R);
+  return sum;
+}
+
+// β > 0 with mean entropy H(β) = target, given H(0) > target: safeguarded Newton in
+// x = ln β, where H is a smooth decreasing, sigmoid-like curve. Returns the last β
+// evaluated and whether the target was reached within kMaxContentGain.
+struct GainSolution {
+  double beta = 0;
+  double entropy_bits = 0;
+  bool reached = false;
+};
+
+GainSolution solve_content_gain(const Plan& P, CalibrationScores& sc, double target) {
+  // Content scores scale with key_scale; so does the useful range of β.
+  const double x_start = -std::log(P.spec.key_scale), x_max = x_start + std::log(kMaxContentGain);
+  double x_lo = -INFINITY, x_hi = INFINITY;  // H(x_lo) > target > H(x_hi)
+  double x = x_start;
+  GainSolution sol;
+  for (int step = 0; step < kMaxSolverSteps; ++step) {
+    const double beta = std::exp(x);
+    const AttentionSummary a = summarize(P, sc, beta, 0.0);
+    sol.beta = beta;
+    sol.entropy_bits = a.entropy_bits;
+    const double err = a.entropy_bits - target;
+    if (std::abs(err) <= kEntropyTolBits) {
+      sol.reached = true;
+      return sol;
+    }
+    if (err > 0) {
+      x_lo = x;
+      if (x >= x_max) return sol;  // even the largest gain leaves the entropy too high
+    } else {
+      x_hi = x;
+    }
+    const double slope = beta * a.entropy_slope;  // dH/dx
+    double next = slope < 0 ? x - err / slope : NAN;
+    if (std::isfinite(next)) next = std::clamp(next, x - 3.0, x + 3.0);
+    if (!(next > x_lo && next < x_hi)) {
+      if (std::isfinite(x_lo) && std::isfinite(x_hi)) next = 0.5 * (x_lo + x_hi);
+      else next = std::isfinite(x_lo) ? x_lo + 3.0 : x_hi - 3.0;
+    }
+    if (std::isfinite(x_lo) && std::isfinite(x_hi) && x_hi - x_lo < 1e-12) break;
+    x = std::min(next, x_max);
+  }
+  sol.reached = std::abs(sol.entropy_bits - target) <= 10 * kEntropyTolBits;
+  return sol;
+}
+
+struct HeadRole {
+  bool sink = false;
+  double entropy_target = 0;  // bits (sink heads: the lowest slot, for their content part)
+};
+
+// Roles of a layer's query heads: a seeded order; the first sink_heads are sink heads,
+// the others get entropy targets spread evenly over entropy_mean ± entropy_spread/2.
+std::vector<HeadRole> assign_roles(const Plan& P, int64_t l) {
+  const SyntheticSpec& s = P.spec;
+  std::vector<int64_t> order(static_cast<size_t>(P.Hq));
+  for (int64_t h = 0; h < P.Hq; ++h) order[static_cast<size_t>(h)] = h;
+  Rng rng(derive_seed({s.seed, kHeadRoles, static_cast<uint64_t>(l)}));
+  synth::shuffle(order.data(), P.Hq, rng);
+  const int64_t n_sink = P.sink_layer[static_cast<size_t>(l)] ? s.sink_heads : 0;
+  const int64_t n_plain = P.Hq - n_sink;
+  const double lowest = s.entropy_mean - s.entropy_spread / 2;
+  std::vector<HeadRole> roles(static_cast<size_t>(P.Hq));
+  for (int64_t i = 0; i < P.Hq; ++i) {
+    HeadRole& role = roles[static_cast<size_t>(order[static_cast<size_t>(i)])];
+    if (i < n_sink) {
+      role.sink = true;
+      role.entropy_target = lowest;
+    } else {
+      const int64_t slot = i - n_sink;
+      role.entropy_target = n_plain == 1 ? s.entropy_mean
+                                         : lowest + s.entropy_spread * static_cast<double>(slot) /
+                                                        static_cast<double>(n_plain - 1);
+    }
+  }
+  return roles;
+}
+
+// Query content directions q̂_t of one query head, [T, d] (zero outside the content
+// channels): unit(ẑ_target + ν·noise) with ẑ the target key's own part before outlier
+// scaling (post frame, unit norm), target seeded uniformly in [0, t].
+std::vector<float> unit_queries(const Plan& P, int64_t l, int64_t h, const std::vector<float>& targets_post) {
+  const SyntheticSpec& s = P.spec;
+  const int64_t T = P.T, d = P.d;
+  const uint64_t ul = static_cast<uint64_t>(l), uh = static_cast<uint64_t>(h);
+  Rng target_rng(derive_seed({s.seed, kQueryTarget, ul, uh}));
+  Rng noise_rng(derive_seed({s.seed, kQueryNoise, ul, uh}));
+  const double noise_sd = kQueryNoiseWeight / std::sqrt(static_cast<double>(P.ch.content.size()));
+  std::vector<float> out(static_cast<size_t>(T * d), 0.0f);
+  std::vector<double> v(static_cast<size_t>(d));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
+    const float* k = targets_post.data() + target * d;
+    double knorm2 = 0;
+    for (int64_t c : P.ch.content) knorm2 += static_cast<double>(k[c]) * k[c];
+    const double kinv = knorm2 > 0 ? 1.0 / std::sqrt(knorm2) : 0.0;
+    double vnorm2 = 0;
+    for (int64_t c : P.ch.content) {
+      const double x = k[c] * kinv + noise_sd * noise_rng.normal();
+      v[static_cast<size_t>(c)] = x;
+      vnorm2 += x * x;
+    }
+    const double vinv = 1.0 / std::sqrt(vnorm2);
+    for (int64_t c : P.ch.content) out[static_cast<size_t>(t * d + c)] = static_cast<float>(v[static_cast<size_t>(c)] * vinv);
+  }
+  return out;
+}
+
+// Positional query part of one KV head's query heads in the post frame, [T, d]:
+// b·(cos(ω t + φ), sin(ω t + φ)) with the KV head's phases φ, so q_pos,t · k_pos,j / √d =
+// recency · mean_p cos(ω_p (t − j)).
+std::vector<float> positional_queries(const Plan& P, const KeyParts& parts) {
+  const int64_t T = P.T, d = P.d, half = d / 2;
+  std::vector<float> pre(static_cast<size_t>(T * d), 0.0f);
+  const double ratio = P.positional_query_amp / P.positional_key_amp;
+  for (size_t k = 0; k < P.ch.positional_freq.size(); ++k) {
+    const int64_t lo = P.ch.positional[2 * k], hi = lo + half;
+    for (int64_t t = 0; t < T; ++t)  // same angle as the key part; the amplitude is b
+      for (int64_t c : {lo, hi})
+        pre[static_cast<size_t>(t * d + c)] = static_cast<float>(ratio * parts.fixed[static_cast<size_t>(t * d + c)]);
+  }
+  return to_post(P, pre);
+}
+
+// Calibrates one query head: β so that the mean entropy hits its target (sink heads: the
+// content slot without the sink bonus), then, for sink heads, γ so that the mean sink
+// mass hits sink_mass.
+SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, CalibrationScores& scores,
+                                   const std::string& where, std::vector<std::string>& warnings) {
+  const SyntheticSpec& s = P.spec;
+  SyntheticHeadReport rep;
+  rep.sink = role.sink;
+
+  double target = role.entropy_target;
+  const double h_max = summarize(P, scores, 0.0, 0.0).entropy_bits;
+  double beta = 0;
+  if (target >= h_max - kEntropyTolBits) {
+    if (target > h_max + 0.01)
+      warnings.push_back(where + ": entropy target " + approx(target) + " bits exceeds the " + approx(h_max) +
+                         " bits the causal prefix (and recency) allow; clamped (entropy_mean/entropy_spread)");
+    target = std::min(target, h_max);
+  } else {
+    const GainSolution sol = solve_content_gain(P, scores, target);
+    beta = sol.beta;
+    if (!sol.reached) {
+      warnings.push_back(where + ": entropy target " + approx(target) + " bits not reached; got " +
+                         approx(sol.entropy_bits) + " bits (entropy_mean/entropy_spread)");
+      target = sol.entropy_bits;
+    }
+  }
+  rep.entropy_target = target;
+  rep.content_gain = beta;
+
+  double gamma = 0;
+  if (role.sink) {
+    // γ·σ/√d is the score bonus of a sink key, in nats.
+    const double gmax = kMaxSinkBonusNats * std::sqrt(static_cast<double>(P.d)) / P.sink_key_value;
+    auto mass_at = [&](double g) { return summarize(P, scores, beta, g).sink_mass; };
+    const double m_lo = mass_at(-gmax), m_hi = mass_at(gmax);
+    if (s.sink_mass <= m_lo || s.sink_mass >= m_hi) {
+      const bool low = s.sink_mass <= m_lo;
+      gamma = low ? -gmax : gmax;
+      warnings.push_back(where + ": sink_mass " + approx(s.sink_mass) + " outside the reachable [" + approx(m_lo) + ", " +
+                         approx(m_hi) + "]; clamped");
+    } else {
+      gamma = solve_bracketed(mass_at, -gmax, m_lo, gmax, m_hi, s.sink_mass, kSinkMassTol);
+    }
+  }
+  rep.sink_gain = gamma;
+  const AttentionSummary final_summary = summarize(P, scores, beta, gamma);
+  rep.entropy_calibrated = final_summary.entropy_bits;
+  rep.sink_mass_calibrated = final_summary.sink_mass;
+  return rep;
+}
+
+// ---------------------------------------------------------------------------
+// One layer
+// ---------------------------------------------------------------------------
+
+struct LayerResult {
+  LayerTensors tensors;
+  SyntheticLayerReport report;
+  std::vector<std::string> warnings;
+};
+
+LayerResult generate_layer(const Plan& P, int64_t l) {
+  const SyntheticSpec& s = P.spec;
+  const int64_t G = P.G, T = P.T, d = P.d, Hq = P.Hq;
+  const std::string layer_where = "layer " + std::to_string(l);
+  LayerResult out;
+  out.report.outlier_channels.resize(static_cast<size_t>(G));
+
+  // Keys: parts per KV head, head-averaged post frame parts for the ρ calibration.
+  std::vector<KeyParts> parts(static_cast<size_t>(G));
+  std::vector<std::vector<float>> query_targets(static_cast<size_t>(G));  // post frame own_unscaled
+  std::vector<double> mean_shared(static_cast<size_t>(T * d), 0.0), mean_own(mean_shared.size(), 0.0),
+      mean_fixed(mean_shared.size(), 0.0);
+  for (int64_t g = 0; g < G; ++g) {
+    KeyParts& kp = parts[static_cast<size_t>(g)];
+    kp = make_key_parts(P, l, g);
+    out.report.outlier_channels[static_cast<size_t>(g)] = kp.outliers;
+    query_targets[static_cast<size_t>(g)] = to_post(P, kp.own_unscaled);
+    const std::vector<float> shared_post = to_post(P, kp.shared), own_post = to_post(P, kp.own),
+                             fixed_post = to_post(P, kp.fixed);
+    for (size_t i = 0; i < mean_shared.size(); ++i) {
+      mean_shared[i] += shared_post[i];
+      mean_own[i] += own_post[i];
+      mean_fixed[i] += fixed_post[i];
+    }
+  }
+  double w[2] = {0, 0};
+  w[0] = solve_shared_weight(P, mean_shared, mean_own, mean_fixed, 0, P.boundary, s.rho_first,
+                             layer_where + " phase 1 (rho_first)", out.warnings);
+  if (P.num_phases() == 2)
+    w[1] = solve_shared_weight(P, mean_shared, mean_own, mean_fixed, P.boundary, T, s.rho_second,
+                               layer_where + " phase 2 (rho_second)", out.warnings);
+  out.report.shared_weight_first = w[0];
+  out.report.shared_weight_second = P.num_phases() == 2 ? w[1] : w[0];
+
+  LayerTensors& L = out.tensors;
+  L.key = Tensor({G, T, d});
+  if (s.rope) L.key_pre_rope = Tensor({G, T, d});
+  for (int64_t g = 0; g < G; ++g) {
+    const KeyParts& kp = parts[static_cast<size_t>(g)];
+    float* pre = (s.rope ? L.key_pre_rope : L.key).slice(g);
+    for (int64_t t = 0; t < T; ++t) {
+      const double ph_w = w[P.phase_of(t)];
+      const float a = static_cast<float>(std::sqrt(ph_w)), b = static_cast<float>(std::sqrt(1.0 - ph_w));
+      for (int64_t c = 0; c < d; ++c) {
+        const size_t i = static_cast<size_t>(t * d + c);
+        pre[t * d + c] = a * kp.shared[i] + b * kp.own[i] + kp.fixed[i];
+      }
+    }
+    if (s.rope) {
+      std::copy(pre, pre + T * d, L.key.slice(g));
+      apply_rope(L.key.slice(g), *P.rope);
+    }
+  }
+
+  // Values.
+  L.value = Tensor({G, T, d});
+  for (int64_t g = 0; g < G; ++g) {
+    Rng rng(derive_seed({s.seed, kValues, static_cast<uint64_t>(l), static_cast<uint64_t>(g)}));
+    float* v = L.value.slice(g);
+    for (int64_t i = 0; i < T * d; ++i) v[i] = static_cast<float>(s.value_scale * rng.normal());
+  }
+
+  // Queries, calibrated head by head against the final keys.
+  const std::vector<HeadRole> roles = assign_roles(P, l);
+  out.report.heads.resize(static_cast<size_t>(Hq));
+  L.query = Tensor({Hq, T, d});
+  const int64_t sc = P.sink_channel();
+  CalibrationScores scores;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* keys = L.key.slice(g);
+    const std::vector<float> pos_q = positional_queries(P, parts[static_cast<size_t>(g)]);
+    kv_head_scores(P, pos_q, keys, scores);
+    for (int64_t h = g * P.group; h < (g + 1) * P.group; ++h) {
+      const std::vector<float> unit_q = unit_queries(P, l, h, query_targets[static_cast<size_t>(g)]);
+      score_rows(P, unit_q, keys, scores.query_rows, scores.content);
+      const std::string where = layer_where + " q head " + std::to_string(h);
+      const SyntheticHeadReport rep = calibrate_head(P, roles[static_cast<size_t>(h)], scores, where, out.warnings);
+      out.report.heads[static_cast<size_t>(h)] = rep;
+      const float beta = static_cast<float>(rep.content_gain), gamma = static_cast<float>(rep.sink_gain);
+      float* q = L.query.slice(h);
+      for (int64_t i = 0; i < T * d; ++i) q[i] = beta * unit_q[static_cast<size_t>(i)] + pos_q[static_cast<size_t>(i)];
+      if (sc >= 0 && gamma != 0.0f)
+        for (int64_t t = 0; t < T; ++t) q[t * d + sc] += gamma;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Recording-level pieces
+// ---------------------------------------------------------------------------
+
+std::vector<int64_t> make_token_ids(const Plan& P) {
+  const SyntheticSpec& s = P.spec;
+  Rng rng(derive_seed({s.seed, kTokenIds}));
+  std::vector<int64_t> ids(static_cast<size_t>(P.T));
+  for (int64_t& id : ids) {
+    do id = static_cast<int64_t>(rng.below(256));
+    while (id == s.phase_marker);  // the marker appears only at the boundary
+  }
+  if (P.boundary < P.T) ids[static_cast<size_t>(P.boundary)] = s.phase_marker;
+  return ids;
+}
+
+std::map<std::string, std::string> spec_metadata(const SyntheticSpec& s) {
+  std::map<std::string, std::string> m;
+  auto put = [&](const char* key, const std::string& v) { m[std::string("synthetic.") + key] = v; };
+  put("seed", std::to_string(s.seed));
+  put("layers", num(s.layers));
+  put("q_heads", num(s.q_heads));
+  put("kv_heads", num(s.kv_heads));
+  put("head_dim", num(s.head_dim));
+  put("tokens", num(s.tokens));
+  put("entropy_mean", num(s.entropy_mean));
+  put("entropy_spread", num(s.entropy_spread));
+  put("sink_tokens", num(s.sink_tokens));
+  put("sink_heads", num(s.sink_heads));
+  put("sink_mass", num(s.sink_mass));
+  put("sink_layers", num(s.sink_layers));
+  put("recency", num(s.recency));
+  put("recency_scale", num(s.recency_scale));
+  put("outlier_channels", num(s.outlier_channels));
+  put("outlier_scale", num(s.outlier_scale));
+  put("rope", s.rope ? "true" : "false");
+  put("rope_theta", num(s.rope_theta));
+  put("phase_fraction", num(s.phase_fraction));
+  put("rho_first", num(s.rho_first));
+  put("rho_second", num(s.rho_second));
+  put("phase_marker", num(s.phase_marker));
+  put("key_scale", num(s.key_scale));
+  put("value_scale", num(s.value_scale));
+  put("calibration_queries", num(s.calibration_queries));
+  return m;
+}
+
+}  // namespace
+
+Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report) {
+  validate_synthetic_spec(spec);
+  const Plan P = make_plan(spec);
+
+  std::vector<LayerResult> layers(static_cast<size_t>(P.L));
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t l = 0; l < P.L; ++l) {
+    try {
+      layers[static_cast<size_t>(l)] = generate_layer(P, l);
+    } catch (...) {
+#pragma omp critical(kvb_synthetic_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+
+  Recording rec;
+  rec.name = "synthetic";
+  rec.q_heads = P.Hq;
+  rec.kv_heads = P.G;
+  rec.head_dim = P.d;
+  rec.tokens = P.T;
+  std::ostringstream src;
+  src << "synthetic(seed=" << spec.seed << ", " << P.L << " layers, " << P.Hq << "/" << P.G << " heads, d=" << P.d
+      << ", T=" << P.T << ")";
+  rec.source = src.str();
+  rec.token_ids = make_token_ids(P);
+  rec.positions.resize(static_cast<size_t>(P.T));
+  for (int64_t t = 0; t < P.T; ++t) rec.positions[static_cast<size_t>(t)] = t;
+  if (P.boundary < P.T) rec.phase_boundary = P.boundary;
+  rec.rope.applied = spec.rope;
+  rec.rope.theta = spec.rope_theta;
+  SyntheticReport rep;
+  rep.channels = P.ch;
+  rep.phase_boundary = P.boundary;
+  for (int64_t l = 0; l < P.L; ++l) {
+    LayerResult& lr = layers[static_cast<size_t>(l)];
+    rec.layer_ids.push_back(static_cast<int>(l));
+    rec.layers.push_back(std::move(lr.tensors));
+    rep.warnings.insert(rep.warnings.end(), lr.warnings.begin(), lr.warnings.end());
+    rep.layers.push_back(std::move(lr.report));
+  }
+
+  // What was reached, measured on the generated keys with the research definition.
+  double rho_first = 0, rho_second = 0;
+  for (int64_t l = 0; l < P.L; ++l) {
+    SyntheticLayerReport& lr = rep.layers[static_cast<size_t>(l)];
+    lr.rho_first = key_rho_layer(rec, l, 0, P.boundary);
+    lr.rho_second = P.boundary < P.T ? key_rho_layer(rec, l, P.boundary, P.T) : lr.rho_first;
+    rho_first += lr.rho_first / static_cast<double>(P.L);
+    rho_second += lr.rho_second / static_cast<double>(P.L);
+  }
+  rec.metadata = spec_metadata(spec);
+  rec.metadata["synthetic.phase_boundary"] = num(P.boundary);
+  rec.metadata["synthetic.rho_first_measured"] = num(rho_first);
+  if (P.boundary < P.T) rec.metadata["synthetic.rho_second_measured"] = num(rho_second);
+  rec.metadata["synthetic.warnings"] = join(rep.warnings, "; ");
+  rec.validate();
+  if (report) *report = std::move(rep);
+  return rec;
+}
+
+}  // namespace kvb

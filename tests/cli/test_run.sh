@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# `kvbudget run` end to end: results layout, determinism across runs and thread
+# counts, bad input of every kind (clear message, non-zero exit, nothing lost), and
+# Ctrl-C. $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
+set -u
+kvb="$1"
+src="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+status=0
+fail() { echo "FAIL: $*" >&2; status=1; }
+expect() {  # expect FILE STRING WHAT
+  grep -qF -- "$2" "$1" || { fail "'$2' not in $3"; sed 's/^/    /' "$1" >&2; }
+}
+# Every line of a CSV has as many fields as its header (no truncated rows).
+csv_ok() { awk -F, 'NR == 1 { n = NF } NF != n { exit 1 }' "$1"; }
+# points.csv without its timing column, for comparing numbers across runs.
+numbers() { awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "seconds") s = i } { $s = ""; print }' OFS=, "$1"; }
+
+rec="$src/data/records/gpt2-bytes-record.safetensors"
+small=(--set data.max_tokens=64 --set 'strategy.0.vars.bits=[3, 4]' --quiet)
+
+# 1. The quickstart config on a 64-token prefix: every file of the results layout.
+"$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --out "$tmp/r1" >"$tmp/run1.out" 2>&1 || fail "run 1 exited $?"
+d1=$(ls -d "$tmp"/r1/quickstart/2*)
+for f in config.toml manifest.json points.csv pareto.csv budgets.json; do
+  [ -s "$d1/$f" ] || fail "results lack $f"
+done
+[ -L "$tmp/r1/quickstart/latest" ] || fail "no latest link"
+[ "$(wc -l <"$d1/points.csv")" -eq 9 ] || fail "expected 8 points + header in points.csv"
+csv_ok "$d1/points.csv" || fail "points.csv rows have differing field counts"
+expect "$d1/manifest.json" '"status": "complete"' "manifest"
+expect "$d1/manifest.json" '"git_commit"' "manifest"
+expect "$d1/manifest.json" '"seed": 0' "manifest"
+expect "$d1/config.toml" 'max_tokens = 64' "resolved config"
+expect "$tmp/run1.out" "Pareto frontier: attn_kl_mean" "console"
+expect "$tmp/run1.out" "Budget queries:" "console"
+if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  for m in attn_kl_mean attn_out_rel_err topk_overlap; do
+    [ -s "$d1/plots/$m.png" ] && [ -s "$d1/plots/$m.svg" ] || fail "plot $m missing"
+  done
+fi
+
+# 2. Determinism: same config and seed, other thread count: identical numbers.
+"$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --out "$tmp/r2" --threads 1 --no-plots >/dev/null 2>&1 \
+  || fail "run 2 exited $?"
+d2=$(ls -d "$tmp"/r2/quickstart/2*)
+diff <(numbers "$d1/points.csv") <(numbers "$d2/points.csv") >/dev/null || fail "points differ between runs"
+diff "$d1/pareto.csv" "$d2/pareto.csv" >/dev/null || fail "pareto.csv differs between runs"
+
+# 3. Config errors: exit 2, file:line and the key, before any results are written.
+cat >"$tmp/typo.toml" <<EOF
+name = "typo"
+[data]
+path = "$rec"
+max_tokns = 64
+[[strategy]]
+type = "uniform"
+format = "int4-asym-g32"
+EOF
+"$kvb" run "$tmp/typo.toml" --out "$tmp/r3" >"$tmp/typo.out" 2>&1
+[ $? -eq 2 ] || fail "misspelled key: expected exit 2"
+expect "$tmp/typo.out" "typo.toml:4: unknown key 'data.max_tokns' (did you mean 'max_tokens'?)" "misspelled key"
+[ ! -e "$tmp/r3" ] || fail "a config error created results"
+
+"$kvb" run "$src/configs/quickstart.toml" --set 'metrics.pareto=["attn_kl_maen"]' --out "$tmp/r3" >"$tmp/m.out" 2>&1
+[ $? -eq 2 ] || fail "unknown metric: expected exit 2"
+expect "$tmp/m.out" "unknown metric 'attn_kl_maen' (did you mean 'attn_kl_mean'?)" "unknown metric"
+
+sed '/\[\[strategy\]\]/,$d' "$tmp/typo.toml" | sed '/max_tokns/d' >"$tmp/empty.toml"
+"$kvb" run "$tmp/empty.toml" --out "$tmp/r3" >"$tmp/e.out" 2>&1
+[ $? -eq 2 ] || fail "empty sweep: expected exit 2"
+expect "$tmp/e.out" "the sweep is empty" "empty sweep"
+
+"$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.bits=[9]' --out "$tmp/r3" >"$tmp/b.out" 2>&1
+[ $? -eq 2 ] || fail "bad format: expected exit 2"
+expect "$tmp/b.out" "bits must be 1..8" "bad format"
+
+# 4. Bad data: exit 1 and a message naming the file / tensor and index.
+head -c 5000 "$rec" >"$tmp/truncated.safetensors"
+"$kvb" run "$src/configs/quickstart.toml" --set "data.path=$tmp/truncated.safetensors" --out "$tmp/r4" >"$tmp/t.out" 2>&1
+[ $? -eq 1 ] || fail "truncated file: expected exit 1"
+expect "$tmp/t.out" "truncated.safetensors" "truncated file"
+
+# A hand-made safetensors file with a NaN in layer 0's key at [0, 1, 0].
+le64() { local n=$1 i; for i in 0 1 2 3 4 5 6 7; do printf "\\x$(printf %02x $(((n >> (8 * i)) & 255)))"; done; }
+one='\x00\x00\x80\x3f'
+nan='\x00\x00\xc0\x7f'
+header='{"layers.0.query":{"dtype":"F32","shape":[1,2,2],"data_offsets":[0,16]},"layers.0.key":{"dtype":"F32","shape":[1,2,2],"data_offsets":[16,32]},"layers.0.value":{"dtype":"F32","shape":[1,2,2],"data_offsets":[32,48]}}'
+{
+  le64 ${#header}
+  printf '%s' "$header"
+  printf "$one$one$one$one"   # query
+  printf "$one$one$nan$one"   # key: element [0, 1, 0] is NaN
+  printf "$one$one$one$one"   # value
+} >"$tmp/nan.safetensors"
+"$kvb" run "$src/configs/quickstart.toml" --set "data.path=$tmp/nan.safetensors" --out "$tmp/r4" >"$tmp/n.out" 2>&1
+[ $? -eq 1 ] || fail "NaN: expected exit 1"
+expect "$tmp/n.out" "key[0, 1, 0] is NaN" "NaN in a tensor"
+
+# 5. A point that cannot run (group 48 does not divide head_dim 64) beside good ones:
+# the good points are measured and written, the bad one is reported, exit 1.
+"$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --set 'strategy.0.vars.group=[32, 48]' \
+  --out "$tmp/r5" --no-plots >"$tmp/p.out" 2>&1
+[ $? -eq 1 ] || fail "failing points: expected exit 1"
+d5=$(ls -d "$tmp"/r5/quickstart/2*)
+[ "$(wc -l <"$d5/points.csv")" -eq 5 ] || fail "expected the 4 good points in points.csv"
+[ "$(grep -c 'g48' "$d5/errors.csv")" -eq 4 ] || fail "expected the 4 bad points in errors.csv"
+expect "$d5/errors.csv" "does not divide head_dim 64" "errors.csv"
+expect "$tmp/p.out" "4 point(s) failed" "console"
+expect "$d5/manifest.json" '"status": "failed"' "manifest of a failed run"
+
+# 6. Ctrl-C: finished points are written whole, the manifest says interrupted, exit 130.
+"$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6" \
+  --no-plots --threads 1 >"$tmp/i.out" 2>&1 &
+pid=$!
+sleep 3
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "interrupted run: expected exit 130, got $rc"
+d6=$(ls -d "$tmp"/r6/quickstart/2*)
+csv_ok "$d6/points.csv" || fail "interrupted points.csv has a truncated row"
+rows=$(($(wc -l <"$d6/points.csv") - 1))
+[ "$rows" -ge 1 ] && [ "$rows" -lt 56 ] || fail "interrupted run wrote $rows points (expected some, not all)"
+expect "$d6/manifest.json" '"status": "interrupted"' "manifest of an interrupted run"
+ls "$d6" | grep -q '\.tmp\.' && fail "temporary files left behind"
+
+exit $status
