@@ -13,7 +13,7 @@
 #include "sim/io/tensor_store.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/model/model_eval.h"
-#include "sim/model/rotary.h"
+#include "sim/model/rope_scaling.h"
 #include "sim/model/transformer.h"
 #include "sim/strategies/uniform.h"
 

@@ -19,14 +19,18 @@ float rope_angle(int64_t pos, int64_t pair, int64_t head_dim, double theta) {
 
 RopeTable make_rope_table(int64_t T, int64_t d, const int64_t* positions, double theta) {
   if (d % 2 != 0) throw Error("RoPE needs an even head_dim, got " + std::to_string(d));
-  const int64_t half = d / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = rope_inv_freq(i, d, theta);
+  return make_rope_table(T, positions, inv_freq);
+}
+
+RopeTable make_rope_table(int64_t T, const int64_t* positions, const std::vector<float>& inv_freq) {
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
   RopeTable table;
   table.tokens = T;
-  table.head_dim = d;
+  table.head_dim = 2 * half;
   table.cos.resize(static_cast<size_t>(T * half));
   table.sin.resize(static_cast<size_t>(T * half));
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[static_cast<size_t>(i)] = rope_inv_freq(i, d, theta);
   for (int64_t t = 0; t < T; ++t) {
     const float pos = static_cast<float>(positions ? positions[t] : t);
     for (int64_t i = 0; i < half; ++i) {

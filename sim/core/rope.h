@@ -46,6 +46,9 @@ struct RopeTable {
   std::vector<float> cos, sin;  // [tokens, head_dim/2], row t at positions[t]
 };
 RopeTable make_rope_table(int64_t T, int64_t d, const int64_t* positions, double theta);
+// The same for given inverse frequencies (d/2 of them), e.g. a model's scaled ones
+// (llama3 or linear RoPE scaling, sim/model/rope_scaling.h); angle = float(pos) · inv_freq[i].
+RopeTable make_rope_table(int64_t T, const int64_t* positions, const std::vector<float>& inv_freq);
 void apply_rope(float* x, const RopeTable& table);   // x: [table.tokens, table.head_dim]
 void invert_rope(float* x, const RopeTable& table);
 // One row x [d] at table row t (e.g. a single query or key).

@@ -3,9 +3,10 @@
 #include <algorithm>
 
 #include "sim/core/error.h"
+#include "sim/core/rope.h"
 #include "sim/model/attention.h"
 #include "sim/model/layers.h"
-#include "sim/model/rotary.h"
+#include "sim/model/rope_scaling.h"
 
 namespace kvb {
 
@@ -72,8 +73,12 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
     x.row(i) = weights_.token_embedding.row(tokens[static_cast<size_t>(i)]);
     if (weights_.position_embedding.size()) x.row(i) += weights_.position_embedding.row(first + i);
   }
-  RotaryTable rotary;
-  if (c.rope.enabled) rotary = make_rotary_table(inv_freq_, first, n);
+  RopeTable rope;  // cos/sin of the new tokens' positions
+  if (c.rope.enabled) {
+    std::vector<int64_t> positions(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = first + i;
+    rope = make_rope_table(n, positions.data(), inv_freq_);
+  }
 
   RowMatrix h, qkv, attn(n, c.q_heads * d), proj, mlp, act;
   std::vector<float> scratch;
@@ -84,8 +89,9 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
     normalize_rows(x, blk.attn_norm, c.norm_eps, h);
     dense(h, blk.qkv, qkv);  // [n, (q_heads + 2 kv_heads) d]: q | k | v
     if (cap && c.rope.enabled) cap->key_pre_rope = heads_tensor(qkv.data(), qkv_width, k_col, c.kv_heads, n, d);
-    if (c.rope.enabled)
-      for (int64_t hh = 0; hh < c.q_heads + c.kv_heads; ++hh) rotate_rows(qkv.data() + hh * d, n, qkv_width, rotary);
+    if (c.rope.enabled)  // query and key heads: the first (q_heads + kv_heads) * d columns
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t hh = 0; hh < c.q_heads + c.kv_heads; ++hh) apply_rope_row(qkv.row(r).data() + hh * d, rope, r);
     if (cap) {
       cap->query = heads_tensor(qkv.data(), qkv_width, 0, c.q_heads, n, d);
       cap->key = heads_tensor(qkv.data(), qkv_width, k_col, c.kv_heads, n, d);
