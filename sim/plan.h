@@ -52,6 +52,16 @@ struct UnitPlan {
   RecentWindow window;            // optional
 };
 
+// Which version of token j <= t the query at t reads (the time semantics above): the
+// exact value, the window's, or the stored (segment) one. The recording simulator
+// and the model's KV cache both select through this.
+enum class Seen { Exact, Stored, Window };
+inline Seen seen_version(const RecentWindow& window, int64_t prefill, int64_t t, int64_t j) {
+  if (t < prefill) return Seen::Exact;
+  if (window.holds(t, j, prefill)) return Seen::Window;
+  return Seen::Stored;
+}
+
 enum class Kind : int { Key = 0, Value = 1 };
 inline const char* kind_name(Kind k) { return k == Kind::Key ? "K" : "V"; }
 

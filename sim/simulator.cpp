@@ -55,11 +55,9 @@ struct UnitDelta {
 };
 
 // Which version of token j the query at t sees (Plan's time semantics).
-enum class Seen { Exact, Stored, Window };
 inline Seen seen_version(const UnitDelta& u, int64_t t, int64_t j, int64_t prefill) {
-  if (t < prefill) return Seen::Exact;
-  if (u.has_window() && u.win->holds(t, j, prefill)) return Seen::Window;
-  return Seen::Stored;
+  static const RecentWindow kNoWindow;
+  return kvb::seen_version(u.has_window() ? *u.win : kNoWindow, prefill, t, j);
 }
 
 // Per-thread scratch for one query head.
@@ -221,9 +219,8 @@ UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int6
   if (unit.window.active()) {
     u.win = &unit.window;
     u.window.resize(static_cast<size_t>(n));
-    unit.window.format->roundtrip(ConstMatView{x, rec.tokens, rec.head_dim, rec.head_dim},
-                                  MatView{u.window.data(), rec.tokens, rec.head_dim, rec.head_dim},
-                                  SpanInfo{layer, g, kind == Kind::Key, 0, opt.seed});
+    reconstruct_window(unit, x, rec.tokens, rec.head_dim, SpanInfo{layer, g, kind == Kind::Key, 0, opt.seed},
+                       u.window.data());
     for (int64_t i = 0; i < n; ++i) u.window[i] -= x[i];
   }
   return u;
@@ -238,6 +235,11 @@ void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d
     span.first_token = seg.begin;
     seg.format->roundtrip(ConstMatView{x + seg.begin * d, n, d, d}, MatView{out + seg.begin * d, n, d, d}, span);
   }
+}
+
+void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t d, SpanInfo span, float* out) {
+  span.first_token = 0;
+  unit.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{out, T, d, d}, span);
 }
 
 void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,

@@ -31,6 +31,11 @@ struct SimOptions {
 void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, SpanInfo span,
                       float* out);
 
+// The window version of a unit with an active window: every row of x [T, head_dim]
+// through the window's format, into out. Which (query, token) pairs read it is
+// seen_version()'s business (plan.h). Shared with the model's KV cache.
+void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, SpanInfo span, float* out);
+
 // The reconstructed [T, head_dim] matrix of one unit of a recording, into out.
 void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,
                       const SimOptions& opt, float* out);

@@ -15,6 +15,7 @@
 #include "sim/model/model_eval.h"
 #include "sim/model/rope_scaling.h"
 #include "sim/model/transformer.h"
+#include "sim/simulator.h"
 #include "sim/strategies/uniform.h"
 
 using namespace kvb;
@@ -197,6 +198,81 @@ TEST_CASE("quantization error propagates: layer 0's quantized cache changes laye
   CHECK(quant[0].key.data == exact[0].key.data);
   CHECK(quant[0].attn_output.data != exact[0].attn_output.data);
   CHECK(quant[1].key.data != exact[1].key.data);
+}
+
+TEST_CASE("windows, prefill and segments: the model's attention equals the recording simulator's") {
+  // Layer 0 of the quantized run reads the same q/k/v as the exact run, so its
+  // attention-output error must be the one the recording simulator computes for
+  // layer 0, query head by query head and position by position.
+  const std::vector<int64_t> all = reference_ids("llama-bytes");
+  const std::vector<int64_t> ids(all.begin(), all.begin() + 96);
+  const auto model = fixture_model("llama-bytes");
+  std::vector<LayerTensors> exact, quant;
+  ExtendOptions a;
+  a.capture = &exact;
+  model->forward(ids, a);
+  const Recording rec = recording_from_capture(model->config(), exact, ids, "test");
+  const int64_t T = rec.tokens;
+  struct Case {
+    std::string name;
+    int64_t prefill;
+    RecentWindow key_window, value_window;
+  };
+  const FormatPtr fp16 = make_format("keep-fp16"), fp32 = make_format("keep-fp32");
+  const std::vector<Case> cases = {
+      {"segments only", 0, {}, {}},
+      {"prefill", 20, {}, {}},
+      {"sliding K window, chunked extra-copy V window, prefill", 5,
+       RecentWindow{8, fp16, RecentWindow::Mode::Sliding, false},
+       RecentWindow{16, fp32, RecentWindow::Mode::Chunked, true}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    Plan plan(rec.num_layers(), rec.kv_heads, T, rec.head_dim);
+    for (int64_t l = 0; l < rec.num_layers(); ++l)
+      for (int64_t g = 0; g < rec.kv_heads; ++g)
+        for (Kind k : {Kind::Key, Kind::Value}) {
+          UnitPlan& u = plan.unit(l, g, k);
+          u.segments = {Segment{0, 4, fp16}, Segment{4, T, make_format(k == Kind::Key ? "int2-asym-g32" : "int3-sym-g16")}};
+          u.window = k == Kind::Key ? c.key_window : c.value_window;
+        }
+    plan.set_prefill(c.prefill);
+    REQUIRE(plan.check().empty());
+    ExtendOptions b;
+    b.capture = &quant;
+    b.cache.plan = &plan;
+    model->forward(ids, b);
+    const ErrorStats sim = simulate_layer(rec, plan, 0, SimOptions{});
+    REQUIRE(sim.rows.size() == static_cast<size_t>(rec.q_heads * T));
+    const int64_t d = rec.head_dim, width = rec.q_heads * d;
+    double worst = 0;
+    for (const AttentionRow& row : sim.rows) {
+      double err2 = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        const double diff = quant[0].attn_output.data[row.position * width + row.q_head * d + i] -
+                            exact[0].attn_output.data[row.position * width + row.q_head * d + i];
+        err2 += diff * diff;
+      }
+      worst = std::max(worst, std::fabs(std::sqrt(err2) - std::sqrt(row.out_err2)) / std::sqrt(row.out_norm2));
+      if (row.position < c.prefill) CHECK(err2 == 0.0);
+    }
+    MESSAGE(c.name << ": worst | ||Δo|| model - simulator | / ||o|| = " << worst);
+    CHECK(worst < 1e-4);
+  }
+
+  // A window covering everything at fp32, or a prefill covering everything, is the exact model.
+  Plan whole = uniform_plan(rec, "int2-asym-g32");
+  for (int64_t l = 0; l < rec.num_layers(); ++l)
+    for (int64_t g = 0; g < rec.kv_heads; ++g)
+      for (Kind k : {Kind::Key, Kind::Value}) whole.unit(l, g, k).window = RecentWindow{T, fp32};
+  const RowMatrix base = model->forward(ids);
+  ExtendOptions w;
+  w.cache.plan = &whole;
+  CHECK(model->forward(ids, w) == base);
+  Plan prompt = uniform_plan(rec, "int2-asym-g32");
+  prompt.set_prefill(T);
+  w.cache.plan = &prompt;
+  CHECK(model->forward(ids, w) == base);
 }
 
 TEST_CASE("results do not depend on the thread count") {

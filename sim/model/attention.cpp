@@ -15,13 +15,29 @@ namespace {
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using StridedRows = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
 using OutRows = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
+using Rows = Eigen::Map<const RowMat>;
 
 constexpr int64_t kQueryBlock = 128;  // query rows per task
 
+// Whether some query of the block may read another version than the stored one.
+bool mixed(const KvUnitView& u, int64_t prefill, int64_t first_query) {
+  return (u.exact != u.stored && prefill > first_query) || (u.recent && u.recent->active());
+}
+
+Seen seen(const KvUnitView& u, int64_t prefill, int64_t t, int64_t j) {
+  static const RecentWindow kNoWindow;
+  return seen_version(u.recent ? *u.recent : kNoWindow, prefill, t, j);
+}
+
+// Per-thread buffers of one task: scores, and for mixed values the probabilities
+// whose value is read in the exact and the window version.
+struct Scratch {
+  RowMat scores, scores_exact, scores_window, p_exact, p_window;
+};
+
 }  // namespace
 
-void causal_attention(const float* queries, int64_t query_stride, int64_t n, int64_t context,
-                      const std::vector<const float*>& keys, const std::vector<const float*>& values,
+void causal_attention(const float* queries, int64_t query_stride, int64_t n, int64_t context, const KvLayerView& kv,
                       const AttentionGeometry& geo, float* out) {
   const int64_t d = geo.head_dim;
   const int64_t group = geo.q_heads / geo.kv_heads;
@@ -29,40 +45,67 @@ void causal_attention(const float* queries, int64_t query_stride, int64_t n, int
   const int64_t blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int64_t tasks = geo.q_heads * blocks;
   const int64_t out_stride = geo.q_heads * d;
-
+  const int64_t prefill = kv.prefill;
   // q·k and p·v over the visible keys (about half the context for teacher forcing).
   const double flops = 4.0 * static_cast<double>(geo.q_heads * d) * static_cast<double>(n) *
                        static_cast<double>(context - n / 2);
+
 #pragma omp parallel if (tasks > 1 && parallel_worthwhile(flops))
   {
-    RowMat scores;
+    Scratch s;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t h = task / blocks, r0 = (task % blocks) * kQueryBlock;
       const int64_t rows = std::min(kQueryBlock, n - r0);
-      const int64_t g = h / group;
+      const KvUnitView& K = kv.keys[static_cast<size_t>(h / group)];
+      const KvUnitView& V = kv.values[static_cast<size_t>(h / group)];
       // Keys visible to any row of the block: [lo, hi).
       const int64_t hi = first + r0 + rows;
       const int64_t lo = geo.window > 0 ? std::max<int64_t>(0, first + r0 - geo.window + 1) : 0;
+      const int64_t cols = hi - lo;
       const StridedRows q(queries + r0 * query_stride + h * d, rows, d, Eigen::OuterStride<>(query_stride));
-      const Eigen::Map<const RowMat> k(keys[static_cast<size_t>(g)] + lo * d, hi - lo, d);
-      const Eigen::Map<const RowMat> v(values[static_cast<size_t>(g)] + lo * d, hi - lo, d);
-      scores.noalias() = q * k.transpose();
+      s.scores.noalias() = q * Rows(K.stored + lo * d, cols, d).transpose();
+      const bool mixed_k = mixed(K, prefill, first + r0), mixed_v = mixed(V, prefill, first + r0);
+      if (mixed_k) {
+        s.scores_exact.noalias() = q * Rows(K.exact + lo * d, cols, d).transpose();
+        if (K.window) s.scores_window.noalias() = q * Rows(K.window + lo * d, cols, d).transpose();
+      }
+      if (mixed_v) {
+        s.p_exact.setZero(rows, cols);
+        if (V.window) s.p_window.setZero(rows, cols);
+      }
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = first + r0 + r;
-        // Visible keys of this row, as column indices into scores: [a, b).
+        // Visible keys of this row, as column indices: [a, b).
         const int64_t a = (geo.window > 0 ? std::max<int64_t>(0, t - geo.window + 1) : 0) - lo;
         const int64_t b = t + 1 - lo;
-        float* s = scores.row(r).data();
-        Eigen::Map<Eigen::ArrayXf> visible(s + a, b - a);
+        float* row = s.scores.row(r).data();
+        if (mixed_k)
+          for (int64_t c = a; c < b; ++c) {
+            const Seen v = seen(K, prefill, t, lo + c);
+            if (v == Seen::Exact) row[c] = s.scores_exact(r, c);
+            else if (v == Seen::Window) row[c] = s.scores_window(r, c);
+          }
+        Eigen::Map<Eigen::ArrayXf> visible(row + a, b - a);
         visible *= geo.score_scale;
         visible = (visible - visible.maxCoeff()).exp();
         visible *= static_cast<float>(1.0 / visible.cast<double>().sum());
-        std::fill(s, s + a, 0.0f);
-        std::fill(s + b, s + (hi - lo), 0.0f);
+        std::fill(row, row + a, 0.0f);
+        std::fill(row + b, row + cols, 0.0f);
+        if (mixed_v)  // move each probability to the version of the value it reads
+          for (int64_t c = a; c < b; ++c) {
+            const Seen v = seen(V, prefill, t, lo + c);
+            if (v == Seen::Stored) continue;
+            (v == Seen::Exact ? s.p_exact : s.p_window)(r, c) = row[c];
+            row[c] = 0.0f;
+          }
       }
       OutRows o(out + r0 * out_stride + h * d, rows, d, Eigen::OuterStride<>(out_stride));
-      o.noalias() = scores * v;
+      o.noalias() = s.scores * Rows(V.stored + lo * d, cols, d);
+      if (mixed_v) {
+        o.noalias() += s.p_exact * Rows(V.exact + lo * d, cols, d);
+        if (V.window) o.noalias() += s.p_window * Rows(V.window + lo * d, cols, d);
+      }
     }
   }
 }

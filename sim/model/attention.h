@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "sim/plan.h"
+
 namespace kvb {
 
 struct AttentionGeometry {
@@ -10,19 +12,33 @@ struct AttentionGeometry {
   int64_t kv_heads = 0;   // divides q_heads; query head h reads KV head h / (q_heads / kv_heads)
   int64_t head_dim = 0;
   float score_scale = 1;  // scores are q·k * score_scale
-  int64_t window = 0;     // 0: full causal; W > 0: query t sees keys t - W < j <= t
+  int64_t window = 0;     // sliding-window attention: 0 = full causal; W > 0: query t sees keys t - W < j <= t
+};
+
+// The versions of one KV head's keys (or values) a query may read, each
+// [context, head_dim] rows. Without a plan all three are the exact cache.
+struct KvUnitView {
+  const float* stored = nullptr;         // the cache's stored version (segments' formats)
+  const float* exact = nullptr;          // the exact values
+  const float* window = nullptr;         // the window-precision version, or nullptr
+  const RecentWindow* recent = nullptr;  // the unit's recency window, or nullptr
+};
+
+// What attention reads for one layer: per KV head, keys and values, and the plan's
+// prefill. Query t reads token j's version seen_version(recent, prefill, t, j).
+struct KvLayerView {
+  std::vector<KvUnitView> keys, values;
+  int64_t prefill = 0;
 };
 
 // n queries at positions context - n .. context - 1 attend to the cache's keys and
 // values 0 .. context - 1 (causally): out = softmax(q·kᵀ·scale)·v per query head.
 //   queries: row r, head h starts at queries + r * query_stride + h * head_dim
-//   keys[g], values[g]: KV head g's cache, [context, head_dim] contiguous
-//   out: [n, q_heads * head_dim] row-major (resized by the caller), heads concatenated
+//   out: [n, q_heads * head_dim] row-major (sized by the caller), heads concatenated
 // Softmax is computed in fp32 with a double-precision normalizer. Work is split into
 // (head, block of query rows) tasks of fixed size, run with OpenMP outside a parallel
 // region; results do not depend on the thread count.
-void causal_attention(const float* queries, int64_t query_stride, int64_t n, int64_t context,
-                      const std::vector<const float*>& keys, const std::vector<const float*>& values,
+void causal_attention(const float* queries, int64_t query_stride, int64_t n, int64_t context, const KvLayerView& kv,
                       const AttentionGeometry& geo, float* out);
 
 }  // namespace kvb

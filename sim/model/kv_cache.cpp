@@ -28,31 +28,42 @@ void KvCache::append(int64_t layer, const float* keys, const float* values, int6
   }
 }
 
-KvCache::LayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const {
-  LayerView v;
+KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const {
+  KvLayerView v;
   v.keys.resize(static_cast<size_t>(kv_heads_));
   v.values.resize(static_cast<size_t>(kv_heads_));
-  if (!q.plan) {
-    for (int64_t g = 0; g < kv_heads_; ++g) {
-      v.keys[static_cast<size_t>(g)] = keys(layer, g);
-      v.values[static_cast<size_t>(g)] = values(layer, g);
+  for (int64_t g = 0; g < kv_heads_; ++g) {
+    for (int kind = 0; kind < 2; ++kind) {
+      KvUnitView& u = (kind == 0 ? v.keys : v.values)[static_cast<size_t>(g)];
+      u.exact = u.stored = unit(layer, g, kind).data();
     }
-    return v;
   }
+  if (!q.plan) return v;
+  v.prefill = q.plan->prefill();
   const int64_t length = this->length(layer), d = head_dim_;
   const int64_t unit_floats = length * d;
-  scratch.resize(static_cast<size_t>(2 * kv_heads_ * unit_floats));
+  // Scratch: per unit, the stored version, then the window version.
   const int64_t units = 2 * kv_heads_;
+  scratch.resize(static_cast<size_t>(2 * units * unit_floats));
   std::vector<std::string> errors(static_cast<size_t>(units));
 #pragma omp parallel for schedule(dynamic, 1) \
     if (units > 1 && parallel_worthwhile(50.0 * static_cast<double>(units * unit_floats)))
   for (int64_t u = 0; u < units; ++u) {
     const int64_t g = u / 2;
     const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;
+    KvUnitView& view = (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)];
     try {
+      const UnitPlan plan = q.plan->unit_at(layer, g, kind, length);
       const SpanInfo span{layer, g, kind == Kind::Key, 0, q.seed};
-      reconstruct_unit(q.plan->unit_at(layer, g, kind, length), unit(layer, g, static_cast<int>(kind)).data(), length, d,
-                       span, scratch.data() + u * unit_floats);
+      float* stored = scratch.data() + (2 * u) * unit_floats;
+      reconstruct_unit(plan, view.exact, length, d, span, stored);
+      view.stored = stored;
+      if (plan.window.active()) {
+        float* window = scratch.data() + (2 * u + 1) * unit_floats;
+        reconstruct_window(plan, view.exact, length, d, span, window);
+        view.window = window;
+        view.recent = &q.plan->unit(layer, g, kind).window;
+      }
     } catch (const std::exception& e) {
       errors[static_cast<size_t>(u)] = "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " +
                                        kind_name(kind) + ": " + e.what();
@@ -60,10 +71,6 @@ KvCache::LayerView KvCache::view(int64_t layer, const CacheQuantization& q, std:
   }
   for (const std::string& e : errors)
     if (!e.empty()) throw Error(e);
-  for (int64_t g = 0; g < kv_heads_; ++g) {
-    v.keys[static_cast<size_t>(g)] = scratch.data() + (2 * g) * unit_floats;
-    v.values[static_cast<size_t>(g)] = scratch.data() + (2 * g + 1) * unit_floats;
-  }
   return v;
 }
 

@@ -1,24 +1,29 @@
 // The model's KV cache: the exact keys (post-RoPE) and values of every token
 // processed so far, and what attention reads from it, which is either those exact
-// values or their quantize→dequantize reconstruction through a Plan.
+// values or what a Plan makes of them.
 //
-// Reconstruction goes through the simulator's reconstruct_unit() with the Plan's
-// segments for the cache's current length (Plan::unit_at), unit by unit, exactly as
-// the recording simulator reconstructs a recording; so whatever a Plan and its
-// formats express applies to the model unchanged. Semantics:
+// Reconstruction goes through the simulator's shared functions: reconstruct_unit()
+// with the Plan's segments for the cache's current length (Plan::unit_at), and
+// reconstruct_window() for a unit's recency window; attention then picks, for query t
+// and token j, the version seen_version() names (exact before the plan's prefill,
+// the window's while the window holds j, else the stored one), exactly as the
+// recording simulator does. So whatever a Plan and its formats express applies to the
+// model unchanged. Semantics:
 //  - teacher forcing (all T tokens in one pass): each layer's cache of T tokens is
-//    reconstructed once, and attention at every position reads the reconstructed
-//    keys and values (its own included), as in the recording simulator. The
-//    reconstructed layer output feeds the next layer, so errors propagate.
+//    reconstructed once and every query reads it (its own token included), as in the
+//    recording simulator. The layer's output feeds the next layer, so errors
+//    propagate.
 //  - generation (tokens appended one at a time): before each step the whole cache,
 //    prefix plus the new token, is reconstructed at the new length. For formats
 //    whose groups lie within one token (per-token, groups along head_dim) this equals
 //    teacher forcing; for groups along tokens (per-channel) the newest partial
-//    group is quantized on its own, as a real cache that re-quantizes would.
+//    group is quantized on its own, as a cache that re-quantizes would. Keys and
+//    values of earlier tokens are not recomputed.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "sim/model/attention.h"
 #include "sim/plan.h"
 
 namespace kvb {
@@ -47,12 +52,9 @@ class KvCache {
   const float* keys(int64_t layer, int64_t kv_head) const { return unit(layer, kv_head, 0).data(); }
   const float* values(int64_t layer, int64_t kv_head) const { return unit(layer, kv_head, 1).data(); }
 
-  // What attention reads for a layer: per KV head, [length, head_dim] rows, exact or
-  // reconstructed through q.plan (into `scratch`, which must outlive the pointers).
-  struct LayerView {
-    std::vector<const float*> keys, values;
-  };
-  LayerView view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const;
+  // What attention reads for a layer, [length, head_dim] rows per version: exact, or
+  // reconstructed through q.plan (into `scratch`, which must outlive the view).
+  KvLayerView view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const;
 
  private:
   const std::vector<float>& unit(int64_t layer, int64_t kv_head, int kind) const {

@@ -98,9 +98,9 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
       cap->value = heads_tensor(qkv.data(), qkv_width, v_col, c.kv_heads, n, d);
     }
     state.cache.append(l, qkv.data() + k_col, qkv.data() + v_col, qkv_width, n);
-    const KvCache::LayerView kv = state.cache.view(l, opt.cache, scratch);
+    const KvLayerView kv = state.cache.view(l, opt.cache, scratch);
     const AttentionGeometry geo{c.q_heads, c.kv_heads, d, c.score_scale(l), c.sliding_window[static_cast<size_t>(l)]};
-    causal_attention(qkv.data(), qkv_width, n, context, kv.keys, kv.values, geo, attn.data());
+    causal_attention(qkv.data(), qkv_width, n, context, kv, geo, attn.data());
     if (cap) {
       cap->attn_output = Tensor({n, c.q_heads * d});
       std::copy(attn.data(), attn.data() + attn.size(), cap->attn_output.ptr());
