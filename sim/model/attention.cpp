@@ -52,7 +52,7 @@ void causal_attention(const float* queries, int64_t query_stride, int64_t n, int
 
 #pragma omp parallel if (tasks > 1 && parallel_worthwhile(flops))
   {
-    Scratch s;
+    thread_local Scratch s;  // reused across calls: no fresh pages per call
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t h = task / blocks, r0 = (task % blocks) * kQueryBlock;

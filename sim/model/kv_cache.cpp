@@ -13,6 +13,10 @@ namespace kvb {
 KvCache::KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim)
     : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), units_(static_cast<size_t>(layers * kv_heads * 2)) {}
 
+void KvCache::clear() {
+  for (std::vector<float>& u : units_) u.clear();
+}
+
 int64_t KvCache::length(int64_t layer) const {
   return static_cast<int64_t>(unit(layer, 0, 0).size()) / head_dim_;
 }

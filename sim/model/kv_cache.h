@@ -38,6 +38,9 @@ class KvCache {
   KvCache() = default;
   KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim);
 
+  // Empties every layer, keeping the allocated storage for the next sequence.
+  void clear();
+
   int64_t layers() const { return layers_; }
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }

@@ -24,6 +24,26 @@ Tensor heads_tensor(const float* src, int64_t stride, int64_t first_col, int64_t
   return t;
 }
 
+// Activations of one extend() call. Kept per thread between calls and reused, so
+// that repeated forward passes do not map and fault in fresh pages every time (on
+// virtual machines that costs more than a third of a small model's forward pass).
+// Sized by the largest call made on the thread.
+struct Workspace {
+  RowMatrix x;       // residual stream [n, hidden]
+  RowMatrix h;       // normalized rows [n, hidden]
+  RowMatrix qkv;     // [n, (q_heads + 2 kv_heads) head_dim]
+  RowMatrix attn;    // attention output [n, q_heads head_dim]
+  RowMatrix proj;    // projection output [n, hidden]
+  RowMatrix mlp;     // MLP hidden [n, intermediate] (gated: [n, 2 intermediate])
+  RowMatrix act;     // gated MLP activation [n, intermediate]
+  std::vector<float> cache_scratch;  // reconstructed KV versions of one layer
+};
+
+Workspace& workspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+
 }  // namespace
 
 std::shared_ptr<const Transformer> Transformer::load(const std::filesystem::path& dir) {
@@ -67,8 +87,9 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
   if (opt.cache.plan) check_plan_fits(*opt.cache.plan, c.layers, c.kv_heads, d);
   if (opt.capture) opt.capture->assign(static_cast<size_t>(c.layers), LayerTensors{});
 
-  // Residual stream x [n, hidden].
-  RowMatrix x(n, c.hidden_size);
+  Workspace& ws = workspace();
+  RowMatrix &x = ws.x, &h = ws.h, &qkv = ws.qkv, &attn = ws.attn, &proj = ws.proj, &mlp = ws.mlp, &act = ws.act;
+  x.resize(n, c.hidden_size);
   for (int64_t i = 0; i < n; ++i) {
     x.row(i) = weights_.token_embedding.row(tokens[static_cast<size_t>(i)]);
     if (weights_.position_embedding.size()) x.row(i) += weights_.position_embedding.row(first + i);
@@ -80,8 +101,7 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
     rope = make_rope_table(n, positions.data(), inv_freq_);
   }
 
-  RowMatrix h, qkv, attn(n, c.q_heads * d), proj, mlp, act;
-  std::vector<float> scratch;
+  attn.resize(n, c.q_heads * d);
   for (int64_t l = 0; l < c.layers; ++l) {
     const BlockWeights& blk = weights_.blocks[static_cast<size_t>(l)];
     LayerTensors* cap = opt.capture ? &(*opt.capture)[static_cast<size_t>(l)] : nullptr;
@@ -98,7 +118,7 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
       cap->value = heads_tensor(qkv.data(), qkv_width, v_col, c.kv_heads, n, d);
     }
     state.cache.append(l, qkv.data() + k_col, qkv.data() + v_col, qkv_width, n);
-    const KvLayerView kv = state.cache.view(l, opt.cache, scratch);
+    const KvLayerView kv = state.cache.view(l, opt.cache, ws.cache_scratch);
     const AttentionGeometry geo{c.q_heads, c.kv_heads, d, c.score_scale(l), c.sliding_window[static_cast<size_t>(l)]};
     causal_attention(qkv.data(), qkv_width, n, context, kv, geo, attn.data());
     if (cap) {
@@ -123,17 +143,25 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
 
   if (!opt.all_logits) {
     const RowMatrix last = x.bottomRows(1);
-    x = last;
+    normalize_rows(last, weights_.final_norm, c.norm_eps, h);
+  } else {
+    normalize_rows(x, weights_.final_norm, c.norm_eps, h);
   }
-  normalize_rows(x, weights_.final_norm, c.norm_eps, h);
   RowMatrix logits;
   dense(h, weights_.output_embedding(), nullptr, logits);
   return logits;
 }
 
 RowMatrix Transformer::forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const {
-  State s = new_state();
-  return extend(s, tokens, opt);
+  // The cache of a teacher-forced pass is dropped afterwards; its storage is kept per
+  // thread for the next pass of the same model shape (see Workspace).
+  thread_local State state;
+  if (state.cache.layers() != config_.layers || state.cache.kv_heads() != config_.kv_heads ||
+      state.cache.head_dim() != config_.head_dim)
+    state = new_state();
+  state.cache.clear();
+  state.length = 0;
+  return extend(state, tokens, opt);
 }
 
 double Transformer::flops_per_token(int64_t context) const {
