@@ -26,8 +26,10 @@ struct ExtendOptions {
   bool all_logits = true;     // false: logits of the last new token only (generation)
   // When set, receives per layer what attention consumed for the new tokens, in the
   // recording layout (recording.h): query [q_heads, n, d] and key [kv_heads, n, d]
-  // post-RoPE, key_pre_rope (RoPE models), value, attn_output [n, q_heads * d]. Keys
-  // and values are the exact ones (before any quantization).
+  // post-RoPE, key_pre_rope (RoPE models), value, attn_output [n, q_heads * d].
+  // Queries, keys and values are this run's exact ones (computed from the layer's
+  // input, before the cache quantizes them); attn_output is what this run's
+  // attention produced, with the plan's cache when there is one.
   std::vector<LayerTensors>* capture = nullptr;
 };
 
