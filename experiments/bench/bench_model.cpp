@@ -3,15 +3,16 @@
 //
 //   build/bench/bench_model [--tokens N] [--repeats N] [--markdown]
 //
-// For each fixture model and for 1 and 2 OpenMP threads (all cores when fewer):
+// For each fixture model and for 1 and 2 OpenMP threads (1 when there is one core):
 //  - teacher-forced evaluation of N tokens (BOS + Revelation) with the exact cache,
 //    and with an int4-asym-g32 cache (quantize -> dequantize every layer's cache);
 //  - greedy generation: 64 tokens after a 256-token prompt, exact cache;
 // and Eigen's sgemm rate measured in the same program: one 1024x1024x1024 product
 // (split into column halves over the threads, as the forward pass splits its GEMMs).
 // Rates are model FLOPs (2 per multiply-add: projections, MLP, LM head, q·k and p·v
-// over the causal prefix) per second, best of --repeats. Figures and the machine they
-// came from go to experiments/bench/RESULTS.md.
+// over the causal prefix) per second, best of --repeats rounds (each round runs every
+// measurement once). Figures and the machine they came from go to
+// experiments/bench/RESULTS.md.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,6 +21,8 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,7 +30,6 @@
 #include "sim/formats/registry.h"
 #include "sim/model/model_eval.h"
 #include "sim/model/transformer.h"
-#include "sim/strategies/uniform.h"
 
 using namespace kvb;
 
@@ -38,14 +40,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 template <class F>
-double best_seconds(int repeats, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, seconds_since(t0));
-  }
-  return best;
+double timed(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return seconds_since(t0);
 }
 
 std::string cpu_model() {
@@ -63,27 +61,21 @@ std::string load_average() {
   return a + " " + b + " " + c;
 }
 
-// sgemm GFLOP/s of an n x n x n product on the current thread count: the columns of
-// the result are split into as many blocks as threads, each one Eigen GEMM.
-double sgemm_gflops(int64_t n, int repeats) {
-  const RowMatrix a = RowMatrix::Random(n, n), b = RowMatrix::Random(n, n);
-  RowMatrix c(n, n);
-  const int threads = omp_get_max_threads();
-  const double secs = best_seconds(repeats, [&] {
-#pragma omp parallel for schedule(static, 1)
-    for (int t = 0; t < threads; ++t) {
-      const int64_t c0 = n * t / threads, c1 = n * (t + 1) / threads;
-      c.middleCols(c0, c1 - c0).noalias() = a * b.middleCols(c0, c1 - c0);
-    }
-  });
-  return 2.0 * static_cast<double>(n) * n * n / secs / 1e9;
-}
+// One timed measurement: `run` does the work once on `threads` threads; its best
+// time over the rounds is kept.
+struct Measurement {
+  std::string model, what;
+  int threads = 1;
+  double tokens = 0, flops = 0;  // per run
+  std::function<double()> run;   // returns the seconds to count
+  double best = 1e30;
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t tokens = 512;
-  int repeats = 5;
+  int repeats = 9;
   bool markdown = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = std::max<int64_t>(2, std::atoll(argv[++i]));
@@ -104,69 +96,93 @@ int main(int argc, char** argv) {
   std::printf("CPU: %s, %d cores online; %s; load average before: %s\n\n", cpu_model().c_str(), cores, date,
               load_average().c_str());
 
-  std::vector<double> gemm(3, 0.0);
+  // Every measurement runs once per round, rounds repeated --repeats times, and the
+  // best time of each is kept: a burst of load from other processes then spoils one
+  // round of everything rather than every repeat of one measurement.
+  std::vector<Measurement> ms;
+  const int64_t n = 1024;
+  const RowMatrix ga = RowMatrix::Random(n, n), gb = RowMatrix::Random(n, n);
+  RowMatrix gc(n, n);
   for (int th : thread_counts) {
-    omp_set_num_threads(th);
-    gemm[th] = sgemm_gflops(1024, repeats);
+    // sgemm: the columns of the result split over the threads, one Eigen GEMM each.
+    ms.push_back({"sgemm", "1024^3", th, 0, 2.0 * n * n * n, [&, th] {
+                    return timed([&] {
+#pragma omp parallel for schedule(static, 1)
+                      for (int t = 0; t < th; ++t) {
+                        const int64_t c0 = n * t / th, c1 = n * (t + 1) / th;
+                        gc.middleCols(c0, c1 - c0).noalias() = ga * gb.middleCols(c0, c1 - c0);
+                      }
+                    });
+                  }});
   }
-  if (markdown)
-    std::printf("| model | threads | evaluation | tokens/s | GFLOP/s | of sgemm |\n|---|---|---|---|---|---|\n");
+  struct Fixture {
+    std::shared_ptr<const Transformer> model;
+    std::vector<int64_t> ids, prompt;
+    Plan int4;
+  };
+  std::vector<std::unique_ptr<Fixture>> fixtures;
   for (const char* name : {"gpt2-bytes", "llama-bytes"}) {
-    const auto model = Transformer::load(root + "models/" + name);
+    auto f = std::make_unique<Fixture>();
+    f->model = Transformer::load(root + "models/" + name);
     TokenSource src;
     src.text = root + "text/eval_kjv_revelation.txt";
     src.max_tokens = tokens;
-    const std::vector<int64_t> ids = load_tokens(src, model->config());
-    const int64_t T = static_cast<int64_t>(ids.size());
-    double flops = 0;
-    for (int64_t t = 0; t < T; ++t) flops += model->flops_per_token(t + 1);
-    const ModelEvaluator ev(model, std::vector<int64_t>(ids.begin(), ids.begin() + std::min<int64_t>(T, 8)), {}, "bench");
-    // The plan covers T tokens of the same shape as the model's cache.
-    Recording shape = ev.recording();
-    shape.tokens = T;
-    const Plan int4 = UniformStrategy(make_format("int4-asym-g32"), make_format("int4-asym-g32")).build({shape, 0});
-    const std::vector<int64_t> prompt(ids.begin(), ids.begin() + std::min<int64_t>(T, 256));
-    double gen_flops = 0;
-    for (int64_t t = 0; t < 64; ++t) gen_flops += model->flops_per_token(static_cast<int64_t>(prompt.size()) + t + 1);
-
+    f->ids = load_tokens(src, f->model->config());
+    const int64_t T = static_cast<int64_t>(f->ids.size());
+    f->prompt.assign(f->ids.begin(), f->ids.begin() + std::min<int64_t>(T, 256));
+    const ModelConfig& c = f->model->config();
+    f->int4 = Plan(c.layers, c.kv_heads, T, c.head_dim);
+    f->int4.assign_all(Kind::Key, make_format("int4-asym-g32"));
+    f->int4.assign_all(Kind::Value, make_format("int4-asym-g32"));
+    double flops = 0, gen_flops = 0;
+    for (int64_t t = 0; t < T; ++t) flops += f->model->flops_per_token(t + 1);
+    for (int64_t t = 0; t < 64; ++t)
+      gen_flops += f->model->flops_per_token(static_cast<int64_t>(f->prompt.size()) + t + 1);
+    const Fixture* fx = f.get();
     for (int th : thread_counts) {
-      omp_set_num_threads(th);
-      struct Row {
-        const char* what;
-        double secs, tokens, flops;
-      };
-      std::vector<Row> rows;
-      ExtendOptions exact, quant;
-      quant.cache.plan = &int4;
-      rows.push_back({"teacher-forced, exact cache", best_seconds(repeats, [&] { model->forward(ids, exact); }),
-                      static_cast<double>(T), flops});
-      rows.push_back({"teacher-forced, int4-asym-g32 cache", best_seconds(repeats, [&] { model->forward(ids, quant); }),
-                      static_cast<double>(T), flops});
-      // Generation: 64 single-token steps after an (untimed) prompt prefill.
-      double decode = 1e30;
-      for (int r = 0; r < repeats; ++r) {
-        Transformer::State state = model->new_state();
-        ExtendOptions step;
-        step.all_logits = false;
-        RowMatrix logits = model->extend(state, prompt, step);
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < 64; ++i) {
-          const int64_t next = argmax(logits.data(), logits.cols());
-          logits = model->extend(state, std::span<const int64_t>(&next, 1), step);
-        }
-        decode = std::min(decode, seconds_since(t0));
-      }
-      rows.push_back({"greedy decoding after 256 tokens, exact cache", decode, 64.0, gen_flops});
-      for (const Row& r : rows) {
-        const double gf = r.flops / r.secs / 1e9;
-        if (markdown)
-          std::printf("| %s | %d | %s | %.0f | %.1f | %.0f%% |\n", name, th, r.what, r.tokens / r.secs, gf,
-                      100.0 * gf / gemm[th]);
-        else
-          std::printf("%-12s %d thr  %-46s %9.0f tok/s %8.1f GFLOP/s  %5.1f%% of sgemm\n", name, th, r.what,
-                      r.tokens / r.secs, gf, 100.0 * gf / gemm[th]);
-      }
+      ms.push_back({name, "teacher-forced, exact cache", th, double(T), flops,
+                    [fx] { return timed([&] { fx->model->forward(fx->ids); }); }});
+      ms.push_back({name, "teacher-forced, int4-asym-g32 cache", th, double(T), flops, [fx] {
+                      ExtendOptions q;
+                      q.cache.plan = &fx->int4;
+                      return timed([&] { fx->model->forward(fx->ids, q); });
+                    }});
+      // 64 single-token steps after an untimed prefill of the prompt.
+      ms.push_back({name, "greedy decoding after 256 tokens, exact cache", th, 64.0, gen_flops, [fx] {
+                      Transformer::State state = fx->model->new_state();
+                      ExtendOptions step;
+                      step.all_logits = false;
+                      RowMatrix logits = fx->model->extend(state, fx->prompt, step);
+                      return timed([&] {
+                        for (int i = 0; i < 64; ++i) {
+                          const int64_t next = argmax(logits.data(), logits.cols());
+                          logits = fx->model->extend(state, std::span<const int64_t>(&next, 1), step);
+                        }
+                      });
+                    }});
     }
+    fixtures.push_back(std::move(f));
+  }
+  for (int r = 0; r < repeats; ++r)
+    for (Measurement& m : ms) {
+      omp_set_num_threads(m.threads);
+      m.best = std::min(m.best, m.run());
+    }
+
+  std::vector<double> gemm(3, 0.0);
+  for (const Measurement& m : ms)
+    if (m.model == "sgemm") gemm[static_cast<size_t>(m.threads)] = m.flops / m.best / 1e9;
+  if (markdown)
+    std::printf("| model | threads | evaluation | tokens/s | GFLOP/s | of sgemm |\n|---|---|---|---|---|---|\n");
+  for (const Measurement& m : ms) {
+    if (m.model == "sgemm") continue;
+    const double gf = m.flops / m.best / 1e9, share = 100.0 * gf / gemm[static_cast<size_t>(m.threads)];
+    if (markdown)
+      std::printf("| %s | %d | %s | %.0f | %.1f | %.0f%% |\n", m.model.c_str(), m.threads, m.what.c_str(),
+                  m.tokens / m.best, gf, share);
+    else
+      std::printf("%-12s %d thr  %-46s %9.0f tok/s %8.1f GFLOP/s  %5.1f%% of sgemm\n", m.model.c_str(), m.threads,
+                  m.what.c_str(), m.tokens / m.best, gf, share);
   }
   std::printf("\nEigen sgemm 1024^3, same program:");
   for (int th : thread_counts) std::printf(" %.1f GFLOP/s on %d thread%s;", gemm[th], th, th > 1 ? "s" : "");
