@@ -32,7 +32,7 @@ Seen seen(const KvUnitView& u, int64_t prefill, int64_t t, int64_t j) {
 // Per-thread buffers of one task: scores, and for mixed values the probabilities
 // whose value is read in the exact and the window version.
 struct Scratch {
-  RowMat scores, scores_exact, scores_window, p_exact, p_window;
+  ScratchMatrix scores, scores_exact, scores_window, p_exact, p_window;
 };
 
 }  // namespace
@@ -64,27 +64,30 @@ void causal_attention(const float* queries, int64_t query_stride, int64_t n, int
       const int64_t lo = geo.window > 0 ? std::max<int64_t>(0, first + r0 - geo.window + 1) : 0;
       const int64_t cols = hi - lo;
       const StridedRows q(queries + r0 * query_stride + h * d, rows, d, Eigen::OuterStride<>(query_stride));
-      s.scores.noalias() = q * Rows(K.stored + lo * d, cols, d).transpose();
+      auto scores = s.scores.view(rows, cols);
+      scores.noalias() = q * Rows(K.stored + lo * d, cols, d).transpose();
       const bool mixed_k = mixed(K, prefill, first + r0), mixed_v = mixed(V, prefill, first + r0);
+      auto scores_exact = s.scores_exact.view(mixed_k ? rows : 0, cols);
+      auto scores_window = s.scores_window.view(mixed_k && K.window ? rows : 0, cols);
+      auto p_exact = s.p_exact.view(mixed_v ? rows : 0, cols);
+      auto p_window = s.p_window.view(mixed_v && V.window ? rows : 0, cols);
       if (mixed_k) {
-        s.scores_exact.noalias() = q * Rows(K.exact + lo * d, cols, d).transpose();
-        if (K.window) s.scores_window.noalias() = q * Rows(K.window + lo * d, cols, d).transpose();
+        scores_exact.noalias() = q * Rows(K.exact + lo * d, cols, d).transpose();
+        if (K.window) scores_window.noalias() = q * Rows(K.window + lo * d, cols, d).transpose();
       }
-      if (mixed_v) {
-        s.p_exact.setZero(rows, cols);
-        if (V.window) s.p_window.setZero(rows, cols);
-      }
+      p_exact.setZero();
+      p_window.setZero();
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = first + r0 + r;
         // Visible keys of this row, as column indices: [a, b).
         const int64_t a = (geo.window > 0 ? std::max<int64_t>(0, t - geo.window + 1) : 0) - lo;
         const int64_t b = t + 1 - lo;
-        float* row = s.scores.row(r).data();
+        float* row = scores.row(r).data();
         if (mixed_k)
           for (int64_t c = a; c < b; ++c) {
             const Seen v = seen(K, prefill, t, lo + c);
-            if (v == Seen::Exact) row[c] = s.scores_exact(r, c);
-            else if (v == Seen::Window) row[c] = s.scores_window(r, c);
+            if (v == Seen::Exact) row[c] = scores_exact(r, c);
+            else if (v == Seen::Window) row[c] = scores_window(r, c);
           }
         Eigen::Map<Eigen::ArrayXf> visible(row + a, b - a);
         visible *= geo.score_scale;
@@ -96,15 +99,15 @@ void causal_attention(const float* queries, int64_t query_stride, int64_t n, int
           for (int64_t c = a; c < b; ++c) {
             const Seen v = seen(V, prefill, t, lo + c);
             if (v == Seen::Stored) continue;
-            (v == Seen::Exact ? s.p_exact : s.p_window)(r, c) = row[c];
+            (v == Seen::Exact ? p_exact : p_window)(r, c) = row[c];
             row[c] = 0.0f;
           }
       }
       OutRows o(out + r0 * out_stride + h * d, rows, d, Eigen::OuterStride<>(out_stride));
-      o.noalias() = s.scores * Rows(V.stored + lo * d, cols, d);
+      o.noalias() = scores * Rows(V.stored + lo * d, cols, d);
       if (mixed_v) {
-        o.noalias() += s.p_exact * Rows(V.exact + lo * d, cols, d);
-        if (V.window) o.noalias() += s.p_window * Rows(V.window + lo * d, cols, d);
+        o.noalias() += p_exact * Rows(V.exact + lo * d, cols, d);
+        if (V.window) o.noalias() += p_window * Rows(V.window + lo * d, cols, d);
       }
     }
   }

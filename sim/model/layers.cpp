@@ -39,9 +39,9 @@ bool parallel_worthwhile(double flops) {
   return flops >= kMinFlops && !omp_in_parallel() && omp_get_max_threads() > 1;
 }
 
-void dense(const RowMatrix& x, const RowMatrix& weight, const Eigen::VectorXf* bias, RowMatrix& y) {
+void dense(ConstMatRef x, const RowMatrix& weight, const Eigen::VectorXf* bias, MatRef y) {
   const int64_t rows = x.rows(), out = weight.rows();
-  y.resize(rows, out);
+  eigen_assert(y.rows() == rows && y.cols() == out && x.cols() == weight.cols());
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
   const int64_t col_tiles = (out + kTileCols - 1) / kTileCols;
   const int64_t tiles = row_tiles * col_tiles;
@@ -59,9 +59,9 @@ void dense(const RowMatrix& x, const RowMatrix& weight, const Eigen::VectorXf* b
   }
 }
 
-void normalize_rows(const RowMatrix& x, const NormWeights& norm, double eps, RowMatrix& y) {
+void normalize_rows(ConstMatRef x, const NormWeights& norm, double eps, MatRef y) {
   const int64_t rows = x.rows(), n = x.cols();
-  y.resize(rows, n);
+  eigen_assert(y.rows() == rows && y.cols() == n);
   const bool layer_norm = norm.bias.size() != 0;
   const float* w = norm.weight.data();
   const float* b = layer_norm ? norm.bias.data() : nullptr;
@@ -94,8 +94,9 @@ void activate(float* x, int64_t n, Activation act) {
   for (int64_t c = 0; c < chunks; ++c) activate_span(x + c * kChunk, std::min(kChunk, n - c * kChunk), act);
 }
 
-void gated_activation(const RowMatrix& gate_up, Activation act, RowMatrix& out) {
+void gated_activation(ConstMatRef gate_up, Activation act, MatRef out) {
   const int64_t inner = gate_up.cols() / 2;
+  eigen_assert(out.rows() == gate_up.rows() && out.cols() == inner && out.outerStride() == inner);
   out = gate_up.leftCols(inner);
   activate(out.data(), out.size(), act);
   out.array() *= gate_up.rightCols(inner).array();

@@ -7,6 +7,7 @@
 // the thread count, so every result is bit-identical for any number of threads.
 #pragma once
 #include <Eigen/Core>
+#include <vector>
 
 #include "sim/model/model_config.h"
 #include "sim/model/weights.h"
@@ -19,20 +20,43 @@ namespace kvb {
 // scheduling depends on it, never the arithmetic.
 bool parallel_worthwhile(double flops);
 
-// y [rows, out] = x [rows, in] · weightᵀ (+ bias), weight [out, in]. y is resized.
-void dense(const RowMatrix& x, const RowMatrix& weight, const Eigen::VectorXf* bias, RowMatrix& y);
-inline void dense(const RowMatrix& x, const DenseWeights& w, RowMatrix& y) {
+using MatRef = Eigen::Ref<RowMatrix>;
+using ConstMatRef = Eigen::Ref<const RowMatrix>;
+
+// Row-major scratch storage that only grows: views of any shape up to the largest
+// used so far, without reallocating when shapes alternate (teacher forcing, then one
+// token at a time), so that no pass maps and faults in fresh pages (on virtual
+// machines that costs more than a third of a small model's forward pass).
+// The storage is aligned as Eigen's own matrices are (EIGEN_MAX_ALIGN_BYTES): Eigen's
+// vectorized exp/tanh peel unaligned leading elements into a scalar path that rounds
+// differently, so results stay reproducible only if the alignment of every buffer is.
+class ScratchMatrix {
+ public:
+  Eigen::Map<RowMatrix> view(int64_t rows, int64_t cols) {
+    const size_t n = static_cast<size_t>(rows * cols);
+    if (data_.size() < n) data_.resize(n);
+    return Eigen::Map<RowMatrix>(data_.data(), rows, cols);
+  }
+
+ private:
+  std::vector<float, Eigen::aligned_allocator<float>> data_;
+};
+
+// y [rows, out] = x [rows, in] · weightᵀ (+ bias), weight [out, in]; y is sized by
+// the caller.
+void dense(ConstMatRef x, const RowMatrix& weight, const Eigen::VectorXf* bias, MatRef y);
+inline void dense(ConstMatRef x, const DenseWeights& w, MatRef y) {
   dense(x, w.weight, w.bias.size() ? &w.bias : nullptr, y);
 }
 
-// Row-wise normalization into y (resized): LayerNorm (weight and bias) when
+// Row-wise normalization of x into y (same shape): LayerNorm (weight and bias) when
 // norm.bias is non-empty, else RMSNorm (Hugging Face LlamaRMSNorm).
-void normalize_rows(const RowMatrix& x, const NormWeights& norm, double eps, RowMatrix& y);
+void normalize_rows(ConstMatRef x, const NormWeights& norm, double eps, MatRef y);
 
 // In place, elementwise.
 void activate(float* x, int64_t n, Activation act);
 
 // SwiGLU: out [rows, I] = act(gate) * up, from gate_up [rows, 2I] (gate columns first).
-void gated_activation(const RowMatrix& gate_up, Activation act, RowMatrix& out);
+void gated_activation(ConstMatRef gate_up, Activation act, MatRef out);
 
 }  // namespace kvb

@@ -24,18 +24,16 @@ Tensor heads_tensor(const float* src, int64_t stride, int64_t first_col, int64_t
   return t;
 }
 
-// Activations of one extend() call. Kept per thread between calls and reused, so
-// that repeated forward passes do not map and fault in fresh pages every time (on
-// virtual machines that costs more than a third of a small model's forward pass).
-// Sized by the largest call made on the thread.
+// Activations of one extend() call, kept per thread between calls; each buffer only
+// grows (ScratchMatrix), so alternating shapes reuse the same memory.
 struct Workspace {
-  RowMatrix x;       // residual stream [n, hidden]
-  RowMatrix h;       // normalized rows [n, hidden]
-  RowMatrix qkv;     // [n, (q_heads + 2 kv_heads) head_dim]
-  RowMatrix attn;    // attention output [n, q_heads head_dim]
-  RowMatrix proj;    // projection output [n, hidden]
-  RowMatrix mlp;     // MLP hidden [n, intermediate] (gated: [n, 2 intermediate])
-  RowMatrix act;     // gated MLP activation [n, intermediate]
+  ScratchMatrix x;     // residual stream [n, hidden]
+  ScratchMatrix h;     // normalized rows [n, hidden]
+  ScratchMatrix qkv;   // [n, (q_heads + 2 kv_heads) head_dim]: q | k | v
+  ScratchMatrix attn;  // attention output [n, q_heads head_dim]
+  ScratchMatrix proj;  // projection output [n, hidden]
+  ScratchMatrix mlp;   // MLP hidden [n, intermediate] (gated: [n, 2 intermediate])
+  ScratchMatrix act;   // gated MLP activation [n, intermediate]
   std::vector<float> cache_scratch;  // reconstructed KV versions of one layer
 };
 
@@ -88,8 +86,13 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
   if (opt.capture) opt.capture->assign(static_cast<size_t>(c.layers), LayerTensors{});
 
   Workspace& ws = workspace();
-  RowMatrix &x = ws.x, &h = ws.h, &qkv = ws.qkv, &attn = ws.attn, &proj = ws.proj, &mlp = ws.mlp, &act = ws.act;
-  x.resize(n, c.hidden_size);
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  auto x = ws.x.view(n, H);
+  auto h = ws.h.view(n, H);
+  auto qkv = ws.qkv.view(n, qkv_width);
+  auto attn = ws.attn.view(n, c.q_heads * d);
+  auto proj = ws.proj.view(n, H);
+  auto mlp = ws.mlp.view(n, c.gated_mlp ? 2 * I : I);
   for (int64_t i = 0; i < n; ++i) {
     x.row(i) = weights_.token_embedding.row(tokens[static_cast<size_t>(i)]);
     if (weights_.position_embedding.size()) x.row(i) += weights_.position_embedding.row(first + i);
@@ -101,13 +104,12 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
     rope = make_rope_table(n, positions.data(), inv_freq_);
   }
 
-  attn.resize(n, c.q_heads * d);
   for (int64_t l = 0; l < c.layers; ++l) {
     const BlockWeights& blk = weights_.blocks[static_cast<size_t>(l)];
     LayerTensors* cap = opt.capture ? &(*opt.capture)[static_cast<size_t>(l)] : nullptr;
 
     normalize_rows(x, blk.attn_norm, c.norm_eps, h);
-    dense(h, blk.qkv, qkv);  // [n, (q_heads + 2 kv_heads) d]: q | k | v
+    dense(h, blk.qkv, qkv);
     if (cap && c.rope.enabled) cap->key_pre_rope = heads_tensor(qkv.data(), qkv_width, k_col, c.kv_heads, n, d);
     if (c.rope.enabled)  // query and key heads: the first (q_heads + kv_heads) * d columns
       for (int64_t r = 0; r < n; ++r)
@@ -131,6 +133,7 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
     normalize_rows(x, blk.mlp_norm, c.norm_eps, h);
     dense(h, blk.mlp_in, mlp);
     if (c.gated_mlp) {
+      auto act = ws.act.view(n, I);
       gated_activation(mlp, c.activation, act);
       dense(act, blk.mlp_out, proj);
     } else {
@@ -141,14 +144,11 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
   }
   state.length = context;
 
-  if (!opt.all_logits) {
-    const RowMatrix last = x.bottomRows(1);
-    normalize_rows(last, weights_.final_norm, c.norm_eps, h);
-  } else {
-    normalize_rows(x, weights_.final_norm, c.norm_eps, h);
-  }
-  RowMatrix logits;
-  dense(h, weights_.output_embedding(), nullptr, logits);
+  // Logits of every new token, or of the last one.
+  const int64_t rows = opt.all_logits ? n : 1;
+  normalize_rows(x.bottomRows(rows), weights_.final_norm, c.norm_eps, h.topRows(rows));
+  RowMatrix logits(rows, c.vocab_size);
+  dense(h.topRows(rows), weights_.output_embedding(), nullptr, logits);
   return logits;
 }
 
