@@ -45,17 +45,36 @@ float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::
   return static_cast<float>(common) / static_cast<float>(k);
 }
 
+// A key segment whose logits come from its format's estimator.
+struct KeyEstimator {
+  int64_t begin = 0, end = 0;
+  std::unique_ptr<ScoreEstimator> estimator;
+};
+
+std::vector<KeyEstimator> key_estimators(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head,
+                                         const SimOptions& opt) {
+  std::vector<KeyEstimator> out;
+  const float* k = rec.layers[static_cast<size_t>(layer)].key.slice(kv_head);
+  const int64_t d = rec.head_dim;
+  for (const Segment& seg : plan.unit(layer, kv_head, Kind::Key).segments) {
+    const SpanInfo span = make_span_info(rec, layer, kv_head, Kind::Key, seg.begin, opt.seed);
+    auto est = seg.format->score_estimator(ConstMatView{k + seg.begin * d, seg.end - seg.begin, d, d}, span);
+    if (est) out.push_back(KeyEstimator{seg.begin, seg.end, std::move(est)});
+  }
+  return out;
+}
+
 // Per-thread scratch for one query head.
 struct HeadScratch {
-  RowMat scores, dscores, probs, dprobs, out, dout;
+  RowMat scores, dscores, probs, dprobs, out, dout, est;
   std::vector<double> p, phat;
   std::vector<int32_t> ia, ib;
 };
 
 // Adds the rows of query head h (positions `pos`) to stats.
 void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* khat_delta,
-                   const float* vhat, const float* vdelta, const std::vector<int64_t>& pos, const SimOptions& opt,
-                   HeadScratch& s, ErrorStats& stats) {
+                   const std::vector<KeyEstimator>& estimators, const float* vhat, const float* vdelta,
+                   const std::vector<int64_t>& pos, const SimOptions& opt, HeadScratch& s, ErrorStats& stats) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
   const int64_t T = rec.tokens, d = rec.head_dim;
   const int64_t g = rec.kv_head_of(h);
@@ -77,6 +96,15 @@ void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* 
     for (int64_t r = 0; r < rows; ++r) Qb.row(r) = Q.row(pos[b0 + static_cast<size_t>(r)]);
     s.scores.noalias() = (Qb * K.topRows(cols).transpose()) * inv_sqrt_d;
     s.dscores.noalias() = (Qb * dK.topRows(cols).transpose()) * inv_sqrt_d;
+    for (const KeyEstimator& e : estimators) {  // estimated logits replace decoded-key ones
+      if (e.begin >= cols) continue;
+      const int64_t n = std::min(e.end, cols) - e.begin;
+      s.est.resize(rows, n);
+      e.estimator->estimate(ConstMatView{Qb.data(), rows, d, d}, n, MatView{s.est.data(), rows, n, n});
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j)
+          s.dscores(r, e.begin + j) = s.est(r, j) * inv_sqrt_d - s.scores(r, e.begin + j);
+    }
     s.probs.setZero(rows, cols);
     s.dprobs.setZero(rows, cols);
 
@@ -134,6 +162,21 @@ void simulate_head(const Recording& rec, int64_t layer, int64_t h, const float* 
 
 }  // namespace
 
+SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Kind kind, int64_t first_token,
+                        uint64_t seed) {
+  SpanInfo span{layer, kv_head, kind == Kind::Key, first_token, seed};
+  span.recording = rec.name.c_str();
+  span.rope_applied = rec.rope.applied;
+  span.rope_theta = rec.rope.theta;
+  if (!rec.positions.empty()) span.positions = rec.positions.data() + first_token;
+  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
+  if (kind == Kind::Key && !L.key_pre_rope.empty()) {
+    span.key_pre_rope = L.key_pre_rope.slice(kv_head) + first_token * rec.head_dim;
+    span.key_pre_rope_stride = rec.head_dim;
+  }
+  return span;
+}
+
 void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,
                       const SimOptions& opt, float* out) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
@@ -144,8 +187,7 @@ void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int
     const int64_t n = seg.end - seg.begin;
     ConstMatView in{x + seg.begin * d, n, d, d};
     MatView o{out + seg.begin * d, n, d, d};
-    SpanInfo span{layer, kv_head, kind == Kind::Key, seg.begin, opt.seed};
-    seg.format->roundtrip(in, o, span);
+    seg.format->roundtrip(in, o, make_span_info(rec, layer, kv_head, kind, seg.begin, opt.seed));
   }
 }
 
@@ -174,8 +216,9 @@ ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer,
       stats.v_err2 += static_cast<double>(vdelta[i]) * vdelta[i];
       stats.v_norm2 += static_cast<double>(v[i]) * v[i];
     }
+    const std::vector<KeyEstimator> estimators = key_estimators(rec, plan, layer, g, opt);
     for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-      simulate_head(rec, layer, h, kdelta.data(), vhat.data(), vdelta.data(), pos, opt, scratch, stats);
+      simulate_head(rec, layer, h, kdelta.data(), estimators, vhat.data(), vdelta.data(), pos, opt, scratch, stats);
   }
   // Rows in (q_head, position) order within the layer.
   return stats;
