@@ -4,6 +4,7 @@
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/formats/ggml_format.h"
 #include "sim/formats/int_format.h"
 #include "sim/formats/keep_format.h"
 
@@ -19,6 +20,10 @@ const std::vector<FormatFamily>& format_families() {
        &parse_int_format},
       {"keep", "keep-<fp16|bf16|fp32>", "values stored unquantized at fp16, bf16 or fp32 (sinks, windows)",
        {"keep-fp16", "keep-bf16", "keep-fp32"}, &parse_keep_format},
+      {"ggml", "<q4_0|q4_1|q5_0|q5_1|q8_0|iq4_nl>[-ntry<N>]",
+       "llama.cpp/ggml blocks of 32 along head_dim, bit-exact with ggml's reference quantizers "
+       "(iq4_nl-ntry<N>: quantize_iq4_nl's scale search)",
+       {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_nl-ntry7"}, &parse_ggml_format},
   };
   return families;
 }
@@ -28,6 +33,14 @@ const std::vector<FormatAlias>& format_aliases() {
       {"fp16", "keep-fp16", "an unquantized half-precision cache"},
       {"bf16", "keep-bf16", "an unquantized bfloat16 cache"},
       {"fp32", "keep-fp32", "the fp32 reference"},
+      {"kivi-2-keys", "int2-asym-ch32", "KIVI-2 keys: 2-bit per-channel groups of 32 tokens (without its residual window)"},
+      {"kivi-2-values", "int2-asym-g32", "KIVI-2 values: 2-bit per-token groups of 32 channels (without its residual window)"},
+      {"kivi-4-keys", "int4-asym-ch32", "KIVI-4 keys: 4-bit per-channel groups of 32 tokens (without its residual window)"},
+      {"kivi-4-values", "int4-asym-g32", "KIVI-4 values: 4-bit per-token groups of 32 channels (without its residual window)"},
+      {"quanto-int4", "int4-asym-g64",
+       "Hugging Face QuantizedCache, quanto backend, nbits=4, q_group_size=64 (without its residual window)"},
+      {"quanto-int2", "int2-asym-g64",
+       "Hugging Face QuantizedCache, quanto backend, nbits=2, q_group_size=64 (without its residual window)"},
   };
   return aliases;
 }
