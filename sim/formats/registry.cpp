@@ -4,6 +4,8 @@
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/formats/fp4_format.h"
+#include "sim/formats/fp8_format.h"
 #include "sim/formats/ggml_format.h"
 #include "sim/formats/int_format.h"
 #include "sim/formats/keep_format.h"
@@ -24,6 +26,14 @@ const std::vector<FormatFamily>& format_families() {
        "llama.cpp/ggml blocks of 32 along head_dim, bit-exact with ggml's reference quantizers "
        "(iq4_nl-ntry<N>: quantize_iq4_nl's scale search)",
        {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_nl-ntry7"}, &parse_ggml_format},
+      {"fp8", "fp8-<e4m3|e5m2>[-s<scale>|-cal<N>|-tok]",
+       "OCP FP8, round-to-nearest-even, saturating; static scale (default 1), span scale calibrated on the first N "
+       "tokens, or per-token scale (fp32)",
+       {"fp8-e4m3", "fp8-e5m2", "fp8-e4m3-s0.25", "fp8-e4m3-cal64", "fp8-e5m2-cal64", "fp8-e4m3-tok"},
+       &parse_fp8_format},
+      {"fp4", "<mxfp4|nvfp4>",
+       "E2M1 with block scales: mxfp4 = OCP MX (block 32, E8M0 scale); nvfp4 = block 16, E4M3 scale, fp32 per span",
+       {"mxfp4", "nvfp4"}, &parse_fp4_format},
   };
   return families;
 }
@@ -41,6 +51,7 @@ const std::vector<FormatAlias>& format_aliases() {
        "Hugging Face QuantizedCache, quanto backend, nbits=4, q_group_size=64 (without its residual window)"},
       {"quanto-int2", "int2-asym-g64",
        "Hugging Face QuantizedCache, quanto backend, nbits=2, q_group_size=64 (without its residual window)"},
+      {"fp8", "fp8-e4m3", "vLLM's fp8 KV cache (E4M3, scale 1.0 unless calibrated)"},
   };
   return aliases;
 }
