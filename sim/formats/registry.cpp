@@ -9,6 +9,9 @@
 #include "sim/formats/ggml_format.h"
 #include "sim/formats/int_format.h"
 #include "sim/formats/keep_format.h"
+#include "sim/formats/nf4_format.h"
+#include "sim/formats/nuq_format.h"
+#include "sim/formats/turbo_format.h"
 
 namespace kvb {
 
@@ -26,6 +29,12 @@ const std::vector<FormatFamily>& format_families() {
        "llama.cpp/ggml blocks of 32 along head_dim, bit-exact with ggml's reference quantizers "
        "(iq4_nl-ntry<N>: quantize_iq4_nl's scale search)",
        {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_nl-ntry7"}, &parse_ggml_format},
+      {"turbo", "turbo-<b>[-o<n>b<B>[-cal<N>]]",
+       "randomized Hadamard rotation + b-bit N(0,1) Lloyd-Max codebook, fp16 norm per vector (TurboQuant/HIGGS); "
+       "-o<n>b<B>: the n highest-energy channels as a separate B-bit part",
+       {"turbo-1", "turbo-2", "turbo-3", "turbo-4", "turbo-8", "turbo-2-o64b3", "turbo-3-o64b4", "turbo-2-o32b3",
+        "turbo-3-o32b5-cal16"},
+       &parse_turbo_format},
       {"fp8", "fp8-<e4m3|e5m2>[-s<scale>|-cal<N>|-tok]",
        "OCP FP8, round-to-nearest-even, saturating; static scale (default 1), span scale calibrated on the first N "
        "tokens, or per-token scale (fp32)",
@@ -34,6 +43,12 @@ const std::vector<FormatFamily>& format_families() {
       {"fp4", "<mxfp4|nvfp4>",
        "E2M1 with block scales: mxfp4 = OCP MX (block 32, E8M0 scale); nvfp4 = block 16, E4M3 scale, fp32 per span",
        {"mxfp4", "nvfp4"}, &parse_fp4_format},
+      {"nf4", "nf4-g<G>[-s<fp16|bf16|fp32>]", "QLoRA NormalFloat4 codebook with an absmax scale per group of G channels",
+       {"nf4-g64", "nf4-g32", "nf4-g64-sfp32"}, &parse_nf4_format},
+      {"nuq", "nuq<b>[-cal<N>][-wsq]",
+       "per-channel non-uniform codebooks (KVQuant nuq): 1-D k-means per channel on the span's first N tokens "
+       "(default all), optionally x²-weighted; codebooks counted",
+       {"nuq4", "nuq4-cal256", "nuq3-cal256-wsq", "nuq2-cal64"}, &parse_nuq_format},
   };
   return families;
 }
@@ -51,6 +66,14 @@ const std::vector<FormatAlias>& format_aliases() {
        "Hugging Face QuantizedCache, quanto backend, nbits=4, q_group_size=64 (without its residual window)"},
       {"quanto-int2", "int2-asym-g64",
        "Hugging Face QuantizedCache, quanto backend, nbits=2, q_group_size=64 (without its residual window)"},
+      {"turboquant-2", "turbo-2", "TurboQuant (MSE variant) at 2 bits: rotation + Lloyd-Max, fp16 norm"},
+      {"turboquant-3", "turbo-3", "TurboQuant (MSE variant) at 3 bits"},
+      {"turboquant-4", "turbo-4", "TurboQuant (MSE variant) at 4 bits"},
+      {"turboquant-2.5", "turbo-2-o64b3",
+       "TurboQuant-style 2.5-bit split at head_dim 128: 64 highest-energy channels at 3 bits, 64 at 2, one fp16 norm each"},
+      {"turboquant-3.5", "turbo-3-o64b4",
+       "TurboQuant-style 3.5-bit split at head_dim 128: 64 highest-energy channels at 4 bits, 64 at 3, one fp16 norm each"},
+      {"nf4", "nf4-g64", "QLoRA NF4 with its block size 64 (fp16 absmax; QLoRA stores fp32 or double-quantized)"},
       {"fp8", "fp8-e4m3", "vLLM's fp8 KV cache (E4M3, scale 1.0 unless calibrated)"},
   };
   return aliases;
