@@ -11,6 +11,7 @@
 #include "sim/formats/keep_format.h"
 #include "sim/formats/nf4_format.h"
 #include "sim/formats/nuq_format.h"
+#include "sim/formats/qjl_format.h"
 #include "sim/formats/turbo_format.h"
 
 namespace kvb {
@@ -35,6 +36,10 @@ const std::vector<FormatFamily>& format_families() {
        {"turbo-1", "turbo-2", "turbo-3", "turbo-4", "turbo-8", "turbo-2-o64b3", "turbo-3-o64b4", "turbo-2-o32b3",
         "turbo-3-o32b5-cal16"},
        &parse_turbo_format},
+      {"qjl", "qjl-m<m>",
+       "keys only: 1-bit sketch sign(S k) of m Gaussian projections + fp16 norm; attention uses the unbiased "
+       "inner-product estimator",
+       {"qjl-m64", "qjl-m128", "qjl-m256"}, &parse_qjl_format},
       {"fp8", "fp8-<e4m3|e5m2>[-s<scale>|-cal<N>|-tok]",
        "OCP FP8, round-to-nearest-even, saturating; static scale (default 1), span scale calibrated on the first N "
        "tokens, or per-token scale (fp32)",
