@@ -11,6 +11,8 @@
 #include "sim/formats/keep_format.h"
 #include "sim/formats/nf4_format.h"
 #include "sim/formats/nuq_format.h"
+#include "sim/formats/outlier_format.h"
+#include "sim/formats/prerope_format.h"
 #include "sim/formats/qjl_format.h"
 #include "sim/formats/turbo_format.h"
 
@@ -54,6 +56,14 @@ const std::vector<FormatFamily>& format_families() {
        "per-channel non-uniform codebooks (KVQuant nuq): 1-D k-means per channel on the span's first N tokens "
        "(default all), optionally x²-weighted; codebooks counted",
        {"nuq4", "nuq4-cal256", "nuq3-cal256-wsq", "nuq2-cal64"}, &parse_nuq_format},
+      {"outliers", "outliers<p>%:<format>",
+       "dense-and-sparse (KVQuant): the round(p% of head_dim) largest magnitudes per vector kept as fp16 + 16-bit "
+       "index, the rest quantized with <format>",
+       {"outliers1%:nuq4-cal256", "outliers0.5%:int4-asym-g32", "outliers2%:turbo-3"}, &parse_outlier_format},
+      {"prerope", "prerope:<format>",
+       "keys quantized before RoPE with <format>, RoPE re-applied after dequantization (needs pre-RoPE keys); "
+       "values use <format> unchanged",
+       {"prerope:nuq4-cal256", "prerope:int2-asym-ch32", "prerope:outliers1%:nuq3-cal256"}, &parse_prerope_format},
   };
   return families;
 }
@@ -78,6 +88,11 @@ const std::vector<FormatAlias>& format_aliases() {
        "TurboQuant-style 2.5-bit split at head_dim 128: 64 highest-energy channels at 3 bits, 64 at 2, one fp16 norm each"},
       {"turboquant-3.5", "turbo-3-o64b4",
        "TurboQuant-style 3.5-bit split at head_dim 128: 64 highest-energy channels at 4 bits, 64 at 3, one fp16 norm each"},
+      {"kvquant-nuq4-1%", "prerope:outliers1%:nuq4-cal256",
+       "KVQuant nuq4-1%: pre-RoPE keys, 1% dense-and-sparse outliers, per-channel 4-bit non-uniform codebooks "
+       "(fitted on the first 256 tokens of each span instead of offline calibration data)"},
+      {"kvquant-nuq3-1%", "prerope:outliers1%:nuq3-cal256", "KVQuant nuq3-1% (as kvquant-nuq4-1%, 3 bits)"},
+      {"kvquant-nuq2-1%", "prerope:outliers1%:nuq2-cal256", "KVQuant nuq2-1% (as kvquant-nuq4-1%, 2 bits)"},
       {"nf4", "nf4-g64", "QLoRA NF4 with its block size 64 (fp16 absmax; QLoRA stores fp32 or double-quantized)"},
       {"fp8", "fp8-e4m3", "vLLM's fp8 KV cache (E4M3, scale 1.0 unless calibrated)"},
   };
