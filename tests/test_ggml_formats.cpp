@@ -313,7 +313,9 @@ std::vector<std::vector<float>> adversarial_blocks() {
   add(b);
   for (int j = 0; j < 32; ++j) b[j] = static_cast<float>(j % 16) - 1.0f + (j >= 16 ? 0.5f : 0.0f);  // q4_1 ties
   add(b);
-  for (int j = 0; j < 32; ++j) b[j] = 127.0f * static_cast<float>(j % 11 - 5) / 5.0f + 0.5f;  // q8_0 .5 ties
+  for (int j = 0; j < 32; ++j) b[j] = 127.0f * static_cast<float>(j % 11 - 5) / 5.0f + 0.5f;
+  add(b);
+  for (int j = 0; j < 32; ++j) b[j] = j == 0 ? 127.0f : static_cast<float>(j - 16) + 0.5f;  // q8_0 ties (d = 1)
   add(b);
   for (int j = 0; j < 32; ++j) b[j] = 3e-6f * static_cast<float>(j - 13);  // fp16-subnormal scales
   add(b);
@@ -403,9 +405,10 @@ TEST_CASE("ggml blocks: hand-checked bytes") {
   CHECK(encode("q5_1", x) == q51);
   // q8_0 with absmax 127 (d = 1): roundf rounds 2.5 to 3 and -2.5 to -3 (not to even).
   x.assign(32, 0.0f);
-  const float v[8] = {127.0f, -127.0f, 2.5f, -2.5f, 3.5f, 0.5f, -0.5f, 1.49f};
-  for (int j = 0; j < 8; ++j) x[j] = v[j];
-  Bytes q8 = {0x00, 0x3c, 127, static_cast<uint8_t>(-127), 3, static_cast<uint8_t>(-3), 4, 1, static_cast<uint8_t>(-1), 1};
+  const float v[10] = {127.0f, -127.0f, 2.5f, -2.5f, 3.5f, 0.5f, -0.5f, 1.49f, -1.5f, -3.5f};
+  for (int j = 0; j < 10; ++j) x[j] = v[j];
+  Bytes q8 = {0x00, 0x3c, 127, static_cast<uint8_t>(-127), 3, static_cast<uint8_t>(-3), 4, 1, static_cast<uint8_t>(-1), 1,
+              static_cast<uint8_t>(-2), static_cast<uint8_t>(-4)};
   q8.resize(34, 0);
   CHECK(encode("q8_0", x) == q8);
   // iq4_nl on its own grid: d = -127 / -127 = 1, the least-squares refit keeps 1, codes j mod 16.

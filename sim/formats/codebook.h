@@ -12,15 +12,27 @@
 
 namespace kvb {
 
-// Binary search; equal to counting t[i] < x over all i for ascending t (NaN -> 0).
+// The number of thresholds t[i] < x (NaN -> 0) for ascending t and levels a power of
+// two, by a branch-free binary search (no mispredicted branches on random data).
 KVB_HD int codebook_index(float x, const float* thresholds, int levels) {
-  int lo = 0, hi = levels - 1;  // answer in [lo, hi]
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (thresholds[mid] < x) lo = mid + 1;
-    else hi = mid;
+  int idx = 0;
+  for (int step = levels >> 1; step > 0; step >>= 1) idx += thresholds[idx + step - 1] < x ? step : 0;
+  return idx;
+}
+
+// codebook_index of n values at once. Small codebooks (<= 16 levels) count the
+// thresholds below each value in a loop over values that the compiler vectorizes;
+// larger ones search each value.
+KVB_HD void codebook_indices(const float* v, int n, const float* thresholds, int levels, uint8_t* codes) {
+  if (levels <= 16) {
+    for (int i = 0; i < n; ++i) codes[i] = 0;
+    for (int k = 0; k + 1 < levels; ++k) {
+      const float t = thresholds[k];
+      for (int i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(codes[i] + (t < v[i] ? 1 : 0));
+    }
+  } else {
+    for (int i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(codebook_index(v[i], thresholds, levels));
   }
-  return lo;
 }
 
 // The QLoRA NormalFloat4 codebook (bitsandbytes' NF4 table, fp32).

@@ -47,11 +47,13 @@ void Fp4Format::for_each_block(ConstMatView x, float g, Fn fn) const {
 }
 
 void Fp4Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
+  if (x.cols % block() != 0) throw Error("format '" + name() + "': " + check_shape(x.rows, x.cols));
   const float g = nv_ ? nvfp4_tensor_scale(span_absmax(x)) : 1.0f;
-  for_each_block(x, g, [&](int64_t r, int64_t c, uint8_t scale, const uint8_t* codes) {
-    if (nv_) nvfp4_dequantize_block(scale, g, codes, out.row(r) + c);
-    else mxfp4_dequantize_block(scale, codes, out.row(r) + c);
-  });
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c = 0; c < x.cols; c += block()) {
+      if (nv_) nvfp4_roundtrip_block(x.row(r) + c, g, out.row(r) + c);
+      else mxfp4_roundtrip_block(x.row(r) + c, out.row(r) + c);
+    }
 }
 
 void Fp4Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {

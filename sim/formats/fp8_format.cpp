@@ -66,7 +66,7 @@ void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
     const float* xr = x.row(r);
     float* o = out.row(r);
     const float scale = spec_.scale == Fp8Scale::PerToken ? fp8_scale_from_absmax(row_absmax(xr, x.cols), s) : shared;
-    for (int64_t c = 0; c < x.cols; ++c) o[c] = fp8_decode_scaled(fp8_encode_scaled(xr[c], scale, s), scale, s);
+    for (int64_t c = 0; c < x.cols; ++c) o[c] = fp8_roundtrip_scaled(xr[c], scale, s);
   }
 }
 

@@ -226,19 +226,15 @@ KVB_HD void ggml_dequantize_q8_0(const GgmlBlockQ8_0& b, float* y) {
 }
 
 // ---------------------------------------------------------------- iq4_nl
-// ggml's best_index_int8 over the 16-entry grid: binary search, then the nearer of
-// the two neighbours with ties going to the upper one.
+// ggml's best_index_int8 over the 16-entry grid (binary search, then the nearer of
+// the two neighbours, ties to the upper one) equals the number of grid midpoints
+// (v[k] + v[k+1]) / 2 (exact half-integers) that are <= x: checked exhaustively over
+// every non-NaN float. Counting is branch-free.
 KVB_HD int ggml_iq4nl_best_index(float x) {
-  const int8_t* v = kGgmlIQ4NLValues;
-  if (x <= static_cast<float>(v[0])) return 0;
-  if (x >= static_cast<float>(v[15])) return 15;
-  int ml = 0, mu = 15;
-  while (mu - ml > 1) {
-    const int mav = (ml + mu) / 2;
-    if (x < static_cast<float>(v[mav])) mu = mav;
-    else ml = mav;
-  }
-  return add_rn(x, -static_cast<float>(v[mu - 1])) < add_rn(static_cast<float>(v[mu]), -x) ? mu - 1 : mu;
+  int idx = 0;
+  for (int k = 0; k < 15; ++k)
+    idx += static_cast<float>(kGgmlIQ4NLValues[k] + kGgmlIQ4NLValues[k + 1]) * 0.5f <= x ? 1 : 0;
+  return idx;
 }
 
 // Weighted least-squares fit of codes for the inverse scale id: accumulates

@@ -35,12 +35,18 @@ KVB_HD float sqrt_rn(float x) {
 #endif
 }
 
-// Round half away from zero (C's roundf).
+// Round half away from zero (C's roundf), without a libm call on the host: round to
+// nearest even (inlined), then move ties that went toward zero one step away. x - r
+// is exact (|x| < 2^23, or x is already an integer).
 KVB_HD float round_away(float x) {
 #if defined(__CUDA_ARCH__)
   return roundf(x);
 #else
-  return std::round(x);
+  const float r = std::rint(x);
+  const float d = x - r;
+  if (d == 0.5f && x > 0.0f) return r + 1.0f;   // e.g. 2.5 -> 2 -> 3
+  if (d == -0.5f && x < 0.0f) return r - 1.0f;  // e.g. -2.5 -> -2 -> -3
+  return r;                                     // (-1.5 -> -2 and 1.5 -> 2 are already away)
 #endif
 }
 

@@ -76,6 +76,34 @@ KVB_HD float minifloat_decode(uint8_t code, MinifloatSpec s) {
   return (code & sign_bit) ? -v : v;
 }
 
+// minifloat_decode(minifloat_encode(x, s), s) computed directly in the fp32 domain (the
+// quantize-dequantize hot path): normal values keep man_bits mantissa bits, rounded
+// to nearest even on the bit pattern (the carry may bump the exponent); values below
+// the smallest normal are rounded to a multiple of the subnormal step by adding and
+// subtracting a power of two (exact RNE); then saturation. Bit-identical to the
+// encode/decode pair for every input (tests/test_minifloat_formats.cpp).
+KVB_HD float minifloat_round(float x, MinifloatSpec s) {
+  const uint32_t sign = float_bits(x) & 0x80000000u;
+  const float a = absf(x);
+  if (a != a) return s.nan_code ? bits_float(0x7fc00000u) : 0.0f;
+  const float max = minifloat_max(s);
+  const int emin = 1 - s.bias;
+  float r;
+  if (a >= max) {
+    r = max;
+  } else if (a < pow2f(emin)) {
+    const float c = pow2f(emin - s.man_bits + 23);
+    r = add_rn(add_rn(a, c), -c);
+  } else {
+    const int shift = 23 - s.man_bits;
+    uint32_t u = float_bits(a);
+    u += ((1u << (shift - 1)) - 1u) + ((u >> shift) & 1u);
+    r = bits_float(u & ~((1u << shift) - 1u));
+    r = r > max ? max : r;
+  }
+  return bits_float(float_bits(r) | sign);
+}
+
 // E8M0 (OCP MX shared scale): 2^(e - 127) for e in 0..254; 255 is NaN.
 KVB_HD float e8m0_decode(uint8_t e) { return e == 255 ? bits_float(0x7fc00000u) : pow2f(static_cast<int>(e) - 127); }
 

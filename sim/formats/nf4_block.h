@@ -15,9 +15,11 @@ KVB_HD float nf4_group_scale(const float* x, int64_t n, StoreDtype dt) {
   return store_saturating(amax, dt);
 }
 
-// thresholds: the 15 values nf4_threshold(0..14).
-KVB_HD int nf4_encode(float x, float scale, const float* thresholds) {
-  const float inv = scale > 0.0f ? div_rn(1.0f, scale) : 0.0f;
+// What values are multiplied by before the codebook search (bitsandbytes: 1/absmax).
+KVB_HD float nf4_inverse_scale(float scale) { return scale > 0.0f ? div_rn(1.0f, scale) : 0.0f; }
+
+// thresholds: the 15 values nf4_threshold(0..14); inv = nf4_inverse_scale(scale).
+KVB_HD int nf4_encode(float x, float inv, const float* thresholds) {
   return codebook_index(mul_rn(x, inv), thresholds, 16);
 }
 

@@ -29,7 +29,8 @@ KVB_HD uint16_t turbo_encode(const float* v, int n, const float* signs, const fl
   const float inv = norm > 0.0f ? div_rn(1.0f, norm) : 0.0f;
   for (int i = 0; i < n; ++i) work[i] = mul_rn(v[i], signs[i]);
   fwht(work, n);
-  for (int i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(codebook_index(mul_rn(work[i], inv), thresholds, levels));
+  for (int i = 0; i < n; ++i) work[i] = mul_rn(work[i], inv);
+  codebook_indices(work, n, thresholds, levels, codes);
   return f32_to_f16_bits(norm < 65504.0f ? norm : 65504.0f);
 }
 
