@@ -35,19 +35,19 @@ KVB_HD void codebook_indices(const float* v, int n, const float* thresholds, int
   }
 }
 
-// The QLoRA NormalFloat4 codebook (bitsandbytes' NF4 table, fp32).
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline constexpr float kNf4Values[16] = {
-    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f,
-    -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,
-    0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f,
-    1.0f};
+// The QLoRA NormalFloat4 codebook (bitsandbytes' NF4 table, fp32), entry i.
+KVB_HD float nf4_value(int i) {
+  constexpr float kValues[16] = {
+      -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f,
+      -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,
+      0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f,
+      1.0f};
+  return kValues[i];
+}
 
-// Midpoints of consecutive kNf4Values, rounded to fp32 (bitsandbytes' thresholds).
+// Midpoints of consecutive NF4 values, rounded to fp32 (bitsandbytes' thresholds).
 KVB_HD float nf4_threshold(int i) {
-  return static_cast<float>((static_cast<double>(kNf4Values[i]) + static_cast<double>(kNf4Values[i + 1])) / 2.0);
+  return static_cast<float>((static_cast<double>(nf4_value(i)) + static_cast<double>(nf4_value(i + 1))) / 2.0);
 }
 
 }  // namespace kvb

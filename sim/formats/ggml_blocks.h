@@ -57,7 +57,7 @@ struct GgmlBlockQ8_0 {
 };
 struct GgmlBlockIQ4NL {
   uint16_t d;
-  uint8_t qs[16];  // indices into kGgmlIQ4NLValues, packed like q4_0
+  uint8_t qs[16];  // indices into ggml_iq4nl_value(), packed like q4_0
 };
 static_assert(sizeof(GgmlBlockQ4_0) == 18, "q4_0 block is 18 bytes");
 static_assert(sizeof(GgmlBlockQ4_1) == 20, "q4_1 block is 20 bytes");
@@ -67,11 +67,11 @@ static_assert(sizeof(GgmlBlockQ8_0) == 34, "q8_0 block is 34 bytes");
 static_assert(sizeof(GgmlBlockIQ4NL) == 18, "iq4_nl block is 18 bytes");
 
 // ggml's non-linear 4-bit grid (kvalues_iq4nl), in units of the block scale.
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline constexpr int8_t kGgmlIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                                 1,    13,   25,  38,  53,  69,  89,  113};
+// (A function, so that host and device code read the same table.)
+KVB_HD int ggml_iq4nl_value(int i) {
+  constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  return kValues[i];
+}
 
 KVB_HD uint32_t ggml_qh_get(const uint8_t qh[4]) {
   return static_cast<uint32_t>(qh[0]) | (static_cast<uint32_t>(qh[1]) << 8) | (static_cast<uint32_t>(qh[2]) << 16) |
@@ -233,7 +233,7 @@ KVB_HD void ggml_dequantize_q8_0(const GgmlBlockQ8_0& b, float* y) {
 KVB_HD int ggml_iq4nl_best_index(float x) {
   int idx = 0;
   for (int k = 0; k < 15; ++k)
-    idx += static_cast<float>(kGgmlIQ4NLValues[k] + kGgmlIQ4NLValues[k + 1]) * 0.5f <= x ? 1 : 0;
+    idx += static_cast<float>(ggml_iq4nl_value(k) + ggml_iq4nl_value(k + 1)) * 0.5f <= x ? 1 : 0;
   return idx;
 }
 
@@ -245,7 +245,7 @@ KVB_HD void ggml_iq4nl_fit(const float* x, float id, float& sumqx, float& sumq2,
   for (int j = 0; j < kGgmlBlock; ++j) {
     const int l = ggml_iq4nl_best_index(mul_rn(id, x[j]));
     if (L) L[j] = static_cast<uint8_t>(l);
-    const float q = static_cast<float>(kGgmlIQ4NLValues[l]);
+    const float q = static_cast<float>(ggml_iq4nl_value(l));
     const float w = mul_rn(x[j], x[j]);
     sumqx = add_rn(sumqx, mul_rn(mul_rn(w, q), x[j]));
     sumq2 = add_rn(sumq2, mul_rn(mul_rn(w, q), q));
@@ -266,14 +266,14 @@ KVB_HD void ggml_quantize_iq4_nl(const float* x, GgmlBlockIQ4NL& b, int ntry) {
   if (amax < 1e-15f) {  // GROUP_MAX_EPS
     for (int j = 0; j < kGgmlBlock; ++j) L[j] = 0;
   } else {
-    const float v0 = static_cast<float>(kGgmlIQ4NLValues[0]);
+    const float v0 = static_cast<float>(ggml_iq4nl_value(0));
     float d = ntry > 0 ? div_rn(-max, v0) : div_rn(max, v0);
     float sumqx, sumq2;
     ggml_iq4nl_fit(x, div_rn(1.0f, d), sumqx, sumq2, L);
     d = sumq2 > 0.0f ? div_rn(sumqx, sumq2) : 0.0f;
     float best = mul_rn(d, sumqx);
     for (int itry = -ntry; itry <= ntry; ++itry) {
-      ggml_iq4nl_fit(x, div_rn(static_cast<float>(itry + kGgmlIQ4NLValues[0]), max), sumqx, sumq2, nullptr);
+      ggml_iq4nl_fit(x, div_rn(static_cast<float>(itry + ggml_iq4nl_value(0)), max), sumqx, sumq2, nullptr);
       if (sumq2 > 0.0f && mul_rn(sumqx, sumqx) > mul_rn(best, sumq2)) {
         d = div_rn(sumqx, sumq2);
         best = mul_rn(d, sumqx);
@@ -291,8 +291,8 @@ KVB_HD void ggml_quantize_iq4_nl(const float* x, GgmlBlockIQ4NL& b, int ntry) {
 KVB_HD void ggml_dequantize_iq4_nl(const GgmlBlockIQ4NL& b, float* y) {
   const float d = f16_bits_to_f32(b.d);
   for (int j = 0; j < 16; ++j) {
-    y[j] = mul_rn(d, static_cast<float>(kGgmlIQ4NLValues[b.qs[j] & 0x0f]));
-    y[j + 16] = mul_rn(d, static_cast<float>(kGgmlIQ4NLValues[b.qs[j] >> 4]));
+    y[j] = mul_rn(d, static_cast<float>(ggml_iq4nl_value(b.qs[j] & 0x0f)));
+    y[j + 16] = mul_rn(d, static_cast<float>(ggml_iq4nl_value(b.qs[j] >> 4)));
   }
 }
 

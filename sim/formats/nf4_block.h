@@ -23,6 +23,6 @@ KVB_HD int nf4_encode(float x, float inv, const float* thresholds) {
   return codebook_index(mul_rn(x, inv), thresholds, 16);
 }
 
-KVB_HD float nf4_decode(int code, float scale) { return mul_rn(kNf4Values[code], scale); }
+KVB_HD float nf4_decode(int code, float scale) { return mul_rn(nf4_value(code), scale); }
 
 }  // namespace kvb
