@@ -206,6 +206,8 @@ TEST_CASE("turbo: the format matches the plain reference bit for bit") {
   CHECK(identical(run("turbo-1", x, rows, d, span), ref_turbo(x, rows, d, {1}, span)));
   CHECK(identical(run("turbo-8", x, rows, d, span), ref_turbo(x, rows, d, {8}, span)));
   CHECK(identical(run("turbo-2-o64b3", x, rows, d, span), ref_turbo(x, rows, d, {2, 64, 3}, span)));
+  CHECK(identical(run("turbo-2-o50%b3", x, rows, d, span), ref_turbo(x, rows, d, {2, 64, 3}, span)));
+  CHECK(identical(run("turbo-1-o12.5%b4", x, rows, d, span), ref_turbo(x, rows, d, {1, 16, 4}, span)));
   CHECK(identical(run("turbo-2-o32b4-cal8", x, rows, d, span), ref_turbo(x, rows, d, {2, 32, 4, 8}, span)));
   // head_dim 96 with a split: 32 outliers + parts of 64.
   const std::vector<float> x96 = kvb::test::random_normal(static_cast<size_t>(rows * 96), 22);
@@ -225,7 +227,13 @@ TEST_CASE("turbo: exact bits per element, names and shape errors") {
   CHECK(make_format("turbo-2-o64b3")->storage_bits(4096, 128) == 4096u * (64 * 3 + 64 * 2 + 32) + 128u);
   // 32 at 3 + 96 = 64 + 32 at 2, three norms.
   CHECK(make_format("turbo-2-o32b3")->storage_bits(10, 128) == 10u * (32 * 3 + 96 * 2 + 48) + 128u);
-  CHECK(make_format("turboquant-2.5")->name() == "turbo-2-o64b3");
+  CHECK(make_format("turboquant-2.5")->name() == "turbo-2-o50%b3");
+  CHECK(make_format("turbo-2-o50%b3")->storage_bits(100, 128) == make_format("turbo-2-o64b3")->storage_bits(100, 128));
+  CHECK(make_format("turbo-2-o50%b3")->bpe(100, 64) == 2.5 + 32.0 / 64 + 1.0 / 100);
+  CHECK(make_format("turbo-2-o50%b3")->check_shape(10, 96).find("not a power of two") != std::string::npos);
+  CHECK(make_format("turbo-2-o12.50%b4")->name() == "turbo-2-o12.5%b4");
+  CHECK_THROWS_AS(make_format("turbo-2-o100%b3"), ConfigError);
+  CHECK_THROWS_AS(make_format("turbo-2-ob3"), ConfigError);
   CHECK(make_format("turbo-2-o64b3-cal128")->name() == "turbo-2-o64b3");
   CHECK(make_format("turbo-3")->check_shape(10, 96).find("power of two") != std::string::npos);
   CHECK(make_format("turbo-3-o32b4")->check_shape(10, 96) == "");

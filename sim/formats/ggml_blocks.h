@@ -17,7 +17,8 @@
 //    over itry in [-ntry, ntry]. ggml's quantize_row_iq4_nl_ref (the KV-cache path)
 //    uses ntry = -1 (no search; codes from max/-127); quantize_iq4_nl without an
 //    importance matrix (llama-quantize) uses ntry = 7. Blocks with max|x| < 1e-15
-//    get scale 0 and codes 0 (as in current ggml, which clears them).
+//    get scale 0 and codes 0 (as in current ggml, which clears them; with ntry > 0
+//    the codes are then re-derived from scale 0, giving index 8, as ggml does).
 // A block covers 32 consecutive values (one row of head_dim holds head_dim/32 blocks).
 #pragma once
 #include <cstdint>

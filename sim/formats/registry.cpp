@@ -32,11 +32,11 @@ const std::vector<FormatFamily>& format_families() {
        "llama.cpp/ggml blocks of 32 along head_dim, bit-exact with ggml's reference quantizers "
        "(iq4_nl-ntry<N>: quantize_iq4_nl's scale search)",
        {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_nl-ntry7"}, &parse_ggml_format},
-      {"turbo", "turbo-<b>[-o<n>b<B>[-cal<N>]]",
+      {"turbo", "turbo-<b>[-o<n|p%>b<B>[-cal<N>]]",
        "randomized Hadamard rotation + b-bit N(0,1) Lloyd-Max codebook, fp16 norm per vector (TurboQuant/HIGGS); "
-       "-o<n>b<B>: the n highest-energy channels as a separate B-bit part",
-       {"turbo-1", "turbo-2", "turbo-3", "turbo-4", "turbo-8", "turbo-2-o64b3", "turbo-3-o64b4", "turbo-2-o32b3",
-        "turbo-3-o32b5-cal16"},
+       "-o<n>b<B>: the n (or p% of head_dim) highest-energy channels as a separate B-bit part",
+       {"turbo-1", "turbo-2", "turbo-3", "turbo-4", "turbo-8", "turbo-2-o50%b3", "turbo-3-o50%b4", "turbo-2-o32b3",
+        "turbo-3-o32b5-cal16", "turbo-2-o12.5%b4"},
        &parse_turbo_format},
       {"qjl", "qjl-m<m>",
        "keys only: 1-bit sketch sign(S k) of m Gaussian projections + fp16 norm; attention uses the unbiased "
@@ -84,10 +84,12 @@ const std::vector<FormatAlias>& format_aliases() {
       {"turboquant-2", "turbo-2", "TurboQuant (MSE variant) at 2 bits: rotation + Lloyd-Max, fp16 norm"},
       {"turboquant-3", "turbo-3", "TurboQuant (MSE variant) at 3 bits"},
       {"turboquant-4", "turbo-4", "TurboQuant (MSE variant) at 4 bits"},
-      {"turboquant-2.5", "turbo-2-o64b3",
-       "TurboQuant-style 2.5-bit split at head_dim 128: 64 highest-energy channels at 3 bits, 64 at 2, one fp16 norm each"},
-      {"turboquant-3.5", "turbo-3-o64b4",
-       "TurboQuant-style 3.5-bit split at head_dim 128: 64 highest-energy channels at 4 bits, 64 at 3, one fp16 norm each"},
+      {"turboquant-2.5", "turbo-2-o50%b3",
+       "TurboQuant-style 2.5-bit split: the higher-energy half of the channels at 3 bits, the rest at 2, one fp16 "
+       "norm each"},
+      {"turboquant-3.5", "turbo-3-o50%b4",
+       "TurboQuant-style 3.5-bit split: the higher-energy half of the channels at 4 bits, the rest at 3, one fp16 "
+       "norm each"},
       {"kvquant-nuq4-1%", "prerope:outliers1%:nuq4-cal256",
        "KVQuant nuq4-1%: pre-RoPE keys, 1% dense-and-sparse outliers, per-channel 4-bit non-uniform codebooks "
        "(fitted on the first 256 tokens of each span instead of offline calibration data)"},

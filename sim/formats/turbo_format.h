@@ -4,7 +4,7 @@
 // codebook (lloyd_max.h). Every unit (layer, KV head, K/V, experiment seed) gets its
 // own random signs.
 //
-// Name grammar: turbo-<b>[-o<n>b<B>[-cal<N>]]      b, B in 1..8
+// Name grammar: turbo-<b>[-o<n>b<B>[-cal<N>]]      b, B in 1..8; n = <count> or <p>%
 //   turbo-<b>          one part: the whole vector (head_dim a power of two);
 //                      b + 16/head_dim bits per element
 //   -o<n>b<B>          outlier split in the ORIGINAL channel space (TurboQuant's
@@ -14,10 +14,12 @@
 //                      at b bits, as power-of-two parts (e.g. 96 = 64 + 32). Every part
 //                      is an independent rotation + Lloyd-Max instance with its own fp16
 //                      norm; the chosen channel set costs head_dim bits per span.
-//                      n must be a power of two below head_dim.
+//                      n (a count, or p% of head_dim) must be a power of two below
+//                      head_dim.
 //   -cal<N>            calibration tokens for the split (default 128, omitted)
-// E.g. turbo-2-o64b3 at head_dim 128 stores 64 channels at 3 bits and 64 at 2:
-// 2.5 code bits + 2 x 16/128 norm bits per element (+ 128 bits per span).
+// E.g. turbo-2-o50%b3 stores half the channels at 3 bits and half at 2, 2.5 code bits
+// per element at any power-of-two head_dim, + 2 x 16/head_dim norm bits per element
+// and head_dim bits per span; turbo-2-o32b3 gives 32 channels 3 bits.
 #pragma once
 #include <string>
 #include <vector>
@@ -28,8 +30,11 @@ namespace kvb {
 
 struct TurboSpec {
   int bits = 3;
-  int64_t outliers = 0;  // n; 0 = no split
-  int outlier_bits = 0;  // B
+  int64_t outliers = 0;          // n as a count; 0 = no split (unless a percentage is set)
+  float outlier_percent = 0.0f;  // n as p% of head_dim (rounded to nearest); 0 = unused
+  int outlier_bits = 0;          // B
+  bool split() const { return outliers > 0 || outlier_percent > 0.0f; }
+  int64_t outlier_count(int64_t head_dim) const;
   int64_t calibration_tokens = 128;
   std::string name() const;
 };
