@@ -195,6 +195,10 @@ int cmd_quantize(const Args& args) {
   if (r.err2 > 0) std::printf("SNR           %.3f dB\n", 10.0 * std::log10(r.norm2 / r.err2));
   else std::printf("SNR           inf (lossless)\n");
   std::printf("max abs error %.6g\n", r.max_abs);
+  if (f->keys_only())
+    std::printf("note          %s keeps only a sketch: the error is that of its decoded direction; attention in the "
+                "simulator uses its inner-product estimator instead\n",
+                f->name().c_str());
   if (!dequant_path.empty()) std::printf("dequantized   %s\n", dequant_path.c_str());
   if (!codes_path.empty())
     std::printf("codes         %s (%zu bytes; layout in %s.json)\n", codes_path.c_str(), r.codes.bytes().size(),
