@@ -11,6 +11,7 @@ using Args = std::vector<std::string>;
 
 int cmd_run(const Args& args);
 int cmd_inspect(const Args& args);
+int cmd_quantize(const Args& args);
 int cmd_formats(const Args& args);
 int cmd_metrics(const Args& args);
 int cmd_strategies(const Args& args);

@@ -21,6 +21,7 @@ struct Command {
 const Command kCommands[] = {
     {"run", "run an experiment config: sweep, Pareto frontier, plots, budget answers", &kvb::cli::cmd_run},
     {"inspect", "print a tensor file's tensors, statistics and per-head attention entropy", &kvb::cli::cmd_inspect},
+    {"quantize", "quantize + dequantize one tensor file with any format: error, exact bpe, codes", &kvb::cli::cmd_quantize},
     {"formats", "list the format table (quantizers, names, bits per element)", &kvb::cli::cmd_formats},
     {"metrics", "list the metric table", &kvb::cli::cmd_metrics},
     {"strategies", "list the allocation strategies and their parameters", &kvb::cli::cmd_strategies},
