@@ -86,6 +86,9 @@ std::string Plan::check() const {
                    ") in order without gaps (segment [" + std::to_string(s.begin) + ", " + std::to_string(s.end) + "))";
           const std::string bad = s.format->check_shape(s.end - s.begin, head_dim_);
           if (!bad.empty()) return where.str() + ": " + s.format->name() + ": " + bad;
+          if (kind == Kind::Value && s.format->keys_only())
+            return where.str() + ": " + s.format->name() +
+                   " stores keys only (a sketch for attention logits); give values another format";
           next = s.end;
         }
         if (next != tokens_)

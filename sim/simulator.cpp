@@ -51,6 +51,13 @@ float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::
 struct UnitDelta {
   std::vector<float> stored, window;
   const RecentWindow* win = nullptr;
+  // Key segments whose logits come from their format's estimator (QJL), not from a
+  // decoded key: for those, Δs = estimate - exact in the stored version.
+  struct Estimated {
+    int64_t begin = 0, end = 0;
+    std::unique_ptr<ScoreEstimator> estimator;
+  };
+  std::vector<Estimated> estimated;
   bool has_window() const { return !window.empty(); }
 };
 
@@ -62,7 +69,7 @@ inline Seen seen_version(const UnitDelta& u, int64_t t, int64_t j, int64_t prefi
 
 // Per-thread scratch for one query head.
 struct HeadScratch {
-  RowMat scores, dscores, dscores_win, probs, dprobs, phat_stored, phat_win, out, dout;
+  RowMat scores, dscores, dscores_win, probs, dprobs, phat_stored, phat_win, out, dout, est;
   std::vector<double> p, phat, dp;  // p, p̂ and p̂ - p of one row
   std::vector<float> ds;            // Δs of one row as the query sees the cache
   std::vector<int32_t> ia, ib;
@@ -133,6 +140,14 @@ void simulate_head(const Recording& rec, const Plan& plan, int64_t layer, int64_
     for (int64_t r = 0; r < rows; ++r) Qb.row(r) = Q.row(pos[b0 + static_cast<size_t>(r)]);
     s.scores.noalias() = (Qb * K.topRows(cols).transpose()) * inv_sqrt_d;
     s.dscores.noalias() = (Qb * dK.topRows(cols).transpose()) * inv_sqrt_d;
+    for (const UnitDelta::Estimated& e : dk.estimated) {  // estimated logits replace decoded-key ones
+      if (e.begin >= cols) continue;
+      const int64_t n = std::min(e.end, cols) - e.begin;
+      s.est.resize(rows, n);
+      e.estimator->estimate(ConstMatView{Qb.data(), rows, d, d}, n, MatView{s.est.data(), rows, n, n});
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j) s.dscores(r, e.begin + j) = s.est(r, j) * inv_sqrt_d - s.scores(r, e.begin + j);
+    }
     if (dk.has_window()) {
       ConstRowMap dKw(dk.window.data(), T, d);
       s.dscores_win.noalias() = (Qb * dKw.topRows(cols).transpose()) * inv_sqrt_d;
@@ -204,23 +219,28 @@ void simulate_head(const Recording& rec, const Plan& plan, int64_t layer, int64_
 UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
                      const SimOptions& opt, double& err2, double& norm2) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
-  const int64_t n = rec.tokens * rec.head_dim;
+  const int64_t T = rec.tokens, d = rec.head_dim, n = T * d;
   const float* x = (kind == Kind::Key ? L.key : L.value).slice(g);
   const UnitPlan& unit = plan.unit(layer, g, kind);
+  const SpanInfo span = make_span_info(rec, layer, g, kind, 0, opt.seed);
   UnitDelta u;
   u.stored.resize(static_cast<size_t>(n));
-  reconstruct_unit(unit, x, rec.tokens, rec.head_dim, SpanInfo{layer, g, kind == Kind::Key, 0, opt.seed},
-                   u.stored.data());
+  reconstruct_unit(unit, x, T, d, span, u.stored.data());
   for (int64_t i = 0; i < n; ++i) {
     u.stored[i] -= x[i];
     err2 += static_cast<double>(u.stored[i]) * u.stored[i];
     norm2 += static_cast<double>(x[i]) * x[i];
   }
+  if (kind == Kind::Key)
+    for (const Segment& seg : unit.segments) {
+      auto est = seg.format->score_estimator(ConstMatView{x + seg.begin * d, seg.end - seg.begin, d, d},
+                                             make_span_info(rec, layer, g, kind, seg.begin, opt.seed));
+      if (est) u.estimated.push_back({seg.begin, seg.end, std::move(est)});
+    }
   if (unit.window.active()) {
     u.win = &unit.window;
     u.window.resize(static_cast<size_t>(n));
-    reconstruct_window(unit, x, rec.tokens, rec.head_dim, SpanInfo{layer, g, kind == Kind::Key, 0, opt.seed},
-                       u.window.data());
+    reconstruct_window(unit, x, T, d, span, u.window.data());
     for (int64_t i = 0; i < n; ++i) u.window[i] -= x[i];
   }
   return u;
@@ -228,26 +248,44 @@ UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int6
 
 }  // namespace
 
-void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d, SpanInfo span, float* out) {
+SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Kind kind, int64_t first_token,
+                        uint64_t seed) {
+  SpanInfo span{layer, kv_head, kind == Kind::Key, first_token, seed};
+  span.recording = rec.name.c_str();
+  span.rope_applied = rec.rope.applied;
+  span.rope_theta = rec.rope.theta;
+  if (!rec.positions.empty()) span.positions = rec.positions.data() + first_token;
+  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
+  if (kind == Kind::Key && !L.key_pre_rope.empty()) {
+    span.key_pre_rope = L.key_pre_rope.slice(kv_head) + first_token * rec.head_dim;
+    span.key_pre_rope_stride = rec.head_dim;
+  }
+  return span;
+}
+
+void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d, SpanInfo unit_span, float* out) {
   for (const Segment& seg : unit.segments) {
     if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
     const int64_t n = seg.end - seg.begin;
-    span.first_token = seg.begin;
+    SpanInfo span = unit_span;
+    span.first_token = unit_span.first_token + seg.begin;
+    if (span.key_pre_rope) span.key_pre_rope += seg.begin * span.key_pre_rope_stride;
+    if (span.positions) span.positions += seg.begin;
     seg.format->roundtrip(ConstMatView{x + seg.begin * d, n, d, d}, MatView{out + seg.begin * d, n, d, d}, span);
   }
 }
 
-void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t d, SpanInfo span, float* out) {
-  span.first_token = 0;
+void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& span,
+                        float* out) {
   unit.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{out, T, d, d}, span);
 }
 
 void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,
                       const SimOptions& opt, float* out) {
-  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
-  const Tensor& src = kind == Kind::Key ? L.key : L.value;
-  const SpanInfo span{layer, kv_head, kind == Kind::Key, 0, opt.seed};
-  reconstruct_unit(plan.unit(layer, kv_head, kind), src.slice(kv_head), rec.tokens, rec.head_dim, span, out);
+  const Tensor& src = kind == Kind::Key ? rec.layers[static_cast<size_t>(layer)].key
+                                        : rec.layers[static_cast<size_t>(layer)].value;
+  reconstruct_unit(plan.unit(layer, kv_head, kind), src.slice(kv_head), rec.tokens, rec.head_dim,
+                   make_span_info(rec, layer, kv_head, kind, 0, opt.seed), out);
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {

@@ -25,16 +25,25 @@ struct SimOptions {
 };
 
 // Quantizes then dequantizes one unit's source matrix x [T, head_dim] (row-major)
-// segment by segment as `unit` says, into out [T, head_dim]. `span` identifies the
-// unit (layer, KV head, K or V, seed); first_token is set per segment. The model
+// segment by segment as `unit` says, into out [T, head_dim]. `unit_span` describes the
+// whole unit from token 0 (identity, seed, RoPE context with pre-RoPE keys and
+// positions at row 0); each segment gets it shifted to its first token. The model
 // forward pass (quantized KV cache) uses this too.
 void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, SpanInfo span,
                       float* out);
 
 // The window version of a unit with an active window: every row of x [T, head_dim]
-// through the window's format, into out. Which (query, token) pairs read it is
-// seen_version()'s business (plan.h). Shared with the model's KV cache.
-void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, SpanInfo span, float* out);
+// through the window's format, into out; `span` describes the unit from token 0, as
+// for reconstruct_unit. Which (query, token) pairs read it is seen_version()'s
+// business (plan.h). Shared with the model's KV cache.
+void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, const SpanInfo& span,
+                        float* out);
+
+// What a format learns about the span of unit (layer, kv_head, kind) starting at token
+// first_token: its identity and seed, and for keys the recording's RoPE context
+// (pre-RoPE keys when recorded, positions, theta).
+SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Kind kind, int64_t first_token,
+                        uint64_t seed);
 
 // The reconstructed [T, head_dim] matrix of one unit of a recording, into out.
 void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,

@@ -188,13 +188,14 @@ TEST_CASE("per-channel grouping quantizes each channel along tokens") {
   }
 }
 
-TEST_CASE("every format in the table round-trips finite values and keeps its shape") {
+TEST_CASE("every int and keep format round-trips finite values (tests/test_format_table.cpp covers the rest)") {
   const int64_t T = 96, d = 64;
   const std::vector<float> x = test::random_normal(static_cast<size_t>(T * d), 5);
   double norm2 = 0;
   for (float v : x) norm2 += double(v) * v;
   for (const FormatFamily& fam : format_families())
     for (const std::string& ex : fam.examples) {
+      if (fam.name != "int" && fam.name != "keep") continue;
       FormatPtr f = make_format(ex);
       if (!f->check_shape(T, d).empty()) continue;
       const std::vector<float> y = roundtrip(*f, x, T, d);

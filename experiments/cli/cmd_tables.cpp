@@ -21,15 +21,15 @@ int cmd_formats(const Args& args) {
       FormatPtr p = make_format(ex);
       const std::string bad = p->check_shape(4096, head_dim);
       if (bad.empty())
-        std::printf("    %-28s %7.4f bpe\n", ex.c_str(), p->bpe(4096, head_dim));
+        std::printf("    %-34s %7.4f bpe\n", ex.c_str(), p->bpe(4096, head_dim));
       else
-        std::printf("    %-28s (%s)\n", ex.c_str(), bad.c_str());
+        std::printf("    %-34s (%s)\n", ex.c_str(), bad.c_str());
     }
     std::printf("\n");
   }
   std::printf("Presets:\n");
   for (const FormatAlias& a : format_aliases())
-    std::printf("  %-14s = %-28s %s\n", a.alias.c_str(), a.canonical.c_str(), a.reproduces.c_str());
+    std::printf("  %-16s = %-32s %s\n", a.alias.c_str(), a.canonical.c_str(), a.reproduces.c_str());
   return 0;
 }
 

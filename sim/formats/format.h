@@ -38,8 +38,66 @@ struct SpanInfo {
   int64_t layer = 0;          // index into Recording::layers
   int64_t kv_head = 0;
   bool is_key = true;
-  int64_t first_token = 0;    // position of the span's first row in the sequence
+  int64_t first_token = 0;    // index of the span's first row in the sequence
   uint64_t seed = 0;          // experiment seed
+
+  // RoPE context of key spans, for formats that quantize keys before RoPE
+  // (prerope:<inner>). All optional; the simulator fills them from the recording.
+  const float* key_pre_rope = nullptr;  // the span's pre-RoPE keys, [rows, head_dim] with
+                                        // row stride key_pre_rope_stride (floats); null when
+                                        // the recording has none
+  int64_t key_pre_rope_stride = 0;
+  const int64_t* positions = nullptr;   // RoPE position of each row; null = first_token + row
+  bool rope_applied = false;            // the span's keys are post-RoPE
+  double rope_theta = 10000.0;
+  const char* recording = "";           // recording name, for error messages
+};
+
+// Estimated attention logits q·k computed from a format's stored key representation
+// without decoding the keys (QJL). Built once per key span; immutable afterwards.
+class ScoreEstimator {
+ public:
+  virtual ~ScoreEstimator() = default;
+  // Number of keys (rows of the span) it was built from.
+  virtual int64_t keys() const = 0;
+  // out[r][j] = estimate of q_r · k_j (unscaled: no 1/sqrt(head_dim)) for query rows
+  // r of `queries` ([rows, head_dim]) and the span's keys j in [0, n_keys),
+  // n_keys <= keys(). `out` is [rows, >= n_keys].
+  virtual void estimate(ConstMatView queries, int64_t n_keys, MatView out) const = 0;
+};
+
+// A growing little-endian bit stream: the stored representation of a span as a
+// format documents it (Format::encode). Fields are appended least significant bit
+// first; byte-sized fields written at byte boundaries are therefore plain bytes.
+class BitWriter {
+ public:
+  void put(uint64_t value, int nbits) {
+    if (nbits < 64) value &= (uint64_t{1} << nbits) - 1;
+    while (nbits > 0) {
+      const int offset = static_cast<int>(bits_ & 7u);
+      if (offset == 0) bytes_.push_back(0);
+      const int take = nbits < 8 - offset ? nbits : 8 - offset;
+      bytes_.back() = static_cast<uint8_t>(bytes_.back() | ((value & ((1u << take) - 1u)) << offset));
+      value >>= take;
+      nbits -= take;
+      bits_ += static_cast<uint64_t>(take);
+    }
+  }
+  void put_bytes(const void* data, size_t n) {
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    if ((bits_ & 7u) == 0) {
+      bytes_.insert(bytes_.end(), p, p + n);
+      bits_ += 8 * static_cast<uint64_t>(n);
+    } else {
+      for (size_t i = 0; i < n; ++i) put(p[i], 8);
+    }
+  }
+  uint64_t bits() const { return bits_; }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  uint64_t bits_ = 0;
 };
 
 // Backends a format can run on.
@@ -76,6 +134,23 @@ class Format {
   virtual std::string check_shape(int64_t /*tokens*/, int64_t /*head_dim*/) const { return {}; }
 
   virtual bool supports(Backend b) const { return b == Backend::Cpu; }
+
+  // The stored representation of a span (codes and every piece of metadata), appended
+  // to `out` in the layout code_layout() describes. Exactly storage_bits() bits are
+  // written. The ggml formats write ggml's own block bytes.
+  virtual void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const = 0;
+  // One paragraph describing encode()'s layout (field order, widths, packing).
+  virtual std::string code_layout() const = 0;
+
+  // Formats that store keys only as a sketch for inner products (QJL) return true;
+  // such formats cannot hold values, and attention takes their keys' scores from
+  // score_estimator() instead of a decoded key.
+  virtual bool keys_only() const { return false; }
+  // Builds the score estimator of a key span; nullptr (the default) means attention
+  // uses the decoded keys from roundtrip().
+  virtual std::unique_ptr<ScoreEstimator> score_estimator(ConstMatView /*keys*/, const SpanInfo& /*span*/) const {
+    return nullptr;
+  }
 };
 
 using FormatPtr = std::shared_ptr<const Format>;

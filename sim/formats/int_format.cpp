@@ -79,11 +79,16 @@ std::string IntFormat::check_shape(int64_t /*tokens*/, int64_t head_dim) const {
 
 namespace {
 
-// Quantize-dequantize one group of n values read with a stride (in floats).
-// The same two passes as the CUDA twin: statistics, then encode/decode.
-inline void roundtrip_group(const IntFormatSpec& s, const float* x, int64_t stride, int64_t n, float* out,
-                            int64_t out_stride) {
-  IntGroupParams p;
+uint64_t stored_bits(float v, StoreDtype d) {
+  switch (d) {
+    case StoreDtype::F16: return f32_to_f16_bits(v);
+    case StoreDtype::BF16: return f32_to_bf16_bits(v);
+    default: return float_bits(v);
+  }
+}
+
+// Group parameters exactly as roundtrip_group / roundtrip_token_groups compute them.
+IntGroupParams group_params(const IntFormatSpec& s, const float* x, int64_t stride, int64_t n) {
   if (s.symmetric) {
     float stat = 0;
     if (s.bits == 1) {
@@ -93,17 +98,41 @@ inline void roundtrip_group(const IntFormatSpec& s, const float* x, int64_t stri
     } else {
       for (int64_t i = 0; i < n; ++i) stat = std::max(stat, std::fabs(x[i * stride]));
     }
-    p = int_sym_params(stat, s.bits, s.scale_dtype);
-    for (int64_t i = 0; i < n; ++i) out[i * out_stride] = int_decode(int_sym_encode(x[i * stride], p, s.bits), p);
-  } else {
-    float lo = x[0], hi = x[0];
-    for (int64_t i = 1; i < n; ++i) {
-      lo = std::min(lo, x[i * stride]);
-      hi = std::max(hi, x[i * stride]);
-    }
-    p = int_asym_params(lo, hi, s.bits, s.scale_dtype, s.zero_dtype);
-    for (int64_t i = 0; i < n; ++i) out[i * out_stride] = int_decode(int_asym_encode(x[i * stride], p, s.bits), p);
+    return int_sym_params(stat, s.bits, s.scale_dtype);
   }
+  float lo = x[0], hi = x[0];
+  for (int64_t i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i * stride]);
+    hi = std::max(hi, x[i * stride]);
+  }
+  return int_asym_params(lo, hi, s.bits, s.scale_dtype, s.zero_dtype);
+}
+
+// The stored (unsigned) code: symmetric codes are offset by qmax (b = 1: 0 = -1, 1 = +1).
+uint64_t stored_code(const IntFormatSpec& s, float x, IntGroupParams p) {
+  if (!s.symmetric) return static_cast<uint64_t>(int_asym_encode(x, p, s.bits));
+  const int q = int_sym_encode(x, p, s.bits);
+  return s.bits == 1 ? (q > 0 ? 1u : 0u) : static_cast<uint64_t>(q + int_sym_qmax(s.bits));
+}
+
+void put_params(const IntFormatSpec& s, IntGroupParams p, BitWriter& out) {
+  out.put(stored_bits(p.scale, s.scale_dtype), store_dtype_bits(s.scale_dtype));
+  if (!s.symmetric) out.put(stored_bits(p.zero, s.zero_dtype), store_dtype_bits(s.zero_dtype));
+}
+
+}  // namespace
+
+namespace {
+
+// Quantize-dequantize one group of n values read with a stride (in floats).
+// The same two passes as the CUDA twin: statistics, then encode/decode.
+inline void roundtrip_group(const IntFormatSpec& s, const float* x, int64_t stride, int64_t n, float* out,
+                            int64_t out_stride) {
+  const IntGroupParams p = group_params(s, x, stride, n);
+  if (s.symmetric)
+    for (int64_t i = 0; i < n; ++i) out[i * out_stride] = int_decode(int_sym_encode(x[i * stride], p, s.bits), p);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i * out_stride] = int_decode(int_asym_encode(x[i * stride], p, s.bits), p);
 }
 
 // Per-channel groups along tokens, processed a block of rows at a time so that reads
@@ -163,6 +192,43 @@ void IntFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
     case IntGrouping::TokensPerChannel: roundtrip_token_groups(spec_, x, out, spec_.group); break;
     case IntGrouping::WholeSpanPerChannel: roundtrip_token_groups(spec_, x, out, x.rows); break;
   }
+}
+
+void IntFormat::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {
+  if (x.rows == 0) return;
+  const IntFormatSpec& s = spec_;
+  if (s.grouping == IntGrouping::Channels || s.grouping == IntGrouping::PerToken) {
+    const int64_t g = s.group_len(x.rows, x.cols);
+    for (int64_t r = 0; r < x.rows; ++r)
+      for (int64_t c0 = 0; c0 < x.cols; c0 += g) {
+        const int64_t n = std::min(g, x.cols - c0);
+        const IntGroupParams p = group_params(s, x.row(r) + c0, 1, n);
+        put_params(s, p, out);
+        for (int64_t i = 0; i < n; ++i) out.put(stored_code(s, x.row(r)[c0 + i], p), s.bits);
+      }
+    return;
+  }
+  const int64_t g = s.grouping == IntGrouping::TokensPerChannel ? s.group : x.rows;
+  std::vector<IntGroupParams> params(static_cast<size_t>(x.cols));
+  for (int64_t r0 = 0; r0 < x.rows; r0 += g) {
+    const int64_t r1 = std::min(x.rows, r0 + g);
+    for (int64_t c = 0; c < x.cols; ++c) {
+      params[c] = group_params(s, x.row(r0) + c, x.stride, r1 - r0);
+      put_params(s, params[c], out);
+    }
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < x.cols; ++c) out.put(stored_code(s, x.row(r)[c], params[c]), s.bits);
+  }
+}
+
+std::string IntFormat::code_layout() const {
+  const std::string meta = std::string(store_dtype_name(spec_.scale_dtype)) + " scale" +
+                           (spec_.symmetric ? "" : std::string(", ") + store_dtype_name(spec_.zero_dtype) + " zero (group min)");
+  const std::string code = spec_.symmetric ? "b-bit code q + qmax (b = 1: 1 for +s, 0 for -s)" : "b-bit code";
+  if (spec_.grouping == IntGrouping::Channels || spec_.grouping == IntGrouping::PerToken)
+    return "per row, per group of channels: " + meta + ", then one " + code + " per value";
+  return "per block of rows (group along tokens): per channel " + meta + "; then the block's rows, one " + code +
+         " per value";
 }
 
 FormatPtr parse_int_format(std::string_view name) {

@@ -39,4 +39,21 @@ inline std::optional<int64_t> parse_int_suffix(std::string_view s, std::string_v
   return v;
 }
 
+// A float written in a format name: plain decimal, no exponent and no sign (names are
+// split on '-'), the shortest form that reads back to the same float ("0.5", "448").
+inline std::string name_number(float v) {
+  char buf[96];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed);
+  return std::string(buf, res.ptr);
+}
+
+// Parses what name_number() writes (digits with an optional '.'); nullopt otherwise.
+inline std::optional<float> parse_name_number(std::string_view s) {
+  if (s.empty() || s.find_first_not_of("0123456789.") != std::string_view::npos) return std::nullopt;
+  float v = 0;
+  const auto res = std::from_chars(s.data(), s.data() + s.size(), v, std::chars_format::fixed);
+  if (res.ec != std::errc() || res.ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
 }  // namespace kvb

@@ -4,8 +4,17 @@
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/formats/fp4_format.h"
+#include "sim/formats/fp8_format.h"
+#include "sim/formats/ggml_format.h"
 #include "sim/formats/int_format.h"
 #include "sim/formats/keep_format.h"
+#include "sim/formats/nf4_format.h"
+#include "sim/formats/nuq_format.h"
+#include "sim/formats/outlier_format.h"
+#include "sim/formats/prerope_format.h"
+#include "sim/formats/qjl_format.h"
+#include "sim/formats/turbo_format.h"
 
 namespace kvb {
 
@@ -19,6 +28,42 @@ const std::vector<FormatFamily>& format_families() {
        &parse_int_format},
       {"keep", "keep-<fp16|bf16|fp32>", "values stored unquantized at fp16, bf16 or fp32 (sinks, windows)",
        {"keep-fp16", "keep-bf16", "keep-fp32"}, &parse_keep_format},
+      {"ggml", "<q4_0|q4_1|q5_0|q5_1|q8_0|iq4_nl>[-ntry<N>]",
+       "llama.cpp/ggml blocks of 32 along head_dim, bit-exact with ggml's reference quantizers "
+       "(iq4_nl-ntry<N>: quantize_iq4_nl's scale search)",
+       {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_nl-ntry7"}, &parse_ggml_format},
+      {"turbo", "turbo-<b>[-o<n|p%>b<B>[-cal<N>]]",
+       "randomized Hadamard rotation + b-bit N(0,1) Lloyd-Max codebook, fp16 norm per vector (TurboQuant/HIGGS); "
+       "-o<n>b<B>: the n (or p% of head_dim) highest-energy channels as a separate B-bit part",
+       {"turbo-1", "turbo-2", "turbo-3", "turbo-4", "turbo-8", "turbo-2-o50%b3", "turbo-3-o50%b4", "turbo-2-o32b3",
+        "turbo-3-o32b5-cal16", "turbo-2-o12.5%b4"},
+       &parse_turbo_format},
+      {"qjl", "qjl-m<m>",
+       "keys only: 1-bit sketch sign(S k) of m Gaussian projections + fp16 norm; attention uses the unbiased "
+       "inner-product estimator",
+       {"qjl-m64", "qjl-m128", "qjl-m256"}, &parse_qjl_format},
+      {"fp8", "fp8-<e4m3|e5m2>[-s<scale>|-cal<N>|-tok]",
+       "OCP FP8, round-to-nearest-even, saturating; static scale (default 1), span scale calibrated on the first N "
+       "tokens, or per-token scale (fp32)",
+       {"fp8-e4m3", "fp8-e5m2", "fp8-e4m3-s0.25", "fp8-e4m3-cal64", "fp8-e5m2-cal64", "fp8-e4m3-tok"},
+       &parse_fp8_format},
+      {"fp4", "<mxfp4|nvfp4>",
+       "E2M1 with block scales: mxfp4 = OCP MX (block 32, E8M0 scale); nvfp4 = block 16, E4M3 scale, fp32 per span",
+       {"mxfp4", "nvfp4"}, &parse_fp4_format},
+      {"nf4", "nf4-g<G>[-s<fp16|bf16|fp32>]", "QLoRA NormalFloat4 codebook with an absmax scale per group of G channels",
+       {"nf4-g64", "nf4-g32", "nf4-g64-sfp32"}, &parse_nf4_format},
+      {"nuq", "nuq<b>[-cal<N>][-wsq]",
+       "per-channel non-uniform codebooks (KVQuant nuq): 1-D k-means per channel on the span's first N tokens "
+       "(default all), optionally x²-weighted; codebooks counted",
+       {"nuq4", "nuq4-cal256", "nuq3-cal256-wsq", "nuq2-cal64"}, &parse_nuq_format},
+      {"outliers", "outliers<p>%:<format>",
+       "dense-and-sparse (KVQuant): the round(p% of head_dim) largest magnitudes per vector kept as fp16 + 16-bit "
+       "index, the rest quantized with <format>",
+       {"outliers1%:nuq4-cal256", "outliers0.5%:int4-asym-g32", "outliers2%:turbo-3"}, &parse_outlier_format},
+      {"prerope", "prerope:<format>",
+       "keys quantized before RoPE with <format>, RoPE re-applied after dequantization (needs pre-RoPE keys); "
+       "values use <format> unchanged",
+       {"prerope:nuq4-cal256", "prerope:int2-asym-ch32", "prerope:outliers1%:nuq3-cal256"}, &parse_prerope_format},
   };
   return families;
 }
@@ -28,6 +73,30 @@ const std::vector<FormatAlias>& format_aliases() {
       {"fp16", "keep-fp16", "an unquantized half-precision cache"},
       {"bf16", "keep-bf16", "an unquantized bfloat16 cache"},
       {"fp32", "keep-fp32", "the fp32 reference"},
+      {"kivi-2-keys", "int2-asym-ch32", "KIVI-2 keys: 2-bit per-channel groups of 32 tokens (without its residual window)"},
+      {"kivi-2-values", "int2-asym-g32", "KIVI-2 values: 2-bit per-token groups of 32 channels (without its residual window)"},
+      {"kivi-4-keys", "int4-asym-ch32", "KIVI-4 keys: 4-bit per-channel groups of 32 tokens (without its residual window)"},
+      {"kivi-4-values", "int4-asym-g32", "KIVI-4 values: 4-bit per-token groups of 32 channels (without its residual window)"},
+      {"quanto-int4", "int4-asym-g64",
+       "Hugging Face QuantizedCache, quanto backend, nbits=4, q_group_size=64 (without its residual window)"},
+      {"quanto-int2", "int2-asym-g64",
+       "Hugging Face QuantizedCache, quanto backend, nbits=2, q_group_size=64 (without its residual window)"},
+      {"turboquant-2", "turbo-2", "TurboQuant (MSE variant) at 2 bits: rotation + Lloyd-Max, fp16 norm"},
+      {"turboquant-3", "turbo-3", "TurboQuant (MSE variant) at 3 bits"},
+      {"turboquant-4", "turbo-4", "TurboQuant (MSE variant) at 4 bits"},
+      {"turboquant-2.5", "turbo-2-o50%b3",
+       "TurboQuant-style 2.5-bit split: the higher-energy half of the channels at 3 bits, the rest at 2, one fp16 "
+       "norm each"},
+      {"turboquant-3.5", "turbo-3-o50%b4",
+       "TurboQuant-style 3.5-bit split: the higher-energy half of the channels at 4 bits, the rest at 3, one fp16 "
+       "norm each"},
+      {"kvquant-nuq4-1%", "prerope:outliers1%:nuq4-cal256",
+       "KVQuant nuq4-1%: pre-RoPE keys, 1% dense-and-sparse outliers, per-channel 4-bit non-uniform codebooks "
+       "(fitted on the first 256 tokens of each span instead of offline calibration data)"},
+      {"kvquant-nuq3-1%", "prerope:outliers1%:nuq3-cal256", "KVQuant nuq3-1% (as kvquant-nuq4-1%, 3 bits)"},
+      {"kvquant-nuq2-1%", "prerope:outliers1%:nuq2-cal256", "KVQuant nuq2-1% (as kvquant-nuq4-1%, 2 bits)"},
+      {"nf4", "nf4-g64", "QLoRA NF4 with its block size 64 (fp16 absmax; QLoRA stores fp32 or double-quantized)"},
+      {"fp8", "fp8-e4m3", "vLLM's fp8 KV cache (E4M3, scale 1.0 unless calibrated)"},
   };
   return aliases;
 }

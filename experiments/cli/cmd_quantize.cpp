@@ -1,0 +1,209 @@
+// `kvbudget quantize FILE --format NAME`: quantizes and dequantizes one tensor of a
+// tensor file with any format or preset, writes the dequantized tensor and the codes,
+// and prints the error and the exact bits per element.
+//
+// The tensor is read as rows of its last dimension: head_dim = the last dimension,
+// every dimension before it flattened into rows (tokens). By default all rows form
+// one span (one cache unit: per-channel statistics, calibration tokens and the
+// NVFP4 tensor scale cover every row); --rows-per-span R cuts them into spans of R
+// rows (e.g. R = tokens for a [heads, tokens, head_dim] tensor), span s being unit
+// kv_head = s of layer 0, so seeded formats use a different rotation per span.
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "experiments/cli/commands.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+#include "sim/core/tensor.h"
+#include "sim/formats/registry.h"
+#include "sim/io/tensor_store.h"
+#include "sim/io/tensor_write.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::cli {
+
+namespace {
+
+struct QuantizeResult {
+  Tensor dequantized;
+  BitWriter codes;
+  uint64_t storage_bits = 0;
+  double err2 = 0, norm2 = 0, max_abs = 0;
+};
+
+QuantizeResult quantize_tensor(const Tensor& x, const Format& f, int64_t rows_per_span, bool is_key, uint64_t seed,
+                               const std::string& source) {
+  const int64_t d = x.shape.back();
+  const int64_t rows = d > 0 ? x.numel() / d : 0;
+  QuantizeResult r;
+  r.dequantized = Tensor(x.shape);
+  for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
+    const int64_t n = std::min(rows_per_span, rows - r0);
+    const std::string bad = f.check_shape(n, d);
+    if (!bad.empty()) throw ConfigError("format '" + f.name() + "' on " + source + ": " + bad);
+    SpanInfo span{0, s, is_key, 0, seed};
+    span.recording = source.c_str();
+    const ConstMatView in{x.ptr() + r0 * d, n, d, d};
+    f.roundtrip(in, MatView{r.dequantized.ptr() + r0 * d, n, d, d}, span);
+    f.encode(in, span, r.codes);
+    r.storage_bits += f.storage_bits(n, d);
+  }
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double a = x.data[i], b = r.dequantized.data[i];
+    r.err2 += (a - b) * (a - b);
+    r.norm2 += a * a;
+    r.max_abs = std::max(r.max_abs, std::fabs(a - b));
+  }
+  return r;
+}
+
+std::string pick_tensor(const TensorStore& store, const std::string& requested) {
+  if (!requested.empty()) {
+    if (!store.contains(requested)) {
+      std::vector<std::string> names;
+      for (const TensorInfo& t : store.list()) names.push_back(t.name);
+      std::string msg = store.path().string() + ": no tensor '" + requested + "'";
+      const std::string close = closest_match(requested, names);
+      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      throw ConfigError(msg);
+    }
+    return requested;
+  }
+  const std::vector<TensorInfo> all = store.list();
+  if (all.size() == 1) return all[0].name;
+  std::vector<std::string> names;
+  for (const TensorInfo& t : all) names.push_back(t.name);
+  throw ConfigError(store.path().string() + " holds " + std::to_string(all.size()) +
+                    " tensors; pick one with --tensor (" + join(names, ", ") + ")");
+}
+
+void write_dequantized(const std::filesystem::path& path, const std::string& name, const Tensor& t,
+                       const std::string& format) {
+  const std::string ext = path.extension().string();
+  if (ext == ".npy") write_npy_f32(path, t.shape, t.ptr());
+  else if (ext == ".safetensors") write_safetensors_f32(path, {{name, t.shape, t.ptr()}}, {{"format", format}});
+  else throw ConfigError("--dequant " + path.string() + ": the extension must be .npy or .safetensors");
+}
+
+}  // namespace
+
+int cmd_quantize(const Args& args) {
+  po::options_description opts("kvbudget quantize FILE --format NAME [options]");
+  std::string input, format, tensor, out_prefix, dequant_path, codes_path, kind = "key";
+  int64_t rows_per_span = 0;
+  uint64_t seed = 0;
+  opts.add_options()("help,h", "show this help")("format,f", po::value(&format), "format or preset (kvbudget formats)")(
+      "tensor,t", po::value(&tensor), "tensor name (default: the file's only tensor)")(
+      "out,o", po::value(&out_prefix),
+      "write PREFIX.dequant.npy (.safetensors for a safetensors input), PREFIX.codes.bin and PREFIX.codes.json")(
+      "dequant", po::value(&dequant_path), "write the dequantized tensor here (.npy or .safetensors), same shape")(
+      "codes", po::value(&codes_path), "write the codes here (raw bytes; layout in CODES.json)")(
+      "rows-per-span", po::value(&rows_per_span), "rows per span (default: all rows are one span)")(
+      "kind", po::value(&kind), "key or value: what the spans are (QJL stores keys only)")(
+      "seed", po::value(&seed), "seed of seeded formats (rotations, sketches)")("json", "print the result as JSON");
+  po::options_description hidden;
+  hidden.add_options()("input", po::value(&input));
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("input", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "kvbudget quantize: " << e.what() << "\n\n" << opts;
+    return kExitUsage;
+  }
+  if (vm.count("help")) {
+    std::cout << opts
+              << "\nReads FILE (.npy, or safetensors once the loaders are merged) as rows of its last dimension\n"
+                 "(head_dim); every earlier dimension is flattened into rows. Prints relative MSE, SNR and max abs\n"
+                 "error, and the exact bits per element (all metadata counted). ggml formats dump ggml's own\n"
+                 "block bytes; other formats dump the layout CODES.json describes.\n";
+    return kExitOk;
+  }
+  if (input.empty() || format.empty()) {
+    std::cerr << "kvbudget quantize: need FILE and --format\n\n" << opts;
+    return kExitUsage;
+  }
+  if (kind != "key" && kind != "value") throw ConfigError("--kind must be key or value, got '" + kind + "'");
+
+  const FormatPtr f = make_format(format);
+  const std::unique_ptr<TensorStore> store = TensorStore::open(input);
+  const std::string name = pick_tensor(*store, tensor);
+  const Tensor x = store->read_f32(name);
+  if (x.rank() < 1 || x.numel() == 0) throw ConfigError(input + ": tensor '" + name + "' is empty");
+  const int64_t d = x.shape.back(), rows = x.numel() / d;
+  if (rows_per_span <= 0) rows_per_span = rows;
+  const std::string source = input + ":" + name;
+  const QuantizeResult r = quantize_tensor(x, *f, rows_per_span, kind == "key", seed, source);
+
+  if (!out_prefix.empty()) {
+    if (dequant_path.empty())
+      dequant_path = out_prefix + (std::filesystem::path(input).extension() == ".safetensors" ? ".dequant.safetensors"
+                                                                                                : ".dequant.npy");
+    if (codes_path.empty()) codes_path = out_prefix + ".codes.bin";
+  }
+  if (!dequant_path.empty()) write_dequantized(dequant_path, name, r.dequantized, f->name());
+  const int64_t spans = (rows + rows_per_span - 1) / rows_per_span;
+  nlohmann::ordered_json info = {{"input", input},
+                                 {"tensor", name},
+                                 {"shape", x.shape},
+                                 {"rows", rows},
+                                 {"head_dim", d},
+                                 {"spans", spans},
+                                 {"rows_per_span", rows_per_span},
+                                 {"kind", kind},
+                                 {"seed", seed},
+                                 {"format", f->name()},
+                                 {"storage_bits", r.storage_bits},
+                                 {"bpe", static_cast<double>(r.storage_bits) / static_cast<double>(x.numel())},
+                                 {"relative_mse", r.norm2 > 0 ? r.err2 / r.norm2 : 0.0},
+                                 {"snr_db", r.err2 > 0 ? 10.0 * std::log10(r.norm2 / r.err2) : INFINITY},
+                                 {"max_abs_error", r.max_abs}};
+  if (!codes_path.empty()) {
+    write_bytes(codes_path, r.codes.bytes().data(), r.codes.bytes().size());
+    nlohmann::ordered_json side = info;
+    side["code_bits"] = r.codes.bits();
+    side["code_bytes"] = r.codes.bytes().size();
+    side["code_layout"] = f->code_layout() + (spans > 1 ? "; spans follow each other in the bit stream" : "");
+    side.erase("relative_mse");
+    side.erase("snr_db");
+    side.erase("max_abs_error");
+    const std::string text = side.dump(2) + "\n";
+    write_bytes(codes_path + ".json", text.data(), text.size());
+  }
+  if (vm.count("json")) {
+    if (!std::isfinite(info["snr_db"].get<double>())) info["snr_db"] = nullptr;  // lossless
+    std::printf("%s\n", info.dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%s: tensor '%s' %s -> %lld rows x head_dim %lld, %lld span(s)\n", input.c_str(), name.c_str(),
+              shape_str(x.shape).c_str(), static_cast<long long>(rows), static_cast<long long>(d),
+              static_cast<long long>(spans));
+  std::printf("format        %s\n", f->name().c_str());
+  std::printf("bits/element  %.6f  (%llu bits = %.1f bytes, all metadata counted)\n",
+              static_cast<double>(r.storage_bits) / static_cast<double>(x.numel()),
+              static_cast<unsigned long long>(r.storage_bits), static_cast<double>(r.storage_bits) / 8.0);
+  std::printf("relative MSE  %.6g\n", r.norm2 > 0 ? r.err2 / r.norm2 : 0.0);
+  if (r.err2 > 0) std::printf("SNR           %.3f dB\n", 10.0 * std::log10(r.norm2 / r.err2));
+  else std::printf("SNR           inf (lossless)\n");
+  std::printf("max abs error %.6g\n", r.max_abs);
+  if (f->keys_only())
+    std::printf("note          %s keeps only a sketch: the error is that of its decoded direction; attention in the "
+                "simulator uses its inner-product estimator instead\n",
+                f->name().c_str());
+  if (!dequant_path.empty()) std::printf("dequantized   %s\n", dequant_path.c_str());
+  if (!codes_path.empty())
+    std::printf("codes         %s (%zu bytes; layout in %s.json)\n", codes_path.c_str(), r.codes.bytes().size(),
+                codes_path.c_str());
+  return kExitOk;
+}
+
+}  // namespace kvb::cli

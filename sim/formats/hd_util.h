@@ -1,0 +1,65 @@
+// Exact scalar helpers for the per-element format arithmetic shared by the CPU
+// formats and their CUDA twins (KVB_HD: no std:: containers, exceptions or virtuals).
+#pragma once
+#include <cstdint>
+
+#include "sim/core/hd_math.h"
+
+namespace kvb {
+
+// |x| by clearing the sign bit (exact, -0 -> +0).
+KVB_HD float absf(float x) { return bits_float(float_bits(x) & 0x7fffffffu); }
+
+// 2^k as an fp32, exact for k in [-149, 127] (subnormal below -126).
+KVB_HD float pow2f(int k) {
+  if (k >= -126) return bits_float(static_cast<uint32_t>(k + 127) << 23);
+  return bits_float(1u << (k + 149));
+}
+
+// floor(log2(a)) for a finite a > 0, exact (fp32 subnormals included).
+KVB_HD int floor_log2f(float a) {
+  const uint32_t u = float_bits(a) & 0x7fffffffu;
+  const int e = static_cast<int>(u >> 23);
+  if (e != 0) return e - 127;
+  int k = -127;  // subnormal: the highest set mantissa bit gives the exponent
+  for (uint32_t m = u & 0x7fffffu; (m & 0x400000u) == 0; m <<= 1) --k;
+  return k;
+}
+
+// Correctly rounded square root.
+KVB_HD float sqrt_rn(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// Round half away from zero (C's roundf), without a libm call on the host: round to
+// nearest even (inlined), then move ties that went toward zero one step away. x - r
+// is exact (|x| < 2^23, or x is already an integer).
+KVB_HD float round_away(float x) {
+#if defined(__CUDA_ARCH__)
+  return roundf(x);
+#else
+  const float r = std::rint(x);
+  const float d = x - r;
+  if (d == 0.5f && x > 0.0f) return r + 1.0f;   // e.g. 2.5 -> 2 -> 3
+  if (d == -0.5f && x < 0.0f) return r - 1.0f;  // e.g. -2.5 -> -2 -> -3
+  return r;                                     // (-1.5 -> -2 and 1.5 -> 2 are already away)
+#endif
+}
+
+// What C's float -> int8_t / uint8_t conversion yields on x86-64 (cvttss2si to 32 bits,
+// then the low byte): truncation toward zero for in-range values; NaN and values
+// outside the int32 range give the "integer indefinite" 0x80000000, whose low byte
+// is 0. ggml's reference quantizers reach that case only when 1/d overflows (d an
+// fp32 subnormal), where every code becomes 0.
+KVB_HD int32_t trunc_to_i32_x86(float v) {
+  if (!(v > -2147483648.0f && v < 2147483648.0f)) return INT32_MIN;
+  return static_cast<int32_t>(v);
+}
+KVB_HD int8_t c_float_to_i8(float v) { return static_cast<int8_t>(static_cast<uint8_t>(trunc_to_i32_x86(v) & 0xff)); }
+KVB_HD uint8_t c_float_to_u8(float v) { return static_cast<uint8_t>(trunc_to_i32_x86(v) & 0xff); }
+
+}  // namespace kvb

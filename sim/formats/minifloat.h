@@ -1,0 +1,119 @@
+// Minifloat encode/decode (OCP FP8 E4M3 and E5M2, FP4 E2M1, and the E8M0 scale of the
+// OCP Microscaling spec), shared by the CPU formats and their CUDA twins.
+//
+// Encoding rounds to nearest, ties to even, and saturates: any |x| at or above the
+// largest finite value (infinities included) becomes ±max. Zero keeps its sign.
+// NaN becomes the format's NaN code (E4M3 0x7f, E5M2 0x7e) and, for E2M1, which has
+// none, +0 (callers never pass NaN: recordings are validated finite).
+//
+//  format  exp  man  bias  max      subnormal step  NaN/Inf
+//  E4M3     4    3    7    448      2^-9            S.1111.111 NaN, no Inf
+//  E5M2     5    2   15    57344    2^-16           IEEE-like Inf/NaN
+//  E2M1     2    1    1    6        0.5             none
+#pragma once
+#include <cstdint>
+
+#include "sim/formats/hd_util.h"
+
+namespace kvb {
+
+struct MinifloatSpec {
+  int exp_bits;
+  int man_bits;
+  int bias;
+  uint8_t max_code;  // code of the largest finite positive value
+  uint8_t nan_code;  // the NaN code the encoder writes; 0 when the format has no NaN
+  bool ieee_specials;  // all-ones exponent is Inf (mantissa 0) / NaN (E5M2)
+};
+
+KVB_HD MinifloatSpec minifloat_e4m3() { return {4, 3, 7, 0x7e, 0x7f, false}; }
+KVB_HD MinifloatSpec minifloat_e5m2() { return {5, 2, 15, 0x7b, 0x7e, true}; }
+KVB_HD MinifloatSpec minifloat_e2m1() { return {2, 1, 1, 0x07, 0, false}; }
+
+// Magnitude of a non-negative code (sign bit excluded); exact in fp32.
+KVB_HD float minifloat_magnitude(uint32_t code, MinifloatSpec s) {
+  const uint32_t e = code >> s.man_bits;
+  const uint32_t m = code & ((1u << s.man_bits) - 1u);
+  if (e == 0) return mul_rn(static_cast<float>(m), pow2f(1 - s.bias - s.man_bits));
+  return mul_rn(static_cast<float>((1u << s.man_bits) + m), pow2f(static_cast<int>(e) - s.bias - s.man_bits));
+}
+
+KVB_HD float minifloat_max(MinifloatSpec s) { return minifloat_magnitude(s.max_code, s); }
+
+KVB_HD uint8_t minifloat_encode(float x, MinifloatSpec s) {
+  const uint32_t sign_bit = 1u << (s.exp_bits + s.man_bits);
+  const uint32_t sign = (float_bits(x) >> 31) ? sign_bit : 0u;
+  const float a = absf(x);
+  if (a != a) return s.nan_code ? static_cast<uint8_t>(s.nan_code) : 0;
+  if (a >= minifloat_max(s)) return static_cast<uint8_t>(sign | s.max_code);
+  const int emin = 1 - s.bias;  // exponent of the smallest normal
+  // Scale so that one unit in the last place is 1, round to an integer (ties to even),
+  // and let the integer carry into the exponent field: code = (E << m) + M is monotone.
+  uint32_t code;
+  if (a == 0.0f || floor_log2f(a) < emin) {
+    code = static_cast<uint32_t>(round_even(mul_rn(a, pow2f(s.man_bits - emin))));
+  } else {
+    const int e = floor_log2f(a);
+    const uint32_t q = static_cast<uint32_t>(round_even(mul_rn(a, pow2f(s.man_bits - e))));  // 2^m..2^(m+1)
+    code = (static_cast<uint32_t>(e + s.bias) << s.man_bits) + (q - (1u << s.man_bits));
+  }
+  if (code > s.max_code) code = s.max_code;  // rounded past max: saturate
+  return static_cast<uint8_t>(sign | code);
+}
+
+KVB_HD float minifloat_decode(uint8_t code, MinifloatSpec s) {
+  const uint32_t sign_bit = 1u << (s.exp_bits + s.man_bits);
+  const uint32_t mag = code & (sign_bit - 1u);
+  const uint32_t exp_ones = ((1u << s.exp_bits) - 1u) << s.man_bits;
+  float v;
+  if (s.ieee_specials && (mag & exp_ones) == exp_ones) {  // never produced by the encoder
+    v = bits_float((mag & ~exp_ones) ? 0x7fc00000u : 0x7f800000u);
+  } else if (!s.ieee_specials && s.nan_code && mag == s.nan_code) {
+    v = bits_float(0x7fc00000u);
+  } else {
+    v = minifloat_magnitude(mag, s);
+  }
+  return (code & sign_bit) ? -v : v;
+}
+
+// minifloat_decode(minifloat_encode(x, s), s) computed directly in the fp32 domain (the
+// quantize-dequantize hot path): normal values keep man_bits mantissa bits, rounded
+// to nearest even on the bit pattern (the carry may bump the exponent); values below
+// the smallest normal are rounded to a multiple of the subnormal step by adding and
+// subtracting a power of two (exact RNE); then saturation. Bit-identical to the
+// encode/decode pair for every input (tests/test_minifloat_formats.cpp).
+KVB_HD float minifloat_round(float x, MinifloatSpec s) {
+  const uint32_t sign = float_bits(x) & 0x80000000u;
+  const float a = absf(x);
+  if (a != a) return s.nan_code ? bits_float(0x7fc00000u) : 0.0f;
+  const float max = minifloat_max(s);
+  const int emin = 1 - s.bias;
+  float r;
+  if (a >= max) {
+    r = max;
+  } else if (a < pow2f(emin)) {
+    const float c = pow2f(emin - s.man_bits + 23);
+    r = add_rn(add_rn(a, c), -c);
+  } else {
+    const int shift = 23 - s.man_bits;
+    uint32_t u = float_bits(a);
+    u += ((1u << (shift - 1)) - 1u) + ((u >> shift) & 1u);
+    r = bits_float(u & ~((1u << shift) - 1u));
+    r = r > max ? max : r;
+  }
+  return bits_float(float_bits(r) | sign);
+}
+
+// E8M0 (OCP MX shared scale): 2^(e - 127) for e in 0..254; 255 is NaN.
+KVB_HD float e8m0_decode(uint8_t e) { return e == 255 ? bits_float(0x7fc00000u) : pow2f(static_cast<int>(e) - 127); }
+
+// The MX shared exponent of a block with absolute maximum amax (OCP MX v1.0 §6.3):
+// floor(log2(amax)) - emax_elem, clamped to E8M0's range [-127, 127]; amax = 0 gives
+// -127 (every element is then 0 anyway). Returns the biased E8M0 code.
+KVB_HD uint8_t mx_shared_exponent(float amax, int emax_elem) {
+  int e = amax > 0.0f ? floor_log2f(amax) - emax_elem : -127;
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  return static_cast<uint8_t>(e + 127);
+}
+
+}  // namespace kvb

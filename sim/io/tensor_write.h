@@ -1,0 +1,27 @@
+// Writers for fp32 tensors and raw byte dumps: NumPy .npy (format 1.0, '<f4', C order)
+// and safetensors (F32, optional __metadata__). Files are written to a temporary name
+// beside the target and renamed, so a failed write never leaves a truncated file.
+// Errors are kvb::Error naming the file.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvb {
+
+// shape outermost first (empty = a 0-d scalar); data holds product(shape) floats.
+void write_npy_f32(const std::filesystem::path& path, const std::vector<int64_t>& shape, const float* data);
+
+struct NamedTensorF32 {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+void write_safetensors_f32(const std::filesystem::path& path, const std::vector<NamedTensorF32>& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
+
+void write_bytes(const std::filesystem::path& path, const void* data, size_t size);
+
+}  // namespace kvb

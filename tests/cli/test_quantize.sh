@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# `kvbudget quantize` end to end on a .npy written here: ggml code dumps have
+# blocks x block bytes, the dequantized tensor keeps its shape, errors are clear.
+# $1 = kvbudget binary, $2 = source dir.
+set -u
+KVB="$1"
+command -v perl >/dev/null || { echo "perl not found: cannot write the test .npy"; exit 77; }
+DIR="$(mktemp -d)"
+trap 'rm -rf "$DIR"' EXIT
+fails=0
+check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
+
+# A float32 .npy [3, 40, 64] (7680 values) with a deterministic fill.
+perl - "$DIR/k.npy" 3 40 64 <<'PERL'
+my ($out, @shape) = @ARGV;
+my $n = 1; $n *= $_ for @shape;
+my $dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (" . join(", ", @shape) . "), }";
+my $total = int((10 + length($dict) + 1 + 63) / 64) * 64;
+$dict .= " " x ($total - 10 - length($dict) - 1) . "\n";
+open(my $fh, '>:raw', $out) or die "$out: $!";
+print $fh "\x93NUMPY\x01\x00" . pack("v", length($dict)) . $dict;
+my $s = 12345;
+for (1 .. $n) { $s = ($s * 1103515245 + 12345) % 2147483648; print $fh pack("f<", ($s / 2147483648.0 - 0.5) * 4.0); }
+PERL
+rows=120
+npy_bytes=$(stat -c %s "$DIR/k.npy")
+
+"$KVB" quantize "$DIR/k.npy" --format q4_0 --out "$DIR/q40" > "$DIR/q40.txt"
+check "q4_0 exits 0" "[ $? -eq 0 ]"
+check "q4_0 codes = blocks x 18 bytes" "[ $(stat -c %s "$DIR/q40.codes.bin") -eq $((rows * 2 * 18)) ]"
+check "q4_0 dequantized .npy has the input's shape and size" \
+  "[ $(stat -c %s "$DIR/q40.dequant.npy") -eq $npy_bytes ] && head -c 128 "$DIR/q40.dequant.npy" | grep -q \"'shape': (3, 40, 64)\""
+check "q4_0 prints 4.5 bits per element" "grep -q 'bits/element  4.500000' '$DIR/q40.txt'"
+check "q4_0 prints the error" "grep -q 'relative MSE' '$DIR/q40.txt' && grep -q 'SNR' '$DIR/q40.txt' && grep -q 'max abs error' '$DIR/q40.txt'"
+check "q4_0 layout sidecar" "grep -q 'block_q4_0' '$DIR/q40.codes.bin.json'"
+
+"$KVB" quantize "$DIR/k.npy" -f q8_0 --codes "$DIR/q80.bin" --json > "$DIR/q80.json"
+check "q8_0 codes = blocks x 34 bytes" "[ $(stat -c %s "$DIR/q80.bin") -eq $((rows * 2 * 34)) ]"
+check "q8_0 --json has bpe 8.5" "grep -q '\"bpe\": 8.5' '$DIR/q80.json'"
+
+"$KVB" quantize "$DIR/k.npy" -f iq4_nl --codes "$DIR/iq4.bin" > /dev/null
+check "iq4_nl codes = blocks x 18 bytes" "[ $(stat -c %s "$DIR/iq4.bin") -eq $((rows * 2 * 18)) ]"
+
+"$KVB" quantize "$DIR/k.npy" -f mxfp4 --dequant "$DIR/mx.safetensors" > /dev/null
+check "safetensors output" "[ -s '$DIR/mx.safetensors' ] && head -c 200 '$DIR/mx.safetensors' | grep -q '\"dtype\":\"F32\"'"
+
+"$KVB" quantize "$DIR/k.npy" -f turboquant-3 --rows-per-span 40 --seed 7 --codes "$DIR/t3.bin" > "$DIR/t3.txt"
+check "turbo per-span code dump = exact storage bits" \
+  "[ $(stat -c %s "$DIR/t3.bin") -eq $(( (rows * (64 * 3 + 16) + 7) / 8 )) ] && grep -q '3.250000' '$DIR/t3.txt'"
+
+"$KVB" quantize "$DIR/k.npy" -f keep-fp32 > "$DIR/keep.txt"
+check "keep-fp32 is lossless" "grep -q 'SNR           inf' '$DIR/keep.txt'"
+
+"$KVB" quantize "$DIR/k.npy" -f q4_O > /dev/null 2> "$DIR/err.txt"
+check "unknown format: usage error with a suggestion" "[ $? -eq 2 ] && grep -q \"did you mean 'q4_0'\" '$DIR/err.txt'"
+"$KVB" quantize "$DIR/k.npy" -f qjl-m64 --kind value > /dev/null 2> "$DIR/err.txt"
+check "QJL on values is refused" "[ $? -eq 2 ] && grep -q 'cannot store values' '$DIR/err.txt'"
+"$KVB" quantize "$DIR/missing.npy" -f q4_0 > /dev/null 2> "$DIR/err.txt"
+check "missing file: error naming it" "[ $? -eq 1 ] && grep -q 'missing.npy' '$DIR/err.txt'"
+"$KVB" quantize "$DIR/k.npy" -f q4_0 --tensor nope > /dev/null 2> "$DIR/err.txt"
+check "unknown tensor name" "[ $? -eq 2 ] && grep -q \"no tensor 'nope'\" '$DIR/err.txt'"
+
+[ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }

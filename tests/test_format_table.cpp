@@ -1,0 +1,193 @@
+// The format table as a whole: every family's examples and every preset parse back to
+// their canonical names, dump exactly storage_bits() bits, run in the simulator,
+// behave the same from many threads, and the presets cost what methods.md §1 says.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "sim/core/error.h"
+#include "sim/formats/prerope_format.h"
+#include "sim/formats/registry.h"
+#include "sim/plan.h"
+#include "sim/simulator.h"
+#include "test_util.h"
+
+using namespace kvb;
+
+namespace {
+
+std::vector<std::string> all_examples() {
+  std::vector<std::string> names;
+  for (const FormatFamily& f : format_families()) names.insert(names.end(), f.examples.begin(), f.examples.end());
+  return names;
+}
+
+// Two layers, GQA 4:2, post-RoPE keys with their pre-RoPE keys, so that every format,
+// prerope: included, has what it needs.
+Recording table_recording(int64_t T, int64_t d) {
+  Recording rec;
+  rec.name = "table-rec";
+  rec.source = "test";
+  rec.q_heads = 4;
+  rec.kv_heads = 2;
+  rec.head_dim = d;
+  rec.tokens = T;
+  rec.rope.applied = true;
+  rec.positions.resize(static_cast<size_t>(T));
+  std::iota(rec.positions.begin(), rec.positions.end(), 0);
+  for (int l = 0; l < 2; ++l) {
+    LayerTensors L;
+    L.query = Tensor({4, T, d});
+    L.query.data = kvb::test::random_normal(static_cast<size_t>(4 * T * d), 200 + l, 0.3f);
+    L.key_pre_rope = Tensor({2, T, d});
+    L.key_pre_rope.data = kvb::test::random_normal(static_cast<size_t>(2 * T * d), 210 + l);
+    L.key = L.key_pre_rope;
+    for (int64_t t = 0; t < 2 * T; ++t) rope_rotate_row(L.key.data.data() + t * d, d, static_cast<double>(t % T), 1e4);
+    L.value = Tensor({2, T, d});
+    L.value.data = kvb::test::random_normal(static_cast<size_t>(2 * T * d), 220 + l);
+    rec.layers.push_back(std::move(L));
+    rec.layer_ids.push_back(l);
+  }
+  return rec;
+}
+
+}  // namespace
+
+TEST_CASE("every example and preset parses back to its canonical name") {
+  std::set<std::string> seen;
+  for (const FormatFamily& fam : format_families()) {
+    CHECK(!fam.examples.empty());
+    for (const std::string& ex : fam.examples) {
+      INFO(ex);
+      CHECK(seen.insert(ex).second);
+      CHECK(fam.parse(ex) != nullptr);
+      const FormatPtr f = make_format(ex);
+      CHECK(f->name() == ex);
+      CHECK(make_format(f->name())->name() == ex);
+      CHECK(!f->code_layout().empty());
+    }
+  }
+  for (const FormatAlias& a : format_aliases()) {
+    INFO(a.alias);
+    CHECK(make_format(a.alias)->name() == a.canonical);
+    CHECK(!a.reproduces.empty());
+    CHECK(seen.count(a.alias) == 0);  // an alias never shadows a canonical name
+  }
+  CHECK_THROWS_WITH_AS(make_format("q4_O"), doctest::Contains("did you mean 'q4_0'"), ConfigError);
+}
+
+TEST_CASE("every format dumps exactly storage_bits() and reconstructs finite values") {
+  const Recording rec = table_recording(70, 64);
+  const float* k = rec.layers[0].key.slice(1);
+  for (const std::string& name : all_examples()) {
+    INFO(name);
+    const FormatPtr f = make_format(name);
+    for (int64_t rows : {1, 33, 70}) {
+      if (!f->check_shape(rows, 64).empty()) continue;
+      const SpanInfo span = make_span_info(rec, 0, 1, Kind::Key, 0, 3);
+      const ConstMatView x{k, rows, 64, 64};
+      BitWriter w;
+      f->encode(x, span, w);
+      CHECK(w.bits() == f->storage_bits(rows, 64));
+      std::vector<float> y(static_cast<size_t>(rows * 64)), y2(y.size());
+      f->roundtrip(x, MatView{y.data(), rows, 64, 64}, span);
+      f->roundtrip(x, MatView{y2.data(), rows, 64, 64}, span);
+      CHECK(std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0);  // deterministic
+      double e = 0, n = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        REQUIRE(std::isfinite(y[i]));
+        e += std::pow(static_cast<double>(y[i]) - k[i], 2);
+        n += static_cast<double>(k[i]) * k[i];
+      }
+      CHECK(e / n < 2.0);  // sane reconstruction (1-bit min-max exceeds 1 on Gaussian data)
+    }
+  }
+}
+
+TEST_CASE("every format runs in the simulator, and the plan's bits are the formats' bits") {
+  const Recording rec = table_recording(64, 64);
+  SimOptions opt;
+  opt.positions = {0, 17, 40, 63};
+  for (const std::string& name : all_examples()) {
+    INFO(name);
+    const FormatPtr f = make_format(name);
+    if (!f->check_shape(rec.tokens, rec.head_dim).empty()) continue;
+    Plan plan(2, 2, rec.tokens, rec.head_dim);
+    plan.assign_all(Kind::Key, f);
+    plan.assign_all(Kind::Value, f->keys_only() ? make_format("keep-fp16") : f);
+    REQUIRE(plan.check() == "");
+    const ErrorStats s = simulate(rec, plan, opt);
+    CHECK(s.rows.size() == 2 * 4 * opt.positions.size());
+    for (const AttentionRow& r : s.rows) {
+      CHECK(std::isfinite(r.kl));
+      CHECK(std::isfinite(r.out_err2));
+    }
+    const uint64_t v_bits = f->keys_only() ? 64u * 64u * 16u : f->storage_bits(64, 64);
+    CHECK(plan.storage_bits() == 4u * (f->storage_bits(64, 64) + v_bits));
+  }
+}
+
+TEST_CASE("formats are thread-safe: concurrent spans give the single-threaded results") {
+  const int64_t rows = 64, d = 64, spans = 8;
+  const std::vector<float> x = kvb::test::random_normal(static_cast<size_t>(spans * rows * d), 300);
+  for (const std::string& name : all_examples()) {
+    INFO(name);
+    const FormatPtr f = make_format(name);
+    if (!f->check_shape(rows, d).empty()) continue;
+    std::vector<float> serial(x.size()), parallel(x.size());
+    std::vector<float> pre(x.size());
+    for (size_t i = 0; i < x.size(); ++i) pre[i] = x[i] * 0.5f;
+    auto span_of = [&](int64_t s) {
+      SpanInfo sp{s % 2, s / 2, true, 0, 1};
+      sp.rope_applied = true;
+      sp.key_pre_rope = pre.data() + s * rows * d;
+      sp.key_pre_rope_stride = d;
+      return sp;
+    };
+    for (int64_t s = 0; s < spans; ++s)
+      f->roundtrip(ConstMatView{x.data() + s * rows * d, rows, d, d}, MatView{serial.data() + s * rows * d, rows, d, d},
+                   span_of(s));
+#pragma omp parallel for num_threads(4) schedule(dynamic)
+    for (int64_t s = 0; s < spans; ++s)
+      f->roundtrip(ConstMatView{x.data() + s * rows * d, rows, d, d},
+                   MatView{parallel.data() + s * rows * d, rows, d, d}, span_of(s));
+    CHECK(std::memcmp(serial.data(), parallel.data(), x.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("presets cost what methods.md §1 says") {
+  const int64_t T = 4096, d = 128;
+  auto bpe = [&](const std::string& n) { return make_format(n)->bpe(T, d); };
+  // asymmetric int-b with fp16 scale + min per group of G: b + 32/G.
+  CHECK(bpe("kivi-2-values") == 3.0);   // int2-asym-g32
+  CHECK(bpe("kivi-2-keys") == 3.0);     // int2-asym-ch32: per channel, groups of 32 tokens
+  CHECK(bpe("quanto-int4") == 4.5);     // int4-asym-g64
+  CHECK(bpe("quanto-int2") == 2.5);     // int2-asym-g64
+  CHECK(bpe("int4-sym-g32") == 4.5);    // symmetric: b + 16/G
+  // ggml blocks of 32.
+  CHECK(bpe("q4_0") == 4.5);
+  CHECK(bpe("q4_1") == 5.0);
+  CHECK(bpe("q5_0") == 5.5);
+  CHECK(bpe("q5_1") == 6.0);
+  CHECK(bpe("q8_0") == 8.5);
+  CHECK(bpe("iq4_nl") == 4.5);
+  // rotation + b-bit codebook with one fp16 norm per vector: b + 16/d.
+  for (int b = 1; b <= 8; ++b) CHECK(bpe("turbo-" + std::to_string(b)) == b + 16.0 / d);
+  CHECK(bpe("turboquant-3") == 3.0 + 16.0 / d);
+  CHECK(make_format("turboquant-2.5")->storage_bits(T, d) == static_cast<uint64_t>(T) * (64 * 3 + 64 * 2 + 32) + d);
+  CHECK(make_format("turboquant-3.5")->storage_bits(T, d) == static_cast<uint64_t>(T) * (64 * 4 + 64 * 3 + 32) + d);
+  // fp4.
+  CHECK(bpe("mxfp4") == 4.25);
+  CHECK(make_format("nvfp4")->storage_bits(T, d) == static_cast<uint64_t>(T * d) * 4 + static_cast<uint64_t>(T * d / 16) * 8 + 32);
+  // fp8, NF4, QJL.
+  CHECK(bpe("fp8") == 8.0);
+  CHECK(bpe("nf4") == 4.25);
+  CHECK(bpe("qjl-m256") == (256.0 + 16.0) / d);
+  // dense-and-sparse: each outlier costs a 16-bit value and a 16-bit index.
+  CHECK(make_format("kvquant-nuq4-1%")->storage_bits(T, d) ==
+        static_cast<uint64_t>(T * d) * 4 + static_cast<uint64_t>(d) * 16 * 16 + static_cast<uint64_t>(T) * 1 * 32);
+}
