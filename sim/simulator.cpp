@@ -263,14 +263,19 @@ SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Ki
   return span;
 }
 
+SpanInfo span_from(const SpanInfo& unit_span, int64_t offset) {
+  SpanInfo span = unit_span;
+  span.first_token += offset;
+  if (span.key_pre_rope) span.key_pre_rope += offset * span.key_pre_rope_stride;
+  if (span.positions) span.positions += offset;
+  return span;
+}
+
 void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d, SpanInfo unit_span, float* out) {
   for (const Segment& seg : unit.segments) {
     if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
     const int64_t n = seg.end - seg.begin;
-    SpanInfo span = unit_span;
-    span.first_token = unit_span.first_token + seg.begin;
-    if (span.key_pre_rope) span.key_pre_rope += seg.begin * span.key_pre_rope_stride;
-    if (span.positions) span.positions += seg.begin;
+    const SpanInfo span = span_from(unit_span, seg.begin);
     seg.format->roundtrip(ConstMatView{x + seg.begin * d, n, d, d}, MatView{out + seg.begin * d, n, d, d}, span);
   }
 }

@@ -39,6 +39,10 @@ void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t h
 void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, const SpanInfo& span,
                         float* out);
 
+// The span of the same unit starting `offset` rows later: first_token, the pre-RoPE
+// key pointer and the positions move along. (reconstruct_unit gives each segment this.)
+SpanInfo span_from(const SpanInfo& unit_span, int64_t offset);
+
 // What a format learns about the span of unit (layer, kv_head, kind) starting at token
 // first_token: its identity and seed, and for keys the recording's RoPE context
 // (pre-RoPE keys when recorded, positions, theta).

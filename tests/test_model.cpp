@@ -217,6 +217,7 @@ TEST_CASE("windows, prefill and segments: the model's attention equals the recor
     std::string name;
     int64_t prefill;
     RecentWindow key_window, value_window;
+    std::string key_format = "int2-asym-g32";
   };
   const FormatPtr fp16 = make_format("keep-fp16"), fp32 = make_format("keep-fp32");
   const std::vector<Case> cases = {
@@ -225,6 +226,8 @@ TEST_CASE("windows, prefill and segments: the model's attention equals the recor
       {"sliding K window, chunked extra-copy V window, prefill", 5,
        RecentWindow{8, fp16, RecentWindow::Mode::Sliding, false},
        RecentWindow{16, fp32, RecentWindow::Mode::Chunked, true}},
+      {"keys quantized before RoPE", 0, {}, {}, "prerope:int2-asym-ch32"},
+      {"QJL keys: logits from the score estimator", 0, {}, {}, "qjl-m128"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -233,7 +236,7 @@ TEST_CASE("windows, prefill and segments: the model's attention equals the recor
       for (int64_t g = 0; g < rec.kv_heads; ++g)
         for (Kind k : {Kind::Key, Kind::Value}) {
           UnitPlan& u = plan.unit(l, g, k);
-          u.segments = {Segment{0, 4, fp16}, Segment{4, T, make_format(k == Kind::Key ? "int2-asym-g32" : "int3-sym-g16")}};
+          u.segments = {Segment{0, 4, fp16}, Segment{4, T, make_format(k == Kind::Key ? c.key_format : "int3-sym-g16")}};
           u.window = k == Kind::Key ? c.key_window : c.value_window;
         }
     plan.set_prefill(c.prefill);
@@ -405,6 +408,39 @@ TEST_CASE("Llama family options against a plain reference forward pass") {
     const auto want = reference_llama(ck, c.opt, c.inv_freq, c.window, tokens);
     CHECK(worst_relative_row_error(want, got.data(), got.cols()) < 1e-5);
   }
+}
+
+TEST_CASE("prerope formats rotate back with the model's own (scaled) RoPE frequencies") {
+  // llama3 scaling: the frequencies are not theta's. prerope:keep-fp32 quantizes the
+  // pre-RoPE keys losslessly and rotates them back, which must give the model's keys.
+  TinyLlamaOptions o;
+  TinyCheckpoint ck = tiny_llama(o);
+  ck.config["rope_theta"] = 10000.0;
+  ck.config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  const auto model = Transformer::load(ck.write(scratch_dir("model_prerope")));
+  const std::vector<int64_t> tokens = some_tokens(40, o.vocab, 5);
+  const RowMatrix exact = model->forward(tokens);
+  Plan plan(o.layers, o.kv_heads, 40, o.head_dim);
+  plan.assign_all(Kind::Key, make_format("prerope:keep-fp32"));
+  plan.assign_all(Kind::Value, make_format("keep-fp32"));
+  ExtendOptions opt;
+  opt.cache.plan = &plan;
+  const RowMatrix rotated_back = model->forward(tokens, opt);
+  CHECK((rotated_back - exact).cwiseAbs().maxCoeff() < 1e-5 * exact.cwiseAbs().maxCoeff());
+  // Generation reads the same context.
+  const std::vector<int64_t> prompt(tokens.begin(), tokens.begin() + 20);
+  CHECK(greedy_continuation(*model, prompt, 6, opt.cache) == greedy_continuation(*model, prompt, 6, {}));
+  // A model without RoPE has no pre-RoPE keys: a clear error.
+  const auto gpt2 = fixture_model("gpt2-bytes");
+  Plan gplan(6, 6, 8, 64);
+  gplan.assign_all(Kind::Key, make_format("prerope:int4-asym-g32"));
+  gplan.assign_all(Kind::Value, make_format("keep-fp16"));
+  ExtendOptions g;
+  g.cache.plan = &gplan;
+  const std::string msg = error_of([&] { gpt2->forward(std::vector<int64_t>{256, 1, 2, 3, 4, 5, 6, 7}, g); });
+  CHECK(has(msg, "layer 0 kv_head 0 K"));
+  CHECK(has(msg, "recording 'gpt2-bytes' has no RoPE"));
 }
 
 TEST_CASE("F16 and BF16 checkpoints compute in fp32") {

@@ -50,6 +50,10 @@ struct SpanInfo {
   const int64_t* positions = nullptr;   // RoPE position of each row; null = first_token + row
   bool rope_applied = false;            // the span's keys are post-RoPE
   double rope_theta = 10000.0;
+  // The RoPE inverse frequencies, head_dim/2 of them, when they are not
+  // rope_theta^(-2i/head_dim) (a model with llama3 or linear RoPE scaling); null =
+  // from rope_theta.
+  const std::vector<float>* rope_inv_freq = nullptr;
   const char* recording = "";           // recording name, for error messages
 };
 

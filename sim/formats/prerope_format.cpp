@@ -42,7 +42,8 @@ void PreRopeFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& span)
   // Hugging Face's fp32 arithmetic).
   std::vector<int64_t> positions(static_cast<size_t>(x.rows));
   for (int64_t r = 0; r < x.rows; ++r) positions[r] = span.positions ? span.positions[r] : span.first_token + r;
-  const RopeTable table = make_rope_table(x.rows, x.cols, positions.data(), span.rope_theta);
+  const RopeTable table = span.rope_inv_freq ? make_rope_table(x.rows, positions.data(), *span.rope_inv_freq)
+                                             : make_rope_table(x.rows, x.cols, positions.data(), span.rope_theta);
   for (int64_t r = 0; r < x.rows; ++r) apply_rope_row(out.row(r), table, r);
 }
 

@@ -32,7 +32,7 @@ Seen seen(const KvUnitView& u, int64_t prefill, int64_t t, int64_t j) {
 // Per-thread buffers of one task: scores, and for mixed values the probabilities
 // whose value is read in the exact and the window version.
 struct Scratch {
-  ScratchMatrix scores, scores_exact, scores_window, p_exact, p_window;
+  ScratchMatrix scores, scores_exact, scores_window, p_exact, p_window, estimate;
 };
 
 }  // namespace
@@ -66,6 +66,14 @@ void causal_attention(const float* queries, int64_t query_stride, int64_t n, int
       const StridedRows q(queries + r0 * query_stride + h * d, rows, d, Eigen::OuterStride<>(query_stride));
       auto scores = s.scores.view(rows, cols);
       scores.noalias() = q * Rows(K.stored + lo * d, cols, d).transpose();
+      for (const EstimatedKeys& e : K.estimated) {  // estimated logits replace decoded-key ones
+        const int64_t a = std::max(e.begin, lo), b = std::min(e.end, hi);
+        if (a >= b) continue;
+        auto est = s.estimate.view(rows, b - e.begin);
+        e.estimator->estimate(ConstMatView{q.data(), rows, d, query_stride}, b - e.begin,
+                              MatView{est.data(), rows, b - e.begin, b - e.begin});
+        scores.middleCols(a - lo, b - a) = est.rightCols(b - a);
+      }
       const bool mixed_k = mixed(K, prefill, first + r0), mixed_v = mixed(V, prefill, first + r0);
       auto scores_exact = s.scores_exact.view(mixed_k ? rows : 0, cols);
       auto scores_window = s.scores_window.view(mixed_k && K.window ? rows : 0, cols);

@@ -1,6 +1,7 @@
 // Causal multi-head attention of new queries over a key/value cache (host, fp32).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "sim/plan.h"
@@ -15,6 +16,13 @@ struct AttentionGeometry {
   int64_t window = 0;     // sliding-window attention: 0 = full causal; W > 0: query t sees keys t - W < j <= t
 };
 
+// Key segments [begin, end) whose stored-version logits q·k come from their format's
+// estimator (keys-only formats such as QJL) instead of decoded keys.
+struct EstimatedKeys {
+  int64_t begin = 0, end = 0;
+  std::unique_ptr<ScoreEstimator> estimator;
+};
+
 // The versions of one KV head's keys (or values) a query may read, each
 // [context, head_dim] rows. Without a plan all three are the exact cache.
 struct KvUnitView {
@@ -22,6 +30,7 @@ struct KvUnitView {
   const float* exact = nullptr;          // the exact values
   const float* window = nullptr;         // the window-precision version, or nullptr
   const RecentWindow* recent = nullptr;  // the unit's recency window, or nullptr
+  std::vector<EstimatedKeys> estimated;  // keys only: estimated segments, ascending
 };
 
 // What attention reads for one layer: per KV head, keys and values, and the plan's

@@ -10,26 +10,54 @@
 
 namespace kvb {
 
-KvCache::KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim)
-    : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), units_(static_cast<size_t>(layers * kv_heads * 2)) {}
+KvCache::KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim, CacheRope rope)
+    : layers_(layers),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      rope_(std::move(rope)),
+      units_(static_cast<size_t>(layers * kv_heads * kKinds)) {}
 
-void KvCache::clear() {
+void KvCache::reset(CacheRope rope) {
+  rope_ = std::move(rope);
   for (std::vector<float>& u : units_) u.clear();
 }
 
 int64_t KvCache::length(int64_t layer) const {
-  return static_cast<int64_t>(unit(layer, 0, 0).size()) / head_dim_;
+  return static_cast<int64_t>(unit(layer, 0, kKeys).size()) / head_dim_;
 }
+
+namespace {
+
+void append_rows(std::vector<float>& u, const float* src, int64_t stride, int64_t n, int64_t d) {
+  u.reserve(u.size() + static_cast<size_t>(n * d));
+  for (int64_t r = 0; r < n; ++r) u.insert(u.end(), src + r * stride, src + r * stride + d);
+}
+
+}  // namespace
 
 void KvCache::append(int64_t layer, const float* keys, const float* values, int64_t stride, int64_t n) {
   for (int64_t g = 0; g < kv_heads_; ++g) {
-    for (int kind = 0; kind < 2; ++kind) {
-      std::vector<float>& u = unit(layer, g, kind);
-      const float* src = (kind == 0 ? keys : values) + g * head_dim_;
-      u.reserve(u.size() + static_cast<size_t>(n * head_dim_));
-      for (int64_t r = 0; r < n; ++r) u.insert(u.end(), src + r * stride, src + r * stride + head_dim_);
-    }
+    append_rows(unit(layer, g, kKeys), keys + g * head_dim_, stride, n, head_dim_);
+    append_rows(unit(layer, g, kValues), values + g * head_dim_, stride, n, head_dim_);
   }
+}
+
+void KvCache::append_pre_rope_keys(int64_t layer, const float* keys, int64_t stride, int64_t n) {
+  for (int64_t g = 0; g < kv_heads_; ++g) append_rows(unit(layer, g, kPreRopeKeys), keys + g * head_dim_, stride, n, head_dim_);
+}
+
+SpanInfo KvCache::unit_span(int64_t layer, int64_t kv_head, Kind kind, uint64_t seed) const {
+  SpanInfo span{layer, kv_head, kind == Kind::Key, 0, seed};
+  span.recording = rope_.model.c_str();
+  span.rope_applied = rope_.applied;
+  span.rope_theta = rope_.theta;
+  span.rope_inv_freq = rope_.inv_freq;
+  const std::vector<float>& pre = unit(layer, kv_head, kPreRopeKeys);
+  if (kind == Kind::Key && !pre.empty()) {
+    span.key_pre_rope = pre.data();
+    span.key_pre_rope_stride = head_dim_;
+  }
+  return span;
 }
 
 KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const {
@@ -37,10 +65,8 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
   v.keys.resize(static_cast<size_t>(kv_heads_));
   v.values.resize(static_cast<size_t>(kv_heads_));
   for (int64_t g = 0; g < kv_heads_; ++g) {
-    for (int kind = 0; kind < 2; ++kind) {
-      KvUnitView& u = (kind == 0 ? v.keys : v.values)[static_cast<size_t>(g)];
-      u.exact = u.stored = unit(layer, g, kind).data();
-    }
+    v.keys[static_cast<size_t>(g)].exact = v.keys[static_cast<size_t>(g)].stored = unit(layer, g, kKeys).data();
+    v.values[static_cast<size_t>(g)].exact = v.values[static_cast<size_t>(g)].stored = unit(layer, g, kValues).data();
   }
   if (!q.plan) return v;
   v.prefill = q.plan->prefill();
@@ -58,10 +84,15 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
     KvUnitView& view = (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)];
     try {
       const UnitPlan plan = q.plan->unit_at(layer, g, kind, length);
-      const SpanInfo span{layer, g, kind == Kind::Key, 0, q.seed};
+      const SpanInfo span = unit_span(layer, g, kind, q.seed);
       float* stored = scratch.data() + (2 * u) * unit_floats;
       reconstruct_unit(plan, view.exact, length, d, span, stored);
       view.stored = stored;
+      if (kind == Kind::Key)  // key segments whose logits come from an estimator (QJL)
+        for (const Segment& seg : plan.segments)
+          if (auto est = seg.format->score_estimator(
+                  ConstMatView{view.exact + seg.begin * d, seg.end - seg.begin, d, d}, span_from(span, seg.begin)))
+            view.estimated.push_back({seg.begin, seg.end, std::move(est)});
       if (plan.window.active()) {
         float* window = scratch.data() + (2 * u + 1) * unit_floats;
         reconstruct_window(plan, view.exact, length, d, span, window);

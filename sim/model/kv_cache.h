@@ -21,6 +21,7 @@
 //    values of earlier tokens are not recomputed.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "sim/model/attention.h"
@@ -33,13 +34,23 @@ struct CacheQuantization {
   uint64_t seed = 0;           // handed to seeded formats (SpanInfo::seed)
 };
 
+// How the cached keys were rotated: the RoPE context formats get in SpanInfo (a
+// prerope:<format> quantizes the pre-RoPE keys and rotates them back).
+struct CacheRope {
+  bool applied = false;                          // keys are post-RoPE; a pre-RoPE copy is kept
+  double theta = 10000.0;
+  const std::vector<float>* inv_freq = nullptr;  // scaled inverse frequencies, or null (theta's)
+  std::string model;                             // named in format errors
+};
+
 class KvCache {
  public:
   KvCache() = default;
-  KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim);
+  KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim, CacheRope rope = {});
 
-  // Empties every layer, keeping the allocated storage for the next sequence.
-  void clear();
+  // Empties every layer, keeping the allocated storage for the next sequence (of a
+  // model with the same cache shape and this RoPE context).
+  void reset(CacheRope rope);
 
   int64_t layers() const { return layers_; }
   int64_t kv_heads() const { return kv_heads_; }
@@ -50,24 +61,33 @@ class KvCache {
   // Appends n tokens to a layer: row r of KV head g is read at
   // keys + r * stride + g * head_dim (and the same for values).
   void append(int64_t layer, const float* keys, const float* values, int64_t stride, int64_t n);
+  // With RoPE: the same tokens' keys before rotation, appended first.
+  void append_pre_rope_keys(int64_t layer, const float* keys, int64_t stride, int64_t n);
 
   // Exact [length, head_dim] rows of one KV head.
   const float* keys(int64_t layer, int64_t kv_head) const { return unit(layer, kv_head, 0).data(); }
   const float* values(int64_t layer, int64_t kv_head) const { return unit(layer, kv_head, 1).data(); }
 
   // What attention reads for a layer, [length, head_dim] rows per version: exact, or
-  // reconstructed through q.plan (into `scratch`, which must outlive the view).
+  // reconstructed through q.plan (into `scratch`, which must outlive the view), with
+  // score estimators for key segments whose format has one (QJL).
   KvLayerView view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const;
 
  private:
+  // Kinds of stored rows per (layer, KV head).
+  static constexpr int kKeys = 0, kValues = 1, kPreRopeKeys = 2, kKinds = 3;
   const std::vector<float>& unit(int64_t layer, int64_t kv_head, int kind) const {
-    return units_[static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + kind)];
+    return units_[static_cast<size_t>((layer * kv_heads_ + kv_head) * kKinds + kind)];
   }
   std::vector<float>& unit(int64_t layer, int64_t kv_head, int kind) {
-    return units_[static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + kind)];
+    return units_[static_cast<size_t>((layer * kv_heads_ + kv_head) * kKinds + kind)];
   }
+  // What a format learns about unit (layer, g, kind) from token 0.
+  SpanInfo unit_span(int64_t layer, int64_t kv_head, Kind kind, uint64_t seed) const;
+
   int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
-  std::vector<std::vector<float>> units_;  // [(layer, kv_head, K/V)] -> [length, head_dim]
+  CacheRope rope_;
+  std::vector<std::vector<float>> units_;  // [(layer, kv_head, kind)] -> [length, head_dim]
 };
 
 // Throws kvb::Error unless the plan's layers, KV heads and head_dim match the cache.

@@ -56,9 +56,18 @@ Transformer::Transformer(ModelConfig config, ModelWeights weights)
   if (config_.rope.enabled) inv_freq_ = rope_inverse_frequencies(config_.rope, config_.head_dim);
 }
 
+CacheRope Transformer::cache_rope() const {
+  CacheRope rope;
+  rope.applied = config_.rope.enabled;
+  rope.theta = config_.rope.theta;
+  if (config_.rope.type != "default") rope.inv_freq = &inv_freq_;
+  rope.model = config_.dir.filename().string();
+  return rope;
+}
+
 Transformer::State Transformer::new_state() const {
   State s;
-  s.cache = KvCache(config_.layers, config_.kv_heads, config_.head_dim);
+  s.cache = KvCache(config_.layers, config_.kv_heads, config_.head_dim, cache_rope());
   return s;
 }
 
@@ -110,7 +119,10 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
 
     normalize_rows(x, blk.attn_norm, c.norm_eps, h);
     dense(h, blk.qkv, qkv);
-    if (cap && c.rope.enabled) cap->key_pre_rope = heads_tensor(qkv.data(), qkv_width, k_col, c.kv_heads, n, d);
+    if (c.rope.enabled) {
+      if (cap) cap->key_pre_rope = heads_tensor(qkv.data(), qkv_width, k_col, c.kv_heads, n, d);
+      state.cache.append_pre_rope_keys(l, qkv.data() + k_col, qkv_width, n);
+    }
     if (c.rope.enabled)  // query and key heads: the first (q_heads + kv_heads) * d columns
       for (int64_t r = 0; r < n; ++r)
         for (int64_t hh = 0; hh < c.q_heads + c.kv_heads; ++hh) apply_rope_row(qkv.row(r).data() + hh * d, rope, r);
@@ -159,7 +171,7 @@ RowMatrix Transformer::forward(std::span<const int64_t> tokens, const ExtendOpti
   if (state.cache.layers() != config_.layers || state.cache.kv_heads() != config_.kv_heads ||
       state.cache.head_dim() != config_.head_dim)
     state = new_state();
-  state.cache.clear();
+  state.cache.reset(cache_rope());
   state.length = 0;
   return extend(state, tokens, opt);
 }

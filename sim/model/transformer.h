@@ -63,6 +63,7 @@ class Transformer {
 
  private:
   void check_tokens(std::span<const int64_t> tokens, int64_t first_position) const;
+  CacheRope cache_rope() const;  // this model's RoPE context for its KV cache
 
   ModelConfig config_;
   ModelWeights weights_;
