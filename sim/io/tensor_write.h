@@ -2,6 +2,9 @@
 // and safetensors (F32, optional __metadata__). Files are written to a temporary name
 // beside the target and renamed, so a failed write never leaves a truncated file.
 // Errors are kvb::Error naming the file.
+//
+// These are the fp32 shorthands of the general writers in sim/io/tensor_writer.h
+// (every dtype, several tensors) and sim/io/atomic_file.h, which do the work.
 #pragma once
 #include <cstdint>
 #include <filesystem>
