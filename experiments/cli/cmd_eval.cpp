@@ -89,20 +89,8 @@ int cmd_eval(const Args& args) {
       ".safetensors: logits [T, vocab], nll [T-1], input_ids (and logits_exact, nll_exact when quantized); "
       ".npy: the logits")("nll", po::value(&nll_out), "write the per-position NLL [T-1] (nats) to this .npy");
   in.add_options(opts);
-  po::options_description hidden;
-  hidden.add_options()("model", po::value(&in.checkpoint));
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("model", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "kvbudget eval: " << e.what() << "\n\n" << opts;
-    return kExitUsage;
-  }
+  if (!in.parse(args, opts, "eval", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout << opts
               << "\nnll[t] is -log p(token t+1 | tokens 0..t) in nats for t = 0..T-2; PPL = exp(mean nll).\n"

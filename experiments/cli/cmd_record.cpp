@@ -25,20 +25,8 @@ int cmd_record(const Args& args) {
   opts.add_options()("help,h", "show this help")("out,o", po::value(&out), "output .safetensors file")(
       "dtype", po::value(&dtype_text)->default_value("f16"), "stored precision of the tensors: f16, bf16 or f32");
   in.add_options(opts);
-  po::options_description hidden;
-  hidden.add_options()("model", po::value(&in.checkpoint));
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("model", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "kvbudget record: " << e.what() << "\n\n" << opts;
-    return kExitUsage;
-  }
+  if (!in.parse(args, opts, "record", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout << opts
               << "\nWrites, per layer l: layers.l.query [q_heads, T, head_dim], layers.l.key and layers.l.value\n"

@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <iostream>
+
 #include "sim/core/error.h"
 
 namespace po = boost::program_options;
@@ -17,6 +19,24 @@ void ModelInput::add_options(po::options_description& opts) {
       "no-bos", po::bool_switch(&no_bos), "do not prepend BOS")(
       "max-tokens", po::value(&max_tokens)->default_value(512), "keep the first N tokens (0 = all)")(
       "threads", po::value(&threads), "OpenMP threads (default: all cores)");
+}
+
+bool ModelInput::parse(const std::vector<std::string>& args, const po::options_description& opts, const char* command,
+                       po::variables_map& vm) {
+  po::options_description hidden;
+  hidden.add_options()("model", po::value(&checkpoint));
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("model", 1);
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "kvbudget " << command << ": " << e.what() << "\n\n" << opts;
+    return false;
+  }
+  return true;
 }
 
 std::shared_ptr<const Transformer> ModelInput::load_model() const {

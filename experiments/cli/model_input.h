@@ -22,6 +22,11 @@ struct ModelInput {
 
   // Adds --text, --tokens, --tokenizer, --bos, --no-bos, --max-tokens, --threads.
   void add_options(boost::program_options::options_description& opts);
+  // Parses `args` with `opts` (which add_options() has extended) and the positional
+  // MODEL_DIR into vm. A bad command line prints "kvbudget <command>: why" and the
+  // options to stderr and returns false.
+  bool parse(const std::vector<std::string>& args, const boost::program_options::options_description& opts,
+             const char* command, boost::program_options::variables_map& vm);
   // Checks the combination (throws kvb::ConfigError), sets the thread count, loads
   // the model and the tokens.
   std::shared_ptr<const Transformer> load_model() const;
