@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/io/json_file.h"
 
 namespace kvb {
 
@@ -236,17 +236,7 @@ ModelConfig load_model_config(const fs::path& dir) {
   c.config_file = dir / "config.json";
   const std::string file = c.config_file.string();
   if (!fs::is_directory(dir)) throw Error(dir.string() + ": not a checkpoint directory (no such directory)");
-  std::ifstream in(c.config_file, std::ios::binary);
-  if (!in) throw Error(file + ": cannot open (a Hugging Face checkpoint directory holds config.json)");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::exception& e) {
-    throw Error(file + ": malformed JSON: " + e.what());
-  }
-  if (!j.is_object()) throw Error(file + ": expected a JSON object, got " + std::string(j.type_name()));
+  const json j = read_json_object(c.config_file, "a Hugging Face checkpoint directory holds config.json");
   const JsonKeys k(j, file);
 
   const json& archs = k.raw("architectures");

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "sim/core/error.h"
+#include "sim/io/json_file.h"
 #include "sim/io/tensor_store.h"
 
 namespace kvb {
@@ -206,17 +207,8 @@ std::vector<std::string_view> gpt2_pieces(std::string_view text) {
 }  // namespace
 
 std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(file.string() + ": cannot open tokenizer file");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::exception& e) {
-    throw Error(file.string() + ": malformed JSON: " + e.what());
-  }
-  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
+  const json j = read_json_object(file, "a tokenizer.json");
+  if (!j.contains("model") || !j["model"].is_object())
     throw Error(file.string() + ": not a Hugging Face tokenizer.json (no \"model\" object)");
   auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
   tok->path_ = file;
