@@ -64,10 +64,6 @@ class KvCache {
   // With RoPE: the same tokens' keys before rotation, appended first.
   void append_pre_rope_keys(int64_t layer, const float* keys, int64_t stride, int64_t n);
 
-  // Exact [length, head_dim] rows of one KV head.
-  const float* keys(int64_t layer, int64_t kv_head) const { return unit(layer, kv_head, 0).data(); }
-  const float* values(int64_t layer, int64_t kv_head) const { return unit(layer, kv_head, 1).data(); }
-
   // What attention reads for a layer, [length, head_dim] rows per version: exact, or
   // reconstructed through q.plan (into `scratch`, which must outlive the view), with
   // score estimators for key segments whose format has one (QJL).
