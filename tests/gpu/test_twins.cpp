@@ -203,10 +203,11 @@ TEST_SUITE("no_device") {
 TEST_CASE("every twin's codes, parameters and values are byte-identical to the CPU format") {
   const std::vector<std::string> kinds = {"normal", "zeros", "signed_zeros", "constant", "half_steps",
                                           "huge",   "extreme", "subnormal",  "outlier"};
-  const std::vector<Shape> shapes = {{3, 37, 128}, {1, 1000, 64}, {2, 513, 96}, {1, 5, 12}, {2, 7, 6}, {1, 1, 64}};
+  const std::vector<Shape> shapes = {{3, 37, 128}, {1, 1000, 64}, {2, 513, 96}, {2, 256, 64}, {1, 5, 12}, {2, 7, 6}, {1, 1, 64}};
   Tally tally;
   uint64_t seed = 1;
-  for (const std::string& name : formats_under_test()) {
+  const std::vector<std::string> names = formats_under_test();
+  for (const std::string& name : names) {
     const FormatPtr f = make_format(name);
     if (!f->supports(Backend::Cuda)) continue;
     const std::unique_ptr<cuda::FormatTwin> twin = cuda::require_twin(*f);
@@ -229,7 +230,7 @@ TEST_CASE("every twin's codes, parameters and values are byte-identical to the C
   }
   MESSAGE(tally.formats << " formats, " << tally.cases << " cases, " << tally.bytes
                         << " bytes compared: all byte-identical unless reported above");
-  CHECK(tally.formats > 500);
+  CHECK(tally.formats == static_cast<int64_t>(names.size()));  // every int and keep format has a twin
 }
 
 TEST_CASE("an empty batch is a no-op") {
