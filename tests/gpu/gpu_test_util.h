@@ -20,6 +20,12 @@ inline std::filesystem::path gpu_data_dir() {
   return KVB_TEST_DATA_DIR;
 }
 
+// The repository (configs/): $KVB_SOURCE_DIR when set, else the source tree.
+inline std::filesystem::path gpu_source_dir() {
+  if (const char* env = std::getenv("KVB_SOURCE_DIR")) return env;
+  return KVB_TEST_SOURCE_DIR;
+}
+
 // Every tensor- and attention-level metric agrees: |gpu - cpu| <= atol + rtol·|cpu|
 // (equal infinities agree). Prints each metric's relative difference and names the
 // worst one; returns it.
