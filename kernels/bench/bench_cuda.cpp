@@ -119,7 +119,7 @@ std::string sweep_config(const Options& o) {
   c << "name = \"bench_cuda_sweep\"\nseed = 0\n[data.synthetic]\n"
     << "layers = " << o.layers << "\nq_heads = " << o.q_heads << "\nkv_heads = " << o.kv_heads
     << "\nhead_dim = " << o.head_dim << "\ntokens = " << o.tokens << "\ncalibration_queries = " << o.calibration
-    << "\nsink_heads = 1\nrecency = 2.0\noutlier_channels = 4\nrope = true\n"
+    << "\nentropy_mean = 9.0\nentropy_spread = 4.0\n"
     << "[[strategy]]\ntype = \"uniform\"\nformat = \"int{bits}-asym-g32\"\n[strategy.vars]\nbits = [2, 3, 4, 8]\n"
     << "[[strategy]]\ntype = \"uniform\"\nname = \"kivi2\"\nkey_format = \"int2-asym-ch32\"\n"
     << "value_format = \"int2-asym-tok\"\n"
