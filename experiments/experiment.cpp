@@ -333,6 +333,7 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
   e.seed = static_cast<uint64_t>(seed);
   e.threads = static_cast<int>(root.integer("threads", 0));
   if (e.threads < 0) root.fail("threads", "must be >= 0 (0 = all cores)");
+  e.backend = parse_backend_request(root.string("backend", "cpu"), root.where("backend"));
 
   auto data = root.opt_table("data");
   if (!data) throw ConfigError(doc->file().string() + ": missing [data] table (a recording path or [data.synthetic])");

@@ -1,7 +1,7 @@
 // ExperimentSpec: a TOML experiment config, validated. See configs/README.md for the
 // full reference and configs/quickstart.toml for an example.
 //
-//   name, description, seed, threads
+//   name, description, seed, threads, backend
 //   [data]          a recording file (path + tensor name patterns + layout) or
 //   [data.synthetic] a seeded synthetic recording
 //   [[strategy]]    type + parameters; any parameter may be a sweep axis: an array
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/backend.h"
 #include "experiments/config.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/recording.h"
@@ -80,6 +81,7 @@ struct ExperimentSpec {
   std::string description;
   uint64_t seed = 0;
   int threads = 0;  // 0 = OpenMP default
+  BackendRequest backend = BackendRequest::Cpu;  // experiments/backend.h
   DataSpec data;
   std::vector<StrategyBlock> strategies;
   MetricsSpec metrics;

@@ -105,6 +105,12 @@ void Report::write_manifest(const RunInfo& info) const {
   j["build_type"] = KVB_BUILD_TYPE;
   j["compiler"] = KVB_CXX_COMPILER;
   j["cuda_built"] = static_cast<bool>(KVB_HAVE_CUDA);
+  j["backend_requested"] = backend_request_name(info.backend.requested);
+  if (info.backend_decided) {
+    j["backend"] = backend_name(info.backend.used);
+    j["backend_reason"] = info.backend.reason;
+    if (!info.backend.device.empty()) j["cuda_device"] = info.backend.device;
+  }
   j["cpu"] = cpu_model();
   j["cpu_cores_online"] = static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN));
   j["threads"] = spec_.threads > 0 ? spec_.threads : omp_get_max_threads();

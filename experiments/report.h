@@ -1,7 +1,7 @@
 // Report: everything a run writes under results/<name>/<timestamp>/.
 //
 //   config.toml     the resolved config (after --set)
-//   manifest.json   git commit, build type, CPU, threads, seed, wall time, status
+//   manifest.json   git commit, build type, CPU, threads, seed, wall time, status, backend
 //   points.csv      one row per point: key, coordinates, bpe, bytes, every metric
 //   errors.csv      points that failed, with the reason (only when some failed)
 //   pareto.csv      the non-dominated points for each Pareto metric
@@ -32,6 +32,8 @@ struct RunInfo {
   double wall_seconds = 0;
   size_t points_total = 0;
   std::string recording_summary;
+  BackendChoice backend;  // requested, used and why (used/reason empty until the sweep decided)
+  bool backend_decided = false;
 };
 
 class Report {

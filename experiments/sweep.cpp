@@ -7,9 +7,13 @@
 #include <mutex>
 #include <optional>
 
+#include "kvb/build_config.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/simulator.h"
+#if KVB_HAVE_CUDA
+#include "kernels/cuda_simulator.h"
+#endif
 
 namespace kvb {
 
@@ -38,6 +42,46 @@ bool next_combination(std::vector<size_t>& idx, const std::vector<Axis>& axes) {
     idx[a] = 0;
   }
   return false;
+}
+
+// Which backend measures the points, once the plans are known (experiments/backend.h).
+BackendChoice choose_backend(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
+                             const std::vector<std::optional<Plan>>& plans, const SimOptions& opt) {
+  BackendChoice c;
+  c.requested = spec.backend;
+  if (spec.backend == BackendRequest::Cpu) {
+    c.reason = "backend = \"cpu\"";
+    return c;
+  }
+  std::string why_not;
+  c.device = cuda_device(&why_not);
+  if (spec.backend == BackendRequest::Cuda) {
+    if (c.device.empty()) throw Error("backend = \"cuda\": " + why_not);
+    c.used = Backend::Cuda;
+    c.reason = "backend = \"cuda\"";
+    return c;
+  }
+  if (c.device.empty()) {
+    c.reason = "auto: " + why_not;
+    return c;
+  }
+#if KVB_HAVE_CUDA
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i]) continue;
+    const std::string why = cuda::unsupported_reason(*plans[i], opt);
+    if (!why.empty()) {
+      c.reason = "auto: point " + points[i].key + ": " + why;
+      return c;
+    }
+  }
+  c.used = Backend::Cuda;
+  c.reason = "auto: a CUDA device is present and every format of the sweep has a CUDA twin";
+#else
+  (void)points;
+  (void)plans;
+  (void)opt;
+#endif
+  return c;
 }
 
 }  // namespace
@@ -85,7 +129,7 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
 
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
-                                   const std::atomic<bool>* stop) {
+                                   const std::atomic<bool>* stop, BackendChoice* chosen) {
   const size_t n = points.size();
   const size_t L = static_cast<size_t>(rec.num_layers());
   std::vector<PointResult> results(n);
@@ -160,9 +204,42 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     if (on_point) on_point(points[i], r, done, n);
   };
 
+  const BackendChoice backend = choose_backend(spec, points, plans, opt);
+  if (chosen) *chosen = backend;
+
   // Points that failed in phase 1 are reported right away.
   for (size_t i = 0; i < n; ++i)
     if (!results[i].error.empty()) finalize(i);
+
+#if KVB_HAVE_CUDA
+  if (backend.used == Backend::Cuda) {
+    // Points one after another, each on the whole device; the recording is uploaded once.
+    cuda::CudaSimulator gpu(rec);
+    for (size_t i = 0; i < n; ++i) {
+      if (!plans[i] || stopped()) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string why = cuda::unsupported_reason(*plans[i], opt);
+      if (!why.empty()) {
+        task_error[i * L] = points[i].key + ": " + why + " (backend = \"cuda\"; run this point with backend = \"cpu\")";
+      } else {
+        for (size_t l = 0; l < L; ++l) {
+          try {
+            stats[i * L + l] = gpu.simulate_layer(*plans[i], static_cast<int64_t>(l), opt);
+          } catch (const std::exception& e) {
+            task_error[i * L + l] = points[i].key + ": layer " + std::to_string(l) + ": " + e.what();
+            break;
+          }
+        }
+      }
+      task_seconds[i * L] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      finalize(i);
+    }
+    std::vector<PointResult> out;
+    for (size_t i = 0; i < n; ++i)
+      if (finished[i]) out.push_back(std::move(results[i]));
+    return out;
+  }
+#endif
 
   const long tasks = static_cast<long>(n * L);
 #pragma omp parallel for schedule(dynamic, 1)

@@ -39,16 +39,20 @@ struct PointResult {
   double bytes = 0, bytes_target = 0;
   std::string plan;             // Plan::describe()
   std::vector<double> metrics;  // aligned with spec.metrics.report
-  double seconds = 0;           // CPU seconds spent on the point
+  double seconds = 0;           // CPU seconds spent on the point (cuda: wall seconds on the device)
 };
 
 // Called (serialized) as each point finishes, with how many are done.
 using PointCallback = std::function<void(const SweepPoint&, const PointResult&, size_t done, size_t total)>;
 
-// Runs the points. When *stop becomes true (Ctrl-C), points not yet started are
-// skipped and only finished points are returned. Returned results are sorted by id.
+// Runs the points on spec.backend (experiments/backend.h): plans are built on the CPU,
+// then every point is measured by the CPU simulator ((point, layer) tasks in parallel)
+// or by the CUDA simulator (points one after another on the device). When *stop
+// becomes true (Ctrl-C), points not yet started are skipped and only finished points
+// are returned. Returned results are sorted by id. `chosen` receives the backend that
+// ran and why. Throws kvb::Error when backend = "cuda" finds no usable device.
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
-                                   const std::atomic<bool>* stop);
+                                   const std::atomic<bool>* stop, BackendChoice* chosen = nullptr);
 
 }  // namespace kvb

@@ -4,6 +4,8 @@
 #include <map>
 #include <sstream>
 
+#include "sim/window_rule.h"
+
 namespace kvb {
 
 Plan::Plan(int64_t layers, int64_t kv_heads, int64_t tokens, int64_t head_dim)
@@ -16,10 +18,7 @@ void Plan::assign_all(Kind kind, const FormatPtr& format) {
 }
 
 bool RecentWindow::holds(int64_t t, int64_t j, int64_t first) const {
-  if (!active() || j < first || j > t) return false;
-  if (mode == Mode::Sliding) return j > t - size;
-  const int64_t flushed = first + size * ((t + 1 - first) / size);  // tokens before this are quantized
-  return j >= flushed;
+  return active() && j <= t && j >= window_first_held(size, mode == Mode::Chunked, t, first);
 }
 
 int64_t RecentWindow::held_at(int64_t context, int64_t first) const {

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "sim/core/error.h"
+#include "sim/metrics/attention_shift.h"
 
 namespace kvb {
 
@@ -78,11 +79,8 @@ struct HeadScratch {
 };
 
 // Causal attention of one row: p from the reference scores s[0..n), and p̂ from
-// s + Δs. Fills p, dp = p̂ - p and p̂; returns KL(p || p̂) in nats.
-//   p̂_j = p_j e^{Δs_j} / (1 + A),  A = Σ p_j (e^{Δs_j} - 1)
-//   KL  = log(1 + A) - Σ p_j Δs_j
-// expm1/log1p keep tiny errors exact (Δs = 0 gives exactly 0); large shifts use
-// the max-shifted form.
+// s + Δs. Fills p, dp = p̂ - p and p̂; returns KL(p || p̂) in nats. The formulas are
+// in sim/metrics/attention_shift.h, shared with the CUDA row kernel.
 double row_attention(const float* s, const float* ds, int64_t n, HeadScratch& h) {
   double mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) mx = std::max(mx, static_cast<double>(s[j]));
@@ -95,16 +93,16 @@ double row_attention(const float* s, const float* ds, int64_t n, HeadScratch& h)
     mean_ds += h.p[j] * ds[j];
   }
   double kl;
-  if (dmx < 30.0) {
+  if (dmx < kLargeLogitShift) {
     double a = 0;
     for (int64_t j = 0; j < n; ++j) a += h.p[j] * std::expm1(static_cast<double>(ds[j]));
-    for (int64_t j = 0; j < n; ++j) h.dp[j] = h.p[j] * (std::expm1(static_cast<double>(ds[j])) - a) / (1.0 + a);
-    kl = std::log1p(a) - mean_ds;
+    for (int64_t j = 0; j < n; ++j) h.dp[j] = attn_dprob_small_shift(h.p[j], static_cast<double>(ds[j]), a);
+    kl = attn_kl_small_shift(a, mean_ds);
   } else {
     double zhat = 0;
     for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = h.p[j] * std::exp(ds[j] - dmx));
     for (int64_t j = 0; j < n; ++j) h.dp[j] = h.phat[j] / zhat - h.p[j];
-    kl = std::log(zhat) + dmx - mean_ds;
+    kl = attn_kl_large_shift(zhat, dmx, mean_ds);
   }
   for (int64_t j = 0; j < n; ++j) h.phat[j] = h.p[j] + h.dp[j];
   return std::max(0.0, kl);

@@ -123,3 +123,20 @@ TEST_CASE("--set overrides any key, including inside [[strategy]] arrays") {
   err = error_of(text, {"seed=\"x\""});
   CHECK(err.find("--set seed: expected an integer") != std::string::npos);
 }
+
+TEST_CASE("backend: cpu by default; cpu, cuda or auto; cuda needs a CUDA build") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(parse(kData + strat).backend == BackendRequest::Cpu);
+  CHECK(parse("backend = \"auto\"\n" + kData + strat).backend == BackendRequest::Auto);
+  CHECK(parse(kData + strat, {"backend=cpu"}).backend == BackendRequest::Cpu);
+  const std::string bad = error_of("backend = \"gpu\"\n" + kData + strat);
+  CHECK(bad.find("test.toml:1") != std::string::npos);
+  CHECK(bad.find("backend must be \"cpu\", \"cuda\" or \"auto\", got \"gpu\"") != std::string::npos);
+  CHECK_THROWS_WITH_AS(parse_backend_request("tpu", "--backend"), doctest::Contains("--backend: backend must be"),
+                       ConfigError);
+  if (cuda_backend_built()) {
+    CHECK(parse("backend = \"cuda\"\n" + kData + strat).backend == BackendRequest::Cuda);
+  } else {
+    CHECK(error_of("backend = \"cuda\"\n" + kData + strat).find("built without CUDA") != std::string::npos);
+  }
+}

@@ -27,10 +27,6 @@ class ScaleFormat final : public Format {
       for (int64_t c = 0; c < x.cols; ++c) out.row(r)[c] = c_ * x.row(r)[c];
   }
   double nominal_bits() const override { return 1; }
-  void encode(ConstMatView x, const SpanInfo&, BitWriter& out) const override {
-    for (int64_t i = 0; i < x.rows * x.cols; ++i) out.put(1, 1);  // a test format: no real codes
-  }
-  std::string code_layout() const override { return "one placeholder bit per element (test format)"; }
 
  private:
   float c_;
