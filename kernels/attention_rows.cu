@@ -168,12 +168,15 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
   max_ds = block_max(max_ds, scratch);
   max_abs_ds = block_max(max_abs_ds, scratch);
 
-  // Pass 3 (large shifts only): ẑ.
+  // Pass 3 (large shifts only): max and normaliser of the perturbed logits ŝ = s + Δs.
   const bool large = max_ds >= kLargeLogitShift;
-  double zhat = 0;
+  double zhat = 0, max_shat = -INFINITY;
   if (large) {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-      zhat += exp(static_cast<double>(s[j]) - mx) / z * exp(static_cast<double>(ds_at(j)) - max_ds);
+      max_shat = fmax(max_shat, static_cast<double>(s[j]) + static_cast<double>(ds_at(j)));
+    max_shat = block_max(max_shat, scratch);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+      zhat += exp(static_cast<double>(s[j]) + static_cast<double>(ds_at(j)) - max_shat);
     zhat = block_sum(zhat, scratch);
   }
 
@@ -183,7 +186,8 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     const double ds = ds_at(j);
     const double p = exp(static_cast<double>(s[j]) - mx) / z;
-    const double dp = large ? p * exp(ds - max_ds) / zhat - p : attn_dprob_small_shift(p, ds, A);
+    const double dp = large ? exp(static_cast<double>(s[j]) + ds - max_shat) / zhat - p
+                            : attn_dprob_small_shift(p, ds, A);
     const double phat = p + dp;
     const Seen v = exact ? Seen::Exact : (j >= value_from ? Seen::Window : Seen::Stored);
     a.probs[row_off + j] = static_cast<float>(p);
@@ -212,7 +216,7 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
   __syncthreads();
 
   if (threadIdx.x == 0) {
-    const double kl = large ? attn_kl_large_shift(zhat, max_ds, mean_ds) : attn_kl_small_shift(A, mean_ds);
+    const double kl = large ? attn_kl_large_shift(zhat, max_shat, z, mx, mean_ds) : attn_kl_small_shift(A, mean_ds);
     AttentionRow& out = a.out_rows[static_cast<int64_t>(a.head0 + r / a.npos) * a.out_npos + a.out_pos0 + i];
     out.layer = a.layer;
     out.q_head = a.head0 + r / a.npos;

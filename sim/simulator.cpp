@@ -99,10 +99,12 @@ double row_attention(const float* s, const float* ds, int64_t n, HeadScratch& h)
     for (int64_t j = 0; j < n; ++j) h.dp[j] = attn_dprob_small_shift(h.p[j], static_cast<double>(ds[j]), a);
     kl = attn_kl_small_shift(a, mean_ds);
   } else {
+    double mhat = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mhat = std::max(mhat, static_cast<double>(s[j]) + ds[j]);
     double zhat = 0;
-    for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = h.p[j] * std::exp(ds[j] - dmx));
+    for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = std::exp(static_cast<double>(s[j]) + ds[j] - mhat));
     for (int64_t j = 0; j < n; ++j) h.dp[j] = h.phat[j] / zhat - h.p[j];
-    kl = attn_kl_large_shift(zhat, dmx, mean_ds);
+    kl = attn_kl_large_shift(zhat, mhat, z, mx, mean_ds);
   }
   for (int64_t j = 0; j < n; ++j) h.phat[j] = h.p[j] + h.dp[j];
   return std::max(0.0, kl);
