@@ -292,7 +292,22 @@ TEST_CASE("budget repair: downgrades the lowest priority when over, then fills b
   std::vector<size_t> c(8, 0);
   repair_budget(
       flat, c, [](size_t, size_t) { return 0.0; }, spread_ranks(8));
-  CHECK(c == std::vector<size_t>{1, 0, 1, 0, 1, 0, 1, 0});
+  CHECK(c == std::vector<size_t>{1, 0, 1, 0, 0, 1, 0, 1});  // golden-ratio order 0, 5, 2, 7, ...
+  // ... and every stride gets its share: even and odd units (e.g. two phases) alike.
+  BudgetProblem many;
+  many.cost.assign(64, {1, 2});
+  many.budget = 64 + 32;
+  std::vector<size_t> m(64, 0);
+  repair_budget(many, m, [](size_t, size_t) { return 0.0; }, spread_ranks(64));
+  size_t even = 0, low_quarter = 0;
+  for (size_t u = 0; u < 64; ++u) {
+    even += (u % 2 == 0) ? m[u] : 0;
+    low_quarter += (u % 4 == 0) ? m[u] : 0;
+  }
+  CHECK(even >= 14);
+  CHECK(even <= 18);
+  CHECK(low_quarter >= 6);
+  CHECK(low_quarter <= 10);
   // Target bits: offsets +1 / -1 around b̄ with widths 2..6 and a budget for 4 on average.
   WidthFamily f;
   f.widths = {2, 3, 4, 5, 6};
@@ -350,10 +365,15 @@ TEST_CASE("entropy: hand-computed distributions, GQA aggregation, allocation fol
     re1 += std::log2(t + 1.0) / 2;
   }
   const auto& e = stats.head_entropies();
-  CHECK(e[0][0].shannon == doctest::Approx(sh0).epsilon(1e-6));
-  CHECK(e[0][0].renyi2 == doctest::Approx(re0).epsilon(1e-6));
-  CHECK(e[0][1].shannon == doctest::Approx(sh1).epsilon(1e-6));
-  CHECK(e[0][1].renyi2 == doctest::Approx(re1).epsilon(1e-6));
+  CHECK(e[0][0].mean.shannon == doctest::Approx(sh0).epsilon(1e-6));
+  CHECK(e[0][0].mean.renyi2 == doctest::Approx(re0).epsilon(1e-6));
+  CHECK(e[0][1].mean.shannon == doctest::Approx(sh1).epsilon(1e-6));
+  CHECK(e[0][1].mean.renyi2 == doctest::Approx(re1).epsilon(1e-6));
+  // Effective entropy: −log₂ of the mean of 2^(−H(t)); head 1 at t = 2, 3 is uniform.
+  CHECK(e[0][1].effective.renyi2 == doctest::Approx(-std::log2((1.0 / 3 + 1.0 / 4) / 2)).epsilon(1e-6));
+  CHECK(e[0][1].effective.renyi2 < e[0][1].mean.renyi2);  // Jensen: low-entropy queries weigh more
+  CHECK(stats.kv_head_entropy(0, 0, EntropyKind::Renyi2, GqaAggregate::Max, EntropyAverage::Effective) ==
+        doctest::Approx(e[0][1].effective.renyi2));
   CHECK(stats.kv_head_entropy(0, 0, EntropyKind::Shannon, GqaAggregate::Mean) == doctest::Approx((sh0 + sh1) / 2));
   CHECK(stats.kv_head_entropy(0, 0, EntropyKind::Renyi2, GqaAggregate::Min) == doctest::Approx(re0));
   CHECK(stats.kv_head_entropy(0, 0, EntropyKind::Renyi2, GqaAggregate::Max) == doctest::Approx(re1));

@@ -126,13 +126,12 @@ uint64_t BudgetProblem::total(const std::vector<size_t>& choice) const {
 }
 
 std::vector<size_t> spread_ranks(size_t n) {
+  // Kronecker sequence frac(i·φ⁻¹): every stride of units (a phase, a kind, a layer)
+  // is interleaved evenly with the others, unlike a bit-reversal order, which would
+  // put all even units (e.g. every first phase) before all odd ones.
+  const double inv_phi = (std::sqrt(5.0) - 1) / 2;
   std::vector<double> key(n);
-  for (size_t i = 0; i < n; ++i) {
-    double inv = 0, f = 0.5;
-    for (size_t x = i; x; x >>= 1, f *= 0.5)
-      if (x & 1) inv += f;
-    key[i] = inv;
-  }
+  for (size_t i = 0; i < n; ++i) key[i] = std::fmod(static_cast<double>(i) * inv_phi, 1.0);
   std::vector<size_t> order(n), rank(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key[a] < key[b]; });

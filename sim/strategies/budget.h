@@ -94,8 +94,9 @@ using UpgradePriority = std::function<double(size_t unit, size_t from)>;
 void repair_budget(const BudgetProblem& prob, std::vector<size_t>& choice, const UpgradePriority& priority,
                    const std::vector<size_t>& tie_rank);
 
-// Ranks that spread ties evenly over units (radical inverse of the index), so
-// uniform upgrades land on every layer rather than on the first ones.
+// Ranks that spread ties evenly over units (a golden-ratio sequence over the index),
+// so equal-priority upgrades land on every layer, head, kind and phase in turn rather
+// than on the first ones.
 std::vector<size_t> spread_ranks(size_t n);
 
 // Target-bits allocation (uniform, entropy, phase): unit u wants b̄ + offset[u]

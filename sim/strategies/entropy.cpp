@@ -44,7 +44,8 @@ void EntropyStrategy::allocate(const StrategyInput& in, Plan& plan) const {
   double hsum[2] = {0, 0};
   int64_t hn[2] = {0, 0};
   for (size_t u = 0; u < units.size(); ++u) {
-    h[u] = stats.kv_head_entropy(units[u].layer, units[u].kv_head, protections().entropy(), protections().gqa());
+    h[u] = stats.kv_head_entropy(units[u].layer, units[u].kv_head, protections().entropy(), protections().gqa(),
+                                protections().entropy_average());
     hsum[static_cast<int>(units[u].kind)] += h[u];
     ++hn[static_cast<int>(units[u].kind)];
   }

@@ -46,6 +46,10 @@ const std::vector<ParamDef>& protection_params() {
        "attention entropy ranking heads (sink heads, entropy allocation): \"renyi2\" (H2 = -log2 sum p^2) or "
        "\"shannon\"",
        std::string("renyi2")},
+      {"entropy_average", ParamType::String,
+       "how per-query entropies H(t) average over the calibration queries: \"mean\" (the research) or "
+       "\"effective\" (-log2 mean 2^-H(t), the first-order value-error weight)",
+       std::string("mean")},
       {"gqa", ParamType::String, "a KV head's entropy from its query heads' (GQA): \"mean\", \"min\" or \"max\"",
        std::string("mean")},
   };
@@ -109,6 +113,7 @@ Protections Protections::from_params(const Params& p) {
     throw ConfigError("sink_token_scope: must be \"global\" or \"head\", got \"" + scope + "\"");
   pr.entropy_ = parse_entropy_kind(p.str("entropy"), "entropy");
   pr.gqa_ = parse_gqa_aggregate(p.str("gqa"), "gqa");
+  pr.entropy_average_ = parse_entropy_average(p.str("entropy_average"), "entropy_average");
   pr.prompt_ = p.integer("prompt");
   pr.prompt_fraction_ = p.real("prompt_fraction");
   if (pr.prompt_ < 0) throw ConfigError("prompt: must be >= 0 tokens");
@@ -162,7 +167,7 @@ Plan Protections::apply(const StrategyInput& in) const {
     std::vector<double> h(static_cast<size_t>(L * Hkv));
     for (int64_t l = 0; l < L; ++l)
       for (int64_t g = 0; g < Hkv; ++g)
-        h[static_cast<size_t>(l * Hkv + g)] = stats.kv_head_entropy(l, g, entropy_, gqa_);
+        h[static_cast<size_t>(l * Hkv + g)] = stats.kv_head_entropy(l, g, entropy_, gqa_, entropy_average_);
     std::vector<int64_t> order(static_cast<size_t>(L * Hkv));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return h[a] < h[b]; });

@@ -49,6 +49,7 @@ class Protections {
 
   const KindProtections& kind(Kind k) const { return kinds_[static_cast<int>(k)]; }
   EntropyKind entropy() const { return entropy_; }
+  EntropyAverage entropy_average() const { return entropy_average_; }
   GqaAggregate gqa() const { return gqa_; }
   bool needs_statistics() const;
   bool any() const;
@@ -67,6 +68,7 @@ class Protections {
   TokenSelect token_select_ = TokenSelect::First;
   TokenScope token_scope_ = TokenScope::Global;
   EntropyKind entropy_ = EntropyKind::Renyi2;
+  EntropyAverage entropy_average_ = EntropyAverage::Mean;
   GqaAggregate gqa_ = GqaAggregate::Mean;
   int64_t prompt_ = 0;
   double prompt_fraction_ = 0;

@@ -20,11 +20,18 @@
 namespace kvb {
 
 enum class EntropyKind { Shannon, Renyi2 };
+// How per-query entropies H(t) average over the calibration queries:
+//   Mean:      the arithmetic mean of H(t) (the research);
+//   Effective: −log₂ of the mean of 2^(−H(t)). For Rényi-2, 2^(−H₂(t)) = Σ_j p_tj² is
+//              the weight of the query's first-order value error (methods.md §5), so
+//              this is the entropy under which α = 0.5 is the optimum of that model.
+enum class EntropyAverage { Mean, Effective };
 // How the entropies of a KV head's query heads (GQA) combine into the KV head's.
 enum class GqaAggregate { Mean, Min, Max };
 
 // Parse "shannon" / "renyi2" and "mean" / "min" / "max"; throw kvb::ConfigError naming `where`.
 EntropyKind parse_entropy_kind(const std::string& s, const std::string& where);
+EntropyAverage parse_entropy_average(const std::string& s, const std::string& where);
 GqaAggregate parse_gqa_aggregate(const std::string& s, const std::string& where);
 const char* entropy_kind_name(EntropyKind k);
 
@@ -37,11 +44,17 @@ class RecordingStats {
   const Recording& recording() const { return rec_; }
   const std::vector<int64_t>& calibration() const { return calibration_; }
 
-  // Mean attention entropy (bits) of each query head over the calibration positions,
-  // [layers][q_heads], causal prefix only.
-  const std::vector<std::vector<HeadEntropy>>& head_entropies();
+  // Attention entropy (bits) of one query head over the calibration positions,
+  // causal prefix only, averaged both ways.
+  struct Entropies {
+    HeadEntropy mean;       // arithmetic means of H(t)
+    HeadEntropy effective;  // −log₂ mean 2^(−H(t))
+  };
+  // [layers][q_heads].
+  const std::vector<std::vector<Entropies>>& head_entropies();
   // Entropy of KV head g of layer li: its query heads' entropies combined by `agg`.
-  double kv_head_entropy(int64_t li, int64_t g, EntropyKind kind, GqaAggregate agg);
+  double kv_head_entropy(int64_t li, int64_t g, EntropyKind kind, GqaAggregate agg,
+                         EntropyAverage average = EntropyAverage::Mean);
   // Attention each token receives, summed over the calibration queries and over the
   // query heads of each KV head: [layers][kv_heads][T].
   const std::vector<std::vector<std::vector<double>>>& received_attention();
@@ -70,7 +83,7 @@ class RecordingStats {
   const Recording& rec_;
   std::vector<int64_t> calibration_;
   std::once_flag attention_once_;
-  std::vector<std::vector<HeadEntropy>> entropies_;
+  std::vector<std::vector<Entropies>> entropies_;
   std::vector<std::vector<std::vector<double>>> received_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<Slot>> slots_;
