@@ -14,5 +14,6 @@ int cmd_inspect(const Args& args);
 int cmd_formats(const Args& args);
 int cmd_metrics(const Args& args);
 int cmd_strategies(const Args& args);
+int cmd_bounds(const Args& args);
 
 }  // namespace kvb::cli

@@ -23,7 +23,9 @@ const Command kCommands[] = {
     {"inspect", "print a tensor file's tensors, statistics and per-head attention entropy", &kvb::cli::cmd_inspect},
     {"formats", "list the format table (quantizers, names, bits per element)", &kvb::cli::cmd_formats},
     {"metrics", "list the metric table", &kvb::cli::cmd_metrics},
-    {"strategies", "list the allocation strategies and their parameters", &kvb::cli::cmd_strategies},
+    {"strategies", "list the allocation strategies, their parameters and the presets", &kvb::cli::cmd_strategies},
+    {"bounds", "write the bounds report: each bound or prediction, its measurement, whether it holds",
+     &kvb::cli::cmd_bounds},
 };
 
 void usage(std::FILE* to) {
