@@ -178,6 +178,15 @@ TEST_CASE("separate key and value budgets are each met, and so is a budget at a 
     CHECK(annotation(plan, "value_budget_slack_bpe") < annotation(plan, "value_budget_step_bpe"));
     CHECK(annotation(plan, "key_budget_slack_bpe") == doctest::Approx(5.5 - static_cast<double>(kbits) / per_kind));
   }
+  // One kind budgeted, the other fixed: keys allocated at 3.5 bpe, values kept in fp16.
+  for (const std::string type : {"uniform", "entropy", "optimal", "phase"}) {
+    const Plan plan = build_plan(
+        type, {{"key_budget_bpe", 3.5}, {"family", kFamily}, {"value_format", std::string("keep-fp16")}}, rec, stats);
+    REQUIRE(plan.check().empty());
+    CHECK(plan.bpe() <= (3.5 + 16) / 2);
+    CHECK(annotation(plan, "key_budget_slack_bpe") < annotation(plan, "key_budget_step_bpe"));
+    CHECK(plan.unit(1, 1, Kind::Value).segments.back().format->name() == "keep-fp16");
+  }
   // A sliding window weighs less at 32K tokens than at 96: the budget holds there.
   const Plan plan = build_plan(
       "uniform",
@@ -227,7 +236,7 @@ TEST_CASE("configuration errors name the parameter") {
             .find("no width of [2,3,4,5,6,8] lies within [min_bits, max_bits]") != std::string::npos);
   CHECK(make_error("uniform", {{"budget_bpe", 4.0}, {"family", std::string("int{b}-asym-g48")}, {"widths", IntList{9}}})
             .find("bits must be 1..8") != std::string::npos);
-  CHECK(make_error("uniform", {{"value_budget_bpe", 4.0}, {"family", kFamily}}).find("give key_budget_bpe") !=
+  CHECK(make_error("uniform", {{"value_budget_bpe", 4.0}, {"family", kFamily}}).find("or a fixed key_format") !=
         std::string::npos);
   CHECK(make_error("entropy", {{"family", kFamily}}).find("entropy needs budget_bpe") != std::string::npos);
   CHECK(make_error("optimal", {{"family", kFamily}}).find("optimal needs budget_bpe") != std::string::npos);
@@ -298,7 +307,8 @@ TEST_CASE("budget repair: downgrades the lowest priority when over, then fills b
   many.cost.assign(64, {1, 2});
   many.budget = 64 + 32;
   std::vector<size_t> m(64, 0);
-  repair_budget(many, m, [](size_t, size_t) { return 0.0; }, spread_ranks(64));
+  repair_budget(
+      many, m, [](size_t, size_t) { return 0.0; }, spread_ranks(64));
   size_t even = 0, low_quarter = 0;
   for (size_t u = 0; u < 64; ++u) {
     even += (u % 2 == 0) ? m[u] : 0;

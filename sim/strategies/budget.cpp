@@ -23,6 +23,10 @@ const std::vector<ParamDef>& budget_params() {
       {"widths", ParamType::IntList, "widths {b} the allocator may use", IntList{2, 3, 4, 5, 6, 8}, true},
       {"min_bits", ParamType::Real, "clamp: no width below this", std::nullopt, true, true},
       {"max_bits", ParamType::Real, "clamp: no width above this", std::nullopt, true, true},
+      {"format", ParamType::String,
+       "a fixed format instead of a budget (e.g. int4-asym-g32); with key_budget_bpe alone, value_format fixes the "
+       "values (and vice versa)",
+       std::nullopt, true, true},
       {"budget_context", ParamType::Int,
        "context (tokens) at which the budget is met (windows and sinks weigh less at longer contexts); 0 = the "
        "recording's",
@@ -86,17 +90,14 @@ std::optional<BudgetSpec> BudgetSpec::from_params(const Params& p) {
     b.separate = true;
     for (Kind kind : {Kind::Key, Kind::Value}) {
       const std::string name = p.kind_name("budget_bpe", kind);
-      if (!p.has(name))
-        throw ConfigError(std::string(kind == Kind::Key ? "value_budget_bpe" : "key_budget_bpe") +
-                          " is given, so keys and values have separate budgets: give " +
-                          (kind == Kind::Key ? "key_budget_bpe" : "value_budget_bpe") + " or budget_bpe too");
-      b.bpe[static_cast<int>(kind)] = p.real(name);
+      b.budgeted[static_cast<int>(kind)] = p.has(name);
+      if (p.has(name)) b.bpe[static_cast<int>(kind)] = p.real(name);
     }
   } else {
     b.bpe[0] = p.real("budget_bpe");
   }
   for (int k = 0; k < (b.separate ? 2 : 1); ++k)
-    if (!(b.bpe[k] > 0)) throw ConfigError("budget_bpe: must be > 0, got " + format_double(b.bpe[k]));
+    if (b.budgeted[k] && !(b.bpe[k] > 0)) throw ConfigError("budget_bpe: must be > 0, got " + format_double(b.bpe[k]));
   return b;
 }
 
@@ -236,6 +237,7 @@ BudgetedAllocation::BudgetedAllocation(const Plan& plan, std::vector<AllocUnit> 
                                                    ? std::vector<std::vector<Kind>>{{Kind::Key}, {Kind::Value}}
                                                    : std::vector<std::vector<Kind>>{{Kind::Key, Kind::Value}};
   for (size_t gi = 0; gi < kinds.size(); ++gi) {
+    if (budget.separate && !budget.budgeted[gi]) continue;  // a fixed kind
     Group g;
     g.elements = per_kind_elements * static_cast<double>(kinds[gi].size());
     g.budget_bpe = budget.bpe[gi];
@@ -250,6 +252,8 @@ BudgetedAllocation::BudgetedAllocation(const Plan& plan, std::vector<AllocUnit> 
     uint64_t cheapest = g.fixed_bits, dearest = g.fixed_bits;
     for (size_t u = 0; u < units_.size(); ++u) {
       if (std::find(kinds[gi].begin(), kinds[gi].end(), units_[u].kind) == kinds[gi].end()) continue;
+      if (!families_[static_cast<int>(units_[u].kind)])
+        throw Error("internal: open cells of a kind without a budget (fill its fixed format first)");
       const WidthFamily& fam = *families_[static_cast<int>(units_[u].kind)];
       std::vector<uint64_t> cost;
       for (const FormatPtr& f : fam.formats) cost.push_back(alloc_unit_bits(plan, units_[u], *f, context_));
@@ -262,7 +266,8 @@ BudgetedAllocation::BudgetedAllocation(const Plan& plan, std::vector<AllocUnit> 
       g.units.push_back(u);
       g.problem.cost.push_back(std::move(cost));
     }
-    const std::string name = budget.separate ? (gi == 0 ? "key_budget_bpe " : "value_budget_bpe ") : "budget_bpe ";
+    g.kind_name = budget.separate ? (gi == 0 ? "key" : "value") : "";
+    const std::string name = budget.separate ? g.kind_name + "_budget_bpe " : "budget_bpe ";
     const double budget_bits_real = g.budget_bpe * g.elements;
     const uint64_t budget_bits = static_cast<uint64_t>(std::floor(budget_bits_real));
     auto bpe = [&](uint64_t bits) {
@@ -298,7 +303,7 @@ void BudgetedAllocation::apply(Plan& plan, const std::vector<size_t>& choice) co
     for (size_t i = 0; i < c.size(); ++i)
       if (c[i] + 1 < g.problem.cost[i].size())
         step = std::min(step, g.problem.cost[i][c[i] + 1] - g.problem.cost[i][c[i]]);
-    const std::string prefix = budget_.separate ? (gi == 0 ? "key_" : "value_") : "";
+    const std::string prefix = g.kind_name.empty() ? "" : g.kind_name + "_";
     plan.annotate(prefix + "budget_bpe", g.budget_bpe);
     plan.annotate(prefix + "budget_slack_bpe",
                   (g.budget_bpe * g.elements - static_cast<double>(g.fixed_bits + spent)) / g.elements);

@@ -13,8 +13,9 @@
 // dearest one is an error naming both numbers.
 //
 // key_budget_bpe / value_budget_bpe give keys and values separate budgets (each in
-// bits per K, resp. V, element); key_family / value_family, key_widths ... differ per
-// kind.
+// bits per K, resp. V, element); a kind without a budget of its own then takes a
+// fixed `format` (key_budget_bpe = 3.5 with value_format = "keep-fp16" allocates
+// keys only). key_family / value_family, key_widths ... differ per kind.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -27,7 +28,7 @@
 
 namespace kvb {
 
-// budget_bpe, family, widths, min_bits, max_bits, budget_context.
+// budget_bpe, family, widths, min_bits, max_bits, budget_context, format.
 const std::vector<ParamDef>& budget_params();
 
 // The reserved placeholder for the allocator's width in a family.
@@ -52,12 +53,13 @@ struct WidthFamily {
 std::string family_format_name(const std::string& pattern, int64_t width);
 
 struct BudgetSpec {
-  bool separate = false;   // keys and values have their own budgets
-  double bpe[2] = {0, 0};  // [Key], [Value] when separate; [0] = joint otherwise
-  int64_t context = 0;     // context the budget is met at; 0 = the recording's
+  bool separate = false;            // keys and values have their own budgets
+  bool budgeted[2] = {true, true};  // separate: whether [Key] / [Value] has a budget
+  double bpe[2] = {0, 0};           // [Key], [Value] when separate; [0] = joint otherwise
+  int64_t context = 0;              // context the budget is met at; 0 = the recording's
 
-  // nullopt when no budget parameter is given; throws kvb::ConfigError when only one
-  // of key_budget_bpe / value_budget_bpe can be resolved.
+  // nullopt when no budget parameter is given. With separate budgets a kind without
+  // one is not budgeted (it needs a fixed format).
   static std::optional<BudgetSpec> from_params(const Params& p);
 };
 
@@ -109,8 +111,9 @@ std::vector<size_t> solve_target_bits(const BudgetProblem& prob, const std::vect
 // checks the budget, and writes the chosen formats back.
 class BudgetedAllocation {
  public:
-  // families[k] is the candidate list of kind k. Throws kvb::Error when the budget is
-  // below the cheapest or above the dearest allocation, naming both numbers.
+  // families[k] is the candidate list of kind k (nullptr: a kind without a budget,
+  // whose cells must already have their fixed format). Throws kvb::Error when the
+  // budget is below the cheapest or above the dearest allocation, naming both numbers.
   BudgetedAllocation(const Plan& plan, std::vector<AllocUnit> units, const WidthFamily* key_family,
                      const WidthFamily* value_family, const BudgetSpec& budget);
 
@@ -135,6 +138,7 @@ class BudgetedAllocation {
     double elements = 0;  // K and V elements the budget is spread over
     double budget_bpe = 0;
     uint64_t fixed_bits = 0;
+    std::string kind_name;  // "key" / "value" for separate budgets, "" for a joint one
   };
   std::vector<AllocUnit> units_;
   const WidthFamily* families_[2];

@@ -38,6 +38,7 @@ EntropyStrategy::EntropyStrategy(const Params& p) : ProtectedStrategy(p), budget
 
 void EntropyStrategy::allocate(const StrategyInput& in, Plan& plan) const {
   RecordingStats& stats = require_stats(in, "entropy");
+  if (budget_) budget_->fill_fixed(plan);
   const std::vector<AllocUnit> units = make_alloc_units(plan, std::nullopt);
   // H per unit and H̄ per kind over the heads being allocated.
   std::vector<double> h(units.size());
@@ -45,7 +46,7 @@ void EntropyStrategy::allocate(const StrategyInput& in, Plan& plan) const {
   int64_t hn[2] = {0, 0};
   for (size_t u = 0; u < units.size(); ++u) {
     h[u] = stats.kv_head_entropy(units[u].layer, units[u].kv_head, protections().entropy(), protections().gqa(),
-                                protections().entropy_average());
+                                 protections().entropy_average());
     hsum[static_cast<int>(units[u].kind)] += h[u];
     ++hn[static_cast<int>(units[u].kind)];
   }

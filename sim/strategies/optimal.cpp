@@ -162,6 +162,7 @@ OptimalStrategy::OptimalStrategy(const Params& p) : ProtectedStrategy(p) {
 void OptimalStrategy::allocate(const StrategyInput& in, Plan& plan) const {
   RecordingStats& stats = require_stats(in, "optimal");
   if (stats.calibration().empty()) throw Error("optimal: no calibration positions to measure distortion on");
+  budget_.fill_fixed(plan);
   BudgetedAllocation alloc(plan, make_alloc_units(plan, std::nullopt), budget_.of(Kind::Key), budget_.of(Kind::Value),
                            budget_.budget);
   const std::vector<AllocUnit>& units = alloc.units();

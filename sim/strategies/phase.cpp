@@ -216,6 +216,7 @@ void PhaseStrategy::allocate(const StrategyInput& in, Plan& plan) const {
     }
   }
 
+  if (budget_) budget_->fill_fixed(plan);
   const std::vector<AllocUnit> units = make_alloc_units(plan, b);
   if (mode_ != Mode::Budget) {
     for (const AllocUnit& u : units) {

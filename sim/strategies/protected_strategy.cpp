@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "sim/core/error.h"
+#include "sim/formats/registry.h"
 
 namespace kvb {
 
@@ -18,12 +19,31 @@ std::optional<BudgetSetup> read_budget_setup(const Params& p, const std::string&
   BudgetSetup s;
   s.budget = *b;
   for (Kind kind : {Kind::Key, Kind::Value}) {
+    const int k = static_cast<int>(kind);
+    const bool budgeted = !b->separate || b->budgeted[k];
+    const std::string format_key = p.kind_name("format", kind);
+    if (!budgeted) {
+      if (!p.has(format_key))
+        throw ConfigError(type + ": " + std::string(kind == Kind::Key ? "value" : "key") +
+                          "_budget_bpe alone budgets only " + (kind == Kind::Key ? "values" : "keys") + ": give " +
+                          p.kind_name("budget_bpe", kind) + " (or " + (kind == Kind::Key ? "key" : "value") +
+                          "_budget_bpe), or a fixed " + (kind == Kind::Key ? "key_format" : "value_format"));
+      s.fixed[k] = make_format(p.str(format_key));
+      continue;
+    }
+    if (p.has(format_key))
+      throw ConfigError(type + ": give `" + format_key + "` or a budget (budget_bpe + family), not both");
     if (!p.has("family", kind))
       throw ConfigError(type + ": budget_bpe needs a format family with {b} for the allocator's width: `" +
                         p.kind_name("family", kind) + " = \"int{b}-asym-g32\"` (or key_family / value_family)");
-    s.family[static_cast<int>(kind)] = WidthFamily::from_params(p, kind);
+    s.family[k] = WidthFamily::from_params(p, kind);
   }
   return s;
+}
+
+void BudgetSetup::fill_fixed(Plan& plan) const {
+  for (Kind kind : {Kind::Key, Kind::Value})
+    if (fixed[static_cast<int>(kind)]) fill_open_segments(plan, kind, fixed[static_cast<int>(kind)]);
 }
 
 std::vector<const WidthFamily*> unit_families(const BudgetedAllocation& alloc, const std::vector<size_t>& units) {

@@ -36,13 +36,17 @@ class ProtectedStrategy : public Strategy {
 // then the protections.
 std::vector<ParamDef> with_shared_params(std::vector<ParamDef> own, bool budgeted);
 
-// The budget of a budgeted type and its families per kind, or nullopt without a
-// budget. Throws kvb::ConfigError when a budget is given without a family, or a
-// family without a budget where `family_needs_budget`.
+// The budget of a budgeted type: per kind a family (budgeted) or a fixed format (a
+// kind without a budget of its own), or nullopt without any budget. Throws
+// kvb::ConfigError when a budgeted kind has no family, a fixed kind no format, or a
+// budgeted kind a fixed format too.
 struct BudgetSetup {
   BudgetSpec budget;
-  WidthFamily family[2];  // [Key], [Value]
-  const WidthFamily* of(Kind k) const { return &family[static_cast<int>(k)]; }
+  WidthFamily family[2];  // [Key], [Value]: budgeted kinds
+  FormatPtr fixed[2];     // [Key], [Value]: kinds without a budget, else nullptr
+  const WidthFamily* of(Kind k) const { return fixed[static_cast<int>(k)] ? nullptr : &family[static_cast<int>(k)]; }
+  // Gives the open cells of every fixed kind its format (call before make_alloc_units).
+  void fill_fixed(Plan& plan) const;
 };
 std::optional<BudgetSetup> read_budget_setup(const Params& p, const std::string& type);
 

@@ -6,32 +6,23 @@
 namespace kvb {
 
 const std::vector<ParamDef>& uniform_params() {
-  static const std::vector<ParamDef> params = with_shared_params(
-      {
-          {"format", ParamType::String, "format of every key and value (without a budget), e.g. int4-asym-g32",
-           std::nullopt, true, true},
-      },
-      true);
+  // `format` (fixed) and the budget parameters are the shared budget parameters.
+  static const std::vector<ParamDef> params = with_shared_params({}, true);
   return params;
 }
 
 UniformStrategy::UniformStrategy(const Params& p) : ProtectedStrategy(p), budget_(read_budget_setup(p, "uniform")) {
+  if (budget_) return;
   for (Kind kind : {Kind::Key, Kind::Value}) {
-    const bool has_format = p.has("format", kind);
-    if (budget_ && has_format)
-      throw ConfigError("uniform: give `" + p.kind_name("format", kind) +
-                        "` or a budget (budget_bpe + family), not both");
-    if (!budget_ && !has_format) {
+    const std::string key = p.kind_name("format", kind);
+    if (!p.has(key)) {
       if (p.has("family", kind))
         throw ConfigError("uniform: `" + p.kind_name("family", kind) + "` needs budget_bpe (or use `format`)");
       throw ConfigError("uniform needs `format` (or key_format and value_format), or budget_bpe with a family");
     }
-    if (has_format) {
-      const std::string key = p.kind_name("format", kind);
-      if (p.str(key).find(kWidthPlaceholder) != std::string::npos)
-        throw ConfigError(key + ": '" + p.str(key) + "' contains {b}, which only a family (with budget_bpe) may use");
-      format_[static_cast<int>(kind)] = make_format(p.str(key));
-    }
+    if (p.str(key).find(kWidthPlaceholder) != std::string::npos)
+      throw ConfigError(key + ": '" + p.str(key) + "' contains {b}, which only a family (with budget_bpe) may use");
+    format_[static_cast<int>(kind)] = make_format(p.str(key));
   }
 }
 
@@ -40,6 +31,7 @@ void UniformStrategy::allocate(const StrategyInput&, Plan& plan) const {
     for (Kind kind : {Kind::Key, Kind::Value}) fill_open_segments(plan, kind, format_[static_cast<int>(kind)]);
     return;
   }
+  budget_->fill_fixed(plan);
   BudgetedAllocation alloc(plan, make_alloc_units(plan, std::nullopt), budget_->of(Kind::Key), budget_->of(Kind::Value),
                            budget_->budget);
   double bbar = 0;
