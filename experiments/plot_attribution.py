@@ -6,7 +6,8 @@ by `kvbudget run`, see experiments/attribution.h for the definitions) and writes
 RESULTS/plots/:
   concentration.png/.svg       share of the total error carried by the worst x% of heads
   attribution_layers.png/.svg  share of the error per layer, one row per point
-  attribution_regions.png/.svg share per token region (and the interaction), per point
+  attribution_regions.png/.svg share per token region (and the interaction), per point,
+                               when some plan has protections or phases
 At most 12 points are drawn: all of them when there are few, else the Pareto points of
 the first Pareto metric, else the first 12.
 
@@ -106,7 +107,8 @@ def plot_layers(attr, points, title, out_dir):
 def plot_regions(attr, points, title, out_dir):
     names = list(OrderedDict(((r["scope"], r["name"]), 1) for r in attr
                              if r["scope"] not in ("layer", "head")))
-    if not names:
+    # Plans without protections or phases are 100% "rest": nothing to draw.
+    if not names or set(names) <= {("protection", "rest"), ("protection", "interaction")}:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.8 + 0.35 * len(points) + 1.2), dpi=120, sharey=True)
     cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")

@@ -82,10 +82,21 @@ def points(run_dir):
 
 
 def publish(run_dir, name, files, prefix=""):
-    """Copies files of a run (e.g. points.csv, plots/attn_kl_mean.png) into the published results."""
+    """Copies files of a run (e.g. points.csv, plots/attn_kl_mean.png) into the published results.
+    A points.csv loses its `seconds` column, so republishing the same numbers changes nothing."""
     dest = publish_dir(name)
     for f in files:
-        shutil.copyfile(os.path.join(run_dir, f), os.path.join(dest, prefix + os.path.basename(f)))
+        src, dst = os.path.join(run_dir, f), os.path.join(dest, prefix + os.path.basename(f))
+        if os.path.basename(f) != "points.csv":
+            shutil.copyfile(src, dst)
+            continue
+        with open(src, newline="") as fin:
+            rows = list(csv.reader(fin))
+        drop = rows[0].index("seconds") if rows and "seconds" in rows[0] else None
+        with open(dst, "w", newline="") as fout:
+            w = csv.writer(fout, lineterminator="\n")
+            for r in rows:
+                w.writerow([v for i, v in enumerate(r) if i != drop])
     return dest
 
 
