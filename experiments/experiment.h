@@ -8,12 +8,16 @@
 //                   ([32, 64]) or a numeric range string ("2..8", "0.1..0.5:0.1").
 //                   [strategy.vars] declares template variables used as {name}
 //                   inside string parameters ("int{bits}-{mode}-g{group}").
+//   [calibration]   query positions strategies measure statistics on (entropies,
+//                   distortion tables); disjoint from the evaluated ones by default
 //   [metrics]       which metrics to report, which get a Pareto front, top-k, positions
+//   [attribution]   which points get an error-budget attribution
 //   [output]        results directory, plots, target context
 //   [budgets]       queries = ["attn_kl_mean <= 1e-3", "bpe <= 4"]
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,9 +51,31 @@ struct Axis {
 struct StrategyBlock {
   size_t index = 0;
   std::string type;
-  std::string label;      // `name` in the config, default the type
+  std::string label;      // `name` in the config, default the preset or the type
+  std::string preset;     // `preset` in the config, "" = none
+  std::map<std::string, ParamValue> preset_values;  // what the preset sets
   std::vector<Axis> axes; // params and vars, sorted by name; the last varies fastest
   std::string where;
+};
+
+// Query positions that strategies calibrate on (methods.md §3: the calibration tokens
+// must be separable from the evaluated ones). One set per run, shared by every
+// strategy, so every point is evaluated on the same rows.
+struct CalibrationSpec {
+  std::vector<int64_t> positions;  // explicit positions (sorted); empty = the stride rule
+  bool explicit_positions = false;
+  int64_t stride = 8;              // every stride-th position ...
+  int64_t offset = 7;              // ... starting here
+  bool overlap = false;            // true: evaluated positions may include calibration ones
+  std::string text = "stride 8 from 7";  // for the manifest
+  std::string where;
+};
+
+struct AttributionSpec {
+  enum class Select { All, None, Ids } select = Select::All;
+  std::vector<int64_t> ids;  // Select::Ids: point ids
+  bool regions = true;       // token-region shares (costs one extra simulation per region)
+  bool selects(size_t id) const;
 };
 
 struct MetricsSpec {
@@ -84,7 +110,9 @@ struct ExperimentSpec {
   BackendRequest backend = BackendRequest::Cpu;  // experiments/backend.h
   DataSpec data;
   std::vector<StrategyBlock> strategies;
+  CalibrationSpec calibration;
   MetricsSpec metrics;
+  AttributionSpec attribution;
   OutputSpec output;
   std::vector<BudgetQuery> budgets;
   std::filesystem::path config_path;
@@ -105,5 +133,17 @@ std::optional<std::vector<ParamValue>> parse_range(const std::string& text);
 
 // Builds the recording the experiment describes (loads or generates, truncates).
 Recording build_recording(const DataSpec& data);
+
+// The calibration and evaluated query positions for a recording of T tokens.
+// Evaluated positions: metrics.positions when given, else every position not used
+// for calibration (every position with calibration.overlap). Throws ConfigError when
+// explicit evaluated positions overlap calibration ones without calibration.overlap,
+// or when no position lies below T.
+struct QueryPositions {
+  std::vector<int64_t> calibration;
+  std::vector<int64_t> evaluation;  // never empty
+  std::string evaluation_text;      // how they were chosen, for the manifest
+};
+QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T);
 
 }  // namespace kvb

@@ -11,6 +11,7 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/simulator.h"
+#include "sim/strategies/statistics.h"
 #if KVB_HAVE_CUDA
 #include "kernels/cuda_simulator.h"
 #endif
@@ -24,14 +25,20 @@ std::string substitute(std::string s, const std::vector<std::pair<std::string, s
   return s;
 }
 
-std::string point_key(const std::string& type, const Params& p, const StrategyType& def) {
+// "type(p=v,...)" listing the parameters that differ from what is implied: the
+// preset's value where the preset sets one, else the default. A preset point is
+// named after its preset.
+std::string point_key(const StrategyBlock& b, const Params& p, const std::vector<ParamDef>& defs) {
   std::vector<std::string> parts;
-  for (const ParamDef& d : def.params) {
-    const ParamValue& v = p.values().at(d.name);
-    if (d.default_value && *d.default_value == v) continue;  // defaults are implied
+  for (const ParamDef& d : defs) {
+    auto it = p.values().find(d.name);
+    if (it == p.values().end()) continue;
+    const ParamValue& v = it->second;
+    auto preset = b.preset_values.find(d.name);
+    if (preset != b.preset_values.end() ? preset->second == v : (d.default_value && *d.default_value == v)) continue;
     parts.push_back(d.name + "=" + param_to_string(v));
   }
-  return type + "(" + join(parts, ",") + ")";
+  return (b.preset.empty() ? b.type : b.preset) + "(" + join(parts, ",") + ")";
 }
 
 // Advances idx to the next combination of axis values (the last axis fastest);
@@ -90,13 +97,14 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
   std::vector<SweepPoint> points;
   for (const StrategyBlock& b : spec.strategies) {
     const StrategyType& type = require_strategy_type(b.type, b.where);
+    const std::vector<ParamDef> defs = type.all_params();
     std::vector<size_t> idx(b.axes.size(), 0);
     do {
       std::vector<std::pair<std::string, std::string>> vars;
       for (size_t a = 0; a < b.axes.size(); ++a)
         if (b.axes[a].is_var) vars.emplace_back(b.axes[a].name, param_to_string(b.axes[a].values[idx[a]]));
       std::map<std::string, ParamValue> values;
-      for (const ParamDef& d : type.params)
+      for (const ParamDef& d : defs)
         if (d.default_value) values[d.name] = *d.default_value;
       SweepPoint pt;
       for (size_t a = 0; a < b.axes.size(); ++a) {
@@ -104,17 +112,21 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
         const ParamValue& v = axis.values[idx[a]];
         if (axis.values.size() > 1 || axis.is_var) pt.coords.emplace_back(axis.name, param_to_string(v));
         if (axis.is_var) continue;
-        if (const std::string* s = std::get_if<std::string>(&v)) values[axis.name] = substitute(*s, vars);
-        else values[axis.name] = v;
+        if (const std::string* s = std::get_if<std::string>(&v))
+          values[axis.name] = substitute(*s, vars);
+        else
+          values[axis.name] = v;
       }
-      for (const ParamDef& d : type.params)
-        if (!values.count(d.name)) throw ConfigError(b.where + ": strategy '" + b.type + "' needs `" + d.name + "`");
+      for (const ParamDef& d : defs)
+        if (!values.count(d.name) && !d.optional)
+          throw ConfigError(b.where + ": strategy '" + b.type + "' needs `" + d.name + "`");
       pt.id = points.size();
       pt.block = b.index;
       pt.label = b.label;
       pt.type = b.type;
+      pt.preset = b.preset;
       pt.params = Params(values);
-      pt.key = point_key(b.type, pt.params, type);
+      pt.key = point_key(b, pt.params, defs);
       try {
         (void)type.make(pt.params);  // validates formats and parameter combinations
       } catch (const Error& e) {
@@ -139,27 +151,39 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
   std::vector<const MetricDef*> metrics;
   for (const std::string& m : spec.metrics.report) metrics.push_back(&require_metric(m, "metrics.report"));
 
+  const QueryPositions positions = resolve_positions(spec, rec.tokens);
   SimOptions opt;
   opt.topk = spec.metrics.topk;
   opt.seed = spec.seed;
-  for (int64_t p : spec.metrics.positions)
-    if (p < rec.tokens) opt.positions.push_back(p);
-  if (!spec.metrics.positions.empty() && opt.positions.empty())
-    throw ConfigError("metrics.positions: no position is below the recording's " + std::to_string(rec.tokens) +
-                      " tokens");
+  opt.positions = positions.evaluation;
 
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
 
-  // Phase 1: plans.
+  // Statistics every strategy reads, on the calibration positions: computed once, in
+  // parallel, when some point needs them.
+  RecordingStats stats(rec, positions.calibration);
+  std::vector<std::unique_ptr<Strategy>> strategies(n);
+  bool need_stats = false;
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
+      need_stats |= strategies[i]->needs_statistics();
+    } catch (const std::exception&) {
+      // reported when the plan is built
+    }
+  }
+  if (need_stats && !stopped()) stats.warm_up();
+
+    // Phase 1: plans.
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < n; ++i) {
     results[i].id = points[i].id;
     if (stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      const StrategyType& type = require_strategy_type(points[i].type, "strategy");
-      StrategyInput in{rec, spec.seed};
-      Plan plan = type.make(points[i].params)->build(in);
+      if (!strategies[i]) strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
+      StrategyInput in{rec, spec.seed, &stats};
+      Plan plan = strategies[i]->build(in);
       const std::string bad = plan.check();
       if (!bad.empty()) throw Error(bad);
       results[i].bpe = plan.bpe();
@@ -167,6 +191,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       results[i].bytes = plan.bytes_at(rec.tokens);
       results[i].bytes_target = plan.bytes_at(spec.output.target_context);
       results[i].plan = plan.describe();
+      results[i].annotations = plan.annotations();
       plans[i] = std::move(plan);
     } catch (const std::exception& e) {
       results[i].error = points[i].key + ": " + e.what() + " (seed " + std::to_string(spec.seed) + ")";
@@ -174,28 +199,56 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     results[i].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // Phase 2: (point, layer) tasks.
-  std::vector<ErrorStats> stats(n * L);
+  const BackendChoice backend = choose_backend(spec, points, plans, opt);
+  if (chosen) *chosen = backend;
+
+  // Attribution regions per point: each is one more simulation of every layer (CPU
+  // backend only; on CUDA, attribution has its per-layer and per-head shares).
+  std::vector<std::vector<AttributionRegion>> regions(n);
+  for (size_t i = 0; i < n; ++i)
+    if (plans[i] && spec.attribution.selects(points[i].id) && spec.attribution.regions &&
+        backend.used == Backend::Cpu)
+      regions[i] = attribution_regions(*plans[i], rec);
+
+  // Phase 2: (point, variant, layer) tasks; variant 0 is the point, v > 0 region v-1.
+  struct Task {
+    size_t point, variant, layer;
+  };
+  std::vector<Task> tasks;
+  std::vector<size_t> first_task(n);
+  for (size_t i = 0; i < n; ++i) {
+    first_task[i] = tasks.size();
+    if (!plans[i]) continue;
+    for (size_t v = 0; v <= regions[i].size(); ++v)
+      for (size_t l = 0; l < L; ++l) tasks.push_back({i, v, l});
+  }
+  std::vector<ErrorStats> stats_of(tasks.size());
+  std::vector<double> task_seconds(tasks.size(), 0.0);
+  std::vector<std::string> task_error(tasks.size());
   std::vector<std::atomic<size_t>> remaining(n);
-  std::vector<double> task_seconds(n * L, 0.0);
-  std::vector<std::string> task_error(n * L);
   std::vector<char> finished(n, 0);
-  for (size_t i = 0; i < n; ++i) remaining[i] = L;
+  for (size_t i = 0; i < n; ++i) remaining[i] = plans[i] ? (regions[i].size() + 1) * L : 0;
   std::mutex mu;
   size_t done = 0;
 
   auto finalize = [&](size_t i) {
     PointResult& r = results[i];
-    for (size_t l = 0; l < L && r.error.empty(); ++l) r.error = task_error[i * L + l];
+    const size_t variants = plans[i] ? regions[i].size() + 1 : 0;
+    const size_t t0 = first_task[i];
+    for (size_t t = t0; t < t0 + variants * L && r.error.empty(); ++t) r.error = task_error[t];
     if (r.error.empty() && plans[i]) {
-      ErrorStats all;
-      for (size_t l = 0; l < L; ++l) all.merge(stats[i * L + l]);
-      for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(all));
+      std::vector<ErrorStats> merged(variants);
+      for (size_t v = 0; v < variants; ++v)
+        for (size_t l = 0; l < L; ++l) merged[v].merge(stats_of[t0 + v * L + l]);
+      for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(merged[0]));
+      if (spec.attribution.selects(points[i].id))
+        r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
+                                  rec.num_layers(), rec.q_heads);
       r.ok = true;
     }
-    for (size_t l = 0; l < L; ++l) {
-      r.seconds += task_seconds[i * L + l];
-      stats[i * L + l] = ErrorStats();
+    for (size_t t = t0; t < t0 + variants * L; ++t) {
+      r.seconds += task_seconds[t];
+      stats_of[t] = ErrorStats();
     }
     plans[i].reset();
     std::lock_guard<std::mutex> lock(mu);
@@ -203,9 +256,6 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     ++done;
     if (on_point) on_point(points[i], r, done, n);
   };
-
-  const BackendChoice backend = choose_backend(spec, points, plans, opt);
-  if (chosen) *chosen = backend;
 
   // Points that failed in phase 1 are reported right away.
   for (size_t i = 0; i < n; ++i)
@@ -217,21 +267,22 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     cuda::CudaSimulator gpu(rec);
     for (size_t i = 0; i < n; ++i) {
       if (!plans[i] || stopped()) continue;
-      const auto t0 = std::chrono::steady_clock::now();
+      const size_t t0 = first_task[i];
+      const auto start = std::chrono::steady_clock::now();
       const std::string why = cuda::unsupported_reason(*plans[i], opt);
       if (!why.empty()) {
-        task_error[i * L] = points[i].key + ": " + why + " (backend = \"cuda\"; run this point with backend = \"cpu\")";
+        task_error[t0] = points[i].key + ": " + why + " (backend = \"cuda\"; run this point with backend = \"cpu\")";
       } else {
         for (size_t l = 0; l < L; ++l) {
           try {
-            stats[i * L + l] = gpu.simulate_layer(*plans[i], static_cast<int64_t>(l), opt);
+            stats_of[t0 + l] = gpu.simulate_layer(*plans[i], static_cast<int64_t>(l), opt);
           } catch (const std::exception& e) {
-            task_error[i * L + l] = points[i].key + ": layer " + std::to_string(l) + ": " + e.what();
+            task_error[t0 + l] = points[i].key + ": layer " + std::to_string(l) + ": " + e.what();
             break;
           }
         }
       }
-      task_seconds[i * L] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      task_seconds[t0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       finalize(i);
     }
     std::vector<PointResult> out;
@@ -241,19 +292,21 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
   }
 #endif
 
-  const long tasks = static_cast<long>(n * L);
+  const long ntasks = static_cast<long>(tasks.size());
 #pragma omp parallel for schedule(dynamic, 1)
-  for (long task = 0; task < tasks; ++task) {
-    const size_t i = static_cast<size_t>(task) / L, l = static_cast<size_t>(task) % L;
-    if (!plans[i] || stopped()) continue;
+  for (long k = 0; k < ntasks; ++k) {
+    const Task& task = tasks[static_cast<size_t>(k)];
+    const size_t i = task.point;
+    if (stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      stats[static_cast<size_t>(task)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(l), opt);
+      SimOptions o = opt;
+      if (task.variant > 0) o.region = &regions[i][task.variant - 1].region;
+      stats_of[static_cast<size_t>(k)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(task.layer), o);
     } catch (const std::exception& e) {
-      task_error[static_cast<size_t>(task)] = points[i].key + ": layer " + std::to_string(l) + ": " + e.what();
+      task_error[static_cast<size_t>(k)] = points[i].key + ": layer " + std::to_string(task.layer) + ": " + e.what();
     }
-    task_seconds[static_cast<size_t>(task)] =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    task_seconds[static_cast<size_t>(k)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (--remaining[i] == 0) finalize(i);
   }
 

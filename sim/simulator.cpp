@@ -216,6 +216,40 @@ void simulate_head(const Recording& rec, const Plan& plan, int64_t layer, int64_
   }
 }
 
+// Zeroes the reconstruction error of every row outside `region` (attribution).
+void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int64_t d, UnitDelta& u) {
+  using Part = ErrorRegion::Part;
+  const bool sink_head = !unit.segments.empty() && unit.segments.front().role == SegmentRole::SinkHead;
+  auto zero_rows = [&](std::vector<float>& delta, int64_t j0, int64_t j1) {
+    if (!delta.empty() && j1 > j0) std::fill(delta.begin() + j0 * d, delta.begin() + j1 * d, 0.0f);
+  };
+  if (region.part == Part::Tokens) {
+    const int64_t b = std::clamp<int64_t>(region.begin, 0, T), e = std::clamp<int64_t>(region.end, b, T);
+    for (std::vector<float>* delta : {&u.stored, &u.window}) {
+      zero_rows(*delta, 0, b);
+      zero_rows(*delta, e, T);
+    }
+    return;
+  }
+  if (region.part == Part::SinkHeads) {
+    if (!sink_head) {
+      zero_rows(u.stored, 0, T);
+      zero_rows(u.window, 0, T);
+    }
+    return;
+  }
+  // Window, SinkTokens and Rest never include sink-head units.
+  if (sink_head) {
+    zero_rows(u.stored, 0, T);
+    zero_rows(u.window, 0, T);
+    return;
+  }
+  if (region.part != Part::Window) zero_rows(u.window, 0, T);
+  const SegmentRole keep = region.part == Part::SinkTokens ? SegmentRole::SinkToken : SegmentRole::Allocated;
+  for (const Segment& s : unit.segments)
+    if (region.part == Part::Window || s.role != keep) zero_rows(u.stored, s.begin, s.end);
+}
+
 // Reconstructs one unit and returns its errors (stored and window versions), adding
 // the tensor-level error of the stored version to stats.
 UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
@@ -245,7 +279,26 @@ UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int6
     unit.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{u.window.data(), T, d, d}, span);
     for (int64_t i = 0; i < n; ++i) u.window[i] -= x[i];
   }
+  if (opt.region) keep_region(*opt.region, unit, rec.tokens, rec.head_dim, u);
   return u;
+}
+
+// The query heads of KV head g: both units reconstructed once, then every head.
+void simulate_group(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, const std::vector<int64_t>& pos,
+                    const SimOptions& opt, HeadScratch& scratch, ErrorStats& stats) {
+  const UnitDelta dk = unit_delta(rec, plan, layer, g, Kind::Key, opt, stats.k_err2, stats.k_norm2);
+  const UnitDelta dv = unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2);
+  for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
+    simulate_head(rec, plan, layer, h, dk, dv, pos, opt, scratch, stats);
+}
+
+std::vector<int64_t> evaluated_positions(const Recording& rec, const SimOptions& opt) {
+  std::vector<int64_t> pos = opt.positions;
+  if (pos.empty()) {
+    pos.resize(static_cast<size_t>(rec.tokens));
+    std::iota(pos.begin(), pos.end(), 0);
+  }
+  return pos;
 }
 
 }  // namespace
@@ -286,20 +339,19 @@ void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {
-  std::vector<int64_t> pos = opt.positions;
-  if (pos.empty()) {
-    pos.resize(static_cast<size_t>(rec.tokens));
-    std::iota(pos.begin(), pos.end(), 0);
-  }
+  const std::vector<int64_t> pos = evaluated_positions(rec, opt);
   ErrorStats stats;
   HeadScratch scratch;
-  for (int64_t g = 0; g < rec.kv_heads; ++g) {
-    const UnitDelta dk = unit_delta(rec, plan, layer, g, Kind::Key, opt, stats.k_err2, stats.k_norm2);
-    const UnitDelta dv = unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2);
-    for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-      simulate_head(rec, plan, layer, h, dk, dv, pos, opt, scratch, stats);
-  }
+  for (int64_t g = 0; g < rec.kv_heads; ++g) simulate_group(rec, plan, layer, g, pos, opt, scratch, stats);
   // Rows are in (q_head, position) order within the layer.
+  return stats;
+}
+
+ErrorStats simulate_kv_head(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head,
+                            const SimOptions& opt) {
+  ErrorStats stats;
+  HeadScratch scratch;
+  simulate_group(rec, plan, layer, kv_head, evaluated_positions(rec, opt), opt, scratch, stats);
   return stats;
 }
 

@@ -68,7 +68,7 @@ int cmd_run(const Args& args) {
   }
   if (vm.count("help")) {
     std::cout << opts << "\nWrites results/<name>/<timestamp>/: config.toml, manifest.json, points.csv, pareto.csv,\n"
-                         "budgets.json and plots/. See configs/README.md for the config reference.\n";
+                         "budgets.json, attribution.csv, concentration.csv and plots/. See configs/README.md for the config reference.\n";
     return kExitOk;
   }
   if (config.empty()) {
@@ -95,6 +95,7 @@ int cmd_run(const Args& args) {
   const Recording rec = build_recording(spec.data);
   if (!quiet) std::fprintf(stderr, "kvbudget: recording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
 
+  const QueryPositions positions = resolve_positions(spec, rec.tokens);
   Report report(spec, points, make_run_dir(spec.output.dir, spec.name));
   RunInfo info;
   info.command_line = "kvbudget run " + join(args, " ");
@@ -103,6 +104,7 @@ int cmd_run(const Args& args) {
   info.points_total = points.size();
   info.recording_summary = rec.name + ": " + rec.summary();
   info.backend.requested = spec.backend;
+  info.positions = positions;
   report.write_config();
   report.write_manifest(info);
 
@@ -133,6 +135,7 @@ int cmd_run(const Args& args) {
   std::signal(SIGTERM, SIG_DFL);
 
   report.write_points(results);
+  report.write_attribution(results);
   size_t failed = 0;
   for (const PointResult& r : results) failed += r.ok ? 0 : 1;
   const bool interrupted = g_stop.load();
