@@ -145,6 +145,8 @@ TEST_CASE("backend: cpu by default; cpu, cuda or auto; cuda needs a CUDA build")
   } else {
     CHECK(error_of("backend = \"cuda\"\n" + kData + strat).find("built without CUDA") != std::string::npos);
   }
+}
+
 TEST_CASE("calibration and evaluated positions are disjoint by default and recorded") {
   const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
   ExperimentSpec e = parse(kData + strat);

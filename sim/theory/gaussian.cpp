@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "sim/core/rng.h"
+#include "sim/formats/lloyd_max.h"
 
 namespace kvb::theory {
 
@@ -81,23 +82,12 @@ double best_uniform_step(int bits) {
 }
 
 ScalarQuantizer lloyd_max_gaussian(int bits) {
-  // Start from the best uniform quantizer, then Lloyd's iteration.
-  ScalarQuantizer q = uniform_quantizer(bits, best_uniform_step(bits));
-  for (int it = 0; it < 200000; ++it) {
-    double change = 0;
-    for (size_t i = 0; i < q.levels.size(); ++i) {
-      double a, b;
-      interval(q, i, a, b);
-      const double m0 = normal_cdf(b) - normal_cdf(a);
-      const double m1 = normal_pdf(a) - normal_pdf(b);
-      if (m0 <= 0) continue;
-      const double c = m1 / m0;
-      change = std::max(change, std::fabs(c - q.levels[i]));
-      q.levels[i] = c;
-    }
-    for (size_t i = 0; i + 1 < q.levels.size(); ++i) q.thresholds[i] = 0.5 * (q.levels[i] + q.levels[i + 1]);
-    if (change < 1e-13) break;
-  }
+  // The same codebook the rotation formats quantize with (sim/formats/lloyd_max.h),
+  // so the bounds report measures what the simulator uses.
+  const LloydMaxCodebook& cb = kvb::lloyd_max_gaussian(bits);
+  ScalarQuantizer q;
+  q.levels = cb.centroids_exact;
+  for (size_t i = 0; i + 1 < q.levels.size(); ++i) q.thresholds.push_back(0.5 * (q.levels[i] + q.levels[i + 1]));
   return q;
 }
 

@@ -5,11 +5,9 @@
 // normal pdf φ and cdf Φ:
 //   on [a, b]:  M0 = Φ(b) − Φ(a),  M1 = φ(a) − φ(b),  M2 = M0 + aφ(a) − bφ(b)
 //   MSE = Σ_i (M2_i − 2 c_i M1_i + c_i² M0_i).
-// The Lloyd-Max codebook is found by Lloyd's iteration (thresholds at midpoints,
-// levels at interval centroids), the best uniform quantizer by a golden-section
-// search over the step. Branch `formats` carries the rotation + Lloyd-Max format with
-// its own codebooks; these local ones exist for the bounds report and should be
-// unified with them once that format is merged.
+// The Lloyd-Max codebook is the one the rotation formats use (sim/formats/lloyd_max.h,
+// Lloyd's iteration, cached); the best uniform quantizer comes from a golden-section
+// search over the step.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -28,7 +26,7 @@ struct ScalarQuantizer {
 // Exact MSE of a quantizer on N(0, 1).
 double gaussian_mse(const ScalarQuantizer& q);
 
-// The b-bit Lloyd-Max quantizer of N(0, 1) (b >= 1), converged to 1e-13.
+// The b-bit Lloyd-Max quantizer of N(0, 1), b = 1..8 (sim/formats/lloyd_max.h).
 ScalarQuantizer lloyd_max_gaussian(int bits);
 
 // The uniform (midrise) quantizer of N(0, 1) with 2^b levels spaced by `step`.
