@@ -9,6 +9,8 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/formats/registry.h"
+#include "sim/strategies/budget.h"
+#include "sim/strategies/presets.h"
 
 namespace kvb {
 
@@ -161,6 +163,43 @@ std::vector<ParamValue> values_of(const ConfigTable& t, const std::string& key, 
   return {v};
 }
 
+// A config value of an integer-list parameter -> candidate values: an array of
+// integers or a range string ("2..8") is one list; an array of arrays is an axis.
+std::vector<ParamValue> list_values_of(const ConfigTable& t, const std::string& key) {
+  const toml::node* n = t.node(key);
+  auto ints = [&](const toml::array& a) {
+    IntList out;
+    for (const toml::node& e : a) {
+      if (!e.is_integer()) t.fail(key, "expected integers, got " + toml_type_name(e));
+      out.push_back(*e.value<int64_t>());
+    }
+    return out;
+  };
+  if (const toml::array* a = n->as_array()) {
+    if (!a->empty() && a->front().is_array()) {
+      std::vector<ParamValue> axis;
+      for (const toml::node& e : *a) {
+        if (!e.is_array()) t.fail(key, "an axis of lists must hold only arrays");
+        axis.emplace_back(ints(*e.as_array()));
+      }
+      return axis;
+    }
+    return {ParamValue(ints(*a))};
+  }
+  if (n->is_string()) {
+    const std::string text = *n->value<std::string>();
+    auto r = parse_range(text);
+    if (!r || r->empty()) t.fail(key, "expected an array of integers or a range \"2..8\", got \"" + text + "\"");
+    IntList out;
+    for (const ParamValue& v : *r) {
+      if (!std::holds_alternative<int64_t>(v)) t.fail(key, "range '" + text + "' must hold integers");
+      out.push_back(std::get<int64_t>(v));
+    }
+    return {ParamValue(out)};
+  }
+  t.fail(key, "expected an array of integers (or an array of such arrays for a sweep), got " + toml_type_name(*n));
+}
+
 // Coerces a value to a parameter's type, or fails naming the key.
 ParamValue coerce(const ParamValue& v, const ParamDef& def, const ConfigTable& t, const std::string& key) {
   switch (def.type) {
@@ -177,6 +216,9 @@ ParamValue coerce(const ParamValue& v, const ParamDef& def, const ConfigTable& t
     case ParamType::String:
       if (std::holds_alternative<std::string>(v)) return v;
       break;
+    case ParamType::IntList:
+      if (std::holds_alternative<IntList>(v)) return v;
+      break;
   }
   t.fail(key, "expected a " + std::string(param_type_name(def.type)) + ", got '" + param_to_string(v) + "'");
 }
@@ -185,13 +227,27 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
   StrategyBlock b;
   b.index = index;
   b.where = t.where();
-  b.type = t.required_string("type");
+  // A preset names the type and sets parameters that the block's own override.
+  const StrategyPreset* preset = nullptr;
+  if (const toml::node* n = t.node("preset")) {
+    if (!n->is_string())
+      t.fail("preset", "expected one preset name (a string); to compare presets use one [[strategy]] block each");
+    preset = &require_strategy_preset(*n->value<std::string>(), t.where("preset"));
+    b.preset = preset->name;
+  }
+  b.type = preset && !t.has("type") ? preset->type : t.required_string("type");
   const StrategyType& type = require_strategy_type(b.type, t.where("type"));
-  b.label = t.string("name", b.type);
+  if (preset && b.type != preset->type)
+    t.fail("type", "preset '" + preset->name + "' is a '" + preset->type + "' strategy, not '" + b.type + "'");
+  b.label = t.string("name", preset ? preset->name : b.type);
+  const std::vector<ParamDef> defs = type.all_params();
 
   std::vector<std::string> var_names;
   if (auto vars = t.opt_table("vars")) {
     for (const std::string& k : vars->keys()) {
+      if (k == "b")
+        vars->fail(k, "{b} is reserved for the allocator's width in a format family (family = \"int{b}-asym-g32\"); "
+                      "name the variable otherwise");
       Axis a;
       a.name = k;
       a.is_var = true;
@@ -202,27 +258,41 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
     }
   }
   std::vector<std::string> param_names;
-  for (const ParamDef& def : type.params) {
+  for (const ParamDef& def : defs) {
     param_names.push_back(def.name);
     if (!t.has(def.name)) continue;
     Axis a;
     a.name = def.name;
     a.where = t.where(def.name);
     const bool numeric = def.type == ParamType::Int || def.type == ParamType::Real;
-    for (const ParamValue& v : values_of(t, def.name, numeric)) a.values.push_back(coerce(v, def, t, def.name));
+    const std::vector<ParamValue> raw =
+        def.type == ParamType::IntList ? list_values_of(t, def.name) : values_of(t, def.name, numeric);
+    for (const ParamValue& v : raw) a.values.push_back(coerce(v, def, t, def.name));
     b.axes.push_back(a);
+  }
+  if (preset) {
+    for (const auto& [name, value] : preset->params) {
+      b.preset_values[name] = value;
+      if (t.has(name)) continue;  // the block overrides the preset
+      Axis a;
+      a.name = name;
+      a.where = t.where("preset");
+      a.values = {value};
+      b.axes.push_back(a);
+    }
   }
   // Unknown keys in a strategy are reported with this strategy's parameter list.
   for (const std::string& k : t.keys()) {
-    if (k == "type" || k == "name" || k == "vars") continue;
+    if (k == "type" || k == "name" || k == "vars" || k == "preset") continue;
     if (std::find(param_names.begin(), param_names.end(), k) != param_names.end()) continue;
     std::string msg = "unknown parameter '" + k + "' for strategy type '" + b.type + "'";
     const std::string close = closest_match(k, param_names);
     if (!close.empty()) msg += " (did you mean '" + close + "'?)";
-    msg += "; parameters: " + join(param_names, ", ") + " (template variables go under [" + t.path() + ".vars])";
+    msg += "; `kvbudget strategies` lists the parameters (template variables go under [" + t.path() + ".vars])";
     t.fail(k, msg);
   }
-  // Every {var} used in a string parameter must be declared, and every var used.
+  // Every {var} used in a string parameter must be declared, and every var used;
+  // {b} is the allocator's width, filled in by the strategy.
   std::set<std::string> used;
   static const std::regex placeholder(R"(\{([A-Za-z_][A-Za-z0-9_]*)\})");
   for (const Axis& a : b.axes) {
@@ -232,6 +302,7 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
       if (!s) continue;
       for (std::sregex_iterator it(s->begin(), s->end(), placeholder), end; it != end; ++it) {
         const std::string name = (*it)[1];
+        if (name == "b") continue;
         if (std::find(var_names.begin(), var_names.end(), name) == var_names.end())
           throw ConfigError(a.where + ": '{" + name + "}' is not declared under [" + t.path() + ".vars]");
         used.insert(name);
@@ -244,6 +315,62 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
   std::sort(b.axes.begin(), b.axes.end(), [](const Axis& x, const Axis& y) { return x.name < y.name; });
   return b;
 }
+
+CalibrationSpec parse_calibration(const std::optional<ConfigTable>& t) {
+  CalibrationSpec c;
+  if (!t) return c;
+  c.where = t->where();
+  c.overlap = t->boolean("overlap", false);
+  if (const toml::node* n = t->node("positions")) {
+    if (t->has("stride") || t->has("offset")) t->fail("positions", "give positions or stride/offset, not both");
+    c.explicit_positions = true;
+    if (n->is_string()) {
+      const std::string text = *n->value<std::string>();
+      auto r = parse_range(text);
+      if (!r || r->empty()) t->fail("positions", "expected a range \"a..b\" / \"a..b:step\" or an array of positions");
+      for (const ParamValue& v : *r) {
+        if (!std::holds_alternative<int64_t>(v)) t->fail("positions", "positions must be integers");
+        c.positions.push_back(std::get<int64_t>(v));
+      }
+      c.text = text;
+    } else {
+      c.positions = t->int_list("positions");
+      std::vector<std::string> parts;
+      for (int64_t p : c.positions) parts.push_back(std::to_string(p));
+      c.text = "[" + join(parts, ", ") + "]";
+    }
+    std::sort(c.positions.begin(), c.positions.end());
+    c.positions.erase(std::unique(c.positions.begin(), c.positions.end()), c.positions.end());
+    if (c.positions.empty()) t->fail("positions", "no calibration position given");
+    if (c.positions.front() < 0) t->fail("positions", "positions must be >= 0");
+    return c;
+  }
+  c.stride = t->integer("stride", c.stride);
+  c.offset = t->integer("offset", c.offset);
+  if (c.stride < 1) t->fail("stride", "must be >= 1");
+  if (c.offset < 0) t->fail("offset", "must be >= 0");
+  c.text = "stride " + std::to_string(c.stride) + " from " + std::to_string(c.offset);
+  return c;
+}
+
+AttributionSpec parse_attribution(const std::optional<ConfigTable>& t) {
+  AttributionSpec a;
+  if (!t) return a;
+  if (const toml::node* n = t->node("points")) {
+    if (n->is_string()) {
+      const std::string v = *n->value<std::string>();
+      if (v == "all") a.select = AttributionSpec::Select::All;
+      else if (v == "none") a.select = AttributionSpec::Select::None;
+      else t->fail("points", "expected \"all\", \"none\" or an array of point ids, got \"" + v + "\"");
+    } else {
+      a.select = AttributionSpec::Select::Ids;
+      a.ids = t->int_list("points");
+    }
+  }
+  a.regions = t->boolean("regions", a.regions);
+  return a;
+}
+
 
 // Model-level metrics need a model data source, and those of greedy continuations
 // need continuations.
@@ -383,6 +510,7 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
   e.seed = static_cast<uint64_t>(seed);
   e.threads = static_cast<int>(root.integer("threads", 0));
   if (e.threads < 0) root.fail("threads", "must be >= 0 (0 = all cores)");
+  e.backend = parse_backend_request(root.string("backend", "cpu"), root.where("backend"));
 
   auto data = root.opt_table("data");
   if (!data) throw ConfigError(doc->file().string() + ": missing [data] table (a recording path or [data.synthetic])");
@@ -393,7 +521,9 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
     throw ConfigError(doc->file().string() + ": no [[strategy]] blocks: the sweep is empty");
   for (size_t i = 0; i < blocks.size(); ++i) e.strategies.push_back(parse_strategy(blocks[i], i));
 
+  e.calibration = parse_calibration(root.opt_table("calibration"));
   e.metrics = parse_metrics(root.opt_table("metrics"), e.data);
+  e.attribution = parse_attribution(root.opt_table("attribution"));
   e.output = parse_output(root.opt_table("output"));
   if (auto b = root.opt_table("budgets")) {
     for (const std::string& q : b->string_list("queries", {})) e.budgets.push_back(parse_budget_query(q, b->where("queries")));
@@ -421,6 +551,55 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   const std::string source = "model " + m.checkpoint.string() + " on " + std::to_string(tokens.size()) +
                              " tokens of " + from.string();
   return std::make_shared<const ModelEvaluator>(std::move(model), std::move(tokens), m.continuations, source);
+}
+
+bool AttributionSpec::selects(size_t id) const {
+  if (select == Select::All) return true;
+  if (select == Select::None) return false;
+  return std::find(ids.begin(), ids.end(), static_cast<int64_t>(id)) != ids.end();
+}
+
+QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
+  QueryPositions q;
+  const CalibrationSpec& c = spec.calibration;
+  if (c.explicit_positions) {
+    for (int64_t p : c.positions)
+      if (p < T) q.calibration.push_back(p);
+    if (q.calibration.empty())
+      throw ConfigError((c.where.empty() ? std::string("calibration") : c.where) +
+                        ": positions: no calibration position lies below the recording's " + std::to_string(T) +
+                        " tokens");
+  } else {
+    for (int64_t p = c.offset; p < T; p += c.stride) q.calibration.push_back(p);
+  }
+  auto is_calibration = [&](int64_t p) { return std::binary_search(q.calibration.begin(), q.calibration.end(), p); };
+  if (!spec.metrics.positions.empty()) {
+    std::vector<int64_t> overlap;
+    for (int64_t p : spec.metrics.positions) {
+      if (p >= T) continue;
+      q.evaluation.push_back(p);
+      if (is_calibration(p)) overlap.push_back(p);
+    }
+    if (q.evaluation.empty())
+      throw ConfigError("metrics.positions: no position is below the recording's " + std::to_string(T) + " tokens");
+    if (!overlap.empty() && !c.overlap) {
+      std::vector<std::string> shown;
+      for (size_t i = 0; i < std::min<size_t>(5, overlap.size()); ++i) shown.push_back(std::to_string(overlap[i]));
+      throw ConfigError("metrics.positions overlap the calibration positions (" + c.text + ") at " + join(shown, ", ") +
+                        (overlap.size() > 5 ? ", ..." : "") +
+                        ": calibration queries must not be evaluated; set calibration.overlap = true to allow it "
+                        "(as the research did)");
+    }
+    q.evaluation_text = spec.metrics.positions_text;
+    return q;
+  }
+  for (int64_t p = 0; p < T; ++p)
+    if (c.overlap || !is_calibration(p)) q.evaluation.push_back(p);
+  if (q.evaluation.empty())
+    throw ConfigError("calibration: every position of the recording's " + std::to_string(T) +
+                      " tokens is a calibration position, none is left to evaluate");
+  q.evaluation_text = c.overlap ? "all" : "all not used for calibration";
+  return q;
 }
 
 Recording build_recording(const DataSpec& data) {

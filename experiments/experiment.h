@@ -1,7 +1,7 @@
 // ExperimentSpec: a TOML experiment config, validated. See configs/README.md for the
 // full reference and configs/quickstart.toml for an example.
 //
-//   name, description, seed, threads
+//   name, description, seed, threads, backend
 //   [data]          a recording file (path + tensor name patterns + layout), or
 //   [data.synthetic] a seeded synthetic recording, or
 //   [data] source = "model": a checkpoint run on a text (model-level metrics too)
@@ -9,17 +9,22 @@
 //                   ([32, 64]) or a numeric range string ("2..8", "0.1..0.5:0.1").
 //                   [strategy.vars] declares template variables used as {name}
 //                   inside string parameters ("int{bits}-{mode}-g{group}").
+//   [calibration]   query positions strategies measure statistics on (entropies,
+//                   distortion tables); disjoint from the evaluated ones by default
 //   [metrics]       which metrics to report, which get a Pareto front, top-k, positions
+//   [attribution]   which points get an error-budget attribution
 //   [output]        results directory, plots, target context
 //   [budgets]       queries = ["attn_kl_mean <= 1e-3", "bpe <= 4"]
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "experiments/backend.h"
 #include "experiments/config.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/model/model_eval.h"
@@ -57,9 +62,31 @@ struct Axis {
 struct StrategyBlock {
   size_t index = 0;
   std::string type;
-  std::string label;      // `name` in the config, default the type
+  std::string label;      // `name` in the config, default the preset or the type
+  std::string preset;     // `preset` in the config, "" = none
+  std::map<std::string, ParamValue> preset_values;  // what the preset sets
   std::vector<Axis> axes; // params and vars, sorted by name; the last varies fastest
   std::string where;
+};
+
+// Query positions that strategies calibrate on (methods.md §3: the calibration tokens
+// must be separable from the evaluated ones). One set per run, shared by every
+// strategy, so every point is evaluated on the same rows.
+struct CalibrationSpec {
+  std::vector<int64_t> positions;  // explicit positions (sorted); empty = the stride rule
+  bool explicit_positions = false;
+  int64_t stride = 8;              // every stride-th position ...
+  int64_t offset = 7;              // ... starting here
+  bool overlap = false;            // true: evaluated positions may include calibration ones
+  std::string text = "stride 8 from 7";  // for the manifest
+  std::string where;
+};
+
+struct AttributionSpec {
+  enum class Select { All, None, Ids } select = Select::All;
+  std::vector<int64_t> ids;  // Select::Ids: point ids
+  bool regions = true;       // token-region shares (costs one extra simulation per region)
+  bool selects(size_t id) const;
 };
 
 struct MetricsSpec {
@@ -91,9 +118,12 @@ struct ExperimentSpec {
   std::string description;
   uint64_t seed = 0;
   int threads = 0;  // 0 = OpenMP default
+  BackendRequest backend = BackendRequest::Cpu;  // experiments/backend.h
   DataSpec data;
   std::vector<StrategyBlock> strategies;
+  CalibrationSpec calibration;
   MetricsSpec metrics;
+  AttributionSpec attribution;
   OutputSpec output;
   std::vector<BudgetQuery> budgets;
   std::filesystem::path config_path;
@@ -119,5 +149,17 @@ Recording build_recording(const DataSpec& data);
 // For source = "model": loads the checkpoint and the tokens and runs the exact model
 // (ModelEvaluator), whose recording() is the experiment's recording.
 std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data);
+
+// The calibration and evaluated query positions for a recording of T tokens.
+// Evaluated positions: metrics.positions when given, else every position not used
+// for calibration (every position with calibration.overlap). Throws ConfigError when
+// explicit evaluated positions overlap calibration ones without calibration.overlap,
+// or when no position lies below T.
+struct QueryPositions {
+  std::vector<int64_t> calibration;
+  std::vector<int64_t> evaluation;  // never empty
+  std::string evaluation_text;      // how they were chosen, for the manifest
+};
+QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T);
 
 }  // namespace kvb

@@ -105,12 +105,28 @@ void Report::write_manifest(const RunInfo& info) const {
   j["build_type"] = KVB_BUILD_TYPE;
   j["compiler"] = KVB_CXX_COMPILER;
   j["cuda_built"] = static_cast<bool>(KVB_HAVE_CUDA);
+  j["backend_requested"] = backend_request_name(info.backend.requested);
+  if (info.backend_decided) {
+    j["backend"] = backend_name(info.backend.used);
+    j["backend_reason"] = info.backend.reason;
+    if (!info.backend.device.empty()) j["cuda_device"] = info.backend.device;
+  }
   j["cpu"] = cpu_model();
   j["cpu_cores_online"] = static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN));
   j["threads"] = spec_.threads > 0 ? spec_.threads : omp_get_max_threads();
   j["seed"] = spec_.seed;
   j["points_total"] = info.points_total;
   j["recording"] = info.recording_summary;
+  j["calibration"] = {{"rule", spec_.calibration.text},
+                      {"overlap_allowed", spec_.calibration.overlap},
+                      {"count", info.positions.calibration.size()},
+                      {"positions", info.positions.calibration}};
+  j["evaluation"] = {{"rule", info.positions.evaluation_text}, {"count", info.positions.evaluation.size()}};
+  if (!info.positions.evaluation.empty()) {
+    j["evaluation"]["first"] = info.positions.evaluation.front();
+    j["evaluation"]["last"] = info.positions.evaluation.back();
+  }
+  if (spec_.metrics.positions_text != "all") j["evaluation"]["positions"] = info.positions.evaluation;
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   j["host"] = host;
@@ -126,11 +142,18 @@ std::vector<std::string> Report::coord_columns() const {
 
 std::string Report::points_csv(const std::vector<PointResult>& results) const {
   const std::vector<std::string> coords = coord_columns();
+  // Annotation columns: every name any point reported, in order of first appearance.
+  std::vector<std::string> notes;
+  for (const PointResult& r : results)
+    if (r.ok)
+      for (const Annotation& a : r.annotations)
+        if (std::find(notes.begin(), notes.end(), a.name) == notes.end()) notes.push_back(a.name);
   std::ostringstream os;
   os << "id,strategy,type,key";
   for (const std::string& c : coords) os << "," << csv_field(c);
   os << ",plan,bpe,bpe_target,bytes,bytes_target,compression";
   for (const std::string& m : spec_.metrics.report) os << "," << m;
+  for (const std::string& a : notes) os << "," << csv_field(a);
   os << ",seconds\n";
   for (const PointResult& r : results) {
     if (!r.ok) continue;
@@ -145,6 +168,14 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
     os << "," << csv_field(r.plan) << "," << num(r.bpe) << "," << num(r.bpe_target) << "," << num(r.bytes) << ","
        << num(r.bytes_target) << "," << num(16.0 / r.bpe);
     for (double v : r.metrics) os << "," << num(v);
+    for (const std::string& name : notes) {
+      os << ",";
+      for (const Annotation& a : r.annotations)
+        if (a.name == name) {
+          if (const double* d = std::get_if<double>(&a.value)) os << num(*d);
+          else os << csv_field(std::get<std::string>(a.value));
+        }
+    }
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.3f", r.seconds);
     os << "," << secs << "\n";
@@ -165,6 +196,28 @@ void Report::write_points(const std::vector<PointResult>& results) const {
     err << r.id << "," << csv_field(points_[r.id].key) << "," << csv_field(r.error) << "\n";
   }
   if (any) write_file_atomic(dir_ / "errors.csv", err.str());
+}
+
+std::string Report::attribution_csv(const std::vector<PointResult>& results) const {
+  std::string out = kAttributionHeader;
+  for (const PointResult& r : results)
+    if (r.ok && r.attribution) out += attribution_rows(r.id, csv_field(points_[r.id].key), *r.attribution);
+  return out;
+}
+
+std::string Report::concentration_csv(const std::vector<PointResult>& results) const {
+  std::string out = kConcentrationHeader;
+  for (const PointResult& r : results)
+    if (r.ok && r.attribution) out += concentration_rows(r.id, csv_field(points_[r.id].key), *r.attribution);
+  return out;
+}
+
+void Report::write_attribution(const std::vector<PointResult>& results) const {
+  std::vector<PointResult> sorted = results;
+  std::sort(sorted.begin(), sorted.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
+  if (std::none_of(sorted.begin(), sorted.end(), [](const PointResult& r) { return r.ok && r.attribution; })) return;
+  write_file_atomic(dir_ / "attribution.csv", attribution_csv(sorted));
+  write_file_atomic(dir_ / "concentration.csv", concentration_csv(sorted));
 }
 
 FrontierInput Report::frontier_input(const std::vector<const PointResult*>& ok) const {
@@ -261,21 +314,10 @@ std::string Report::write_frontier(const std::vector<PointResult>& results) cons
   return console.str();
 }
 
-std::string Report::write_plots() const {
-  std::filesystem::path script = std::filesystem::path(KVB_SOURCE_DIR) / "experiments" / "plot_pareto.py";
-  if (!std::filesystem::exists(script)) return "plot script not found at " + script.string();
-  const std::string python = plot_python();
-  std::vector<std::string> argv = {python, script.string(), "--results", dir_.string(), "--metrics",
-                                   join(spec_.metrics.pareto, ","), "--title", spec_.name};
-  if (!spec_.output.series.empty()) {
-    argv.push_back("--series");
-    argv.push_back(spec_.output.series);
-  }
-  if (!spec_.output.marker.empty()) {
-    argv.push_back("--marker");
-    argv.push_back(spec_.output.marker);
-  }
-  const std::filesystem::path log = dir_ / "plots.log";
+namespace {
+
+// Runs `argv` with stdout and stderr into `log`; empty on success, else the log tail.
+std::string run_logged(std::vector<std::string> argv, const std::filesystem::path& log) {
   const pid_t pid = ::fork();
   if (pid < 0) return "fork failed";
   if (pid == 0) {
@@ -286,7 +328,7 @@ std::string Report::write_plots() const {
     for (std::string& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
     ::execvp(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s\n", python.c_str());
+    std::fprintf(stderr, "cannot run %s\n", argv[0].c_str());
     ::_exit(127);
   }
   int status = 0;
@@ -300,8 +342,34 @@ std::string Report::write_plots() const {
   ss << in.rdbuf();
   std::string tail = ss.str();
   if (tail.size() > 800) tail = "..." + tail.substr(tail.size() - 800);
-  return python + " " + script.string() + " failed (see " + log.string() + "):\n" + tail +
+  return argv[0] + " " + argv[1] + " failed (see " + log.string() + "):\n" + tail +
          "\n(plots need Debian's python3-matplotlib: scripts/setup.sh installs it)";
+}
+
+}  // namespace
+
+std::string Report::write_plots() const {
+  const std::filesystem::path scripts = std::filesystem::path(KVB_SOURCE_DIR) / "experiments";
+  const std::filesystem::path pareto = scripts / "plot_pareto.py", attribution = scripts / "plot_attribution.py";
+  if (!std::filesystem::exists(pareto)) return "plot script not found at " + pareto.string();
+  const std::string python = plot_python();
+  std::vector<std::string> argv = {python, pareto.string(), "--results", dir_.string(), "--metrics",
+                                   join(spec_.metrics.pareto, ","), "--title", spec_.name};
+  if (!spec_.output.series.empty()) {
+    argv.push_back("--series");
+    argv.push_back(spec_.output.series);
+  }
+  if (!spec_.output.marker.empty()) {
+    argv.push_back("--marker");
+    argv.push_back(spec_.output.marker);
+  }
+  std::string err = run_logged(argv, dir_ / "plots.log");
+  if (err.empty() && std::filesystem::exists(dir_ / "attribution.csv")) {
+    if (!std::filesystem::exists(attribution)) return "plot script not found at " + attribution.string();
+    err = run_logged({python, attribution.string(), "--results", dir_.string(), "--title", spec_.name},
+                     dir_ / "plots_attribution.log");
+  }
+  return err;
 }
 
 }  // namespace kvb

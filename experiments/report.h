@@ -1,12 +1,17 @@
 // Report: everything a run writes under results/<name>/<timestamp>/.
 //
 //   config.toml     the resolved config (after --set)
-//   manifest.json   git commit, build type, CPU, threads, seed, wall time, status
-//   points.csv      one row per point: key, coordinates, bpe, bytes, every metric
+//   manifest.json   git commit, build type, CPU, threads, seed, wall time, status, backend,
+//                   calibration and evaluated positions
+//   points.csv      one row per point: key, coordinates, bpe, bytes, every metric,
+//                   then the strategies' annotations (rho_first, budget_bpe, ...)
 //   errors.csv      points that failed, with the reason (only when some failed)
+//   attribution.csv, concentration.csv   error-budget attribution of the selected
+//                   points (experiments/attribution.h)
 //   pareto.csv      the non-dominated points for each Pareto metric
 //   budgets.json    answers to the budget queries (also printed)
 //   plots/<metric>.png|svg   memory against each Pareto metric, frontier drawn
+//   plots/attribution_*.png|svg, plots/concentration.png|svg   attribution plots
 //
 // Every file is written atomically (experiments/atomic_file.h).
 #pragma once
@@ -32,6 +37,9 @@ struct RunInfo {
   double wall_seconds = 0;
   size_t points_total = 0;
   std::string recording_summary;
+  BackendChoice backend;  // requested, used and why (used/reason empty until the sweep decided)
+  bool backend_decided = false;
+  QueryPositions positions;  // calibration and evaluated query positions
 };
 
 class Report {
@@ -44,15 +52,20 @@ class Report {
   void write_manifest(const RunInfo& info) const;
   // points.csv (and errors.csv) for the results so far; safe to call repeatedly.
   void write_points(const std::vector<PointResult>& results) const;
+  // attribution.csv and concentration.csv (when any point has an attribution).
+  void write_attribution(const std::vector<PointResult>& results) const;
   // pareto.csv and budgets.json; returns the console text of the frontier table and
   // the budget answers.
   std::string write_frontier(const std::vector<PointResult>& results) const;
-  // Runs experiments/plot_pareto.py through Debian's python3 with matplotlib.
-  // Returns an empty string on success, else why no plot was written.
+  // Runs experiments/plot_pareto.py (and plot_attribution.py when attribution.csv
+  // exists) through Debian's python3 with matplotlib. Returns an empty string on
+  // success, else why no plot was written.
   std::string write_plots() const;
 
   // CSV text (exposed for tests).
   std::string points_csv(const std::vector<PointResult>& results) const;
+  std::string attribution_csv(const std::vector<PointResult>& results) const;
+  std::string concentration_csv(const std::vector<PointResult>& results) const;
 
  private:
   std::vector<std::string> coord_columns() const;

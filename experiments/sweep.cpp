@@ -7,9 +7,14 @@
 #include <mutex>
 #include <optional>
 
+#include "kvb/build_config.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/simulator.h"
+#include "sim/strategies/statistics.h"
+#if KVB_HAVE_CUDA
+#include "kernels/cuda_simulator.h"
+#endif
 
 namespace kvb {
 
@@ -20,14 +25,20 @@ std::string substitute(std::string s, const std::vector<std::pair<std::string, s
   return s;
 }
 
-std::string point_key(const std::string& type, const Params& p, const StrategyType& def) {
+// "type(p=v,...)" listing the parameters that differ from what is implied: the
+// preset's value where the preset sets one, else the default. A preset point is
+// named after its preset.
+std::string point_key(const StrategyBlock& b, const Params& p, const std::vector<ParamDef>& defs) {
   std::vector<std::string> parts;
-  for (const ParamDef& d : def.params) {
-    const ParamValue& v = p.values().at(d.name);
-    if (d.default_value && *d.default_value == v) continue;  // defaults are implied
+  for (const ParamDef& d : defs) {
+    auto it = p.values().find(d.name);
+    if (it == p.values().end()) continue;
+    const ParamValue& v = it->second;
+    auto preset = b.preset_values.find(d.name);
+    if (preset != b.preset_values.end() ? preset->second == v : (d.default_value && *d.default_value == v)) continue;
     parts.push_back(d.name + "=" + param_to_string(v));
   }
-  return type + "(" + join(parts, ",") + ")";
+  return (b.preset.empty() ? b.type : b.preset) + "(" + join(parts, ",") + ")";
 }
 
 // Advances idx to the next combination of axis values (the last axis fastest);
@@ -40,19 +51,60 @@ bool next_combination(std::vector<size_t>& idx, const std::vector<Axis>& axes) {
   return false;
 }
 
+// Which backend measures the points, once the plans are known (experiments/backend.h).
+BackendChoice choose_backend(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
+                             const std::vector<std::optional<Plan>>& plans, const SimOptions& opt) {
+  BackendChoice c;
+  c.requested = spec.backend;
+  if (spec.backend == BackendRequest::Cpu) {
+    c.reason = "backend = \"cpu\"";
+    return c;
+  }
+  std::string why_not;
+  c.device = cuda_device(&why_not);
+  if (spec.backend == BackendRequest::Cuda) {
+    if (c.device.empty()) throw Error("backend = \"cuda\": " + why_not);
+    c.used = Backend::Cuda;
+    c.reason = "backend = \"cuda\"";
+    return c;
+  }
+  if (c.device.empty()) {
+    c.reason = "auto: " + why_not;
+    return c;
+  }
+#if KVB_HAVE_CUDA
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i]) continue;
+    const std::string why = cuda::unsupported_reason(*plans[i], opt);
+    if (!why.empty()) {
+      c.reason = "auto: point " + points[i].key + ": " + why;
+      return c;
+    }
+  }
+  c.used = Backend::Cuda;
+  c.reason = "auto: a CUDA device is present and every format of the sweep has a CUDA twin";
+#else
+  (void)points;
+  (void)plans;
+  (void)opt;
+#endif
+  return c;
+}
+
 }  // namespace
 
 std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
   std::vector<SweepPoint> points;
   for (const StrategyBlock& b : spec.strategies) {
     const StrategyType& type = require_strategy_type(b.type, b.where);
+    const std::vector<ParamDef> defs = type.all_params();
     std::vector<size_t> idx(b.axes.size(), 0);
     do {
       std::vector<std::pair<std::string, std::string>> vars;
       for (size_t a = 0; a < b.axes.size(); ++a)
         if (b.axes[a].is_var) vars.emplace_back(b.axes[a].name, param_to_string(b.axes[a].values[idx[a]]));
       std::map<std::string, ParamValue> values;
-      for (const ParamDef& d : type.params)
+      for (const ParamDef& d : defs)
         if (d.default_value) values[d.name] = *d.default_value;
       SweepPoint pt;
       for (size_t a = 0; a < b.axes.size(); ++a) {
@@ -60,17 +112,21 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
         const ParamValue& v = axis.values[idx[a]];
         if (axis.values.size() > 1 || axis.is_var) pt.coords.emplace_back(axis.name, param_to_string(v));
         if (axis.is_var) continue;
-        if (const std::string* s = std::get_if<std::string>(&v)) values[axis.name] = substitute(*s, vars);
-        else values[axis.name] = v;
+        if (const std::string* s = std::get_if<std::string>(&v))
+          values[axis.name] = substitute(*s, vars);
+        else
+          values[axis.name] = v;
       }
-      for (const ParamDef& d : type.params)
-        if (!values.count(d.name)) throw ConfigError(b.where + ": strategy '" + b.type + "' needs `" + d.name + "`");
+      for (const ParamDef& d : defs)
+        if (!values.count(d.name) && !d.optional)
+          throw ConfigError(b.where + ": strategy '" + b.type + "' needs `" + d.name + "`");
       pt.id = points.size();
       pt.block = b.index;
       pt.label = b.label;
       pt.type = b.type;
+      pt.preset = b.preset;
       pt.params = Params(values);
-      pt.key = point_key(b.type, pt.params, type);
+      pt.key = point_key(b, pt.params, defs);
       try {
         (void)type.make(pt.params);  // validates formats and parameter combinations
       } catch (const Error& e) {
@@ -85,8 +141,9 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
 
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
-                                   const std::atomic<bool>* stop, const ModelEvaluator* model) {
+                                   const std::atomic<bool>* stop, BackendChoice* chosen, const ModelEvaluator* model) {
   const size_t n = points.size();
+  const size_t L = static_cast<size_t>(rec.num_layers());
   std::vector<PointResult> results(n);
   std::vector<std::optional<Plan>> plans(n);
   auto stopped = [&] { return stop && stop->load(); };
@@ -99,32 +156,40 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
   }
   if (need_model && !model)
     throw ConfigError("metrics.report: model-level metrics need [data] source = \"model\"");
-  // Tasks of a point: L layer tasks (when tensor or attention metrics are reported),
-  // then one model task (when model metrics are).
-  const size_t L = need_sim ? static_cast<size_t>(rec.num_layers()) : 0;
-  const size_t per_point = L + (need_model ? 1 : 0);
 
+  const QueryPositions positions = resolve_positions(spec, rec.tokens);
   SimOptions opt;
   opt.topk = spec.metrics.topk;
   opt.seed = spec.seed;
-  for (int64_t p : spec.metrics.positions)
-    if (p < rec.tokens) opt.positions.push_back(p);
-  if (!spec.metrics.positions.empty() && opt.positions.empty())
-    throw ConfigError("metrics.positions: no position is below the recording's " + std::to_string(rec.tokens) +
-                      " tokens");
+  opt.positions = positions.evaluation;
 
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
 
-  // Phase 1: plans.
+  // Statistics every strategy reads, on the calibration positions: computed once, in
+  // parallel, when some point needs them.
+  RecordingStats stats(rec, positions.calibration);
+  std::vector<std::unique_ptr<Strategy>> strategies(n);
+  bool need_stats = false;
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
+      need_stats |= strategies[i]->needs_statistics();
+    } catch (const std::exception&) {
+      // reported when the plan is built
+    }
+  }
+  if (need_stats && !stopped()) stats.warm_up();
+
+    // Phase 1: plans.
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < n; ++i) {
     results[i].id = points[i].id;
     if (stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      const StrategyType& type = require_strategy_type(points[i].type, "strategy");
-      StrategyInput in{rec, spec.seed};
-      Plan plan = type.make(points[i].params)->build(in);
+      if (!strategies[i]) strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
+      StrategyInput in{rec, spec.seed, &stats};
+      Plan plan = strategies[i]->build(in);
       const std::string bad = plan.check();
       if (!bad.empty()) throw Error(bad);
       results[i].bpe = plan.bpe();
@@ -132,6 +197,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       results[i].bytes = plan.bytes_at(rec.tokens);
       results[i].bytes_target = plan.bytes_at(spec.output.target_context);
       results[i].plan = plan.describe();
+      results[i].annotations = plan.annotations();
       plans[i] = std::move(plan);
     } catch (const std::exception& e) {
       results[i].error = points[i].key + ": " + e.what() + " (seed " + std::to_string(spec.seed) + ")";
@@ -139,29 +205,75 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     results[i].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // Phase 2: (point, layer) and (point, model) tasks.
-  const size_t P = per_point;
-  std::vector<ErrorStats> stats(n * P);
+  const BackendChoice backend = choose_backend(spec, points, plans, opt);
+  if (chosen) *chosen = backend;
+
+  // Attribution regions per point: each is one more simulation of every layer (CPU
+  // backend only; on CUDA, attribution has its per-layer and per-head shares).
+  std::vector<std::vector<AttributionRegion>> regions(n);
+  for (size_t i = 0; i < n; ++i)
+    if (plans[i] && spec.attribution.selects(points[i].id) && spec.attribution.regions &&
+        backend.used == Backend::Cpu)
+      regions[i] = attribution_regions(*plans[i], rec);
+
+  // Phase 2: (point, variant, layer) tasks; variant 0 is the point, v > 0 region v-1;
+  // then, with a model, one (point, model) task. A point's layer tasks are left out
+  // when it needs neither tensor/attention metrics nor attribution.
+  struct Task {
+    size_t point, variant, layer;
+    bool model = false;
+  };
+  std::vector<Task> tasks;
+  std::vector<size_t> first_task(n), layer_tasks(n, 0), point_tasks(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    first_task[i] = tasks.size();
+    if (!plans[i]) continue;
+    if (need_sim || spec.attribution.selects(points[i].id))
+      for (size_t v = 0; v <= regions[i].size(); ++v)
+        for (size_t l = 0; l < L; ++l) tasks.push_back({i, v, l});
+    layer_tasks[i] = tasks.size() - first_task[i];
+    if (need_model) tasks.push_back({i, 0, 0, true});
+    point_tasks[i] = tasks.size() - first_task[i];
+  }
+  std::vector<ErrorStats> stats_of(tasks.size());
+  std::vector<double> task_seconds(tasks.size(), 0.0);
+  std::vector<std::string> task_error(tasks.size());
   std::vector<std::atomic<size_t>> remaining(n);
-  std::vector<double> task_seconds(n * P, 0.0);
-  std::vector<std::string> task_error(n * P);
   std::vector<char> finished(n, 0);
-  for (size_t i = 0; i < n; ++i) remaining[i] = P;
+  for (size_t i = 0; i < n; ++i) remaining[i] = point_tasks[i];
   std::mutex mu;
   size_t done = 0;
 
+  // The model task of point i: its forward pass and continuations, position-level
+  // metrics on the evaluated positions (never on calibration ones).
+  auto run_model_task = [&](size_t i, size_t k) {
+    try {
+      stats_of[k].model = model->evaluate(*plans[i], spec.seed, nullptr, &positions.evaluation);
+    } catch (const std::exception& e) {
+      task_error[k] = points[i].key + ": model: " + e.what();
+    }
+  };
+
   auto finalize = [&](size_t i) {
     PointResult& r = results[i];
-    for (size_t k = 0; k < P && r.error.empty(); ++k) r.error = task_error[i * P + k];
+    const size_t variants = layer_tasks[i] ? regions[i].size() + 1 : (plans[i] ? 1 : 0);
+    const size_t layers_per_variant = layer_tasks[i] ? L : 0;
+    const size_t t0 = first_task[i];
+    for (size_t t = t0; t < t0 + point_tasks[i] && r.error.empty(); ++t) r.error = task_error[t];
     if (r.error.empty() && plans[i]) {
-      ErrorStats all;
-      for (size_t k = 0; k < P; ++k) all.merge(stats[i * P + k]);
-      for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(all));
+      std::vector<ErrorStats> merged(variants);
+      for (size_t v = 0; v < variants; ++v)
+        for (size_t l = 0; l < layers_per_variant; ++l) merged[v].merge(stats_of[t0 + v * L + l]);
+      if (point_tasks[i] > layer_tasks[i]) merged[0].merge(stats_of[t0 + layer_tasks[i]]);  // the model task
+      for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(merged[0]));
+      if (spec.attribution.selects(points[i].id))
+        r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
+                                  rec.num_layers(), rec.q_heads);
       r.ok = true;
     }
-    for (size_t k = 0; k < P; ++k) {
-      r.seconds += task_seconds[i * P + k];
-      stats[i * P + k] = ErrorStats();
+    for (size_t t = t0; t < t0 + point_tasks[i]; ++t) {
+      r.seconds += task_seconds[t];
+      stats_of[t] = ErrorStats();
     }
     plans[i].reset();
     std::lock_guard<std::mutex> lock(mu);
@@ -174,21 +286,57 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
   for (size_t i = 0; i < n; ++i)
     if (!results[i].error.empty()) finalize(i);
 
-  const long tasks = static_cast<long>(n * P);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (long task = 0; task < tasks; ++task) {
-    const size_t i = static_cast<size_t>(task) / P, k = static_cast<size_t>(task) % P;
-    if (!plans[i] || stopped()) continue;
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      if (k < L) stats[static_cast<size_t>(task)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(k), opt);
-      else stats[static_cast<size_t>(task)].model = model->evaluate(*plans[i], spec.seed);
-    } catch (const std::exception& e) {
-      task_error[static_cast<size_t>(task)] =
-          points[i].key + ": " + (k < L ? "layer " + std::to_string(k) : std::string("model")) + ": " + e.what();
+#if KVB_HAVE_CUDA
+  if (backend.used == Backend::Cuda) {
+    // Points one after another, each on the whole device; the recording is uploaded once.
+    cuda::CudaSimulator gpu(rec);
+    for (size_t i = 0; i < n; ++i) {
+      if (!plans[i] || stopped()) continue;
+      const size_t t0 = first_task[i];
+      const auto start = std::chrono::steady_clock::now();
+      const std::string why = cuda::unsupported_reason(*plans[i], opt);
+      if (!why.empty()) {
+        task_error[t0] = points[i].key + ": " + why + " (backend = \"cuda\"; run this point with backend = \"cpu\")";
+      } else {
+        for (size_t l = 0; l < layer_tasks[i]; ++l) {
+          try {
+            stats_of[t0 + l] = gpu.simulate_layer(*plans[i], static_cast<int64_t>(l), opt);
+          } catch (const std::exception& e) {
+            task_error[t0 + l] = points[i].key + ": layer " + std::to_string(l) + ": " + e.what();
+            break;
+          }
+        }
+      }
+      if (point_tasks[i] > layer_tasks[i]) run_model_task(i, t0 + layer_tasks[i]);  // the model runs on the CPU
+      task_seconds[t0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      finalize(i);
     }
-    task_seconds[static_cast<size_t>(task)] =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<PointResult> out;
+    for (size_t i = 0; i < n; ++i)
+      if (finished[i]) out.push_back(std::move(results[i]));
+    return out;
+  }
+#endif
+
+  const long ntasks = static_cast<long>(tasks.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long k = 0; k < ntasks; ++k) {
+    const Task& task = tasks[static_cast<size_t>(k)];
+    const size_t i = task.point;
+    if (stopped()) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (task.model) {
+      run_model_task(i, static_cast<size_t>(k));
+    } else {
+      try {
+        SimOptions o = opt;
+        if (task.variant > 0) o.region = &regions[i][task.variant - 1].region;
+        stats_of[static_cast<size_t>(k)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(task.layer), o);
+      } catch (const std::exception& e) {
+        task_error[static_cast<size_t>(k)] = points[i].key + ": layer " + std::to_string(task.layer) + ": " + e.what();
+      }
+    }
+    task_seconds[static_cast<size_t>(k)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (--remaining[i] == 0) finalize(i);
   }
 

@@ -1,15 +1,19 @@
 // Sweep: expands a config's strategy blocks into points (the cartesian product of
-// their axes) and runs them in parallel. Work is split into (point, layer) tasks and,
-// with a model, one (point, model) task; each point's results are merged in a fixed
-// order, so results are identical for any number of threads.
+// their axes) and runs them in parallel. Work is split into (point, variant, layer)
+// tasks (variant 0: the point itself; 1..: its attribution regions) and, with a model,
+// one (point, model) task; each point's results are merged in a fixed order, so results
+// are identical for any number of threads. Strategies share one RecordingStats
+// (calibration statistics).
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "experiments/attribution.h"
 #include "experiments/experiment.h"
 #include "sim/model/model_eval.h"
 #include "sim/recording.h"
@@ -18,13 +22,14 @@ namespace kvb {
 
 struct SweepPoint {
   size_t id = 0;
-  size_t block = 0;       // index of its [[strategy]] block
-  std::string label;      // the block's name
-  std::string type;       // strategy type
-  Params params;          // templates substituted, defaults filled
+  size_t block = 0;    // index of its [[strategy]] block
+  std::string label;   // the block's name
+  std::string type;    // strategy type
+  std::string preset;  // preset name, "" = none
+  Params params;       // templates substituted, preset and defaults filled
   // Values of the block's axes and variables at this point, for CSV columns/plots.
   std::vector<std::pair<std::string, std::string>> coords;
-  std::string key;        // canonical: "uniform(format=int4-asym-g32)"
+  std::string key;  // canonical: "uniform(format=int4-asym-g32)", "kivi-2(window=64)"
 };
 
 // Expands every block. Validates each point's parameters by constructing its
@@ -35,25 +40,34 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec);
 struct PointResult {
   size_t id = 0;
   bool ok = false;
-  std::string error;            // when !ok: what failed, naming the point
+  std::string error;  // when !ok: what failed, naming the point
   double bpe = 0, bpe_target = 0;
   double bytes = 0, bytes_target = 0;
-  std::string plan;             // Plan::describe()
-  std::vector<double> metrics;  // aligned with spec.metrics.report
-  double seconds = 0;           // CPU seconds spent on the point
+  std::string plan;                        // Plan::describe()
+  std::vector<Annotation> annotations;     // the strategy's extra results
+  std::vector<double> metrics;             // aligned with spec.metrics.report
+  std::optional<Attribution> attribution;  // when [attribution] selects the point
+  double seconds = 0;                      // CPU seconds spent on the point (cuda: wall seconds on the device)
 };
 
 // Called (serialized) as each point finishes, with how many are done.
 using PointCallback = std::function<void(const SweepPoint&, const PointResult&, size_t done, size_t total)>;
 
-// Runs the points. When *stop becomes true (Ctrl-C), points not yet started are
-// skipped and only finished points are returned. Returned results are sorted by id.
+// Runs the points on spec.backend (experiments/backend.h) and the positions
+// resolve_positions() gives: plans are built on the CPU, then every point is measured
+// by the CPU simulator ((point, layer) tasks in parallel) or by the CUDA simulator
+// (points one after another on the device). When *stop becomes true (Ctrl-C), points
+// not yet started are skipped and only finished points are returned. Returned results
+// are sorted by id. `chosen` receives the backend that ran and why. Throws kvb::Error
+// when backend = "cuda" finds no usable device.
 // Model-level metrics need `model` (source = "model"; its recording() is `rec`): each
-// point then also runs one model task, a forward pass and the continuations with its
-// plan, beside its (point, layer) simulator tasks. Layer tasks are skipped when only
-// model-level metrics are reported.
+// point then also runs one model task on the CPU, a forward pass and the
+// continuations with its plan, whose position-level metrics cover the evaluated
+// positions. Layer tasks are skipped for points that need neither tensor/attention
+// metrics nor attribution.
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
-                                   const std::atomic<bool>* stop, const ModelEvaluator* model = nullptr);
+                                   const std::atomic<bool>* stop, BackendChoice* chosen = nullptr,
+                                   const ModelEvaluator* model = nullptr);
 
 }  // namespace kvb

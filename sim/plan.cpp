@@ -4,6 +4,8 @@
 #include <map>
 #include <sstream>
 
+#include "sim/window_rule.h"
+
 namespace kvb {
 
 Plan::Plan(int64_t layers, int64_t kv_heads, int64_t tokens, int64_t head_dim)
@@ -16,10 +18,7 @@ void Plan::assign_all(Kind kind, const FormatPtr& format) {
 }
 
 bool RecentWindow::holds(int64_t t, int64_t j, int64_t first) const {
-  if (!active() || j < first || j > t) return false;
-  if (mode == Mode::Sliding) return j > t - size;
-  const int64_t flushed = first + size * ((t + 1 - first) / size);  // tokens before this are quantized
-  return j >= flushed;
+  return active() && j <= t && j >= window_first_held(size, mode == Mode::Chunked, t, first);
 }
 
 int64_t RecentWindow::held_at(int64_t context, int64_t first) const {
@@ -34,19 +33,27 @@ bool Plan::has_windows() const {
   return false;
 }
 
+uint64_t Plan::segment_bits(const UnitPlan& u, int64_t seg_begin, int64_t seg_end, const Format& format,
+                            int64_t context) const {
+  // Segments that reach the recorded end stretch to `context`; a replacing window
+  // takes its tokens out of the stored range.
+  const int64_t held = u.window.held_at(context, prefill_);
+  const int64_t stored_end = u.window.extra_copy ? context : context - held;
+  const int64_t end = std::min(seg_end >= tokens_ ? context : seg_end, stored_end);
+  const int64_t begin = std::min(seg_begin, stored_end);
+  return end > begin ? format.storage_bits(end - begin, head_dim_) : 0;
+}
+
+uint64_t Plan::window_bits(const UnitPlan& u, int64_t context) const {
+  const int64_t held = u.window.held_at(context, prefill_);
+  return held > 0 ? u.window.format->storage_bits(held, head_dim_) : 0;
+}
+
 uint64_t Plan::storage_bits_at(int64_t context) const {
   uint64_t bits = 0;
   for (const UnitPlan& u : units_) {
-    // Segments that reach the recorded end stretch to `context`; a replacing window
-    // takes its tokens out of the stored range.
-    const int64_t held = u.window.held_at(context, prefill_);
-    const int64_t stored_end = u.window.extra_copy ? context : context - held;
-    for (const Segment& s : u.segments) {
-      const int64_t end = std::min(s.end >= tokens_ ? context : s.end, stored_end);
-      const int64_t begin = std::min(s.begin, stored_end);
-      if (end > begin) bits += s.format->storage_bits(end - begin, head_dim_);
-    }
-    if (held > 0) bits += u.window.format->storage_bits(held, head_dim_);
+    for (const Segment& s : u.segments) bits += segment_bits(u, s.begin, s.end, *s.format, context);
+    bits += window_bits(u, context);
   }
   return bits;
 }
@@ -62,6 +69,24 @@ UnitPlan Plan::unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t contex
     if (at.end > at.begin) out.segments.push_back(at);
   }
   return out;
+}
+
+void Plan::annotate(const std::string& name, double value) {
+  for (Annotation& a : annotations_)
+    if (a.name == name) {
+      a.value = value;
+      return;
+    }
+  annotations_.push_back({name, value});
+}
+
+void Plan::annotate(const std::string& name, const std::string& value) {
+  for (Annotation& a : annotations_)
+    if (a.name == name) {
+      a.value = value;
+      return;
+    }
+  annotations_.push_back({name, value});
 }
 
 double Plan::bpe_at(int64_t context) const {
@@ -113,10 +138,20 @@ std::string Plan::describe() const {
   };
   std::string out = "K:" + list(k_count) + " V:" + list(v_count);
   for (Kind kind : {Kind::Key, Kind::Value}) {
-    const RecentWindow& w = unit(0, 0, kind).window;
-    if (w.active())
-      out += std::string(" ") + kind_name(kind) + "window:" + std::to_string(w.size) + "x" + w.format->name() +
-             (w.mode == RecentWindow::Mode::Chunked ? "/chunked" : "/sliding") + (w.extra_copy ? "/copy" : "");
+    int64_t windows = 0, sink_heads = 0;
+    const RecentWindow* first = nullptr;
+    for (int64_t l = 0; l < layers_; ++l)
+      for (int64_t g = 0; g < kv_heads_; ++g) {
+        const UnitPlan& u = unit(l, g, kind);
+        if (u.window.active() && !first) first = &u.window;
+        windows += u.window.active() ? 1 : 0;
+        sink_heads += (!u.segments.empty() && u.segments.front().role == SegmentRole::SinkHead) ? 1 : 0;
+      }
+    if (first)
+      out += std::string(" ") + kind_name(kind) + "window:" + std::to_string(first->size) + "x" + first->format->name() +
+             (first->mode == RecentWindow::Mode::Chunked ? "/chunked" : "/sliding") + (first->extra_copy ? "/copy" : "") +
+             (windows < layers_ * kv_heads_ ? "(" + std::to_string(windows) + " units)" : "");
+    if (sink_heads > 0) out += std::string(" ") + kind_name(kind) + "sink_heads:" + std::to_string(sink_heads);
   }
   if (prefill_ > 0) out += " prefill:" + std::to_string(prefill_);
   return out;

@@ -11,17 +11,28 @@
 //   - the stored (segment) version otherwise.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "sim/formats/format.h"
 
 namespace kvb {
 
+// Why a segment has its format: what a strategy's protections decided, or the
+// allocator. Error attribution (token regions) and descriptions read it.
+enum class SegmentRole : uint8_t {
+  Allocated,  // chosen by the strategy's allocator (or a fixed format)
+  SinkHead,   // the whole unit belongs to a protected sink head
+  SinkToken,  // a protected sink token
+};
+
 struct Segment {
   int64_t begin = 0;  // first token, inclusive
   int64_t end = 0;    // last token, exclusive
   FormatPtr format;
+  SegmentRole role = SegmentRole::Allocated;
 };
 
 // Recent tokens at higher precision, relative to the query (never a static "last W
@@ -65,6 +76,13 @@ inline Seen seen_version(const RecentWindow& window, int64_t prefill, int64_t t,
 enum class Kind : int { Key = 0, Value = 1 };
 inline const char* kind_name(Kind k) { return k == Kind::Key ? "K" : "V"; }
 
+// A per-point result a strategy attaches to its plan (ρ per phase, the budget, the
+// additivity check ...), written as an extra column of points.csv.
+struct Annotation {
+  std::string name;
+  std::variant<double, std::string> value;
+};
+
 class Plan {
  public:
   Plan() = default;
@@ -87,6 +105,15 @@ class Plan {
   }
   // Every unit of one kind, e.g. to give all keys one format.
   void assign_all(Kind kind, const FormatPtr& format);
+
+  // Bits that tokens [begin, end) of `unit` cost when stored with `format`, at a
+  // context of `context` tokens, exactly as storage_bits_at() counts them: a range
+  // that reaches the recorded end stretches (or shrinks) to `context`, and a
+  // replacing window takes its held tokens out of the stored range.
+  uint64_t segment_bits(const UnitPlan& unit, int64_t begin, int64_t end, const Format& format,
+                        int64_t context) const;
+  // Bits of a unit's window at `context` (0 without one).
+  uint64_t window_bits(const UnitPlan& unit, int64_t context) const;
 
   // Exact storage in bits of the whole cache at the recorded context: segments, plus
   // the window's tokens at window precision (replacing their stored copy unless the
@@ -117,6 +144,17 @@ class Plan {
   // Distinct format names used, "K:int4-asym-g32 V:int2-asym-g32" style summary.
   std::string describe() const;
 
+  // First token of a second phase when the strategy split the sequence in two (phase
+  // bits, TAQG); error attribution splits token regions there.
+  std::optional<int64_t> phase_boundary() const { return phase_boundary_; }
+  void set_phase_boundary(int64_t token) { phase_boundary_ = token; }
+
+  // Extra per-point results, in the order the strategy added them; a name added twice
+  // keeps the last value.
+  void annotate(const std::string& name, double value);
+  void annotate(const std::string& name, const std::string& value);
+  const std::vector<Annotation>& annotations() const { return annotations_; }
+
  private:
   size_t index(int64_t layer, int64_t kv_head, Kind kind) const {
     return static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + static_cast<int>(kind));
@@ -124,6 +162,8 @@ class Plan {
   int64_t layers_ = 0, kv_heads_ = 0, tokens_ = 0, head_dim_ = 0;
   int64_t prefill_ = 0;
   std::vector<UnitPlan> units_;
+  std::optional<int64_t> phase_boundary_;
+  std::vector<Annotation> annotations_;
 };
 
 }  // namespace kvb

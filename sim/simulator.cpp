@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "sim/core/error.h"
+#include "sim/metrics/attention_shift.h"
 
 namespace kvb {
 
@@ -76,11 +77,8 @@ struct HeadScratch {
 };
 
 // Causal attention of one row: p from the reference scores s[0..n), and p̂ from
-// s + Δs. Fills p, dp = p̂ - p and p̂; returns KL(p || p̂) in nats.
-//   p̂_j = p_j e^{Δs_j} / (1 + A),  A = Σ p_j (e^{Δs_j} - 1)
-//   KL  = log(1 + A) - Σ p_j Δs_j
-// expm1/log1p keep tiny errors exact (Δs = 0 gives exactly 0); large shifts use
-// the max-shifted form.
+// s + Δs. Fills p, dp = p̂ - p and p̂; returns KL(p || p̂) in nats. The formulas are
+// in sim/metrics/attention_shift.h, shared with the CUDA row kernel.
 double row_attention(const float* s, const float* ds, int64_t n, HeadScratch& h) {
   double mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) mx = std::max(mx, static_cast<double>(s[j]));
@@ -93,16 +91,18 @@ double row_attention(const float* s, const float* ds, int64_t n, HeadScratch& h)
     mean_ds += h.p[j] * ds[j];
   }
   double kl;
-  if (dmx < 30.0) {
+  if (dmx < kLargeLogitShift) {
     double a = 0;
     for (int64_t j = 0; j < n; ++j) a += h.p[j] * std::expm1(static_cast<double>(ds[j]));
-    for (int64_t j = 0; j < n; ++j) h.dp[j] = h.p[j] * (std::expm1(static_cast<double>(ds[j])) - a) / (1.0 + a);
-    kl = std::log1p(a) - mean_ds;
+    for (int64_t j = 0; j < n; ++j) h.dp[j] = attn_dprob_small_shift(h.p[j], static_cast<double>(ds[j]), a);
+    kl = attn_kl_small_shift(a, mean_ds);
   } else {
+    double mhat = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mhat = std::max(mhat, static_cast<double>(s[j]) + ds[j]);
     double zhat = 0;
-    for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = h.p[j] * std::exp(ds[j] - dmx));
+    for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = std::exp(static_cast<double>(s[j]) + ds[j] - mhat));
     for (int64_t j = 0; j < n; ++j) h.dp[j] = h.phat[j] / zhat - h.p[j];
-    kl = std::log(zhat) + dmx - mean_ds;
+    kl = attn_kl_large_shift(zhat, mhat, z, mx, mean_ds);
   }
   for (int64_t j = 0; j < n; ++j) h.phat[j] = h.p[j] + h.dp[j];
   return std::max(0.0, kl);
@@ -214,6 +214,40 @@ void simulate_head(const Recording& rec, const Plan& plan, int64_t layer, int64_
   }
 }
 
+// Zeroes the reconstruction error of every row outside `region` (attribution).
+void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int64_t d, UnitDelta& u) {
+  using Part = ErrorRegion::Part;
+  const bool sink_head = !unit.segments.empty() && unit.segments.front().role == SegmentRole::SinkHead;
+  auto zero_rows = [&](std::vector<float>& delta, int64_t j0, int64_t j1) {
+    if (!delta.empty() && j1 > j0) std::fill(delta.begin() + j0 * d, delta.begin() + j1 * d, 0.0f);
+  };
+  if (region.part == Part::Tokens) {
+    const int64_t b = std::clamp<int64_t>(region.begin, 0, T), e = std::clamp<int64_t>(region.end, b, T);
+    for (std::vector<float>* delta : {&u.stored, &u.window}) {
+      zero_rows(*delta, 0, b);
+      zero_rows(*delta, e, T);
+    }
+    return;
+  }
+  if (region.part == Part::SinkHeads) {
+    if (!sink_head) {
+      zero_rows(u.stored, 0, T);
+      zero_rows(u.window, 0, T);
+    }
+    return;
+  }
+  // Window, SinkTokens and Rest never include sink-head units.
+  if (sink_head) {
+    zero_rows(u.stored, 0, T);
+    zero_rows(u.window, 0, T);
+    return;
+  }
+  if (region.part != Part::Window) zero_rows(u.window, 0, T);
+  const SegmentRole keep = region.part == Part::SinkTokens ? SegmentRole::SinkToken : SegmentRole::Allocated;
+  for (const Segment& s : unit.segments)
+    if (region.part == Part::Window || s.role != keep) zero_rows(u.stored, s.begin, s.end);
+}
+
 // Reconstructs one unit and returns its errors (stored and window versions), adding
 // the tensor-level error of the stored version to stats.
 UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
@@ -243,7 +277,26 @@ UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int6
     reconstruct_window(unit, x, T, d, span, u.window.data());
     for (int64_t i = 0; i < n; ++i) u.window[i] -= x[i];
   }
+  if (opt.region) keep_region(*opt.region, unit, rec.tokens, rec.head_dim, u);
   return u;
+}
+
+// The query heads of KV head g: both units reconstructed once, then every head.
+void simulate_group(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, const std::vector<int64_t>& pos,
+                    const SimOptions& opt, HeadScratch& scratch, ErrorStats& stats) {
+  const UnitDelta dk = unit_delta(rec, plan, layer, g, Kind::Key, opt, stats.k_err2, stats.k_norm2);
+  const UnitDelta dv = unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2);
+  for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
+    simulate_head(rec, plan, layer, h, dk, dv, pos, opt, scratch, stats);
+}
+
+std::vector<int64_t> evaluated_positions(const Recording& rec, const SimOptions& opt) {
+  std::vector<int64_t> pos = opt.positions;
+  if (pos.empty()) {
+    pos.resize(static_cast<size_t>(rec.tokens));
+    std::iota(pos.begin(), pos.end(), 0);
+  }
+  return pos;
 }
 
 }  // namespace
@@ -294,20 +347,19 @@ void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {
-  std::vector<int64_t> pos = opt.positions;
-  if (pos.empty()) {
-    pos.resize(static_cast<size_t>(rec.tokens));
-    std::iota(pos.begin(), pos.end(), 0);
-  }
+  const std::vector<int64_t> pos = evaluated_positions(rec, opt);
   ErrorStats stats;
   HeadScratch scratch;
-  for (int64_t g = 0; g < rec.kv_heads; ++g) {
-    const UnitDelta dk = unit_delta(rec, plan, layer, g, Kind::Key, opt, stats.k_err2, stats.k_norm2);
-    const UnitDelta dv = unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2);
-    for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-      simulate_head(rec, plan, layer, h, dk, dv, pos, opt, scratch, stats);
-  }
+  for (int64_t g = 0; g < rec.kv_heads; ++g) simulate_group(rec, plan, layer, g, pos, opt, scratch, stats);
   // Rows are in (q_head, position) order within the layer.
+  return stats;
+}
+
+ErrorStats simulate_kv_head(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head,
+                            const SimOptions& opt) {
+  ErrorStats stats;
+  HeadScratch scratch;
+  simulate_group(rec, plan, layer, kv_head, evaluated_positions(rec, opt), opt, scratch, stats);
   return stats;
 }
 

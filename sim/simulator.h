@@ -17,11 +17,28 @@
 
 namespace kvb {
 
+// A part of the cache whose quantization error a simulation keeps, for error
+// attribution: outside it every key and value is seen exact. Parts depend only on
+// the token j and the version of it the query sees (stored or window), so keeping a
+// part is zeroing the other rows of each unit's reconstruction error.
+//   SinkHeads:  every token of units stored whole as sink heads;
+//   SinkTokens: stored versions of sink-token segments;
+//   Window:     window versions (relative to each query);
+//   Rest:       stored versions of allocated segments;
+//   Tokens:     tokens j in [begin, end), any version (e.g. one phase).
+// SinkHeads, SinkTokens, Window and Rest partition every error a plan causes.
+struct ErrorRegion {
+  enum class Part { SinkHeads, SinkTokens, Window, Rest, Tokens };
+  Part part = Part::Rest;
+  int64_t begin = 0, end = 0;  // Part::Tokens only
+};
+
 struct SimOptions {
   int64_t topk = 8;                 // k of the top-k overlap
   std::vector<int64_t> positions;   // evaluated query positions, sorted; empty = all
   uint64_t seed = 0;                // handed to formats through SpanInfo
   int64_t row_block = 128;          // query rows per GEMM block
+  const ErrorRegion* region = nullptr;  // keep only this region's errors (attribution)
 };
 
 // Quantizes then dequantizes one unit's source matrix x [T, head_dim] (row-major)
@@ -52,6 +69,11 @@ SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Ki
 // The reconstructed [T, head_dim] matrix of one unit of a recording, into out.
 void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,
                       const SimOptions& opt, float* out);
+
+// Error of the query heads of one KV head (rows in (q_head, position) order). Only
+// that KV head's K and V units of `plan` are read. Single-threaded, deterministic.
+ErrorStats simulate_kv_head(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head,
+                            const SimOptions& opt);
 
 // Error of one layer (index into rec.layers). Single-threaded and deterministic.
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt);

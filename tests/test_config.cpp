@@ -1,6 +1,8 @@
 // Experiment configs (experiments/config.*, experiment.*): exact error locations,
 // overrides, sweep expansion. Configs are parsed from strings; the data path points
 // at the bundled recording (not loaded here).
+#include <algorithm>
+
 #include "experiments/experiment.h"
 #include "experiments/sweep.h"
 #include "sim/core/error.h"
@@ -91,8 +93,12 @@ TEST_CASE("bad values are errors with their location") {
   CHECK(err.find("empty array") != std::string::npos);
   err = error_of(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int{bits}-asym-g32\"\n");
   CHECK(err.find("'{bits}' is not declared") != std::string::npos);
-  err = error_of(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n[strategy.vars]\nb = [2]\n");
+  err = error_of(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n[strategy.vars]\nx = [2]\n");
   CHECK(err.find("never used") != std::string::npos);
+  // {b} is the allocator's width: no variable may take its name.
+  err = error_of(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int{b}-asym-g32\"\n[strategy.vars]\nb = [2]\n");
+  CHECK(err.find("{b} is reserved for the allocator's width") != std::string::npos);
+  CHECK(err.find("test.toml:") != std::string::npos);
   err = error_of("[data]\npath = \"no/such/file.safetensors\"\n[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n");
   CHECK(err.find("not found") != std::string::npos);
   err = error_of("[data\npath = 3\n");
@@ -122,4 +128,102 @@ TEST_CASE("--set overrides any key, including inside [[strategy]] arrays") {
   CHECK(err.find("expected key=value") != std::string::npos);
   err = error_of(text, {"seed=\"x\""});
   CHECK(err.find("--set seed: expected an integer") != std::string::npos);
+}
+
+TEST_CASE("backend: cpu by default; cpu, cuda or auto; cuda needs a CUDA build") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(parse(kData + strat).backend == BackendRequest::Cpu);
+  CHECK(parse("backend = \"auto\"\n" + kData + strat).backend == BackendRequest::Auto);
+  CHECK(parse(kData + strat, {"backend=cpu"}).backend == BackendRequest::Cpu);
+  const std::string bad = error_of("backend = \"gpu\"\n" + kData + strat);
+  CHECK(bad.find("test.toml:1") != std::string::npos);
+  CHECK(bad.find("backend must be \"cpu\", \"cuda\" or \"auto\", got \"gpu\"") != std::string::npos);
+  CHECK_THROWS_WITH_AS(parse_backend_request("tpu", "--backend"), doctest::Contains("--backend: backend must be"),
+                       ConfigError);
+  if (cuda_backend_built()) {
+    CHECK(parse("backend = \"cuda\"\n" + kData + strat).backend == BackendRequest::Cuda);
+  } else {
+    CHECK(error_of("backend = \"cuda\"\n" + kData + strat).find("built without CUDA") != std::string::npos);
+  }
+}
+
+TEST_CASE("calibration and evaluated positions are disjoint by default and recorded") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  ExperimentSpec e = parse(kData + strat);
+  QueryPositions q = resolve_positions(e, 64);
+  CHECK(q.calibration == std::vector<int64_t>{7, 15, 23, 31, 39, 47, 55, 63});  // every 8th from 7
+  CHECK(q.evaluation.size() == 64 - 8);
+  for (int64_t p : q.evaluation) CHECK(!std::binary_search(q.calibration.begin(), q.calibration.end(), p));
+  CHECK(q.evaluation_text == "all not used for calibration");
+  // The research variant: positions 32/64/96/127; positions past the recording are dropped.
+  e = parse(kData + "[calibration]\npositions = [32, 64, 96, 127]\n" + strat);
+  q = resolve_positions(e, 100);
+  CHECK(q.calibration == std::vector<int64_t>{32, 64, 96});
+  CHECK(q.evaluation.size() == 97);
+  e = parse(kData + "[calibration]\npositions = \"10..20:5\"\n" + strat);
+  CHECK(resolve_positions(e, 64).calibration == std::vector<int64_t>{10, 15, 20});
+  e = parse(kData + "[calibration]\nstride = 16\noffset = 0\n" + strat);
+  CHECK(resolve_positions(e, 64).calibration == std::vector<int64_t>{0, 16, 32, 48});
+  // Explicit evaluated positions may not include calibration ones ...
+  e = parse(kData + "[metrics]\npositions = \"0..20\"\n" + strat);
+  CHECK_THROWS_WITH_AS(resolve_positions(e, 64), doctest::Contains("overlap the calibration positions (stride 8 from 7) at 7, 15"),
+                       ConfigError);
+  // ... unless the config says so (as the research did).
+  e = parse(kData + "[calibration]\noverlap = true\n[metrics]\npositions = \"0..20\"\n" + strat);
+  CHECK(resolve_positions(e, 64).evaluation.size() == 21);
+  e = parse(kData + "[calibration]\noverlap = true\n" + strat);
+  CHECK(resolve_positions(e, 64).evaluation.size() == 64);
+  CHECK(error_of(kData + "[calibration]\npositions = [1]\nstride = 4\n" + strat).find("not both") != std::string::npos);
+  CHECK(error_of(kData + "[calibration]\nstride = 0\n" + strat).find("calibration.stride: must be >= 1") !=
+        std::string::npos);
+}
+
+TEST_CASE("presets, integer lists, per-kind parameters and {b} in strategy blocks") {
+  ExperimentSpec e = parse(kData + "[[strategy]]\npreset = \"kivi-2\"\nwindow = [64, 128]\n");
+  std::vector<SweepPoint> pts = expand_sweep(e);
+  REQUIRE(pts.size() == 2);
+  CHECK(pts[0].key == "kivi-2(window=64)");
+  CHECK(pts[1].key == "kivi-2()");
+  CHECK(pts[0].label == "kivi-2");
+  CHECK(pts[0].params.str("key_format") == "int2-asym-ch32");
+  CHECK(pts[0].params.str("window_mode", Kind::Key) == "chunked");
+  CHECK(pts[0].params.str("window_mode", Kind::Value) == "sliding");
+  CHECK(error_of(kData + "[[strategy]]\npreset = \"kivi-3\"\n").find("unknown preset 'kivi-3'") != std::string::npos);
+  CHECK(error_of(kData + "[[strategy]]\npreset = \"kivi-2\"\ntype = \"entropy\"\n").find("is a 'uniform' strategy") !=
+        std::string::npos);
+  CHECK(error_of(kData + "[[strategy]]\npreset = [\"kivi-2\", \"kivi-4\"]\n").find("one [[strategy]] block each") !=
+        std::string::npos);
+  // widths: one list, a range, or an axis of lists; {b} stays for the allocator.
+  e = parse(kData +
+            "[[strategy]]\ntype = \"entropy\"\nbudget_bpe = [3.5, 4]\nfamily = \"int{b}-{mode}-g32\"\n"
+            "widths = [[2, 4, 8], [3, 4]]\nkey_alpha = 0.25\n[strategy.vars]\nmode = \"asym\"\n");
+  pts = expand_sweep(e);
+  REQUIRE(pts.size() == 4);
+  CHECK(pts[0].params.str("family") == "int{b}-asym-g32");
+  CHECK(pts[0].params.int_list("widths") == IntList{2, 4, 8});
+  CHECK(pts[0].params.real("alpha", Kind::Key) == 0.25);
+  CHECK(pts[0].params.real("alpha", Kind::Value) == 0.5);
+  CHECK(pts[0].key == "entropy(key_alpha=0.25,budget_bpe=3.5,family=int{b}-asym-g32,widths=[2,4,8])");
+  e = parse(kData + "[[strategy]]\ntype = \"uniform\"\nbudget_bpe = 4\nfamily = \"int{b}-asym-g32\"\nwidths = \"2..5\"\n");
+  CHECK(expand_sweep(e)[0].params.int_list("widths") == IntList{2, 3, 4, 5});
+  CHECK(error_of(kData + "[[strategy]]\ntype = \"uniform\"\nbudget_bpe = 4\nfamily = \"int{b}-asym-g32\"\nwidths = [2.5]\n")
+            .find("expected integers") != std::string::npos);
+  CHECK(error_of(kData + "[[strategy]]\ntype = \"uniform\"\nbudget_bpe = 4\nfamily = \"int4-asym-g32\"\n")
+            .find("has no {b} placeholder") != std::string::npos);
+  CHECK(error_of(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\nkey_windw = 3\n")
+            .find("unknown parameter 'key_windw' for strategy type 'uniform' (did you mean 'key_window'?)") !=
+        std::string::npos);
+}
+
+TEST_CASE("[attribution] selects points") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(parse(kData + strat).attribution.selects(5));
+  const ExperimentSpec none = parse(kData + "[attribution]\npoints = \"none\"\n" + strat);
+  CHECK(!none.attribution.selects(0));
+  const ExperimentSpec ids = parse(kData + "[attribution]\npoints = [1, 3]\nregions = false\n" + strat);
+  CHECK(ids.attribution.selects(3));
+  CHECK(!ids.attribution.selects(2));
+  CHECK(!ids.attribution.regions);
+  CHECK(error_of(kData + "[attribution]\npoints = \"some\"\n" + strat).find("expected \"all\", \"none\"") !=
+        std::string::npos);
 }

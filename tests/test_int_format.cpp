@@ -2,6 +2,7 @@
 // error bounds, exact code ranges, exact bits per element, name round trips.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "sim/core/error.h"
@@ -207,5 +208,51 @@ TEST_CASE("every int and keep format round-trips finite values (tests/test_forma
       INFO(ex);
       CHECK(err2 / norm2 < 1.5);  // sane even at 1 bit (min-max 1-bit is ~1.4 on N(0,1))
       if (f->lossless()) CHECK(err2 == 0.0);
+    }
+}
+
+TEST_CASE("quantize then dequantize is the round trip, bit for bit; stored codes fit in b bits") {
+  for (int bits = 1; bits <= 8; ++bits)
+    for (const char* mode : {"sym", "asym"})
+      for (const char* grouping : {"g3", "g32", "tok", "ch7", "ch300", "ch"}) {
+        const std::string name = "int" + std::to_string(bits) + "-" + mode + "-" + grouping;
+        const auto f = std::dynamic_pointer_cast<const IntFormat>(make_format(name));
+        REQUIRE(f);
+        const int64_t rows = 301, cols = 96;
+        std::vector<float> x = test::random_normal(static_cast<size_t>(rows * cols), static_cast<uint64_t>(bits) * 7 + 1);
+        for (size_t i = 0; i < x.size(); i += 13) x[i] = (i % 2) ? -0.0f : 0.0f;
+        const ConstMatView xv{x.data(), rows, cols, cols};
+        const IntCodes codes = f->quantize(xv);
+        CHECK(codes.codes.size() == x.size());
+        for (uint8_t c : codes.codes) REQUIRE(c < (1u << bits));
+        // metadata per group: as many groups as storage_bits counts
+        CHECK(codes.params.size() * static_cast<size_t>(f->spec().metadata_bits_per_group()) ==
+              f->storage_bits(rows, cols) - static_cast<uint64_t>(rows * cols * bits));
+        std::vector<float> a(x.size()), b(x.size());
+        f->dequantize(codes, MatView{a.data(), rows, cols, cols});
+        f->roundtrip(xv, MatView{b.data(), rows, cols, cols}, SpanInfo{});
+        CHECK_MESSAGE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0, name);
+      }
+}
+
+TEST_CASE("stored codes map back to the codes they store") {
+  for (int bits = 1; bits <= 8; ++bits)
+    for (bool sym : {false, true}) {
+      const int lo = sym ? (bits == 1 ? -1 : -int_sym_qmax(bits)) : 0;
+      const int hi = sym ? int_sym_qmax(bits) : (1 << bits) - 1;
+      for (int q = lo; q <= hi; ++q) {
+        if (sym && bits == 1 && q == 0) continue;  // the sign quantizer has no 0
+        CHECK(int_code_of_stored(int_stored_code(q, bits, sym), bits, sym) == q);
+      }
+    }
+}
+
+TEST_CASE("store_bits and store_bits_value are the stored form of round_to_store") {
+  const std::vector<float> x = test::random_normal(4096, 9, 1000.0f);
+  for (StoreDtype dt : {StoreDtype::F16, StoreDtype::BF16, StoreDtype::F32})
+    for (float v : x) {
+      const uint32_t b = store_bits(v, dt);
+      if (dt != StoreDtype::F32) REQUIRE(b <= 0xffffu);
+      REQUIRE(float_bits(store_bits_value(b, dt)) == float_bits(round_to_store(v, dt)));
     }
 }

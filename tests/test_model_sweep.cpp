@@ -92,9 +92,9 @@ TEST_CASE("a model sweep: PPL ratio 1 for a lossless cache, worse at fewer bits,
   };
   const int saved = omp_get_max_threads();
   omp_set_num_threads(2);
-  const std::vector<PointResult> two = run_sweep(spec, model->recording(), points, nullptr, nullptr, model.get());
+  const std::vector<PointResult> two = run_sweep(spec, model->recording(), points, nullptr, nullptr, nullptr, model.get());
   omp_set_num_threads(1);
-  const std::vector<PointResult> one = run_sweep(spec, model->recording(), points, nullptr, nullptr, model.get());
+  const std::vector<PointResult> one = run_sweep(spec, model->recording(), points, nullptr, nullptr, nullptr, model.get());
   omp_set_num_threads(saved);
   REQUIRE(two.size() == 5);
   for (size_t i = 0; i < 4; ++i) {
@@ -118,7 +118,7 @@ TEST_CASE("a model sweep: PPL ratio 1 for a lossless cache, worse at fewer bits,
   // Model metrics alone: the simulator's layer tasks are skipped, values are unchanged.
   ExperimentSpec only = spec;
   only.metrics.report = {"ppl_ratio", "gen_bleu4_research"};
-  const std::vector<PointResult> r = run_sweep(only, model->recording(), points, nullptr, nullptr, model.get());
+  const std::vector<PointResult> r = run_sweep(only, model->recording(), points, nullptr, nullptr, nullptr, model.get());
   CHECK(r[2].metrics[0] == int2.metrics[index("ppl_ratio")]);
   CHECK(r[2].metrics[1] == int2.metrics[index("gen_bleu4_research")]);
   // Without the evaluator, model metrics are a config error.

@@ -27,10 +27,6 @@ class ScaleFormat final : public Format {
       for (int64_t c = 0; c < x.cols; ++c) out.row(r)[c] = c_ * x.row(r)[c];
   }
   double nominal_bits() const override { return 1; }
-  void encode(ConstMatView x, const SpanInfo&, BitWriter& out) const override {
-    for (int64_t i = 0; i < x.rows * x.cols; ++i) out.put(1, 1);  // a test format: no real codes
-  }
-  std::string code_layout() const override { return "one placeholder bit per element (test format)"; }
 
  private:
   float c_;
@@ -372,4 +368,22 @@ TEST_CASE("window memory: replacement W(p - b)/T, extra copy W p/T (methods.md 1
   CHECK(plan.bpe() == doctest::Approx((3.0 + 16.0 * 32 / 64 + 3.0) / 2));
   CHECK(plan.bpe_at(32768) == doctest::Approx((3.0 + 16.0 * 32 / 32768 + 3.0) / 2));
   CHECK(plan.describe().find("Kwindow:16xkeep-fp32/sliding/copy") != std::string::npos);
+}
+
+TEST_CASE("huge logit errors on near-zero probabilities stay finite (no underflow)") {
+  // s = [0, -800] (p_1 underflows to 0), ŝ = [0, 200]: p̂ puts all mass on key 1.
+  Recording r = tiny_recording(1, 1, 2, 1, 3);
+  r.layers.resize(1);
+  r.layer_ids = {0};
+  r.layers[0].query.data = {1.0f, 1.0f};
+  r.layers[0].key.data = {0.0f, -800.0f};
+  r.layers[0].value.data = {1.0f, 3.0f};
+  Plan plan(1, 1, 2, 1);
+  plan.assign_all(Kind::Key, std::make_shared<ScaleFormat>(-0.25f));
+  plan.assign_all(Kind::Value, make_format("keep-fp32"));
+  const ErrorStats s = simulate(r, plan, SimOptions{});
+  REQUIRE(s.rows.size() == 2);
+  CHECK(s.rows[1].kl == doctest::Approx(200.0).epsilon(1e-6));
+  CHECK(std::sqrt(s.rows[1].out_err2 / s.rows[1].out_norm2) == doctest::Approx(2.0).epsilon(1e-6));
+  CHECK(s.rows[1].topk_overlap == 1.0f);  // k = 8 > 2 keys: both sets hold both keys
 }

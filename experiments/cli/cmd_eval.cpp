@@ -10,10 +10,12 @@
 
 #include "experiments/cli/commands.h"
 #include "experiments/cli/model_input.h"
+#include "experiments/experiment.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/io/tensor_writer.h"
 #include "sim/metrics/metric_table.h"
+#include "sim/strategies/statistics.h"
 #include "sim/strategies/strategy.h"
 
 namespace po = boost::program_options;
@@ -22,45 +24,61 @@ namespace kvb::cli {
 
 namespace {
 
-// "--param name=value" against a strategy's parameter table, defaults filled in.
+// "--param name=value" against a strategy's parameter table (per-kind variants
+// included), defaults filled in. Lists of integers are written "2,3,4".
 Params strategy_params(const StrategyType& type, const std::vector<std::string>& assignments) {
+  const std::vector<ParamDef> defs = type.all_params();
   std::map<std::string, ParamValue> values;
-  for (const ParamDef& d : type.params)
+  for (const ParamDef& d : defs)
     if (d.default_value) values[d.name] = *d.default_value;
+  std::vector<std::string> names;
+  for (const ParamDef& d : defs) names.push_back(d.name);
   for (const std::string& a : assignments) {
     const size_t eq = a.find('=');
     if (eq == std::string::npos) throw ConfigError("--param '" + a + "': expected name=value");
     const std::string name = trim(a.substr(0, eq)), text = trim(a.substr(eq + 1));
-    const ParamDef* def = nullptr;
-    std::vector<std::string> names;
-    for (const ParamDef& d : type.params) {
-      names.push_back(d.name);
-      if (d.name == name) def = &d;
-    }
-    if (!def) {
+    const auto def = std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return d.name == name; });
+    if (def == defs.end()) {
       std::string msg = "--param '" + a + "': strategy '" + type.name + "' has no parameter '" + name + "'";
       const std::string close = closest_match(name, names);
       if (!close.empty()) msg += " (did you mean '" + close + "'?)";
       throw ConfigError(msg + "; parameters: " + join(names, ", "));
     }
-    try {
+    auto whole_int = [](const std::string& t) {
       size_t used = 0;
+      const int64_t v = std::stoll(t, &used);
+      if (used != t.size()) throw std::invalid_argument(t);
+      return v;
+    };
+    try {
       switch (def->type) {
         case ParamType::Bool:
-          if (text != "true" && text != "false") throw std::invalid_argument("bool");
+          if (text != "true" && text != "false") throw std::invalid_argument(text);
           values[name] = text == "true";
           break;
-        case ParamType::Int: values[name] = static_cast<int64_t>(std::stoll(text, &used)); break;
-        case ParamType::Real: values[name] = std::stod(text, &used); break;
+        case ParamType::Int: values[name] = whole_int(text); break;
+        case ParamType::Real: {
+          size_t used = 0;
+          values[name] = std::stod(text, &used);
+          if (used != text.size()) throw std::invalid_argument(text);
+          break;
+        }
         case ParamType::String: values[name] = text; break;
+        case ParamType::IntList: {
+          IntList list;
+          for (const std::string& part : split(text, ',')) list.push_back(whole_int(trim(part)));
+          values[name] = list;
+          break;
+        }
       }
-      if (used != 0 && used != text.size()) throw std::invalid_argument("trailing");
     } catch (const std::exception&) {
-      throw ConfigError("--param '" + a + "': expected a " + param_type_name(def->type));
+      throw ConfigError("--param '" + a + "': expected a " + param_type_name(def->type) +
+                        (def->type == ParamType::IntList ? " (e.g. 2,3,4)" : ""));
     }
   }
-  for (const ParamDef& d : type.params)
-    if (!values.count(d.name)) throw ConfigError("strategy '" + type.name + "' needs --param " + d.name + "=...");
+  for (const ParamDef& d : defs)
+    if (!values.count(d.name) && !d.optional)
+      throw ConfigError("strategy '" + type.name + "' needs --param " + d.name + "=...");
   return Params(values);
 }
 
@@ -141,13 +159,20 @@ int cmd_eval(const Args& args) {
   RowMatrix quant_logits;
   ErrorStats stats;
   if (strat) {
-    const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed});
+    // A strategy that reads statistics (entropies, received attention) measures them
+    // on the default calibration positions of `kvbudget run` ([calibration]: every 8th
+    // from 7); the model metrics then leave those positions out.
+    const QueryPositions positions = resolve_positions(ExperimentSpec{}, static_cast<int64_t>(tokens.size()));
+    RecordingStats calibration(evaluator.recording(), positions.calibration);
+    const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed, &calibration});
     const std::string bad = plan.check();
     if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
     std::printf("plan: %s = %s, %.4f bits per element (%.4g bytes at %zu tokens)\n", plan_source.c_str(),
                 plan.describe().c_str(), plan.bpe(), plan.bytes_at(plan.tokens()), tokens.size());
-    stats.model = evaluator.evaluate(plan, seed, &quant_logits);
-    std::printf("quantized cache:\n");
+    const bool calibrated = strat->needs_statistics();
+    stats.model = evaluator.evaluate(plan, seed, &quant_logits, calibrated ? &positions.evaluation : nullptr);
+    std::printf("quantized cache%s:\n",
+                calibrated ? " (positions not used for the strategy's calibration, every 8th from 7)" : "");
     for (const MetricDef& m : metric_table()) {
       if (m.level != MetricLevel::Model || (m.needs_continuations && cont.count == 0)) continue;
       std::printf("  %-22s %-12.6g %s\n", m.name.c_str(), m.compute(stats), m.description.c_str());
@@ -158,7 +183,7 @@ int cmd_eval(const Args& args) {
 
   // Files: the evaluated run (quantized when a plan is given), and the exact one.
   const RowMatrix& logits = strat ? quant_logits : evaluator.base_logits();
-  const std::vector<float> nll = as_floats(strat ? stats.model.nll : evaluator.base_nll());
+  const std::vector<float> nll = as_floats(strat ? next_token_nll(quant_logits, tokens) : evaluator.base_nll());
   const std::vector<float> nll_exact = as_floats(evaluator.base_nll());
   const int64_t T = static_cast<int64_t>(tokens.size()), V = cfg.vocab_size;
   if (!out.empty()) {

@@ -42,13 +42,15 @@ int cmd_run(const Args& args) {
   std::string config;
   std::vector<std::string> sets, budgets;
   int threads = 0;
-  std::string out_dir;
+  std::string out_dir, backend;
   opts.add_options()("help,h", "show this help")(
       "set", po::value(&sets)->composing(), "override a config key: --set data.max_tokens=256 (repeatable)")(
       "budget", po::value(&budgets)->composing(),
       "add a budget query: --budget 'attn_kl_mean <= 1e-3' or --budget 'bpe <= 4' (repeatable)")(
       "threads", po::value(&threads), "OpenMP threads (default: config `threads`, else all cores)")(
       "out", po::value(&out_dir), "results base directory (default: config output.dir, else results/)")(
+      "backend", po::value(&backend),
+      "cpu, cuda or auto: what measures the points (default: config `backend`, else cpu)")(
       "no-plots", "skip the matplotlib plots")("quiet,q", "no progress output");
   po::options_description hidden;
   hidden.add_options()("config", po::value(&config));
@@ -66,7 +68,7 @@ int cmd_run(const Args& args) {
   }
   if (vm.count("help")) {
     std::cout << opts << "\nWrites results/<name>/<timestamp>/: config.toml, manifest.json, points.csv, pareto.csv,\n"
-                         "budgets.json and plots/. See configs/README.md for the config reference.\n";
+                         "budgets.json, attribution.csv, concentration.csv and plots/. See configs/README.md for the config reference.\n";
     return kExitOk;
   }
   if (config.empty()) {
@@ -79,10 +81,15 @@ int cmd_run(const Args& args) {
   for (const std::string& b : budgets) spec.budgets.push_back(parse_budget_query(b, "--budget"));
   if (threads > 0) spec.threads = threads;
   if (!out_dir.empty()) spec.output.dir = out_dir;
+  if (!backend.empty()) spec.backend = parse_backend_request(backend, "--backend");
   if (vm.count("no-plots")) spec.output.plots = false;
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
 
   const std::vector<SweepPoint> points = expand_sweep(spec);
+  if (spec.backend == BackendRequest::Cuda) {  // fail before any data is loaded or written
+    std::string why;
+    if (cuda_device(&why).empty()) throw Error("backend = \"cuda\": " + why);
+  }
   const auto t_start = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "kvbudget: %s: %zu points; loading data\n", spec.name.c_str(), points.size());
   // A model source runs the exact model once: its recording is what strategies see,
@@ -94,6 +101,7 @@ int cmd_run(const Args& args) {
   const Recording& rec = model ? model->recording() : loaded;
   if (!quiet) std::fprintf(stderr, "kvbudget: recording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
 
+  const QueryPositions positions = resolve_positions(spec, rec.tokens);
   Report report(spec, points, make_run_dir(spec.output.dir, spec.name));
   RunInfo info;
   info.command_line = "kvbudget run " + join(args, " ");
@@ -101,6 +109,8 @@ int cmd_run(const Args& args) {
   info.started_iso = iso_now();
   info.points_total = points.size();
   info.recording_summary = rec.name + ": " + rec.summary();
+  info.backend.requested = spec.backend;
+  info.positions = positions;
   report.write_config();
   report.write_manifest(info);
 
@@ -121,12 +131,17 @@ int cmd_run(const Args& args) {
       last_write = now;
     }
   };
-  std::vector<PointResult> results = run_sweep(spec, rec, points, on_point, &g_stop, model.get());
+  std::vector<PointResult> results = run_sweep(spec, rec, points, on_point, &g_stop, &info.backend, model.get());
+  info.backend_decided = true;
   progress.finish();
+  if (!quiet)
+    std::fprintf(stderr, "kvbudget: backend %s (%s)%s%s\n", backend_name(info.backend.used), info.backend.reason.c_str(),
+                 info.backend.device.empty() ? "" : ": ", info.backend.device.c_str());
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
 
   report.write_points(results);
+  report.write_attribution(results);
   size_t failed = 0;
   for (const PointResult& r : results) failed += r.ok ? 0 : 1;
   const bool interrupted = g_stop.load();

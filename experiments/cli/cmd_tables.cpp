@@ -1,10 +1,14 @@
 // `kvbudget formats`, `kvbudget metrics`, `kvbudget strategies`: print the tables
 // every config, sweep and test iterates over.
+#include <algorithm>
 #include <cstdio>
 
 #include "experiments/cli/commands.h"
 #include "sim/formats/registry.h"
 #include "sim/metrics/metric_table.h"
+#include "sim/strategies/budget.h"
+#include "sim/strategies/presets.h"
+#include "sim/strategies/protections.h"
 #include "sim/strategies/strategy.h"
 
 namespace kvb::cli {
@@ -42,16 +46,41 @@ int cmd_metrics(const Args&) {
   return 0;
 }
 
+namespace {
+
+void print_params(const std::vector<ParamDef>& params, const std::vector<ParamDef>& skip) {
+  for (const ParamDef& p : params) {
+    if (std::any_of(skip.begin(), skip.end(), [&](const ParamDef& s) { return s.name == p.name; })) continue;
+    std::string def = p.default_value ? param_to_string(*p.default_value) : (p.optional ? "(unset)" : "(required)");
+    if (def.empty()) def = "\"\"";
+    const std::string name = (p.per_kind ? "[key_|value_]" : "") + p.name;
+    std::printf("    %-32s %-12s %-12s %s\n", name.c_str(), param_type_name(p.type), def.c_str(), p.description.c_str());
+  }
+}
+
+}  // namespace
+
 int cmd_strategies(const Args&) {
+  std::printf("Strategy types. [key_|value_]X: X also exists as key_X and value_X, which override it for keys\n"
+              "or values. Columns: parameter, type, default, meaning.\n\n");
+  std::vector<ParamDef> shared = protection_params();
+  shared.insert(shared.end(), budget_params().begin(), budget_params().end());
+  std::printf("Protections (every type; applied in this order before the allocator):\n");
+  print_params(protection_params(), {});
+  std::printf("\nBudget (every type; `format`-style fixed settings need none):\n");
+  print_params(budget_params(), {});
+  std::printf("\n");
   for (const StrategyType& t : strategy_types()) {
     std::printf("%s: %s\n", t.name.c_str(), t.description.c_str());
-    for (const ParamDef& p : t.params) {
-      std::string def = p.default_value ? param_to_string(*p.default_value) : "(required)";
-      if (def.empty()) def = "\"\"";
-      std::printf("    %-18s %-8s default %-10s %s\n", p.name.c_str(), param_type_name(p.type), def.c_str(),
-                  p.description.c_str());
-    }
+    print_params(t.params, shared);
     std::printf("\n");
+  }
+  std::printf("Presets (a [[strategy]] block selects one with preset = \"NAME\"; its own keys override):\n");
+  for (const StrategyPreset& p : strategy_presets()) {
+    std::printf("  %-18s %-8s %s\n", p.name.c_str(), p.type.c_str(), p.reproduces.c_str());
+    std::string line;
+    for (const auto& [k, v] : p.params) line += (line.empty() ? "" : ", ") + k + " = " + param_to_string(v);
+    std::printf("  %-18s          %s\n", "", line.c_str());
   }
   return 0;
 }

@@ -17,5 +17,6 @@ int cmd_quantize(const Args& args);
 int cmd_formats(const Args& args);
 int cmd_metrics(const Args& args);
 int cmd_strategies(const Args& args);
+int cmd_bounds(const Args& args);
 
 }  // namespace kvb::cli

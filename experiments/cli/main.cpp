@@ -26,7 +26,9 @@ const Command kCommands[] = {
     {"quantize", "quantize + dequantize one tensor file with any format: error, exact bpe, codes", &kvb::cli::cmd_quantize},
     {"formats", "list the format table (quantizers, names, bits per element)", &kvb::cli::cmd_formats},
     {"metrics", "list the metric table", &kvb::cli::cmd_metrics},
-    {"strategies", "list the allocation strategies and their parameters", &kvb::cli::cmd_strategies},
+    {"strategies", "list the allocation strategies, their parameters and the presets", &kvb::cli::cmd_strategies},
+    {"bounds", "write the bounds report: each bound or prediction, its measurement, whether it holds",
+     &kvb::cli::cmd_bounds},
 };
 
 void usage(std::FILE* to) {

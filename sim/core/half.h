@@ -72,4 +72,22 @@ KVB_HD float round_to_store(float f, StoreDtype d) {
   }
 }
 
+// The bits a value is stored as at precision d (fp16 / bf16: the low 16 bits; fp32:
+// its own bits), and back. store_bits_value(store_bits(f, d), d) == round_to_store(f, d).
+KVB_HD uint32_t store_bits(float f, StoreDtype d) {
+  switch (d) {
+    case StoreDtype::F16: return f32_to_f16_bits(f);
+    case StoreDtype::BF16: return f32_to_bf16_bits(f);
+    default: return float_bits(f);
+  }
+}
+
+KVB_HD float store_bits_value(uint32_t bits, StoreDtype d) {
+  switch (d) {
+    case StoreDtype::F16: return f16_bits_to_f32(static_cast<uint16_t>(bits));
+    case StoreDtype::BF16: return bf16_bits_to_f32(static_cast<uint16_t>(bits));
+    default: return bits_float(bits);
+  }
+}
+
 }  // namespace kvb

@@ -142,9 +142,11 @@ class Format {
   // The stored representation of a span (codes and every piece of metadata), appended
   // to `out` in the layout code_layout() describes. Exactly storage_bits() bits are
   // written. The ggml formats write ggml's own block bytes.
-  virtual void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const = 0;
+  // Every format in the table implements it (tests/test_format_table.cpp checks that
+  // exactly storage_bits() bits come out); the default is for ad-hoc test formats.
+  virtual void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const;
   // One paragraph describing encode()'s layout (field order, widths, packing).
-  virtual std::string code_layout() const = 0;
+  virtual std::string code_layout() const { return "(no code layout: " + name() + " is not in the format table)"; }
 
   // Formats that store keys only as a sketch for inner products (QJL) return true;
   // such formats cannot hold values, and attention takes their keys' scores from

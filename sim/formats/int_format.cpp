@@ -79,156 +79,91 @@ std::string IntFormat::check_shape(int64_t /*tokens*/, int64_t head_dim) const {
 
 namespace {
 
-uint64_t stored_bits(float v, StoreDtype d) {
-  switch (d) {
-    case StoreDtype::F16: return f32_to_f16_bits(v);
-    case StoreDtype::BF16: return f32_to_bf16_bits(v);
-    default: return float_bits(v);
-  }
-}
-
-// Group parameters exactly as roundtrip_group / roundtrip_token_groups compute them.
-IntGroupParams group_params(const IntFormatSpec& s, const float* x, int64_t stride, int64_t n) {
-  if (s.symmetric) {
-    float stat = 0;
-    if (s.bits == 1) {
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += std::fabs(x[i * stride]);
-      stat = static_cast<float>(sum / static_cast<double>(n));
-    } else {
-      for (int64_t i = 0; i < n; ++i) stat = std::max(stat, std::fabs(x[i * stride]));
+// Groups of channels within each row (g<G>, tok): one group's statistics fed in
+// channel order, then its codes.
+void quantize_channel_groups(const IntFormatSpec& s, ConstMatView x, IntCodes& out) {
+  const IntStatKind kind = int_stat_kind(s.symmetric, s.bits);
+  const int64_t g = s.group_len(x.rows, x.cols);
+  const int64_t groups_per_row = (x.cols + g - 1) / g;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* xr = x.row(r);
+    uint8_t* codes = out.codes.data() + r * x.cols;
+    for (int64_t c0 = 0; c0 < x.cols; c0 += g) {
+      const int64_t c1 = std::min(x.cols, c0 + g);
+      IntGroupStats st;
+      for (int64_t c = c0; c < c1; ++c) int_stats_add(st, xr[c], kind);
+      const IntGroupParams p = int_group_params(st, kind, s.bits, s.scale_dtype, s.zero_dtype);
+      out.params[static_cast<size_t>(r * groups_per_row + c0 / g)] = p;
+      for (int64_t c = c0; c < c1; ++c) codes[c] = int_stored_code(int_encode(xr[c], p, s.bits, s.symmetric), s.bits, s.symmetric);
     }
-    return int_sym_params(stat, s.bits, s.scale_dtype);
   }
-  float lo = x[0], hi = x[0];
-  for (int64_t i = 1; i < n; ++i) {
-    lo = std::min(lo, x[i * stride]);
-    hi = std::max(hi, x[i * stride]);
-  }
-  return int_asym_params(lo, hi, s.bits, s.scale_dtype, s.zero_dtype);
 }
 
-// The stored (unsigned) code: symmetric codes are offset by qmax (b = 1: 0 = -1, 1 = +1).
-uint64_t stored_code(const IntFormatSpec& s, float x, IntGroupParams p) {
-  if (!s.symmetric) return static_cast<uint64_t>(int_asym_encode(x, p, s.bits));
-  const int q = int_sym_encode(x, p, s.bits);
-  return s.bits == 1 ? (q > 0 ? 1u : 0u) : static_cast<uint64_t>(q + int_sym_qmax(s.bits));
-}
-
-void put_params(const IntFormatSpec& s, IntGroupParams p, BitWriter& out) {
-  out.put(stored_bits(p.scale, s.scale_dtype), store_dtype_bits(s.scale_dtype));
-  if (!s.symmetric) out.put(stored_bits(p.zero, s.zero_dtype), store_dtype_bits(s.zero_dtype));
-}
-
-}  // namespace
-
-namespace {
-
-// Quantize-dequantize one group of n values read with a stride (in floats).
-// The same two passes as the CUDA twin: statistics, then encode/decode.
-inline void roundtrip_group(const IntFormatSpec& s, const float* x, int64_t stride, int64_t n, float* out,
-                            int64_t out_stride) {
-  const IntGroupParams p = group_params(s, x, stride, n);
-  if (s.symmetric)
-    for (int64_t i = 0; i < n; ++i) out[i * out_stride] = int_decode(int_sym_encode(x[i * stride], p, s.bits), p);
-  else
-    for (int64_t i = 0; i < n; ++i) out[i * out_stride] = int_decode(int_asym_encode(x[i * stride], p, s.bits), p);
-}
-
-// Per-channel groups along tokens, processed a block of rows at a time so that reads
-// stay contiguous: statistics per channel over the block, then encode row by row.
-void roundtrip_token_groups(const IntFormatSpec& s, ConstMatView x, MatView out, int64_t group) {
+// Per-channel groups of `group` consecutive rows (ch<G>, ch), a block of rows at a
+// time so that reads stay contiguous: each channel's statistics are fed in row order.
+void quantize_token_groups(const IntFormatSpec& s, ConstMatView x, int64_t group, IntCodes& out) {
+  const IntStatKind kind = int_stat_kind(s.symmetric, s.bits);
   const int64_t d = x.cols;
-  std::vector<float> lo(static_cast<size_t>(d)), hi(static_cast<size_t>(d));
-  std::vector<IntGroupParams> params(static_cast<size_t>(d));
-  std::vector<double> sum(static_cast<size_t>(d));
+  std::vector<IntGroupStats> stats(static_cast<size_t>(d));
   for (int64_t r0 = 0; r0 < x.rows; r0 += group) {
     const int64_t r1 = std::min(x.rows, r0 + group);
-    if (s.symmetric && s.bits == 1) {
-      std::fill(sum.begin(), sum.end(), 0.0);
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = 0; c < d; ++c) sum[c] += std::fabs(x.row(r)[c]);
-      for (int64_t c = 0; c < d; ++c)
-        params[c] = int_sym_params(static_cast<float>(sum[c] / static_cast<double>(r1 - r0)), 1, s.scale_dtype);
-    } else if (s.symmetric) {
-      std::fill(hi.begin(), hi.end(), 0.0f);
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = 0; c < d; ++c) hi[c] = std::max(hi[c], std::fabs(x.row(r)[c]));
-      for (int64_t c = 0; c < d; ++c) params[c] = int_sym_params(hi[c], s.bits, s.scale_dtype);
-    } else {
-      std::copy(x.row(r0), x.row(r0) + d, lo.begin());
-      std::copy(x.row(r0), x.row(r0) + d, hi.begin());
-      for (int64_t r = r0 + 1; r < r1; ++r)
-        for (int64_t c = 0; c < d; ++c) {
-          lo[c] = std::min(lo[c], x.row(r)[c]);
-          hi[c] = std::max(hi[c], x.row(r)[c]);
-        }
-      for (int64_t c = 0; c < d; ++c) params[c] = int_asym_params(lo[c], hi[c], s.bits, s.scale_dtype, s.zero_dtype);
-    }
+    std::fill(stats.begin(), stats.end(), IntGroupStats{});
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < d; ++c) int_stats_add(stats[c], x.row(r)[c], kind);
+    IntGroupParams* params = out.params.data() + (r0 / group) * d;
+    for (int64_t c = 0; c < d; ++c) params[c] = int_group_params(stats[c], kind, s.bits, s.scale_dtype, s.zero_dtype);
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x.row(r);
-      float* orow = out.row(r);
-      if (s.symmetric)
-        for (int64_t c = 0; c < d; ++c) orow[c] = int_decode(int_sym_encode(xr[c], params[c], s.bits), params[c]);
-      else
-        for (int64_t c = 0; c < d; ++c) orow[c] = int_decode(int_asym_encode(xr[c], params[c], s.bits), params[c]);
+      uint8_t* codes = out.codes.data() + r * d;
+      for (int64_t c = 0; c < d; ++c) codes[c] = int_stored_code(int_encode(xr[c], params[c], s.bits, s.symmetric), s.bits, s.symmetric);
     }
   }
 }
 
 }  // namespace
 
-void IntFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
-  if (x.rows == 0) return;
+IntCodes IntFormat::quantize(ConstMatView x) const {
+  IntCodes out;
+  out.rows = x.rows;
+  out.cols = x.cols;
+  out.codes.resize(static_cast<size_t>(x.rows * x.cols));
+  if (x.rows == 0) return out;
   switch (spec_.grouping) {
     case IntGrouping::Channels:
     case IntGrouping::PerToken: {
       const int64_t g = spec_.group_len(x.rows, x.cols);
-      for (int64_t r = 0; r < x.rows; ++r)
-        for (int64_t c0 = 0; c0 < x.cols; c0 += g)
-          roundtrip_group(spec_, x.row(r) + c0, 1, std::min(g, x.cols - c0), out.row(r) + c0, 1);
+      out.params.resize(static_cast<size_t>(x.rows * ((x.cols + g - 1) / g)));
+      quantize_channel_groups(spec_, x, out);
       break;
     }
-    case IntGrouping::TokensPerChannel: roundtrip_token_groups(spec_, x, out, spec_.group); break;
-    case IntGrouping::WholeSpanPerChannel: roundtrip_token_groups(spec_, x, out, x.rows); break;
-  }
-}
-
-void IntFormat::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {
-  if (x.rows == 0) return;
-  const IntFormatSpec& s = spec_;
-  if (s.grouping == IntGrouping::Channels || s.grouping == IntGrouping::PerToken) {
-    const int64_t g = s.group_len(x.rows, x.cols);
-    for (int64_t r = 0; r < x.rows; ++r)
-      for (int64_t c0 = 0; c0 < x.cols; c0 += g) {
-        const int64_t n = std::min(g, x.cols - c0);
-        const IntGroupParams p = group_params(s, x.row(r) + c0, 1, n);
-        put_params(s, p, out);
-        for (int64_t i = 0; i < n; ++i) out.put(stored_code(s, x.row(r)[c0 + i], p), s.bits);
-      }
-    return;
-  }
-  const int64_t g = s.grouping == IntGrouping::TokensPerChannel ? s.group : x.rows;
-  std::vector<IntGroupParams> params(static_cast<size_t>(x.cols));
-  for (int64_t r0 = 0; r0 < x.rows; r0 += g) {
-    const int64_t r1 = std::min(x.rows, r0 + g);
-    for (int64_t c = 0; c < x.cols; ++c) {
-      params[c] = group_params(s, x.row(r0) + c, x.stride, r1 - r0);
-      put_params(s, params[c], out);
+    case IntGrouping::TokensPerChannel:
+    case IntGrouping::WholeSpanPerChannel: {
+      const int64_t g = spec_.group_len(x.rows, x.cols);
+      out.params.resize(static_cast<size_t>(((x.rows + g - 1) / g) * x.cols));
+      quantize_token_groups(spec_, x, g, out);
+      break;
     }
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < x.cols; ++c) out.put(stored_code(s, x.row(r)[c], params[c]), s.bits);
+  }
+  return out;
+}
+
+void IntFormat::dequantize(const IntCodes& in, MatView out) const {
+  const int64_t g = spec_.group_len(in.rows, in.cols);
+  const bool along_channels = spec_.grouping == IntGrouping::Channels || spec_.grouping == IntGrouping::PerToken;
+  const int64_t groups_per_row = (in.cols + g - 1) / g;
+  for (int64_t r = 0; r < in.rows; ++r) {
+    const uint8_t* codes = in.codes.data() + r * in.cols;
+    float* orow = out.row(r);
+    for (int64_t c = 0; c < in.cols; ++c) {
+      const size_t group = static_cast<size_t>(along_channels ? r * groups_per_row + c / g : (r / g) * in.cols + c);
+      orow[c] = int_decode(int_code_of_stored(codes[c], spec_.bits, spec_.symmetric), in.params[group]);
+    }
   }
 }
 
-std::string IntFormat::code_layout() const {
-  const std::string meta = std::string(store_dtype_name(spec_.scale_dtype)) + " scale" +
-                           (spec_.symmetric ? "" : std::string(", ") + store_dtype_name(spec_.zero_dtype) + " zero (group min)");
-  const std::string code = spec_.symmetric ? "b-bit code q + qmax (b = 1: 1 for +s, 0 for -s)" : "b-bit code";
-  if (spec_.grouping == IntGrouping::Channels || spec_.grouping == IntGrouping::PerToken)
-    return "per row, per group of channels: " + meta + ", then one " + code + " per value";
-  return "per block of rows (group along tokens): per channel " + meta + "; then the block's rows, one " + code +
-         " per value";
+void IntFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
+  if (x.rows == 0) return;
+  dequantize(quantize(x), out);
 }
 
 FormatPtr parse_int_format(std::string_view name) {
@@ -277,6 +212,52 @@ FormatPtr parse_int_format(std::string_view name) {
     }
   }
   return std::make_shared<IntFormat>(s);
+}
+
+namespace {
+uint64_t stored_meta_bits(float v, StoreDtype d) {
+  switch (d) {
+    case StoreDtype::F16: return f32_to_f16_bits(v);
+    case StoreDtype::BF16: return f32_to_bf16_bits(v);
+    default: return float_bits(v);
+  }
+}
+}  // namespace
+
+// The layout code_layout() describes, written from quantize()'s codes and parameters.
+void IntFormat::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {
+  if (x.rows == 0) return;
+  const IntFormatSpec& s = spec_;
+  const IntCodes q = quantize(x);
+  auto put_params = [&](const IntGroupParams& p) {
+    out.put(stored_meta_bits(p.scale, s.scale_dtype), store_dtype_bits(s.scale_dtype));
+    if (!s.symmetric) out.put(stored_meta_bits(p.zero, s.zero_dtype), store_dtype_bits(s.zero_dtype));
+  };
+  if (s.grouping == IntGrouping::Channels || s.grouping == IntGrouping::PerToken) {
+    const int64_t g = s.group_len(x.rows, x.cols), per_row = (x.cols + g - 1) / g;
+    for (int64_t r = 0; r < x.rows; ++r)
+      for (int64_t c0 = 0; c0 < x.cols; c0 += g) {
+        put_params(q.params[static_cast<size_t>(r * per_row + c0 / g)]);
+        for (int64_t c = c0; c < std::min(x.cols, c0 + g); ++c) out.put(q.codes[static_cast<size_t>(r * x.cols + c)], s.bits);
+      }
+    return;
+  }
+  const int64_t g = s.grouping == IntGrouping::TokensPerChannel ? s.group : x.rows;
+  for (int64_t r0 = 0, block = 0; r0 < x.rows; r0 += g, ++block) {
+    for (int64_t c = 0; c < x.cols; ++c) put_params(q.params[static_cast<size_t>(block * x.cols + c)]);
+    for (int64_t r = r0; r < std::min(x.rows, r0 + g); ++r)
+      for (int64_t c = 0; c < x.cols; ++c) out.put(q.codes[static_cast<size_t>(r * x.cols + c)], s.bits);
+  }
+}
+
+std::string IntFormat::code_layout() const {
+  const std::string meta = std::string(store_dtype_name(spec_.scale_dtype)) + " scale" +
+                           (spec_.symmetric ? "" : std::string(", ") + store_dtype_name(spec_.zero_dtype) + " zero (group min)");
+  const std::string code = spec_.symmetric ? "b-bit code q + qmax (b = 1: 1 for +s, 0 for -s)" : "b-bit code";
+  if (spec_.grouping == IntGrouping::Channels || spec_.grouping == IntGrouping::PerToken)
+    return "per row, per group of channels: " + meta + ", then one " + code + " per value";
+  return "per block of rows (group along tokens): per channel " + meta + "; then the block's rows, one " + code +
+         " per value";
 }
 
 }  // namespace kvb

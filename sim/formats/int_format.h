@@ -11,9 +11,11 @@
 //          canonical name. Symmetric formats store no zero.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "sim/core/half.h"
 #include "sim/formats/format.h"
+#include "sim/formats/int_block.h"
 
 namespace kvb {
 
@@ -33,6 +35,15 @@ struct IntFormatSpec {
   int metadata_bits_per_group() const;
 };
 
+// The quantized form of a [rows, cols] span, unpacked: what the CUDA twin's quantize
+// kernel writes (kernels/int_twin.h), compared byte for byte by the GPU tests.
+struct IntCodes {
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> codes;           // [rows, cols]: int_stored_code of each element
+  std::vector<IntGroupParams> params;   // per group, as stored (scale, zero), in group order:
+                                        // g<G>/tok: [rows, ceil(cols / G)]; ch<G>/ch: [ceil(rows / G), cols]
+};
+
 class IntFormat final : public Format {
  public:
   explicit IntFormat(IntFormatSpec spec) : spec_(spec) {}
@@ -40,11 +51,16 @@ class IntFormat final : public Format {
 
   std::string name() const override { return spec_.name(); }
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
+  // dequantize(quantize(x)).
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return spec_.bits; }
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
+  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/int_twin.cu
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
+
+  IntCodes quantize(ConstMatView x) const;
+  void dequantize(const IntCodes& codes, MatView out) const;
 
  private:
   IntFormatSpec spec_;

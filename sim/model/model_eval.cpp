@@ -110,14 +110,22 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
         *model_, std::span<const int64_t>(tokens_.data(), static_cast<size_t>(p)), c.tokens, CacheQuantization{}));
 }
 
-ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out) const {
+ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out,
+                                    const std::vector<int64_t>* positions) const {
   const CacheQuantization cache{&plan, seed};
   ExtendOptions opt;
   opt.cache = cache;
   const RowMatrix logits = model_->forward(tokens_, opt);
   ModelStats s;
   std::vector<double> lp, lq;
-  for (int64_t t = 0; t + 1 < logits.rows(); ++t) {
+  std::vector<int64_t> all;
+  if (!positions) {
+    all.resize(static_cast<size_t>(logits.rows()));
+    std::iota(all.begin(), all.end(), int64_t{0});
+    positions = &all;
+  }
+  for (const int64_t t : *positions) {
+    if (t < 0 || t + 1 >= logits.rows()) continue;
     const float* base = base_logits_.row(t).data();
     const float* quant = logits.row(t).data();
     log_softmax(base, logits.cols(), lp);

@@ -60,8 +60,12 @@ class ModelEvaluator {
 
   // The quantized run: teacher forcing and the same continuations with the plan's
   // cache, compared with the exact run. Const and thread-safe. `logits_out`, when
-  // given, receives the quantized logits [T, vocab].
-  ModelStats evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out = nullptr) const;
+  // given, receives the quantized logits [T, vocab]. `positions` (sorted), when given,
+  // restricts the position-level statistics to those query positions t (each
+  // predicting token t + 1; t = T - 1 has no target), e.g. to leave out the positions
+  // strategies calibrated on; the whole sequence is still run.
+  ModelStats evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out = nullptr,
+                      const std::vector<int64_t>* positions = nullptr) const;
 
  private:
   std::shared_ptr<const Transformer> model_;

@@ -1,6 +1,12 @@
 // Strategy: builds a Plan (who gets which precision) from its parameters and the
 // Recording. Strategies live in one table (strategy_types()) that configs, sweeps,
 // the CLI and tests iterate over; adding one means adding one entry there.
+//
+// Every type shares the protection parameters (sim/strategies/protections.h: sink
+// heads, sink tokens, recency window, prompt) and, when it allocates under a budget,
+// the budget parameters (sim/strategies/budget.h). A parameter marked per_kind also
+// exists as key_<name> and value_<name>, which override it for keys or values, so K
+// and V can be set separately everywhere.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -15,9 +21,13 @@
 
 namespace kvb {
 
-// A parameter value as written in a config (after sweep expansion).
-using ParamValue = std::variant<bool, int64_t, double, std::string>;
-enum class ParamType { Bool, Int, Real, String };
+class RecordingStats;
+
+// A parameter value as written in a config (after sweep expansion). IntList is one
+// value (widths = [2, 3, 4]); an axis of lists is an array of arrays.
+using IntList = std::vector<int64_t>;
+using ParamValue = std::variant<bool, int64_t, double, std::string, IntList>;
+enum class ParamType { Bool, Int, Real, String, IntList };
 
 std::string param_to_string(const ParamValue& v);
 const char* param_type_name(ParamType t);
@@ -26,8 +36,14 @@ struct ParamDef {
   std::string name;
   ParamType type = ParamType::String;
   std::string description;
-  std::optional<ParamValue> default_value;  // nullopt: required unless noted in description
+  std::optional<ParamValue> default_value;  // nullopt: required, unless `optional`
+  bool per_kind = false;                    // key_<name> and value_<name> exist and override it
+  bool optional = false;                    // may be absent; Params::has() tells
 };
+
+// The full parameter list of a definition list: each per_kind parameter followed by
+// its key_/value_ variants (optional, no default).
+std::vector<ParamDef> expand_per_kind(const std::vector<ParamDef>& defs);
 
 // Parameters of one sweep point, defaults filled in, types checked.
 class Params {
@@ -39,7 +55,17 @@ class Params {
   int64_t integer(const std::string& name) const;
   double real(const std::string& name) const;  // ints are accepted
   bool boolean(const std::string& name) const;
+  const IntList& int_list(const std::string& name) const;
   const std::map<std::string, ParamValue>& values() const { return values_; }
+
+  // Per-kind lookup: key_<name> (or value_<name>) when present, else <name>.
+  std::string kind_name(const std::string& name, Kind kind) const;
+  bool has(const std::string& name, Kind kind) const { return has(kind_name(name, kind)); }
+  const std::string& str(const std::string& name, Kind kind) const { return str(kind_name(name, kind)); }
+  int64_t integer(const std::string& name, Kind kind) const { return integer(kind_name(name, kind)); }
+  double real(const std::string& name, Kind kind) const { return real(kind_name(name, kind)); }
+  bool boolean(const std::string& name, Kind kind) const { return boolean(kind_name(name, kind)); }
+  const IntList& int_list(const std::string& name, Kind kind) const { return int_list(kind_name(name, kind)); }
 
  private:
   const ParamValue& get(const std::string& name) const;
@@ -50,6 +76,10 @@ class Params {
 struct StrategyInput {
   const Recording& rec;
   uint64_t seed = 0;
+  // Statistics shared by every point of a run (entropies, received attention,
+  // distortion tables), computed once on the calibration positions. Strategies that
+  // read statistics throw kvb::Error when it is missing.
+  RecordingStats* stats = nullptr;
 };
 
 class Strategy {
@@ -57,15 +87,20 @@ class Strategy {
   virtual ~Strategy() = default;
   // Throws kvb::Error (e.g. an impossible budget) with a message naming the cause.
   virtual Plan build(const StrategyInput& in) const = 0;
+  // Whether build() reads per-head entropies or received attention, so a sweep can
+  // compute them once, in parallel, before building plans.
+  virtual bool needs_statistics() const { return false; }
 };
 
 struct StrategyType {
   std::string name;
   std::string description;
-  std::vector<ParamDef> params;
-  // Params are validated against `params` (types, unknown names) before make().
-  // make() checks cross-parameter rules and throws kvb::ConfigError.
+  std::vector<ParamDef> params;  // base definitions; see expand_per_kind()
+  // Params are validated against the expanded `params` (types, unknown names)
+  // before make(). make() checks cross-parameter rules and throws kvb::ConfigError.
   std::unique_ptr<Strategy> (*make)(const Params& params);
+
+  std::vector<ParamDef> all_params() const { return expand_per_kind(params); }
 };
 
 const std::vector<StrategyType>& strategy_types();

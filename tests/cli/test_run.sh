@@ -126,4 +126,28 @@ rows=$(($(wc -l <"$d6/points.csv") - 1))
 expect "$d6/manifest.json" '"status": "interrupted"' "manifest of an interrupted run"
 ls "$d6" | grep -q '\.tmp\.' && fail "temporary files left behind"
 
+# 7. Backends: auto says in the manifest what it chose and why; cuda runs on a device,
+# and without one (or in a build without nvcc) fails before writing any results.
+"$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --backend auto --out "$tmp/r7" --no-plots >"$tmp/a.out" 2>&1 \
+  || fail "backend auto exited $?"
+d7=$(ls -d "$tmp"/r7/quickstart/2*)
+expect "$d7/manifest.json" '"backend_requested": "auto"' "manifest of an auto run"
+expect "$d7/manifest.json" '"backend_reason": "auto: ' "manifest of an auto run"
+grep -Eq '"backend": "(cpu|cuda)"' "$d7/manifest.json" || fail "manifest of an auto run names no backend"
+"$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --backend cuda --out "$tmp/r8" --no-plots >"$tmp/c.out" 2>&1
+rc=$?
+if grep -q '"backend": "cuda"' "$d7/manifest.json"; then  # a device is present
+  [ $rc -eq 0 ] || fail "backend cuda with a device exited $rc"
+  expect "$(ls -d "$tmp"/r8/quickstart/2*)/manifest.json" '"backend": "cuda"' "manifest of a cuda run"
+elif grep -q "built without CUDA" "$tmp/c.out"; then
+  [ $rc -eq 2 ] || fail "backend cuda in a build without CUDA: expected exit 2, got $rc"
+else
+  [ $rc -eq 1 ] || fail "backend cuda without a device: expected exit 1, got $rc"
+  expect "$tmp/c.out" 'backend = "cuda": no usable CUDA device' "backend cuda without a device"
+  [ ! -e "$tmp/r8" ] || fail "backend cuda without a device created results"
+fi
+"$kvb" run "$src/configs/quickstart.toml" --backend gpu --out "$tmp/r9" >"$tmp/g.out" 2>&1
+[ $? -eq 2 ] || fail "unknown backend: expected exit 2"
+expect "$tmp/g.out" '--backend: backend must be "cpu", "cuda" or "auto", got "gpu"' "unknown backend"
+
 exit $status

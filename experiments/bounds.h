@@ -1,0 +1,50 @@
+// The bounds report (methods.md §5): every bound or prediction the research and the
+// theory make, next to a measurement, and whether it holds. Rows:
+//   gaussian      Shannon's 4^(−b) against the Lloyd-Max and best-uniform MSE (exact
+//                 and on samples) and against the int formats on Gaussian data; the
+//                 Lloyd-Max and uniform-step tables; the high-rate gap √3π/2;
+//   first-order   value error E‖Δo‖² = Σ p²‖e‖² (and 2^(−H₂)·σ_e²), key error
+//                 KL ≈ ½·Var_p(Δs), on a GPT-2-like synthetic recording (or --data);
+//   entropy-rule  the best α of b_h = b̄ + α(H̄ − H₂(h)) measured at equal bpe, against
+//                 the Lagrange optimum 0.5 of the research's error model and the
+//                 research's 0.25;
+//   taqg          the best phase split measured at equal bpe on a synthetic reasoning
+//                 trace (ρ 0.463 / 0.544), against the TAQG bound as written and
+//                 reverse water-filling.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "experiments/experiment.h"
+
+namespace kvb {
+
+struct BoundRow {
+  std::string section;   // gaussian, first-order, entropy-rule, taqg
+  std::string name;      // short identifier, e.g. "shannon b=2 lloyd-max"
+  std::string claim;     // the bound or prediction as stated
+  double predicted = 0;  // its value
+  double measured = 0;
+  bool holds = false;
+  std::string criterion;  // when it counts as holding
+  std::string note;
+};
+
+struct BoundsOptions {
+  uint64_t seed = 0;
+  int64_t samples = 1 << 20;        // Gaussian samples per sampled MSE
+  std::optional<DataSpec> data;     // attention rows: this recording instead of the synthetic one
+  double entropy_budget_bpe = 4.0;  // budget of the α sweep
+  double taqg_budget_bpe = 4.0;     // budget of the split sweep (uniform int3 g32 costs 4.0)
+  bool quick = false;               // smaller recordings and grids (tests)
+};
+
+// Runs every measurement (parallel over sweep points) and returns the rows in order.
+std::vector<BoundRow> bounds_report(const BoundsOptions& opt);
+
+std::string bounds_csv(const std::vector<BoundRow>& rows);
+std::string bounds_markdown(const std::vector<BoundRow>& rows);
+
+}  // namespace kvb

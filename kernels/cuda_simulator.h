@@ -1,0 +1,52 @@
+// CudaSimulator: the CPU simulator's attention-error measurement (sim/simulator.h)
+// on the GPU. Per (layer, KV head) it reconstructs K̂ and V̂ with the formats' CUDA
+// twins, then for the query heads of that KV head and the evaluated positions computes
+// scores, softmax, KL(p || p̂), top-k overlap, logit errors and ‖Δo‖ with
+//   Δs = Q·ΔKᵀ/√d,  Δo = (P̂ - P)·V + P̂_stored·ΔV_stored + P̂_window·ΔV_window,
+// honouring the Plan's time semantics (segments, sliding/chunked windows, prefill)
+// exactly as the CPU does. Every tensor stays on the device; only the AttentionRow
+// results and the tensor-level sums come back.
+//
+// The results agree with kvb::simulate within float GEMM rounding (scores are fp32
+// dot products in a different order): tests/gpu/test_attention.cpp bounds every
+// metric at 1e-5 relative. Host-only header.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "sim/metrics/error_stats.h"
+#include "sim/plan.h"
+#include "sim/recording.h"
+#include "sim/simulator.h"
+
+namespace kvb::cuda {
+
+// Empty when CudaSimulator can run `plan` with `opt`; otherwise why not, naming the
+// first format without a CUDA twin (Format::supports(Backend::Cuda)) and its unit.
+// Needs no device.
+std::string unsupported_reason(const Plan& plan, const SimOptions& opt);
+
+class CudaSimulator {
+ public:
+  // Uploads every layer's queries, keys and values to device 0 (fp32). Throws
+  // kvb::Error when no device is usable or the recording does not fit.
+  explicit CudaSimulator(const Recording& rec);
+  ~CudaSimulator();
+  CudaSimulator(const CudaSimulator&) = delete;
+  CudaSimulator& operator=(const CudaSimulator&) = delete;
+
+  const Recording& recording() const;
+
+  // As kvb::simulate_layer: rows in (q_head, position) order. opt.row_block is not
+  // used (the GPU blocks rows by memory). Throws kvb::Error for unsupported plans.
+  ErrorStats simulate_layer(const Plan& plan, int64_t layer, const SimOptions& opt);
+  // As kvb::simulate: all layers in order, merged.
+  ErrorStats simulate(const Plan& plan, const SimOptions& opt);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvb::cuda

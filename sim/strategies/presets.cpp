@@ -1,0 +1,105 @@
+#include "sim/strategies/presets.h"
+
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+namespace {
+
+using P = std::vector<std::pair<std::string, ParamValue>>;
+
+// KIVI (Liu et al. 2024): keys per channel in groups of G = 32 tokens, values per
+// token in groups of 32 channels, both asymmetric with fp16 scale and minimum; the
+// last R = 128 tokens in fp16, keys flushed in chunks of R (a key group needs R
+// tokens), values sliding (the oldest residual value is quantized as a new one comes).
+P kivi(int bits) {
+  const std::string b = std::to_string(bits);
+  return {{"key_format", "int" + b + "-asym-ch32"},
+          {"value_format", "int" + b + "-asym-g32"},
+          {"window", int64_t{128}},
+          {"window_format", std::string("keep-fp16")},
+          {"key_window_mode", std::string("chunked")},
+          {"value_window_mode", std::string("sliding")}};
+}
+
+// Hugging Face QuantizedCache, quanto backend: asymmetric nbits per group of 64
+// channels of each token (q_group_size 64, axis 0), a residual of 128 tokens in the
+// model's precision flushed in chunks, and the whole prompt quantized at prefill
+// (here the first quarter of the recording is taken as the prompt).
+P hf_quanto(int bits) {
+  return {{"format", "int" + std::to_string(bits) + "-asym-g64"},
+          {"window", int64_t{128}},
+          {"window_format", std::string("keep-fp16")},
+          {"window_mode", std::string("chunked")},
+          {"prompt_fraction", 0.25}};
+}
+
+// quant.cpp `-k <type> --k-window W`: keys quantized, the last W keys also kept in
+// fp32 as an extra copy beside the complete quantized cache (sliding), values fp16.
+// Its 4-bit and 2-bit key types are approximated by int4/int2 asym g32 until the
+// rotation formats (turbo) are merged.
+P quantcpp(int bits, int64_t window) {
+  return {{"key_format", "int" + std::to_string(bits) + "-asym-g32"},
+          {"value_format", std::string("keep-fp16")},
+          {"key_window", window},
+          {"key_window_format", std::string("keep-fp32")},
+          {"key_window_mode", std::string("sliding")},
+          {"key_window_extra_copy", true}};
+}
+
+}  // namespace
+
+const std::vector<StrategyPreset>& strategy_presets() {
+  static const std::vector<StrategyPreset> presets = {
+      {"kivi-2", "uniform", "KIVI-2: int2 keys per channel (G=32 tokens), values per token (G=32), R=128 fp16 residual",
+       kivi(2)},
+      {"kivi-4", "uniform", "KIVI-4: as kivi-2 with 4 bits", kivi(4)},
+      {"hf-quanto-int4", "uniform",
+       "Hugging Face QuantizedCache (quanto): int4 group 64, residual 128 (chunked), prompt quantized", hf_quanto(4)},
+      {"hf-quanto-int2", "uniform",
+       "Hugging Face QuantizedCache (quanto): int2 group 64, residual 128, prompt quantized", hf_quanto(2)},
+      {"quantcpp-k4-w128", "uniform", "quant.cpp -k 4-bit --k-window 128: fp32 key window as an extra copy",
+       quantcpp(4, 128)},
+      {"quantcpp-k2-w512", "uniform", "quant.cpp -k uniform_2b --k-window 512: fp32 key window as an extra copy",
+       quantcpp(2, 512)},
+      {"quantcpp-k4", "uniform", "quant.cpp -k 4-bit, no window", quantcpp(4, 0)},
+      {"quantcpp-k2", "uniform", "quant.cpp -k uniform_2b, no window", quantcpp(2, 0)},
+      {"research-entropy",
+       "entropy",
+       "the entropy-adaptive research as committed: Shannon entropy, alpha 0.25, b̄ = 4 (rounded, no budget), int{b} "
+       "asym g32",
+       {{"entropy", std::string("shannon")},
+        {"alpha", 0.25},
+        {"mean_bits", 4.0},
+        {"family", std::string("int{b}-asym-g32")}}},
+      {"research-skip3",
+       "entropy",
+       "research-entropy with the 3 lowest-entropy heads kept in fp16",
+       {{"entropy", std::string("shannon")},
+        {"alpha", 0.25},
+        {"mean_bits", 4.0},
+        {"family", std::string("int{b}-asym-g32")},
+        {"sink_heads", int64_t{3}}}},
+      {"taqg-4-3",
+       "taqg",
+       "TAQG as published: the less redundant phase at 4 bits, the bound's width for the other "
+       "(unequal budgets)",
+       {{"low_bits", int64_t{4}}, {"family", std::string("int{b}-asym-g32")}}},
+  };
+  return presets;
+}
+
+const StrategyPreset& require_strategy_preset(const std::string& name, const std::string& where) {
+  std::vector<std::string> names;
+  for (const StrategyPreset& p : strategy_presets()) {
+    if (p.name == name) return p;
+    names.push_back(p.name);
+  }
+  std::string msg = where + ": unknown preset '" + name + "'";
+  const std::string close = closest_match(name, names);
+  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  throw ConfigError(msg + "; known: " + join(names, ", "));
+}
+
+}  // namespace kvb

@@ -1,0 +1,132 @@
+#include "sim/strategies/statistics.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "sim/core/error.h"
+
+namespace kvb {
+
+EntropyKind parse_entropy_kind(const std::string& s, const std::string& where) {
+  if (s == "shannon") return EntropyKind::Shannon;
+  if (s == "renyi2") return EntropyKind::Renyi2;
+  throw ConfigError(where + ": entropy must be \"shannon\" or \"renyi2\", got \"" + s + "\"");
+}
+
+EntropyAverage parse_entropy_average(const std::string& s, const std::string& where) {
+  if (s == "mean") return EntropyAverage::Mean;
+  if (s == "effective") return EntropyAverage::Effective;
+  throw ConfigError(where + ": entropy_average must be \"mean\" or \"effective\", got \"" + s + "\"");
+}
+
+GqaAggregate parse_gqa_aggregate(const std::string& s, const std::string& where) {
+  if (s == "mean") return GqaAggregate::Mean;
+  if (s == "min") return GqaAggregate::Min;
+  if (s == "max") return GqaAggregate::Max;
+  throw ConfigError(where + ": gqa must be \"mean\", \"min\" or \"max\", got \"" + s + "\"");
+}
+
+const char* entropy_kind_name(EntropyKind k) { return k == EntropyKind::Shannon ? "shannon" : "renyi2"; }
+
+RecordingStats::RecordingStats(const Recording& rec, std::vector<int64_t> calibration)
+    : rec_(rec), calibration_(std::move(calibration)) {
+  std::sort(calibration_.begin(), calibration_.end());
+  calibration_.erase(std::unique(calibration_.begin(), calibration_.end()), calibration_.end());
+  for (int64_t t : calibration_)
+    if (t < 0 || t >= rec_.tokens)
+      throw Error("calibration position " + std::to_string(t) + " outside the recording's " +
+                  std::to_string(rec_.tokens) + " tokens");
+}
+
+void RecordingStats::compute_attention_statistics(bool parallel) {
+  const int64_t L = rec_.num_layers(), Hq = rec_.q_heads, Hkv = rec_.kv_heads, T = rec_.tokens, d = rec_.head_dim;
+  std::vector<std::vector<Entropies>> ent(static_cast<size_t>(L), std::vector<Entropies>(static_cast<size_t>(Hq)));
+  // Per query head first (so heads can run in parallel), summed per KV head after.
+  std::vector<std::vector<double>> recv_q(static_cast<size_t>(L * Hq), std::vector<double>(static_cast<size_t>(T)));
+  const int64_t tasks = L * Hq;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t li = task / Hq, h = task % Hq;
+    const LayerTensors& Lt = rec_.layers[static_cast<size_t>(li)];
+    const float* q = Lt.query.slice(h);
+    const float* k = Lt.key.slice(rec_.kv_head_of(h));
+    std::vector<float> s(static_cast<size_t>(T));
+    std::vector<double> p(static_cast<size_t>(T));
+    Entropies e;
+    double weight_shannon = 0, weight_renyi2 = 0;  // Σ_t 2^(−H(t))
+    std::vector<double>& recv = recv_q[static_cast<size_t>(task)];
+    for (int64_t t : calibration_) {
+      attention_scores(q, k, t + 1, d, t, t + 1, s.data());
+      softmax_row(s.data(), t + 1, p.data());
+      const double hs = shannon_entropy_bits(p.data(), t + 1), h2 = renyi2_entropy_bits(p.data(), t + 1);
+      e.mean.shannon += hs;
+      e.mean.renyi2 += h2;
+      weight_shannon += std::exp2(-hs);
+      weight_renyi2 += std::exp2(-h2);
+      for (int64_t j = 0; j <= t; ++j) recv[static_cast<size_t>(j)] += p[static_cast<size_t>(j)];
+    }
+    if (!calibration_.empty()) {
+      const double n = static_cast<double>(calibration_.size());
+      e.mean.shannon /= n;
+      e.mean.renyi2 /= n;
+      e.effective.shannon = -std::log2(weight_shannon / n);
+      e.effective.renyi2 = -std::log2(weight_renyi2 / n);
+    }
+    ent[static_cast<size_t>(li)][static_cast<size_t>(h)] = e;
+  }
+  std::vector<std::vector<std::vector<double>>> recv(
+      static_cast<size_t>(L),
+      std::vector<std::vector<double>>(static_cast<size_t>(Hkv), std::vector<double>(static_cast<size_t>(T))));
+  for (int64_t li = 0; li < L; ++li)
+    for (int64_t h = 0; h < Hq; ++h) {
+      std::vector<double>& dst = recv[static_cast<size_t>(li)][static_cast<size_t>(rec_.kv_head_of(h))];
+      const std::vector<double>& src = recv_q[static_cast<size_t>(li * Hq + h)];
+      for (int64_t j = 0; j < T; ++j) dst[static_cast<size_t>(j)] += src[static_cast<size_t>(j)];
+    }
+  entropies_ = std::move(ent);
+  received_ = std::move(recv);
+}
+
+void RecordingStats::warm_up() {
+  std::call_once(attention_once_, [&] { compute_attention_statistics(!omp_in_parallel()); });
+}
+
+const std::vector<std::vector<RecordingStats::Entropies>>& RecordingStats::head_entropies() {
+  std::call_once(attention_once_, [&] { compute_attention_statistics(false); });
+  return entropies_;
+}
+
+const std::vector<std::vector<std::vector<double>>>& RecordingStats::received_attention() {
+  std::call_once(attention_once_, [&] { compute_attention_statistics(false); });
+  return received_;
+}
+
+double RecordingStats::kv_head_entropy(int64_t li, int64_t g, EntropyKind kind, GqaAggregate agg,
+                                       EntropyAverage average) {
+  const std::vector<Entropies>& heads = head_entropies()[static_cast<size_t>(li)];
+  const int64_t G = rec_.group_size();
+  double acc = agg == GqaAggregate::Mean ? 0.0 : (agg == GqaAggregate::Min ? 1e300 : -1e300);
+  for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+    const HeadEntropy& he =
+        average == EntropyAverage::Mean ? heads[static_cast<size_t>(h)].mean : heads[static_cast<size_t>(h)].effective;
+    const double e = kind == EntropyKind::Shannon ? he.shannon : he.renyi2;
+    if (agg == GqaAggregate::Mean)
+      acc += e / static_cast<double>(G);
+    else if (agg == GqaAggregate::Min)
+      acc = std::min(acc, e);
+    else
+      acc = std::max(acc, e);
+  }
+  return acc;
+}
+
+RecordingStats::Slot& RecordingStats::slot_for(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<Slot>& s = slots_[key];
+  if (!s) s = std::make_unique<Slot>();
+  return *s;
+}
+
+}  // namespace kvb

@@ -1,0 +1,92 @@
+// RecordingStats: statistics of a recording that strategies read (attention entropy
+// per head, attention received per token, ρ per phase, measured distortion tables),
+// computed once per run on the calibration query positions and shared by every sweep
+// point. Thread-safe: each entry is filled lazily, once, by the first thread that
+// asks; every entry is a pure function of the recording and the calibration
+// positions, so results do not depend on which thread computed them.
+#pragma once
+#include <any>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "sim/metrics/attention.h"
+#include "sim/recording.h"
+
+namespace kvb {
+
+enum class EntropyKind { Shannon, Renyi2 };
+// How per-query entropies H(t) average over the calibration queries:
+//   Mean:      the arithmetic mean of H(t) (the research);
+//   Effective: −log₂ of the mean of 2^(−H(t)). For Rényi-2, 2^(−H₂(t)) = Σ_j p_tj² is
+//              the weight of the query's first-order value error (methods.md §5), so
+//              this is the entropy under which α = 0.5 is the optimum of that model.
+enum class EntropyAverage { Mean, Effective };
+// How the entropies of a KV head's query heads (GQA) combine into the KV head's.
+enum class GqaAggregate { Mean, Min, Max };
+
+// Parse "shannon" / "renyi2" and "mean" / "min" / "max"; throw kvb::ConfigError naming `where`.
+EntropyKind parse_entropy_kind(const std::string& s, const std::string& where);
+EntropyAverage parse_entropy_average(const std::string& s, const std::string& where);
+GqaAggregate parse_gqa_aggregate(const std::string& s, const std::string& where);
+const char* entropy_kind_name(EntropyKind k);
+
+class RecordingStats {
+ public:
+  // `calibration`: query positions (each < rec.tokens, sorted, distinct) the
+  // statistics are measured on; never the evaluated ones unless a config says so.
+  RecordingStats(const Recording& rec, std::vector<int64_t> calibration);
+
+  const Recording& recording() const { return rec_; }
+  const std::vector<int64_t>& calibration() const { return calibration_; }
+
+  // Attention entropy (bits) of one query head over the calibration positions,
+  // causal prefix only, averaged both ways.
+  struct Entropies {
+    HeadEntropy mean;       // arithmetic means of H(t)
+    HeadEntropy effective;  // −log₂ mean 2^(−H(t))
+  };
+  // [layers][q_heads].
+  const std::vector<std::vector<Entropies>>& head_entropies();
+  // Entropy of KV head g of layer li: its query heads' entropies combined by `agg`.
+  double kv_head_entropy(int64_t li, int64_t g, EntropyKind kind, GqaAggregate agg,
+                         EntropyAverage average = EntropyAverage::Mean);
+  // Attention each token receives, summed over the calibration queries and over the
+  // query heads of each KV head: [layers][kv_heads][T].
+  const std::vector<std::vector<std::vector<double>>>& received_attention();
+
+  // Computes head entropies and received attention now, in parallel over heads (call
+  // outside a parallel region; later calls are free).
+  void warm_up();
+
+  // The value stored under `key`, computed by `compute` on first use. T must be
+  // copyable; a throwing compute leaves the entry empty for the next caller.
+  template <typename T>
+  const T& memo(const std::string& key, const std::function<T()>& compute) {
+    Slot& slot = slot_for(key);
+    std::call_once(slot.once, [&] { slot.value = compute(); });
+    return std::any_cast<const T&>(slot.value);
+  }
+
+ private:
+  struct Slot {
+    std::once_flag once;
+    std::any value;
+  };
+  Slot& slot_for(const std::string& key);
+  void compute_attention_statistics(bool parallel);
+
+  const Recording& rec_;
+  std::vector<int64_t> calibration_;
+  std::once_flag attention_once_;
+  std::vector<std::vector<Entropies>> entropies_;
+  std::vector<std::vector<std::vector<double>>> received_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Slot>> slots_;
+};
+
+}  // namespace kvb

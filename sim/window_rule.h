@@ -1,0 +1,20 @@
+// The recency window's time rule (Plan, methods.md §3) as plain arithmetic, shared by
+// RecentWindow::holds (CPU) and the CUDA attention kernels (kernels/attention_rows.cu).
+#pragma once
+#include <cstdint>
+
+#include "sim/core/hd.h"
+
+namespace kvb {
+
+// The first token the query at position t sees in window precision, for a window of
+// `size` tokens that may hold tokens >= `first` (the plan's prefill): the window holds
+// exactly the tokens j with window_first_held(...) <= j <= t.
+//   sliding: the last `size` tokens, t - size < j;
+//   chunked: a residual flushed every `size` tokens, j >= first + size * floor((t + 1 - first) / size).
+KVB_HD int64_t window_first_held(int64_t size, bool chunked, int64_t t, int64_t first) {
+  const int64_t from = chunked ? first + size * ((t + 1 - first) / size) : t - size + 1;
+  return from > first ? from : first;
+}
+
+}  // namespace kvb

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Strategies end to end: `kvbudget strategies` lists types and presets; a sweep of
+# budgeted and composed strategies meets every budget, reports its annotations, an
+# impossible budget fails alone with both numbers, attribution shares sum to 1, the
+# manifest records calibration and evaluated positions, results are identical for any
+# thread count; `kvbudget bounds --quick` writes its table.
+# $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
+set -u
+kvb="$1"
+src="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+status=0
+fail() { echo "FAIL: $*" >&2; status=1; }
+expect() {  # expect FILE STRING WHAT
+  grep -qF -- "$2" "$1" || { fail "'$2' not in $3"; sed 's/^/    /' "$1" | head -40 >&2; }
+}
+# CSV fields may be quoted (point keys hold commas), so CSVs are read with Python's csv.
+has_column() { /usr/bin/python3 -c 'import csv, sys; sys.exit(sys.argv[2] not in next(csv.reader(open(sys.argv[1]))))' "$1" "$2"; }
+# points.csv without its timing column, for comparing numbers across runs.
+numbers() {
+  /usr/bin/python3 -c 'import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    r.pop("seconds"); print(r)' "$1"
+}
+
+# 1. The tables.
+"$kvb" strategies >"$tmp/list.out" 2>&1 || fail "kvbudget strategies exited $?"
+for s in "uniform:" "entropy:" "phase:" "taqg:" "optimal:" "kivi-2" "hf-quanto-int4" "quantcpp-k2-w512" \
+         "[key_|value_]window_mode" "budget_bpe"; do
+  expect "$tmp/list.out" "$s" "kvbudget strategies"
+done
+
+# 2. A sweep of budgets over every type, composed with protections, on 128 tokens.
+{
+  echo 'name = "s"'
+  echo '[data]'
+  echo "path = \"$src/data/records/gpt2-bytes-record.safetensors\""
+  echo 'max_tokens = 128'
+  echo '[[strategy]]'
+  echo 'type = "uniform"'
+  echo 'budget_bpe = [3.3, 4.0, 5.7]'
+  echo 'family = "int{b}-asym-g32"'
+  echo '[[strategy]]'
+  echo 'type = "entropy"'
+  echo 'budget_bpe = [5.0, 6.2]'
+  echo 'family = "int{b}-{mode}-g32"'
+  echo 'window = 16'
+  echo 'sink_tokens = 2'
+  echo '[strategy.vars]'
+  echo 'mode = ["asym", "sym"]'
+  echo '[[strategy]]'
+  echo 'type = "optimal"'
+  echo 'budget_bpe = 4.5'
+  echo 'family = "int{b}-asym-g32"'
+  echo 'sink_heads = 1'
+  echo '[[strategy]]'
+  echo 'type = "phase"'
+  echo 'budget_bpe = 4.0'
+  echo 'family = "int{b}-asym-g32"'
+  echo 'split = [-1, 1]'
+  echo '[[strategy]]'
+  echo 'preset = "kivi-2"'
+  echo 'window = 32'
+  echo '[[strategy]]'
+  echo 'type = "uniform"'
+  echo 'budget_bpe = 1.5'
+  echo 'family = "int{b}-asym-g32"'
+} >"$tmp/s.toml"
+"$kvb" run "$tmp/s.toml" --out "$tmp/r1" --threads 2 --quiet >"$tmp/run1.out" 2>&1
+[ $? -eq 1 ] || fail "a run with one impossible budget: expected exit 1"
+d1=$(ls -d "$tmp"/r1/s/2*)
+[ "$(numbers "$d1/points.csv" | wc -l)" -eq 11 ] || fail "expected 11 measured points"
+expect "$d1/errors.csv" "uniform(budget_bpe=1.5,family=int{b}-asym-g32)" "errors.csv"
+expect "$d1/errors.csv" "budget_bpe 1.5 is below the cheapest allocation, 3 bpe" "errors.csv"
+for c in budget_bpe rho_first rho_second additivity budget_slack_bpe sink_heads_selected; do
+  has_column "$d1/points.csv" "$c" || fail "points.csv has no $c column"
+done
+/usr/bin/python3 -c 'import csv, sys
+bad = [r["key"] for r in csv.DictReader(open(sys.argv[1]))
+       if r["budget_bpe"] and float(r["bpe"]) > float(r["budget_bpe"]) + 1e-12]
+sys.exit(bool(bad))' "$d1/points.csv" || fail "a point exceeds its budget_bpe"
+# Attribution shares sum to 1 for every (point, metric, scope); keys may hold commas,
+# so fields are counted from the end.
+[ -s "$d1/attribution.csv" ] && [ -s "$d1/concentration.csv" ] || fail "attribution files missing"
+awk -F, 'NR > 1 { k = $1 SUBSEP $(NF - 4) SUBSEP $(NF - 3); s[k] += $NF }
+         END { for (k in s) if (s[k] < 1 - 1e-6 || s[k] > 1 + 1e-6) { print k, s[k]; bad = 1 }; exit bad }' \
+  "$d1/attribution.csv" || fail "attribution shares do not sum to 1"
+grep -q ",protection,window," "$d1/attribution.csv" || fail "no window region in attribution.csv"
+grep -q ",phase,first_phase," "$d1/attribution.csv" || fail "no phase region in attribution.csv"
+expect "$d1/manifest.json" '"rule": "stride 8 from 7"' "manifest calibration"
+expect "$d1/manifest.json" '"rule": "all not used for calibration"' "manifest evaluation"
+expect "$d1/manifest.json" '"count": 16' "manifest calibration count"
+
+# 3. Determinism across thread counts, statistics and distortion tables included.
+"$kvb" run "$tmp/s.toml" --out "$tmp/r2" --threads 1 --quiet --no-plots >/dev/null 2>&1
+d2=$(ls -d "$tmp"/r2/s/2*)
+diff <(numbers "$d1/points.csv") <(numbers "$d2/points.csv") >/dev/null || fail "points differ between thread counts"
+diff "$d1/attribution.csv" "$d2/attribution.csv" >/dev/null || fail "attribution differs between thread counts"
+
+# 4. Config errors name the key.
+sed 's/^mode = \["asym", "sym"\]/b = [2]/' "$tmp/s.toml" >"$tmp/b.toml"
+"$kvb" run "$tmp/b.toml" --out "$tmp/r3" >"$tmp/b.out" 2>&1
+[ $? -eq 2 ] || fail "{b} as a variable: expected exit 2"
+expect "$tmp/b.out" "{b} is reserved for the allocator's width" "reserved {b}"
+"$kvb" run "$tmp/s.toml" --set 'strategy.4.preset=kivi-3' --out "$tmp/r3" >"$tmp/p.out" 2>&1
+[ $? -eq 2 ] || fail "unknown preset: expected exit 2"
+expect "$tmp/p.out" "unknown preset 'kivi-3' (did you mean" "unknown preset"
+
+# 5. The bounds report.
+"$kvb" bounds --quick --out "$tmp/b" >"$tmp/bounds.out" 2>&1 || fail "kvbudget bounds exited $?"
+db=$(ls -d "$tmp"/b/bounds/2*)
+for f in bounds.csv bounds.md manifest.json; do [ -s "$db/$f" ] || fail "bounds results lack $f"; done
+expect "$db/bounds.csv" "shannon b=2 lloyd-max" "bounds.csv"
+expect "$db/bounds.csv" "bound as written (research rho)" "bounds.csv"
+expect "$tmp/bounds.out" "rows hold" "bounds console"
+
+exit $status

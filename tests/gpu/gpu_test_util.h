@@ -1,0 +1,70 @@
+// Helpers of the GPU tests: where the bundled data is, and the llm.c-style comparison
+// of GPU results with the CPU reference (atol + rtol·|ref|, naming the worst mismatch).
+#pragma once
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "sim/metrics/error_stats.h"
+#include "sim/metrics/metric_table.h"
+
+namespace kvb::test {
+
+// data/ of the repository: $KVB_DATA_DIR when set (the GPU machine runs the binaries
+// away from the build tree), else the source tree's.
+inline std::filesystem::path gpu_data_dir() {
+  if (const char* env = std::getenv("KVB_DATA_DIR")) return env;
+  return KVB_TEST_DATA_DIR;
+}
+
+// The repository (configs/): $KVB_SOURCE_DIR when set, else the source tree.
+inline std::filesystem::path gpu_source_dir() {
+  if (const char* env = std::getenv("KVB_SOURCE_DIR")) return env;
+  return KVB_TEST_SOURCE_DIR;
+}
+
+// Every tensor- and attention-level metric agrees: |gpu - cpu| <= atol + rtol·|cpu|
+// (equal infinities agree). Prints each metric's relative difference and names the
+// worst one; returns it.
+struct MetricAgreement {
+  double worst_rel = 0;       // max over metrics of |gpu - cpu| / max(|cpu|, tiny)
+  std::string worst_metric;
+};
+
+inline constexpr double kMetricRtol = 1e-5;
+inline constexpr double kMetricAtol = 1e-12;
+
+inline MetricAgreement check_metrics_agree(const ErrorStats& cpu, const ErrorStats& gpu, const std::string& label) {
+  MetricAgreement agree;
+  REQUIRE_MESSAGE(cpu.rows.size() == gpu.rows.size(), label << ": row counts differ");
+  CHECK_MESSAGE(cpu.logit_pairs == gpu.logit_pairs, label << ": logit pair counts differ");
+  for (size_t i = 0; i < cpu.rows.size(); ++i) {
+    const AttentionRow &a = cpu.rows[i], &b = gpu.rows[i];
+    if (a.layer != b.layer || a.q_head != b.q_head || a.position != b.position) {
+      FAIL_CHECK(label << ": row " << i << " is (" << b.layer << ", " << b.q_head << ", " << b.position
+                       << ") on the GPU, (" << a.layer << ", " << a.q_head << ", " << a.position << ") on the CPU");
+      break;
+    }
+  }
+  for (const MetricDef& m : metric_table()) {
+    if (!m.compute) continue;
+    const double c = m.compute(cpu), g = m.compute(gpu);
+    const bool same_inf = std::isinf(c) && std::isinf(g) && (c > 0) == (g > 0);
+    const double diff = same_inf ? 0.0 : std::fabs(g - c);
+    const double rel = diff / std::max(std::fabs(c), 1e-300);
+    if (diff > 0 && rel > agree.worst_rel) {
+      agree.worst_rel = rel;
+      agree.worst_metric = m.name;
+    }
+    CHECK_MESSAGE(diff <= kMetricAtol + kMetricRtol * std::fabs(c),
+                  label << ": " << m.name << " cpu " << c << " gpu " << g << " (relative " << rel << ")");
+  }
+  MESSAGE(label << ": worst metric " << (agree.worst_metric.empty() ? "(all identical)" : agree.worst_metric)
+                << " relative difference " << agree.worst_rel);
+  return agree;
+}
+
+}  // namespace kvb::test

@@ -1,0 +1,250 @@
+// The CUDA attention-error path (kernels/cuda_simulator.h) against the CPU simulator:
+// every tensor- and attention-level metric within 1e-5 relative (gpu_test_util.h), on
+// random recordings with GQA and on the bundled real recordings, under segments,
+// sliding and chunked windows (replacing and extra copy), prefill, evaluated-position
+// subsets, several top-k, and logit shifts large enough for the max-shifted softmax.
+// Also the sweep on backend = "cuda" / "auto", and (no device needed) which plans the
+// CUDA backend refuses.
+#include <cmath>
+#include <random>
+
+#include "experiments/experiment.h"
+#include "experiments/sweep.h"
+#include "gpu_test_util.h"
+#include "kernels/cuda_simulator.h"
+#include "sim/formats/registry.h"
+#include "sim/simulator.h"
+#include "sim/strategies/uniform.h"
+
+using namespace kvb;
+
+namespace {
+
+// A test format the CPU has and the GPU has not: x̂ = 2x.
+class CpuOnlyFormat final : public Format {
+ public:
+  std::string name() const override { return "cpu-only-double"; }
+  uint64_t storage_bits(int64_t t, int64_t d) const override { return static_cast<uint64_t>(t * d); }
+  void roundtrip(ConstMatView x, MatView out, const SpanInfo&) const override {
+    for (int64_t r = 0; r < x.rows; ++r)
+      for (int64_t c = 0; c < x.cols; ++c) out.row(r)[c] = 2 * x.row(r)[c];
+  }
+  double nominal_bits() const override { return 1; }
+};
+
+// [layers] of queries [q_heads, T, d] and keys/values [kv_heads, T, d], N(0, 1) with
+// queries scaled by `sharpness` (peaked attention) and keys by `key_scale`.
+Recording random_recording(int64_t layers, int64_t q_heads, int64_t kv_heads, int64_t T, int64_t d, uint64_t seed,
+                           float sharpness = 2.0f, float key_scale = 1.0f) {
+  Recording r;
+  r.name = "random";
+  r.source = "test seed " + std::to_string(seed);
+  r.q_heads = q_heads;
+  r.kv_heads = kv_heads;
+  r.tokens = T;
+  r.head_dim = d;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t l = 0; l < layers; ++l) {
+    LayerTensors L;
+    L.query = Tensor({q_heads, T, d});
+    L.key = Tensor({kv_heads, T, d});
+    L.value = Tensor({kv_heads, T, d});
+    for (float& v : L.query.data) v = sharpness * normal(rng);
+    for (float& v : L.key.data) v = key_scale * normal(rng);
+    for (float& v : L.value.data) v = normal(rng);
+    r.layers.push_back(std::move(L));
+    r.layer_ids.push_back(static_cast<int>(l));
+  }
+  r.validate();
+  return r;
+}
+
+Plan uniform_plan(const Recording& rec, const std::string& k, const std::string& v) {
+  return UniformStrategy(make_format(k), make_format(v)).build({rec, 0});
+}
+
+void set_window(Plan& plan, Kind kind, int64_t size, const std::string& format, RecentWindow::Mode mode, bool copy) {
+  for (int64_t l = 0; l < plan.layers(); ++l)
+    for (int64_t g = 0; g < plan.kv_heads(); ++g) {
+      RecentWindow& w = plan.unit(l, g, kind).window;
+      w.size = size;
+      w.format = make_format(format);
+      w.mode = mode;
+      w.extra_copy = copy;
+    }
+}
+
+// Sinks: the first `sinks` tokens of every unit in `sink_format`, the rest in `rest`.
+void set_sinks(Plan& plan, int64_t sinks, const std::string& sink_format, const std::string& rest) {
+  for (int64_t l = 0; l < plan.layers(); ++l)
+    for (int64_t g = 0; g < plan.kv_heads(); ++g)
+      for (Kind k : {Kind::Key, Kind::Value})
+        plan.unit(l, g, k).segments = {Segment{0, sinks, make_format(sink_format)},
+                                       Segment{sinks, plan.tokens(), make_format(rest)}};
+}
+
+double worst = 0;
+std::string worst_case;
+
+void compare(const Recording& rec, const Plan& plan, const SimOptions& opt, const std::string& label) {
+  REQUIRE(plan.check().empty());
+  REQUIRE(cuda::unsupported_reason(plan, opt).empty());
+  const ErrorStats cpu = simulate(rec, plan, opt);
+  cuda::CudaSimulator gpu(rec);
+  const ErrorStats dev = gpu.simulate(plan, opt);
+  const test::MetricAgreement a = test::check_metrics_agree(cpu, dev, label);
+  if (a.worst_rel > worst) {
+    worst = a.worst_rel;
+    worst_case = label + ": " + a.worst_metric;
+  }
+}
+
+SimOptions options(int64_t topk, std::vector<int64_t> positions = {}) {
+  SimOptions o;
+  o.topk = topk;
+  o.positions = std::move(positions);
+  return o;
+}
+
+}  // namespace
+
+TEST_SUITE("no_device") {
+  TEST_CASE("the CUDA backend names the format it cannot run, and the top-k it cannot compute") {
+    const Recording rec = random_recording(2, 4, 2, 16, 8, 1);
+    Plan plan = uniform_plan(rec, "int4-asym-g8", "int4-asym-g8");
+    CHECK(cuda::unsupported_reason(plan, SimOptions{}).empty());
+    plan.unit(1, 1, Kind::Value).segments[0].format = std::make_shared<CpuOnlyFormat>();
+    const std::string why = cuda::unsupported_reason(plan, SimOptions{});
+    CHECK(why.find("format 'cpu-only-double' has no CUDA twin") != std::string::npos);
+    CHECK(why.find("layer 1 kv_head 1 V") != std::string::npos);
+    Plan windowed = uniform_plan(rec, "int4-asym-g8", "int4-asym-g8");
+    windowed.unit(0, 0, Kind::Key).window = RecentWindow{4, std::make_shared<CpuOnlyFormat>()};
+    CHECK(cuda::unsupported_reason(windowed, SimOptions{}).find("window") != std::string::npos);
+    CHECK(cuda::unsupported_reason(uniform_plan(rec, "keep-fp16", "keep-fp16"), options(65)).find("topk") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("uniform formats on random GQA recordings: every metric within 1e-5 of the CPU") {
+  const Recording rec = random_recording(2, 8, 2, 300, 64, 11);
+  compare(rec, uniform_plan(rec, "int4-asym-g32", "int4-asym-g32"), options(8), "int4-asym-g32");
+  compare(rec, uniform_plan(rec, "int2-asym-ch32", "int2-asym-g32-sbf16-zfp32"), options(8), "int2 ch32 keys");
+  compare(rec, uniform_plan(rec, "int3-sym-tok", "int1-sym-g16"), options(1), "int3 tok / int1, top-1");
+  compare(rec, uniform_plan(rec, "int8-sym-g64-sfp32", "keep-bf16"), options(64), "int8 / bf16, top-64");
+  compare(rec, uniform_plan(rec, "int3-asym-ch", "int5-asym-ch300"), options(8), "whole-span channels");
+}
+
+TEST_CASE("an fp32 cache gives exactly zero error on the GPU too") {
+  const Recording rec = random_recording(1, 4, 4, 64, 32, 3);
+  cuda::CudaSimulator gpu(rec);
+  const ErrorStats s = gpu.simulate(uniform_plan(rec, "keep-fp32", "keep-fp32"), SimOptions{});
+  REQUIRE(s.rows.size() == 4u * 64u);
+  for (const AttentionRow& r : s.rows) {
+    CHECK(r.kl == 0.0f);
+    CHECK(r.out_err2 == 0.0f);
+    CHECK(r.logit_err2 == 0.0f);
+    CHECK(r.topk_overlap == 1.0f);
+    CHECK(r.out_norm2 > 0.0f);
+  }
+  CHECK(s.k_err2 == 0.0);
+  CHECK(s.k_norm2 > 0.0);
+}
+
+TEST_CASE("time semantics: sinks, sliding and chunked windows, extra copies and prefill match the CPU") {
+  const Recording rec = random_recording(2, 6, 3, 257, 64, 21);
+  {
+    Plan p = uniform_plan(rec, "int2-asym-g32", "int2-asym-g32");
+    set_sinks(p, 4, "keep-fp16", "int2-asym-g32");
+    compare(rec, p, options(8), "sinks");
+  }
+  {
+    Plan p = uniform_plan(rec, "int2-asym-g32", "int3-sym-g32");
+    set_window(p, Kind::Key, 32, "keep-fp16", RecentWindow::Mode::Sliding, false);
+    set_window(p, Kind::Value, 32, "keep-fp16", RecentWindow::Mode::Sliding, false);
+    p.set_prefill(64);
+    compare(rec, p, options(8), "sliding K/V window 32, prefill 64");
+  }
+  {
+    Plan p = uniform_plan(rec, "int1-sym-g32", "int4-asym-g32");
+    set_window(p, Kind::Key, 48, "int8-sym-tok", RecentWindow::Mode::Chunked, false);
+    compare(rec, p, options(8), "chunked K window 48 (int8 window), no V window");
+  }
+  {
+    Plan p = uniform_plan(rec, "int4-asym-g32", "int2-asym-ch32");
+    set_window(p, Kind::Value, 40, "keep-fp16", RecentWindow::Mode::Chunked, true);
+    p.set_prefill(100);
+    compare(rec, p, options(4), "chunked V window 40 as an extra copy, prefill 100");
+  }
+  {
+    Plan p = uniform_plan(rec, "int2-asym-g32", "int2-asym-g32");
+    set_sinks(p, 8, "keep-bf16", "int3-asym-ch32");
+    set_window(p, Kind::Key, 16, "keep-fp16", RecentWindow::Mode::Sliding, true);
+    set_window(p, Kind::Value, 64, "keep-fp32", RecentWindow::Mode::Chunked, false);
+    p.set_prefill(30);
+    compare(rec, p, options(8, {0, 1, 2, 29, 30, 31, 63, 64, 100, 200, 256}), "everything, position subset");
+  }
+  {
+    Plan p = uniform_plan(rec, "int4-asym-g32", "int4-asym-g32");
+    p.set_prefill(rec.tokens);  // the whole recording is prompt: no error at all
+    compare(rec, p, options(8), "prefill of every token");
+  }
+}
+
+TEST_CASE("large logit shifts use the max-shifted softmax on both sides") {
+  // Large keys quantized to 1 bit: |Δs| reaches hundreds of nats.
+  const Recording rec = random_recording(1, 4, 2, 200, 64, 31, 1.0f, 12.0f);
+  const Plan p = uniform_plan(rec, "int1-asym-g64", "int2-asym-g64");
+  const ErrorStats cpu = simulate(rec, p, options(8));
+  CHECK(find_metric("logit_err_max")->compute(cpu) > 30.0);
+  compare(rec, p, options(8), "large logit shifts");
+}
+
+TEST_CASE("the bundled real recordings (GQA llama-bytes, gpt2-bytes) match the CPU") {
+  for (const char* file : {"llama-bytes-record.safetensors", "gpt2-bytes-record.safetensors"}) {
+    RecordingSpec rs;
+    rs.path = test::gpu_data_dir() / "records" / file;
+    const Recording rec = load_recording(rs);
+    compare(rec, uniform_plan(rec, "int4-asym-g32", "int4-asym-g32"), options(8), std::string(file) + " int4");
+    compare(rec, uniform_plan(rec, "int2-asym-ch32", "int2-asym-tok"), options(8), std::string(file) + " KIVI-2");
+    Plan p = uniform_plan(rec, "int3-sym-g32", "int3-sym-g32");
+    set_sinks(p, 4, "keep-fp16", "int3-sym-g32");
+    set_window(p, Kind::Key, 64, "keep-fp16", RecentWindow::Mode::Sliding, false);
+    set_window(p, Kind::Value, 32, "keep-fp16", RecentWindow::Mode::Chunked, false);
+    p.set_prefill(128);
+    compare(rec, p, options(8), std::string(file) + " sinks + windows + prefill");
+  }
+  MESSAGE("worst relative metric difference over all plans: " << worst << " (" << worst_case << ")");
+}
+
+TEST_CASE("a sweep on backend = \"cuda\" and \"auto\" gives the CPU's points") {
+  const std::string config = (test::gpu_source_dir() / "configs" / "quickstart.toml").string();
+  const std::string rec_path = (test::gpu_data_dir() / "records" / "gpt2-bytes-record.safetensors").string();
+  ExperimentSpec spec = load_experiment(config, {"data.path=\"" + rec_path + "\"", "data.max_tokens=128",
+                                                 "strategy.0.vars.bits=[2, 4]"});
+  const Recording rec = build_recording(spec.data);
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  BackendChoice chosen;
+  spec.backend = BackendRequest::Cpu;
+  const std::vector<PointResult> cpu = run_sweep(spec, rec, points, nullptr, nullptr, &chosen);
+  CHECK(chosen.used == Backend::Cpu);
+  for (BackendRequest req : {BackendRequest::Cuda, BackendRequest::Auto}) {
+    spec.backend = req;
+    const std::vector<PointResult> gpu = run_sweep(spec, rec, points, nullptr, nullptr, &chosen);
+    CHECK(chosen.used == Backend::Cuda);
+    CHECK(!chosen.device.empty());
+    MESSAGE(std::string(backend_request_name(req)) << ": " << chosen.reason << " on " << chosen.device);
+    REQUIRE(gpu.size() == cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      REQUIRE(gpu[i].ok);
+      REQUIRE(gpu[i].metrics.size() == cpu[i].metrics.size());
+      CHECK(gpu[i].bpe == cpu[i].bpe);
+      for (size_t m = 0; m < cpu[i].metrics.size(); ++m) {
+        const double c = cpu[i].metrics[m], g = gpu[i].metrics[m];
+        const bool same_inf = std::isinf(c) && std::isinf(g);
+        CHECK_MESSAGE((same_inf || std::fabs(g - c) <= test::kMetricAtol + test::kMetricRtol * std::fabs(c)),
+                      points[i].key << " " << spec.metrics.report[m] << ": cpu " << c << " gpu " << g);
+      }
+    }
+  }
+}

@@ -1,0 +1,241 @@
+// The formats' CUDA twins (kernels/format_twin.h) against the CPU formats, byte for
+// byte: codes and group parameters (quantize), dequantized values, and the fused round
+// trip, for every format of the table that has a twin and every int variant (all
+// groupings including both token-group paths, sym/asym, 1..8 bits, scale/zero dtypes),
+// on random and adversarial inputs, aligned and misaligned. Also (no device needed):
+// the twin table agrees with Format::supports(Backend::Cuda).
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+
+#include "gpu_test_util.h"
+#include "kernels/device_buffer.h"
+#include "kernels/format_twin.h"
+#include "sim/core/half.h"
+#include "sim/formats/int_format.h"
+#include "sim/formats/keep_format.h"
+#include "sim/formats/registry.h"
+
+using namespace kvb;
+using kvb::cuda::DeviceBuffer;
+using kvb::cuda::SpanBatch;
+
+namespace {
+
+// Every format name the tests cover: the table's examples and a grid of int variants.
+std::vector<std::string> formats_under_test() {
+  std::vector<std::string> names;
+  for (const FormatFamily& fam : format_families())
+    for (const std::string& ex : fam.examples) names.push_back(ex);
+  for (int bits = 1; bits <= 8; ++bits)
+    for (const char* mode : {"sym", "asym"})
+      for (const char* grouping : {"g1", "g3", "g4", "g8", "g32", "g64", "tok", "ch1", "ch7", "ch32", "ch300", "ch"}) {
+        const std::string base = "int" + std::to_string(bits) + "-" + mode + "-" + grouping;
+        names.push_back(base);
+        if (bits == 4 || bits == 1) {
+          names.push_back(base + "-sbf16");
+          names.push_back(base + "-sfp32");
+          if (std::string(mode) == "asym") {
+            names.push_back(base + "-sbf16-zfp32");
+            names.push_back(base + "-zbf16");
+          }
+        }
+      }
+  return names;
+}
+
+// Inputs [spans, rows, cols] of one kind.
+std::vector<float> make_input(const std::string& kind, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (size_t i = 0; i < x.size(); ++i) {
+    float v = normal(rng);
+    if (kind == "zeros") v = (rng() & 1) ? 0.0f : -0.0f;          // signed zeros only
+    else if (kind == "signed_zeros") v = (rng() % 3 == 0) ? ((rng() & 1) ? 0.0f : -0.0f) : v;
+    else if (kind == "constant") v = 3.25f;
+    else if (kind == "half_steps") v = std::round(v * 4.0f) / 2.0f;  // ties of the rounding
+    else if (kind == "huge") v *= (rng() % 4 == 0) ? 7e4f : 1.0f;    // fp16 scale saturation
+    else if (kind == "extreme") v *= (rng() % 8 == 0) ? 1e30f : 1e-3f;
+    else if (kind == "subnormal") v *= 1e-40f;
+    else if (kind == "outlier") v = (i % 97 == 5) ? v * 300.0f : v;
+    x[i] = v;
+  }
+  return x;
+}
+
+struct Shape {
+  int64_t spans, rows, cols;
+};
+
+// Comparison counters, reported at the end.
+struct Tally {
+  int64_t formats = 0, cases = 0, bytes = 0;
+};
+
+template <typename T>
+std::vector<uint8_t> as_bytes(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// First differing byte of two buffers, or -1.
+int64_t first_difference(const void* a, const void* b, size_t n) {
+  const uint8_t* x = static_cast<const uint8_t*>(a);
+  const uint8_t* y = static_cast<const uint8_t*>(b);
+  for (size_t i = 0; i < n; ++i)
+    if (x[i] != y[i]) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// CPU reference of a batch: each span's IntCodes (int) or stored bits (keep) and its
+// round trip, concatenated in the twin's layout.
+struct Reference {
+  std::vector<uint8_t> codes, meta;
+  std::vector<float> values;
+};
+
+Reference cpu_reference(const Format& f, const std::vector<float>& x, Shape s) {
+  Reference ref;
+  ref.values.resize(x.size());
+  const int64_t span_elems = s.rows * s.cols;
+  for (int64_t sp = 0; sp < s.spans; ++sp) {
+    const ConstMatView xv{x.data() + sp * span_elems, s.rows, s.cols, s.cols};
+    f.roundtrip(xv, MatView{ref.values.data() + sp * span_elems, s.rows, s.cols, s.cols}, SpanInfo{});
+    if (const auto* fi = dynamic_cast<const IntFormat*>(&f)) {
+      const IntCodes c = fi->quantize(xv);
+      ref.codes.insert(ref.codes.end(), c.codes.begin(), c.codes.end());
+      const std::vector<uint8_t> m = as_bytes(c.params);
+      ref.meta.insert(ref.meta.end(), m.begin(), m.end());
+    } else if (const auto* fk = dynamic_cast<const KeepFormat*>(&f)) {
+      for (int64_t e = 0; e < span_elems; ++e) {
+        const uint32_t bits = store_bits(xv.data[e], fk->dtype());
+        if (fk->dtype() == StoreDtype::F32) {
+          const std::vector<uint32_t> w{bits};
+          const std::vector<uint8_t> b = as_bytes(w);
+          ref.codes.insert(ref.codes.end(), b.begin(), b.end());
+        } else {
+          const std::vector<uint16_t> w{static_cast<uint16_t>(bits)};
+          const std::vector<uint8_t> b = as_bytes(w);
+          ref.codes.insert(ref.codes.end(), b.begin(), b.end());
+        }
+      }
+    } else {
+      FAIL("no CPU code reference for format " << f.name());
+    }
+  }
+  return ref;
+}
+
+// One format on one input: quantize, dequantize and round trip on the device against
+// the CPU reference. `offset` floats shift the device pointers off 16-byte alignment.
+void check_twin(const Format& f, const cuda::FormatTwin& twin, const std::vector<float>& x, Shape s, int offset,
+                const std::string& label, Tally& tally) {
+  const SpanBatch b{s.spans, s.rows, s.cols};
+  const Reference ref = cpu_reference(f, x, s);
+  const cuda::CodeBytes cb = twin.code_bytes(b);
+  REQUIRE_MESSAGE(cb.codes == ref.codes.size(), label << ": code bytes " << cb.codes << " vs CPU " << ref.codes.size());
+  REQUIRE_MESSAGE(cb.meta == ref.meta.size(), label << ": metadata bytes " << cb.meta << " vs CPU " << ref.meta.size());
+
+  DeviceBuffer<float> dx(x.size() + offset), dout(x.size() + offset), dround(x.size() + offset);
+  DeviceBuffer<uint8_t> dcodes(cb.codes + 16), dmeta(cb.meta + 16);
+  dx.upload(x.data(), x.size(), static_cast<size_t>(offset));
+  // Poison the outputs so that an unwritten element cannot pass.
+  KVB_CUDA_CHECK(cudaMemset(dout.data(), 0xff, dout.bytes()));
+  KVB_CUDA_CHECK(cudaMemset(dround.data(), 0xff, dround.bytes()));
+  KVB_CUDA_CHECK(cudaMemset(dcodes.data(), 0xa5, dcodes.bytes()));
+  KVB_CUDA_CHECK(cudaMemset(dmeta.data(), 0xa5, dmeta.bytes()));
+  const size_t code_offset = offset ? 4 : 0;  // codes off 16-byte alignment too (word-aligned)
+  uint8_t* codes = dcodes.data() + code_offset;
+  twin.quantize(dx.data() + offset, b, codes, dmeta.data(), nullptr);
+  twin.dequantize(codes, dmeta.data(), b, dout.data() + offset, nullptr);
+  twin.roundtrip(dx.data() + offset, b, dround.data() + offset, nullptr);
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const std::vector<uint8_t> gcodes = dcodes.download(cb.codes, code_offset);
+  const std::vector<uint8_t> gmeta = dmeta.download(cb.meta);
+  const std::vector<float> gout = dout.download(x.size(), static_cast<size_t>(offset));
+  const std::vector<float> ground = dround.download(x.size(), static_cast<size_t>(offset));
+  const int64_t dc = first_difference(gcodes.data(), ref.codes.data(), cb.codes);
+  const int64_t dm = first_difference(gmeta.data(), ref.meta.data(), cb.meta);
+  const int64_t dv = first_difference(gout.data(), ref.values.data(), x.size() * sizeof(float));
+  const int64_t dr = first_difference(ground.data(), ref.values.data(), x.size() * sizeof(float));
+  CHECK_MESSAGE(dc < 0, label << ": codes differ first at byte " << dc << " (gpu " << int(gcodes[dc < 0 ? 0 : dc])
+                              << ", cpu " << int(ref.codes[dc < 0 ? 0 : dc]) << ")");
+  CHECK_MESSAGE(dm < 0, label << ": group parameters differ first at byte " << dm);
+  CHECK_MESSAGE(dv < 0, label << ": dequantized values differ first at element " << dv / 4 << " (gpu "
+                              << gout[dv < 0 ? 0 : dv / 4] << ", cpu " << ref.values[dv < 0 ? 0 : dv / 4] << ")");
+  CHECK_MESSAGE(dr < 0, label << ": round-trip values differ first at element " << dr / 4);
+  ++tally.cases;
+  tally.bytes += static_cast<int64_t>(cb.codes + cb.meta + 2 * x.size() * sizeof(float));
+}
+
+}  // namespace
+
+TEST_SUITE("no_device") {
+  TEST_CASE("the twin table and Format::supports(Backend::Cuda) agree on every format of the table") {
+    std::set<std::string> families_with_twins;
+    for (const cuda::TwinFamily& t : cuda::twin_families()) families_with_twins.insert(t.family);
+    std::set<std::string> table_families;
+    for (const FormatFamily& fam : format_families()) {
+      table_families.insert(fam.name);
+      for (const std::string& ex : fam.examples) {
+        const FormatPtr f = make_format(ex);
+        const bool has_twin = cuda::make_twin(*f) != nullptr;
+        CHECK_MESSAGE(f->supports(Backend::Cuda) == has_twin,
+                      ex << ": supports(Cuda) says " << f->supports(Backend::Cuda) << ", the twin table " << has_twin);
+        CHECK(f->supports(Backend::Cpu));
+        if (has_twin) {
+          CHECK(cuda::make_twin(*f)->name() == f->name());
+          CHECK(families_with_twins.count(fam.name) == 1);
+        }
+      }
+    }
+    for (const std::string& fam : families_with_twins)
+      CHECK_MESSAGE(table_families.count(fam) == 1, "twin family " << fam << " is not in the format table");
+  }
+}
+
+TEST_CASE("every twin's codes, parameters and values are byte-identical to the CPU format") {
+  const std::vector<std::string> kinds = {"normal", "zeros", "signed_zeros", "constant", "half_steps",
+                                          "huge",   "extreme", "subnormal",  "outlier"};
+  const std::vector<Shape> shapes = {{3, 37, 128}, {1, 1000, 64}, {2, 513, 96}, {2, 256, 64}, {1, 5, 12}, {2, 7, 6}, {1, 1, 64}};
+  Tally tally;
+  uint64_t seed = 1;
+  const std::vector<std::string> names = formats_under_test();
+  for (const std::string& name : names) {
+    const FormatPtr f = make_format(name);
+    if (!f->supports(Backend::Cuda)) continue;
+    const std::unique_ptr<cuda::FormatTwin> twin = cuda::require_twin(*f);
+    ++tally.formats;
+    for (const Shape& s : shapes) {
+      if (!f->check_shape(s.rows, s.cols).empty()) continue;
+      // Every input kind on one shape per format; the normal input on all of them.
+      for (const std::string& kind : kinds) {
+        if (kind != "normal" && s.rows != 37) continue;
+        const std::vector<float> x = make_input(kind, s.spans * s.rows * s.cols, seed++);
+        for (int offset : {0, 1}) {
+          if (offset == 1 && kind != "normal") continue;
+          const std::string label = name + " [" + std::to_string(s.spans) + "x" + std::to_string(s.rows) + "x" +
+                                    std::to_string(s.cols) + "] " + kind + (offset ? " misaligned" : "") +
+                                    " seed " + std::to_string(seed - 1);
+          check_twin(*f, *twin, x, s, offset, label, tally);
+        }
+      }
+    }
+  }
+  MESSAGE(tally.formats << " formats, " << tally.cases << " cases, " << tally.bytes
+                        << " bytes compared: all byte-identical unless reported above");
+  CHECK(tally.formats == static_cast<int64_t>(names.size()));  // every int and keep format has a twin
+}
+
+TEST_CASE("an empty batch is a no-op") {
+  const std::unique_ptr<cuda::FormatTwin> twin = cuda::require_twin(*make_format("int4-asym-ch32"));
+  twin->roundtrip(nullptr, SpanBatch{1, 0, 64}, nullptr, nullptr);
+  twin->quantize(nullptr, SpanBatch{0, 10, 64}, nullptr, nullptr, nullptr);
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+}

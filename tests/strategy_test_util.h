@@ -1,0 +1,79 @@
+// Helpers shared by the strategy tests: a small synthetic recording with sink heads,
+// GQA and two phases, and strategies built straight from the strategy table.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sim/strategies/statistics.h"
+#include "sim/strategies/strategy.h"
+#include "sim/synthetic.h"
+#include "test_util.h"
+
+namespace kvb::test {
+
+// 2 layers, 8 query / 4 KV heads (GQA), head_dim 32, 96 tokens, one sink head per
+// layer, a recency bias, two phases (boundary at token 72, marker id 257).
+inline SyntheticSpec strategy_spec() {
+  SyntheticSpec s;
+  s.seed = 11;
+  s.layers = 2;
+  s.q_heads = 8;
+  s.kv_heads = 4;
+  s.head_dim = 32;
+  s.tokens = 96;
+  s.entropy_mean = 3.0;
+  s.entropy_spread = 3.0;
+  s.sink_heads = 1;
+  s.sink_tokens = 1;
+  s.recency = 1.0;
+  s.phase_fraction = 0.75;
+  s.rho_first = 0.3;
+  s.rho_second = 0.5;
+  s.calibration_queries = 95;
+  return s;
+}
+
+inline const Recording& strategy_recording() {
+  static const Recording rec = generate_synthetic(strategy_spec());
+  return rec;
+}
+
+// Every 4th position from 3: the calibration set of the strategy tests.
+inline std::vector<int64_t> calibration_of(const Recording& rec) {
+  std::vector<int64_t> pos;
+  for (int64_t t = 3; t < rec.tokens; t += 4) pos.push_back(t);
+  return pos;
+}
+
+// Parameters of `type`: its defaults, then `values`.
+inline Params params_of(const std::string& type, const std::map<std::string, ParamValue>& values) {
+  std::map<std::string, ParamValue> all;
+  for (const ParamDef& d : require_strategy_type(type, "test").all_params())
+    if (d.default_value) all[d.name] = *d.default_value;
+  for (const auto& [k, v] : values) all[k] = v;
+  return Params(all);
+}
+
+inline Plan build_plan(const std::string& type, const std::map<std::string, ParamValue>& values, const Recording& rec,
+                       RecordingStats& stats, uint64_t seed = 0) {
+  const std::unique_ptr<Strategy> s = require_strategy_type(type, "test").make(params_of(type, values));
+  StrategyInput in{rec, seed, &stats};
+  return s->build(in);
+}
+
+inline double annotation(const Plan& plan, const std::string& name) {
+  for (const Annotation& a : plan.annotations())
+    if (a.name == name) return std::get<double>(a.value);
+  FAIL("no annotation " << name);
+  return 0;
+}
+
+inline std::string annotation_text(const Plan& plan, const std::string& name) {
+  for (const Annotation& a : plan.annotations())
+    if (a.name == name) return std::get<std::string>(a.value);
+  return "";
+}
+
+}  // namespace kvb::test

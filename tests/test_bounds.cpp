@@ -1,0 +1,44 @@
+// The bounds report (experiments/bounds.*): its rows exist, the Gaussian and
+// first-order rows hold, and every row is a finite prediction against a finite
+// measurement with a criterion.
+#include <cmath>
+#include <set>
+
+#include "experiments/bounds.h"
+#include "test_util.h"
+
+using namespace kvb;
+
+TEST_CASE("the bounds report has every row of methods.md §5, and the Gaussian rows hold") {
+  BoundsOptions opt;
+  opt.quick = true;
+  opt.samples = 1 << 15;
+  const std::vector<BoundRow> rows = bounds_report(opt);
+  std::set<std::string> sections, names;
+  for (const BoundRow& r : rows) {
+    INFO(r.section << " / " << r.name);
+    sections.insert(r.section);
+    CHECK(names.insert(r.name).second);
+    CHECK(std::isfinite(r.predicted));
+    CHECK(std::isfinite(r.measured));
+    CHECK(!r.claim.empty());
+    CHECK(!r.criterion.empty());
+    if (r.section == "gaussian" || r.section == "first-order") CHECK(r.holds);
+  }
+  CHECK(sections == std::set<std::string>{"gaussian", "first-order", "entropy-rule", "taqg"});
+  for (const char* n :
+       {"lloyd-max b=2", "shannon b=3 lloyd-max", "uniform-step b=4", "shannon b=2 int2-asym-g32",
+        "high-rate gap lloyd-max", "value error int4-asym-g32", "key error int2-asym-g32",
+        "alpha 0.5 (values only, mean H2)", "alpha 0.25 (keys and values, mean H2)", "bound as written (research rho)",
+        "reverse water-filling (control: equal rho)", "4/3 vs 3/3 (unequal budgets)"})
+    CHECK(names.count(n) == 1);
+  for (const BoundRow& r : rows) {
+    if (r.name == "bound as written (research rho)") CHECK(r.predicted == 1.0);  // floor(log2(2.178)) = 1
+    if (r.name == "bound as written (control: equal rho)") CHECK(r.predicted == 1.0);
+    if (r.name == "bound as written (control: swapped rho)") CHECK(r.predicted == -1.0);
+  }
+  const std::string csv = bounds_csv(rows), md = bounds_markdown(rows);
+  CHECK(csv.rfind("section,name,claim,predicted,measured,holds,criterion,note\n", 0) == 0);
+  CHECK(md.find("| gaussian | lloyd-max b=1 |") != std::string::npos);
+  CHECK(md.find("\\|\\|do\\|\\|") != std::string::npos);  // pipes in cells are escaped
+}

@@ -1,0 +1,119 @@
+// The preset table (sim/strategies/presets.*): every preset is valid for its type, and
+// the cache presets cost what methods.md §1 says: KIVI-2 G=32 3.0 bpe plus its fp16
+// residual W·(16 − 3)/T, HF quanto int4 g64 4.5 and int2 2.5 plus the residual,
+// quant.cpp's fp32 key window W·32/T of the keys as an extra copy.
+#include <set>
+
+#include "sim/core/error.h"
+#include "sim/strategies/presets.h"
+#include "strategy_test_util.h"
+
+using namespace kvb;
+
+namespace {
+
+// A recording of the given shape with random tensors (no statistics needed).
+Recording shaped(int64_t layers, int64_t kv_heads, int64_t T, int64_t d) {
+  Recording r;
+  r.name = "shaped";
+  r.q_heads = kv_heads;
+  r.kv_heads = kv_heads;
+  r.head_dim = d;
+  r.tokens = T;
+  for (int64_t l = 0; l < layers; ++l) {
+    LayerTensors L;
+    L.query = Tensor({kv_heads, T, d});
+    L.key = Tensor({kv_heads, T, d});
+    L.value = Tensor({kv_heads, T, d});
+    L.key.data = test::random_normal(L.key.data.size(), 3 + static_cast<uint64_t>(l));
+    L.value.data = test::random_normal(L.value.data.size(), 5 + static_cast<uint64_t>(l));
+    r.layers.push_back(L);
+    r.layer_ids.push_back(static_cast<int>(l));
+  }
+  r.validate();
+  return r;
+}
+
+Plan preset_plan(const std::string& name, const Recording& rec, std::map<std::string, ParamValue> overrides = {}) {
+  const StrategyPreset& p = require_strategy_preset(name, "test");
+  std::map<std::string, ParamValue> v(p.params.begin(), p.params.end());
+  for (const auto& [k, x] : overrides) v[k] = x;
+  RecordingStats stats(rec, {});
+  return test::build_plan(p.type, v, rec, stats);
+}
+
+}  // namespace
+
+TEST_CASE("every preset names a type and only parameters of that type, with their types") {
+  std::set<std::string> names;
+  for (const StrategyPreset& p : strategy_presets()) {
+    INFO(p.name);
+    CHECK(names.insert(p.name).second);
+    const StrategyType& type = require_strategy_type(p.type, "test");
+    const std::vector<ParamDef> defs = type.all_params();
+    for (const auto& [k, v] : p.params) {
+      auto it = std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return d.name == k; });
+      REQUIRE(it != defs.end());
+      const ParamType want = it->type;
+      const bool ok = (want == ParamType::Bool && std::holds_alternative<bool>(v)) ||
+                      (want == ParamType::Int && std::holds_alternative<int64_t>(v)) ||
+                      (want == ParamType::Real && std::holds_alternative<double>(v)) ||
+                      (want == ParamType::String && std::holds_alternative<std::string>(v)) ||
+                      (want == ParamType::IntList && std::holds_alternative<IntList>(v));
+      CHECK(ok);
+    }
+    CHECK_NOTHROW((void)type.make(test::params_of(p.type, {p.params.begin(), p.params.end()})));
+  }
+  CHECK_THROWS_WITH_AS(require_strategy_preset("kivi2", "here"), doctest::Contains("did you mean 'kivi-2'"),
+                       ConfigError);
+}
+
+TEST_CASE("KIVI-2 G=32: 3.0 bpe plus the fp16 residual W·(16 − 3)/T, keys chunked, values sliding") {
+  // T = 300: keys flush in chunks of 128 (44 left in the residual, 256 quantized in
+  // 8 groups of 32 tokens), values slide (128 in the residual, 172 quantized).
+  const Recording rec = shaped(2, 2, 300, 64);
+  const Plan p = preset_plan("kivi-2", rec);
+  REQUIRE(p.check().empty());
+  const double held = 44 + 128;  // residual tokens of K and of V
+  CHECK(p.bpe() == doctest::Approx(3.0 + held * (16 - 3.0) / (2 * 300)));
+  // At T = 512 the key residual was just flushed: only the values' residual remains.
+  const Recording r512 = shaped(1, 2, 512, 64);
+  CHECK(preset_plan("kivi-2", r512).bpe() == doctest::Approx(3.0 + 128 * 13.0 / (2 * 512)));
+  // At a 32K target the residual is W/32K of the cache.
+  CHECK(p.bpe_at(32768) == doctest::Approx(3.0 + 128 * 13.0 / (2 * 32768)));
+  CHECK(preset_plan("kivi-4", r512).bpe() == doctest::Approx(5.0 + 128 * 11.0 / (2 * 512)));
+}
+
+TEST_CASE("HF QuantizedCache (quanto): int4 g64 4.5 and int2 g64 2.5 bpe plus the chunked residual") {
+  // T = 600, prompt = 150 (quantized whole); 450 decoded tokens leave 450 % 128 = 66
+  // in the residual, for keys and values alike.
+  const Recording rec = shaped(2, 2, 600, 64);
+  const Plan p4 = preset_plan("hf-quanto-int4", rec);
+  REQUIRE(p4.check().empty());
+  CHECK(p4.prefill() == 150);
+  CHECK(p4.bpe() == doctest::Approx(4.5 + 66 * (16 - 4.5) / 600));
+  const Plan p2 = preset_plan("hf-quanto-int2", rec);
+  CHECK(p2.bpe() == doctest::Approx(2.5 + 66 * (16 - 2.5) / 600));
+  // Flushed exactly: 4.5 and 2.5.
+  const Recording r = shaped(1, 1, 512, 64);
+  CHECK(preset_plan("hf-quanto-int4", r).bpe() == doctest::Approx(4.5));
+  CHECK(preset_plan("hf-quanto-int2", r).bpe() == doctest::Approx(2.5));
+}
+
+TEST_CASE("quant.cpp --k-window: the fp32 key window is an extra copy costing W·32/T of the keys") {
+  for (int64_t T : {957, 3970}) {
+    const Recording rec = shaped(1, 2, T, 64);
+    const Plan flat = preset_plan("quantcpp-k2", rec);
+    const Plan win = preset_plan("quantcpp-k2-w512", rec);
+    REQUIRE(win.check().empty());
+    // Keys: 3 bpe (int2 g32) + 512·32/T; values fp16. bpe is over K and V elements.
+    const double key_bpe = 3.0 + 512.0 * 32 / static_cast<double>(T);
+    CHECK(win.bpe() == doctest::Approx((key_bpe + 16) / 2));
+    CHECK(win.bpe() - flat.bpe() == doctest::Approx(512.0 * 32 / static_cast<double>(T) / 2));
+    const Plan w128 = preset_plan("quantcpp-k4-w128", rec);
+    CHECK(w128.bpe() == doctest::Approx((5.0 + 128.0 * 32 / static_cast<double>(T) + 16) / 2));
+  }
+  // The window's share of the tokens is the context dependence: 53% at 957, 13% at 3970.
+  CHECK(512.0 / 957 == doctest::Approx(0.535).epsilon(0.01));
+  CHECK(512.0 / 3970 == doctest::Approx(0.129).epsilon(0.01));
+}
