@@ -1,7 +1,11 @@
 #include "kernels/format_twin.h"
 
+#include "kernels/fp4_twin.h"
+#include "kernels/fp8_twin.h"
+#include "kernels/ggml_twin.h"
 #include "kernels/int_twin.h"
 #include "kernels/keep_twin.h"
+#include "kernels/nf4_twin.h"
 #include "sim/core/error.h"
 
 namespace kvb::cuda {
@@ -11,6 +15,10 @@ const std::vector<TwinFamily>& twin_families() {
   static const std::vector<TwinFamily> families = {
       {"int", &make_int_twin},
       {"keep", &make_keep_twin},
+      {"ggml", &make_ggml_twin},
+      {"fp8", &make_fp8_twin},
+      {"fp4", &make_fp4_twin},
+      {"nf4", &make_nf4_twin},
   };
   return families;
 }

@@ -130,6 +130,19 @@ TEST_CASE("NF4 thresholds are bitsandbytes' decision constants") {
   for (int i = 0; i < 15; ++i) CHECK(nf4_threshold(i) == static_cast<float>(bnb[i]));
 }
 
+TEST_CASE("table16_select (the device's lookup of NF4 values and the iq4_nl grid) returns every entry") {
+  const float nf4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+                         -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+                         0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+                         0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+  const int8_t grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  for (int i = 0; i < 16; ++i) {
+    CHECK(table16_select(nf4, i) == nf4[i]);
+    CHECK(nf4_value(i) == nf4[i]);
+    CHECK(table16_select(grid, i) == grid[i]);
+  }
+}
+
 TEST_CASE("nf4 matches the plain reference bit for bit") {
   const int64_t rows = 50, d = 128;
   const std::vector<float> x = test_span(rows, d, 31);

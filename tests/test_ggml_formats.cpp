@@ -467,3 +467,23 @@ TEST_CASE("ggml block sizes give the bits per element of methods.md §1") {
   CHECK_THROWS_WITH_AS(make_format("q4_0-ntry3"), doctest::Contains("no options"), ConfigError);
   CHECK_THROWS_WITH_AS(make_format("iq4_nl-ntry"), doctest::Contains("iq4_nl-ntry<N>"), ConfigError);
 }
+
+TEST_CASE("a block whose fp16 scale overflows decodes to x86's default NaN (what the CUDA twin stores too)") {
+  // max|x| = 1e30: d = -1.25e29 is -inf in fp16; the zeros get code 8, and (8 - 8)·(-inf)
+  // is NaN: on x86-64 the default NaN 0xffc00000, which the device reproduces (x86_nan).
+  float x[kGgmlBlock] = {};
+  x[3] = 1e30f;
+  float y[kGgmlBlock];
+  GgmlBlockQ4_0 b;
+  ggml_quantize_q4_0(x, b);
+  CHECK(b.d == 0xfc00);
+  ggml_dequantize_q4_0(b, y);
+  uint32_t bits;
+  std::memcpy(&bits, &y[0], sizeof bits);
+  CHECK(bits == 0xffc00000u);
+  // iq4_nl: x² overflows, the weighted sums give ∞/∞, and the stored scale is that NaN in fp16.
+  GgmlBlockIQ4NL bi;
+  for (int j = 0; j < kGgmlBlock; ++j) x[j] = (j % 2 ? -1e30f : 2e29f);
+  ggml_quantize_iq4_nl(x, bi, 7);
+  CHECK(bi.d == 0xfe00);
+}

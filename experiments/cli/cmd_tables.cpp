@@ -17,17 +17,19 @@ int cmd_formats(const Args& args) {
   int64_t head_dim = 128;
   for (size_t i = 0; i + 1 < args.size(); ++i)
     if (args[i] == "--head-dim") head_dim = std::stoll(args[i + 1]);
-  std::printf("Format families (bits per element at head_dim %lld, 4096 tokens, all metadata counted):\n\n",
+  std::printf("Format families (bits per element at head_dim %lld, 4096 tokens, all metadata counted;\n"
+              "[cuda]: has a CUDA twin, runs under backend = \"cuda\"):\n\n",
               static_cast<long long>(head_dim));
   for (const FormatFamily& f : format_families()) {
     std::printf("%s: %s\n  syntax: %s\n", f.name.c_str(), f.description.c_str(), f.syntax.c_str());
     for (const std::string& ex : f.examples) {
       FormatPtr p = make_format(ex);
       const std::string bad = p->check_shape(4096, head_dim);
+      const char* cuda = p->supports(Backend::Cuda) ? "  [cuda]" : "";
       if (bad.empty())
-        std::printf("    %-34s %7.4f bpe\n", ex.c_str(), p->bpe(4096, head_dim));
+        std::printf("    %-34s %7.4f bpe%s\n", ex.c_str(), p->bpe(4096, head_dim), cuda);
       else
-        std::printf("    %-34s (%s)\n", ex.c_str(), bad.c_str());
+        std::printf("    %-34s (%s)%s\n", ex.c_str(), bad.c_str(), cuda);
     }
     std::printf("\n");
   }

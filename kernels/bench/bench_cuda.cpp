@@ -2,17 +2,18 @@
 //
 //   build/bench/bench_cuda [--layers 32] [--kv-heads 8] [--q-heads 32] [--tokens 32768]
 //                          [--head-dim 128] [--positions 64] [--calibration 64]
-//                          [--quant-spans 64] [--reps 10] [--markdown FILE]
+//                          [--quant-spans 64] [--reps 10] [--formats-only] [--markdown FILE]
 //
 //  1. device copy bandwidth (cudaMemcpy device to device, bytes read + written);
 //  2. quantize / dequantize / round-trip GB/s of each format's twin on [spans, T, d]
 //     keys of the recording below, against the copy bandwidth, with a bit-exactness
-//     check of one span against the CPU format;
+//     check of one span against the CPU format (int, keep, ggml, fp8, fp4, nf4);
 //  3. attention-error throughput of layer 0 (rows/s, GFLOP/s), GPU on every position,
 //     GPU and one CPU thread on the evaluated-position subset;
 //  4. a whole sweep (uniform int2/3/4/8-asym-g32 and KIVI-2) on a synthetic recording
 //     of layers × kv-heads × tokens × head-dim at the evaluated positions, on the CPU
 //     (every core) and on the GPU, with the largest metric difference between them.
+// --formats-only runs sections 1 and 2 alone.
 // Figures and the device they came from go to experiments/bench/RESULTS.md.
 #include <cuda_runtime_api.h>
 #include <omp.h>
@@ -51,6 +52,7 @@ struct Options {
   int64_t layers = 32, kv_heads = 8, q_heads = 32, tokens = 32768, head_dim = 128;
   int64_t positions = 64, calibration = 64, quant_spans = 64;
   int reps = 10;
+  bool formats_only = false;
   std::string markdown;
 };
 
@@ -150,10 +152,11 @@ int main(int argc, char** argv) {
     else if (a == "--quant-spans") o.quant_spans = std::stoll(next());
     else if (a == "--reps") o.reps = std::stoi(next());
     else if (a == "--markdown") o.markdown = next();
+    else if (a == "--formats-only") o.formats_only = true;
     else {
       std::fprintf(stderr, "usage: bench_cuda [--layers N] [--kv-heads N] [--q-heads N] [--tokens N] [--head-dim N]\n"
                            "                  [--positions N] [--calibration N] [--quant-spans N] [--reps N] "
-                           "[--markdown FILE]\n");
+                           "[--formats-only] [--markdown FILE]\n");
       return 2;
     }
   }
@@ -172,7 +175,7 @@ int main(int argc, char** argv) {
          " --q-heads " + std::to_string(o.q_heads) + " --tokens " + std::to_string(o.tokens) + " --head-dim " +
          std::to_string(o.head_dim) + " --positions " + std::to_string(o.positions) + " --calibration " +
          std::to_string(o.calibration) + " --quant-spans " + std::to_string(o.quant_spans) + " --reps " +
-         std::to_string(o.reps) + "`");
+         std::to_string(o.reps) + (o.formats_only ? " --formats-only" : "") + "`");
 
   // The synthetic recording every section uses.
   ExperimentSpec spec = parse_experiment(ConfigDoc::parse(sweep_config(o), "bench_cuda"));
@@ -202,15 +205,21 @@ int main(int argc, char** argv) {
   // 2. Quantizers on [spans, T, d] keys.
   r.line("Quantizer twins on " + std::to_string(spans) + " key spans of [" + std::to_string(T) + ", " +
          std::to_string(d) + "] fp32 (" + fmt("%.2f", x.bytes() / double(1 << 30)) +
-         " GiB; codes one byte per element for int, the storage word for keep). GB/s counts bytes read + written; "
-         "% is of the copy bandwidth; exact = span 0 byte-identical to the CPU format.");
+         " GiB; codes as each twin stores them: one byte per element for int and fp8, the storage word for keep, "
+         "ggml's block bytes, packed nibbles for fp4 and nf4, plus their scales). GB/s counts bytes read + written "
+         "(x, codes and metadata; x and the values for the round trip); % is of the copy bandwidth; exact = the round "
+         "trip of span 0 byte-identical to the CPU format.");
   r.line("");
   r.line("| format | quantize GB/s | % | dequantize GB/s | % | round trip GB/s | % | exact |");
   r.line("|---|---|---|---|---|---|---|---|");
   const std::vector<std::string> formats = {"int4-asym-g32", "int4-sym-g32",   "int2-asym-g64", "int8-sym-tok",
                                             "int3-asym-tok", "int1-sym-g32",   "int2-asym-ch32", "int4-sym-ch128",
                                             "int3-asym-ch",  "int1-sym-ch32",  "keep-fp16",     "keep-bf16",
-                                            "keep-fp32"};
+                                            "keep-fp32",     "q4_0",           "q4_1",          "q5_0",
+                                            "q5_1",          "q8_0",           "iq4_nl",        "iq4_nl-ntry7",
+                                            "fp8-e4m3",      "fp8-e5m2",       "fp8-e4m3-s0.25", "fp8-e4m3-cal64",
+                                            "fp8-e5m2-cal64", "fp8-e4m3-tok",  "mxfp4",         "nvfp4",
+                                            "nf4-g64",       "nf4-g32",        "nf4-g64-sfp32"};
   for (const std::string& name : formats) {
     const FormatPtr f = make_format(name);
     const std::unique_ptr<cuda::FormatTwin> twin = cuda::require_twin(*f);
@@ -238,6 +247,10 @@ int main(int argc, char** argv) {
   r.line("");
   x.resize(0);
   out.resize(0);
+  if (o.formats_only) {
+    if (!o.markdown.empty()) std::ofstream(o.markdown) << r.md.str();
+    return 0;
+  }
 
   // 3. Attention-error throughput of layer 0.
   const Plan plan0 = UniformStrategy(make_format("int4-asym-g32"), make_format("int4-asym-g32")).build({rec, 0});

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "sim/core/hd.h"
+#include "sim/formats/hd_util.h"
 
 namespace kvb {
 
@@ -42,7 +43,7 @@ KVB_HD float nf4_value(int i) {
       -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,
       0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f,
       1.0f};
-  return kValues[i];
+  return table16(kValues, i);
 }
 
 // Midpoints of consecutive NF4 values, rounded to fp32 (bitsandbytes' thresholds).

@@ -31,12 +31,14 @@ struct Fp8Spec {
 class Fp8Format final : public Format {
  public:
   explicit Fp8Format(Fp8Spec spec) : spec_(spec) {}
+  const Fp8Spec& spec() const { return spec_; }
   std::string name() const override { return spec_.name(); }
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return 8; }
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
+  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/fp8_twin.cu
 
  private:
   // The scale of row r (same for every row unless per token).

@@ -12,6 +12,9 @@
 //    d rounded to fp16 (round-to-nearest-even); dequantization uses the fp16 value;
 //  - q4_0/q4_1/q5_0 codes are (int8_t)(x/d + 8.5f) style truncations clamped with
 //    MIN(); q5_1 has no clamp; q8_0 rounds half away from zero (roundf);
+//  - values whose fp16 scale overflowed decode to ±∞ or NaN (0·∞, ∞ - ∞); NaNs are
+//    x86's default NaN 0xffc00000, what the reference produces on x86-64, on the device
+//    too (x86_nan, hd_util.h);
 //  - iq4_nl follows quantize_row_iq4_nl_impl: best_index_int8 over ggml's kvalues
 //    table, the weighted least-squares scale with weights x², and the scale search
 //    over itry in [-ntry, ntry]. ggml's quantize_row_iq4_nl_ref (the KV-cache path)
@@ -71,7 +74,7 @@ static_assert(sizeof(GgmlBlockIQ4NL) == 18, "iq4_nl block is 18 bytes");
 // (A function, so that host and device code read the same table.)
 KVB_HD int ggml_iq4nl_value(int i) {
   constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-  return kValues[i];
+  return table16(kValues, i);
 }
 
 KVB_HD uint32_t ggml_qh_get(const uint8_t qh[4]) {
@@ -121,8 +124,8 @@ KVB_HD void ggml_quantize_q4_0(const float* x, GgmlBlockQ4_0& b) {
 KVB_HD void ggml_dequantize_q4_0(const GgmlBlockQ4_0& b, float* y) {
   const float d = f16_bits_to_f32(b.d);
   for (int j = 0; j < 16; ++j) {
-    y[j] = mul_rn(static_cast<float>((b.qs[j] & 0x0f) - 8), d);
-    y[j + 16] = mul_rn(static_cast<float>((b.qs[j] >> 4) - 8), d);
+    y[j] = x86_nan(mul_rn(static_cast<float>((b.qs[j] & 0x0f) - 8), d));
+    y[j + 16] = x86_nan(mul_rn(static_cast<float>((b.qs[j] >> 4) - 8), d));
   }
 }
 
@@ -146,8 +149,8 @@ KVB_HD void ggml_dequantize_q4_1(const GgmlBlockQ4_1& b, float* y) {
   const float d = f16_bits_to_f32(b.d);
   const float m = f16_bits_to_f32(b.m);
   for (int j = 0; j < 16; ++j) {
-    y[j] = add_rn(mul_rn(static_cast<float>(b.qs[j] & 0x0f), d), m);
-    y[j + 16] = add_rn(mul_rn(static_cast<float>(b.qs[j] >> 4), d), m);
+    y[j] = x86_nan(add_rn(mul_rn(static_cast<float>(b.qs[j] & 0x0f), d), m));
+    y[j + 16] = x86_nan(add_rn(mul_rn(static_cast<float>(b.qs[j] >> 4), d), m));
   }
 }
 
@@ -174,8 +177,8 @@ KVB_HD void ggml_dequantize_q5_0(const GgmlBlockQ5_0& b, float* y) {
   for (int j = 0; j < 16; ++j) {
     const int h0 = static_cast<int>(((qh >> j) << 4) & 0x10u);
     const int h1 = static_cast<int>((qh >> (j + 12)) & 0x10u);
-    y[j] = mul_rn(static_cast<float>(((b.qs[j] & 0x0f) | h0) - 16), d);
-    y[j + 16] = mul_rn(static_cast<float>(((b.qs[j] >> 4) | h1) - 16), d);
+    y[j] = x86_nan(mul_rn(static_cast<float>(((b.qs[j] & 0x0f) | h0) - 16), d));
+    y[j + 16] = x86_nan(mul_rn(static_cast<float>(((b.qs[j] >> 4) | h1) - 16), d));
   }
 }
 
@@ -204,8 +207,8 @@ KVB_HD void ggml_dequantize_q5_1(const GgmlBlockQ5_1& b, float* y) {
   for (int j = 0; j < 16; ++j) {
     const int h0 = static_cast<int>(((qh >> j) << 4) & 0x10u);
     const int h1 = static_cast<int>((qh >> (j + 12)) & 0x10u);
-    y[j] = add_rn(mul_rn(static_cast<float>((b.qs[j] & 0x0f) | h0), d), m);
-    y[j + 16] = add_rn(mul_rn(static_cast<float>((b.qs[j] >> 4) | h1), d), m);
+    y[j] = x86_nan(add_rn(mul_rn(static_cast<float>((b.qs[j] & 0x0f) | h0), d), m));
+    y[j + 16] = x86_nan(add_rn(mul_rn(static_cast<float>((b.qs[j] >> 4) | h1), d), m));
   }
 }
 
@@ -223,7 +226,7 @@ KVB_HD void ggml_quantize_q8_0(const float* x, GgmlBlockQ8_0& b) {
 }
 KVB_HD void ggml_dequantize_q8_0(const GgmlBlockQ8_0& b, float* y) {
   const float d = f16_bits_to_f32(b.d);
-  for (int j = 0; j < kGgmlBlock; ++j) y[j] = mul_rn(static_cast<float>(b.qs[j]), d);
+  for (int j = 0; j < kGgmlBlock; ++j) y[j] = x86_nan(mul_rn(static_cast<float>(b.qs[j]), d));
 }
 
 // ---------------------------------------------------------------- iq4_nl
@@ -280,7 +283,7 @@ KVB_HD void ggml_quantize_iq4_nl(const float* x, GgmlBlockIQ4NL& b, int ntry) {
         best = mul_rn(d, sumqx);
       }
     }
-    scale = d;
+    scale = x86_nan(d);  // NaN once the sums overflow (|x| ~ 1e19): x86's default NaN on both sides
   }
   b.d = f32_to_f16_bits(scale);
   if (ntry > 0) {
@@ -292,8 +295,8 @@ KVB_HD void ggml_quantize_iq4_nl(const float* x, GgmlBlockIQ4NL& b, int ntry) {
 KVB_HD void ggml_dequantize_iq4_nl(const GgmlBlockIQ4NL& b, float* y) {
   const float d = f16_bits_to_f32(b.d);
   for (int j = 0; j < 16; ++j) {
-    y[j] = mul_rn(d, static_cast<float>(ggml_iq4nl_value(b.qs[j] & 0x0f)));
-    y[j + 16] = mul_rn(d, static_cast<float>(ggml_iq4nl_value(b.qs[j] >> 4)));
+    y[j] = x86_nan(mul_rn(d, static_cast<float>(ggml_iq4nl_value(b.qs[j] & 0x0f))));
+    y[j + 16] = x86_nan(mul_rn(d, static_cast<float>(ggml_iq4nl_value(b.qs[j] >> 4))));
   }
 }
 

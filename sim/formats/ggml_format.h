@@ -24,6 +24,7 @@ class GgmlFormat final : public Format {
   // ntry: iq4_nl only; -1 reproduces quantize_row_iq4_nl_ref.
   explicit GgmlFormat(GgmlType type, int ntry = -1) : type_(type), ntry_(ntry) {}
   GgmlType type() const { return type_; }
+  int ntry() const { return ntry_; }
 
   std::string name() const override;
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
@@ -34,6 +35,7 @@ class GgmlFormat final : public Format {
   // tensor with ne0 = head_dim stores them.
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
+  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/ggml_twin.cu
 
  private:
   GgmlType type_;

@@ -26,6 +26,46 @@ KVB_HD int floor_log2f(float a) {
   return k;
 }
 
+// v[i] of a 16-entry table, i in [0, 16), as a select tree on the bits of i: only
+// constant indices, so a constant table never lives in memory.
+template <class T>
+KVB_HD T table16_select(const T (&v)[16], int i) {
+  const bool b0 = (i & 1) != 0, b1 = (i & 2) != 0, b2 = (i & 4) != 0, b3 = (i & 8) != 0;
+  const T p0 = b0 ? v[1] : v[0], p1 = b0 ? v[3] : v[2], p2 = b0 ? v[5] : v[4], p3 = b0 ? v[7] : v[6];
+  const T p4 = b0 ? v[9] : v[8], p5 = b0 ? v[11] : v[10], p6 = b0 ? v[13] : v[12], p7 = b0 ? v[15] : v[14];
+  const T q0 = b1 ? p1 : p0, q1 = b1 ? p3 : p2, q2 = b1 ? p5 : p4, q3 = b1 ? p7 : p6;
+  const T r0 = b2 ? q1 : q0, r1 = b2 ? q3 : q2;
+  return b3 ? r1 : r0;
+}
+
+// v[i] of a small constant table (NF4's values, ggml's iq4_nl grid), i in [0, 16): an
+// indexed load on the host; table16_select on the device, where CUDA would copy a
+// dynamically indexed local table to local memory at every call. Same values either
+// way (tests/test_codebook_formats.cpp checks table16_select on the host).
+template <class T>
+KVB_HD T table16(const T (&v)[16], int i) {
+#if defined(__CUDA_ARCH__)
+  return table16_select(v, i);
+#else
+  return v[i];
+#endif
+}
+
+// x86-64's default NaN (0xffc00000, the "real indefinite") for any NaN on the device;
+// the identity on the host. SSE arithmetic returns that NaN for an invalid operation
+// (0·∞, ∞ - ∞, ∞/∞) and propagates it; CUDA returns 0x7fffffff instead. Formats whose
+// outputs can be NaN for finite inputs (ggml, once an fp16 scale overflows to ∞) pass
+// those outputs through here, so that CPU and GPU store the same bits. Only valid
+// where every NaN the host can produce at that point is the default NaN (no sign
+// flip or |·| applied to a NaN on the way).
+KVB_HD float x86_nan(float v) {
+#if defined(__CUDA_ARCH__)
+  return v != v ? bits_float(0xffc00000u) : v;
+#else
+  return v;
+#endif
+}
+
 // Correctly rounded square root.
 KVB_HD float sqrt_rn(float x) {
 #if defined(__CUDA_ARCH__)

@@ -16,6 +16,8 @@ namespace kvb {
 class Nf4Format final : public Format {
  public:
   Nf4Format(int64_t group, StoreDtype scale_dtype) : group_(group), scale_dtype_(scale_dtype) {}
+  int64_t group() const { return group_; }
+  StoreDtype scale_dtype() const { return scale_dtype_; }
   std::string name() const override;
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
@@ -23,6 +25,7 @@ class Nf4Format final : public Format {
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
+  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/nf4_twin.cu
 
  private:
   template <class Fn>

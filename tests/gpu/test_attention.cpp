@@ -133,6 +133,11 @@ TEST_CASE("uniform formats on random GQA recordings: every metric within 1e-5 of
   compare(rec, uniform_plan(rec, "int3-sym-tok", "int1-sym-g16"), options(1), "int3 tok / int1, top-1");
   compare(rec, uniform_plan(rec, "int8-sym-g64-sfp32", "keep-bf16"), options(64), "int8 / bf16, top-64");
   compare(rec, uniform_plan(rec, "int3-asym-ch", "int5-asym-ch300"), options(8), "whole-span channels");
+  compare(rec, uniform_plan(rec, "q4_0", "iq4_nl-ntry7"), options(8), "ggml q4_0 / iq4_nl-ntry7");
+  compare(rec, uniform_plan(rec, "q5_1", "q8_0"), options(8), "ggml q5_1 / q8_0");
+  compare(rec, uniform_plan(rec, "fp8-e4m3-cal64", "fp8-e5m2-tok"), options(8), "fp8 calibrated / per token");
+  compare(rec, uniform_plan(rec, "mxfp4", "nvfp4"), options(8), "mxfp4 / nvfp4");
+  compare(rec, uniform_plan(rec, "nf4-g32", "nf4-g64-sfp32"), options(8), "nf4");
 }
 
 TEST_CASE("an fp32 cache gives exactly zero error on the GPU too") {
@@ -157,6 +162,12 @@ TEST_CASE("time semantics: sinks, sliding and chunked windows, extra copies and 
     Plan p = uniform_plan(rec, "int2-asym-g32", "int2-asym-g32");
     set_sinks(p, 4, "keep-fp16", "int2-asym-g32");
     compare(rec, p, options(8), "sinks");
+  }
+  {
+    Plan p = uniform_plan(rec, "nvfp4", "fp8-e4m3-cal16");  // span scales per segment
+    set_sinks(p, 5, "q8_0", "nvfp4");
+    set_window(p, Kind::Value, 32, "fp8-e5m2-cal8", RecentWindow::Mode::Sliding, false);
+    compare(rec, p, options(8), "sinks and windows with span-calibrated formats");
   }
   {
     Plan p = uniform_plan(rec, "int2-asym-g32", "int3-sym-g32");

@@ -1,0 +1,220 @@
+#include "kernels/fp8_twin.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/block_tile.cuh"
+#include "kernels/cuda_check.h"
+#include "kernels/device_buffer.h"
+#include "sim/formats/fp8_format.h"
+#include "sim/formats/fp_blocks.h"
+
+namespace kvb::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;              // eight rows (one per warp) per block
+constexpr int kRegisterQuads = 4;          // rows of up to 512 values stay in registers
+
+struct Fp8KernelSpec {
+  MinifloatSpec fs;
+  Fp8Scale mode = Fp8Scale::Static;
+  float static_scale = 1.0f;
+};
+
+struct Fp8ScaleRule {
+  MinifloatSpec fs;
+  __device__ float operator()(float amax) const { return fp8_scale_from_absmax(amax, fs); }
+};
+
+enum class Fp8Out { Codes, Values };
+
+__device__ __forceinline__ float warp_max(float m) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, m, off);
+    m = m < o ? o : m;
+  }
+  return m;
+}
+
+// The scale of a row: static, its span's (span_scales) or its own (max |x| of the row).
+template <Fp8Out kOut>
+__device__ __forceinline__ float row_scale(const Fp8KernelSpec& ks, int64_t row, int64_t rows_per_span,
+                                           const float* span_scales, float row_amax, float* row_scales, int lane) {
+  if (ks.mode == Fp8Scale::Static) return ks.static_scale;
+  if (ks.mode == Fp8Scale::Calibrated) return span_scales[row / rows_per_span];
+  const float s = fp8_scale_from_absmax(row_amax, ks.fs);
+  if (kOut == Fp8Out::Codes && lane == 0) row_scales[row] = s;
+  return s;
+}
+
+// One warp per row: (per token) the row's max |x| by a warp reduction, then codes
+// (4-byte stores) or round-trip values (16-byte stores) of four values per lane.
+// vec4: the row is read once into registers when it has at most 512 values.
+template <Fp8Out kOut>
+__global__ void __launch_bounds__(kThreads)
+    fp8_rows_kernel(const float* __restrict__ x, int64_t total_rows, int64_t rows_per_span, int cols, Fp8KernelSpec ks,
+                    bool vec4, const float* __restrict__ span_scales, uint8_t* __restrict__ codes,
+                    float* __restrict__ row_scales, float* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  if (row >= total_rows) return;
+  const float* xr = x + row * cols;
+  const bool per_token = ks.mode == Fp8Scale::PerToken;
+  if (vec4 && cols <= 4 * 32 * kRegisterQuads) {
+    const int quads = cols / 4;
+    float4 v[kRegisterQuads];
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRegisterQuads; ++k) {
+      const int q = lane + 32 * k;
+      if (q < quads) {
+        v[k] = reinterpret_cast<const float4*>(xr)[q];
+        m = m < absf(v[k].x) ? absf(v[k].x) : m;
+        m = m < absf(v[k].y) ? absf(v[k].y) : m;
+        m = m < absf(v[k].z) ? absf(v[k].z) : m;
+        m = m < absf(v[k].w) ? absf(v[k].w) : m;
+      }
+    }
+    if (per_token) m = warp_max(m);
+    const float scale = row_scale<kOut>(ks, row, rows_per_span, span_scales, m, row_scales, lane);
+#pragma unroll
+    for (int k = 0; k < kRegisterQuads; ++k) {
+      const int q = lane + 32 * k;
+      if (q >= quads) continue;
+      const int64_t at = row * cols + 4 * q;
+      if (kOut == Fp8Out::Codes) {
+        *reinterpret_cast<uchar4*>(codes + at) =
+            make_uchar4(fp8_encode_scaled(v[k].x, scale, ks.fs), fp8_encode_scaled(v[k].y, scale, ks.fs),
+                        fp8_encode_scaled(v[k].z, scale, ks.fs), fp8_encode_scaled(v[k].w, scale, ks.fs));
+      } else {
+        *reinterpret_cast<float4*>(out + at) =
+            make_float4(fp8_roundtrip_scaled(v[k].x, scale, ks.fs), fp8_roundtrip_scaled(v[k].y, scale, ks.fs),
+                        fp8_roundtrip_scaled(v[k].z, scale, ks.fs), fp8_roundtrip_scaled(v[k].w, scale, ks.fs));
+      }
+    }
+    return;
+  }
+  float m = 0.0f;
+  if (per_token) {
+    for (int c = lane; c < cols; c += 32) m = m < absf(xr[c]) ? absf(xr[c]) : m;
+    m = warp_max(m);
+  }
+  const float scale = row_scale<kOut>(ks, row, rows_per_span, span_scales, m, row_scales, lane);
+  for (int c = lane; c < cols; c += 32) {
+    const int64_t at = row * cols + c;
+    if (kOut == Fp8Out::Codes) codes[at] = fp8_encode_scaled(xr[c], scale, ks.fs);
+    else out[at] = fp8_roundtrip_scaled(xr[c], scale, ks.fs);
+  }
+}
+
+// Dequantize: one warp per row, four codes per lane (4-byte loads, 16-byte stores).
+__global__ void __launch_bounds__(kThreads)
+    fp8_dequantize_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales, int64_t total_rows,
+                          int64_t rows_per_span, int cols, Fp8KernelSpec ks, bool vec4, float* __restrict__ out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  if (row >= total_rows) return;
+  const float scale = ks.mode == Fp8Scale::Static       ? ks.static_scale
+                      : ks.mode == Fp8Scale::Calibrated ? scales[row / rows_per_span]
+                                                        : scales[row];
+  if (vec4) {
+    for (int q = lane; q < cols / 4; q += 32) {
+      const int64_t at = row * cols + 4 * q;
+      const uchar4 c = *reinterpret_cast<const uchar4*>(codes + at);
+      *reinterpret_cast<float4*>(out + at) =
+          make_float4(fp8_decode_scaled(c.x, scale, ks.fs), fp8_decode_scaled(c.y, scale, ks.fs),
+                      fp8_decode_scaled(c.z, scale, ks.fs), fp8_decode_scaled(c.w, scale, ks.fs));
+    }
+  } else {
+    for (int c = lane; c < cols; c += 32) {
+      const int64_t at = row * cols + c;
+      out[at] = fp8_decode_scaled(codes[at], scale, ks.fs);
+    }
+  }
+}
+
+class Fp8Twin final : public FormatTwin {
+ public:
+  explicit Fp8Twin(const Fp8Spec& spec) : spec_(spec) {
+    ks_.fs = spec.e5m2 ? minifloat_e5m2() : minifloat_e4m3();
+    ks_.mode = spec.scale;
+    ks_.static_scale = spec.static_scale;
+  }
+
+  std::string name() const override { return spec_.name(); }
+
+  CodeBytes code_bytes(SpanBatch b) const override {
+    size_t meta = 0;
+    if (spec_.scale == Fp8Scale::Calibrated) meta = static_cast<size_t>(b.spans) * sizeof(float);
+    if (spec_.scale == Fp8Scale::PerToken) meta = static_cast<size_t>(b.spans * b.rows) * sizeof(float);
+    return {static_cast<size_t>(b.elements()), meta};
+  }
+
+  void quantize(const float* x, SpanBatch b, void* codes, void* meta, cudaStream_t stream) const override {
+    if (b.elements() == 0) return;
+    float* scales = static_cast<float*>(meta);
+    if (spec_.scale == Fp8Scale::Calibrated) span_scales(x, b, scales, stream);
+    launch<Fp8Out::Codes>(x, b, scales, static_cast<uint8_t*>(codes), scales, nullptr, stream);
+  }
+
+  void roundtrip(const float* x, SpanBatch b, float* out, cudaStream_t stream) const override {
+    if (b.elements() == 0) return;
+    float* scales = nullptr;
+    if (spec_.scale == Fp8Scale::Calibrated) {
+      scratch_.reserve(static_cast<size_t>(b.spans));
+      scales = scratch_.data();
+      span_scales(x, b, scales, stream);
+    }
+    launch<Fp8Out::Values>(x, b, scales, nullptr, nullptr, out, stream);
+  }
+
+  void dequantize(const void* codes, const void* meta, SpanBatch b, float* out, cudaStream_t stream) const override {
+    if (b.elements() == 0) return;
+    const int64_t total_rows = b.spans * b.rows;
+    const bool vec4 = b.cols % 4 == 0 && tile::aligned(codes, 4) && tile::aligned(out, 16);
+    fp8_dequantize_kernel<<<grid(total_rows), kThreads, 0, stream>>>(static_cast<const uint8_t*>(codes),
+                                                                     static_cast<const float*>(meta), total_rows, b.rows,
+                                                                     static_cast<int>(b.cols), ks_, vec4, out);
+    KVB_CUDA_CHECK_LAUNCH(fp8_dequantize_kernel);
+  }
+
+ private:
+  static unsigned grid(int64_t rows) { return static_cast<unsigned>((rows + kThreads / 32 - 1) / (kThreads / 32)); }
+
+  // -cal<N>: each span's scale from the max |x| of its first min(rows, N) rows.
+  void span_scales(const float* x, SpanBatch b, float* scales, cudaStream_t stream) const {
+    amax_.reserve(static_cast<size_t>(b.spans));
+    const int64_t count = std::min(b.rows, spec_.calibration_tokens) * b.cols;
+    tile::launch_span_scales(x, b.spans, b.rows * b.cols, count, Fp8ScaleRule{ks_.fs}, amax_.data(), scales, stream);
+  }
+
+  template <Fp8Out kOut>
+  void launch(const float* x, SpanBatch b, const float* span_scales, uint8_t* codes, float* row_scales, float* out,
+              cudaStream_t stream) const {
+    if (b.cols > INT32_MAX / 2) throw Error("format '" + name() + "': head_dim too large for the CUDA twin");
+    const int64_t total_rows = b.spans * b.rows;
+    const bool vec4 = b.cols % 4 == 0 && tile::aligned(x, 16) &&
+                      (kOut == Fp8Out::Codes ? tile::aligned(codes, 4) : tile::aligned(out, 16));
+    fp8_rows_kernel<kOut><<<grid(total_rows), kThreads, 0, stream>>>(x, total_rows, b.rows, static_cast<int>(b.cols),
+                                                                      ks_, vec4, span_scales, codes, row_scales, out);
+    KVB_CUDA_CHECK_LAUNCH(fp8_rows_kernel);
+  }
+
+  Fp8Spec spec_;
+  Fp8KernelSpec ks_;
+  mutable DeviceBuffer<unsigned> amax_;   // per-span max |x| bits (-cal)
+  mutable DeviceBuffer<float> scratch_;   // span scales of a round trip (-cal)
+};
+
+}  // namespace
+
+std::unique_ptr<FormatTwin> make_fp8_twin(const Format& format) {
+  const auto* f = dynamic_cast<const Fp8Format*>(&format);
+  if (!f) return nullptr;
+  return std::make_unique<Fp8Twin>(f->spec());
+}
+
+}  // namespace kvb::cuda
