@@ -256,3 +256,25 @@ TEST_CASE("store_bits and store_bits_value are the stored form of round_to_store
       REQUIRE(float_bits(store_bits_value(b, dt)) == float_bits(round_to_store(v, dt)));
     }
 }
+
+TEST_CASE("the fused round trip equals dequantize(quantize(x)) bit for bit") {
+  const int64_t T = 77, d = 64;  // 77 rows: partial token groups
+  std::vector<float> x = test::random_normal(static_cast<size_t>(T * d), 29, 3.0f);
+  for (int64_t c = 0; c < d; ++c) x[static_cast<size_t>(5 * d + c)] = 1.5f;           // a constant row
+  for (int64_t c = 0; c < d; ++c) x[static_cast<size_t>(6 * d + c)] = c % 2 ? 0.0f : -0.0f;  // signed zeros
+  x[7 * d] = 1e-40f;                                                                       // a subnormal
+  for (const std::string& name : format_families()[0].examples) {
+    const auto f = std::dynamic_pointer_cast<const IntFormat>(make_format(name));
+    REQUIRE(f);
+    for (const std::string& g : {std::string("-g16"), std::string("-tok"), std::string("-ch8"), std::string("-ch")}) {
+      IntFormatSpec spec = f->spec();
+      const auto variant = std::dynamic_pointer_cast<const IntFormat>(make_format(
+          "int" + std::to_string(spec.bits) + (spec.symmetric ? "-sym" : "-asym") + g));
+      const std::vector<float> fused = roundtrip(*variant, x, T, d);
+      std::vector<float> ref(x.size());
+      variant->dequantize(variant->quantize(ConstMatView{x.data(), T, d, d}), MatView{ref.data(), T, d, d});
+      INFO(variant->name());
+      CHECK(std::memcmp(fused.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    }
+  }
+}

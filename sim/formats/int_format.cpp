@@ -161,9 +161,72 @@ void IntFormat::dequantize(const IntCodes& in, MatView out) const {
   }
 }
 
+namespace {
+
+// The fused round trip: dequantize(quantize(x)) without materializing codes, with
+// the statistics fed in the same order and the same KVB_HD arithmetic per element,
+// so the result is bit-identical (tests/test_int_format.cpp checks it). Template
+// parameters hoist the format's switches out of the per-element loops so that the
+// encode/decode loop vectorizes.
+template <bool Symmetric>
+inline float roundtrip_element(float x, IntGroupParams p, int bits) {
+  return int_decode(Symmetric ? int_sym_encode(x, p, bits) : int_asym_encode(x, p, bits), p);
+}
+
+template <bool Symmetric, IntStatKind Kind>
+void roundtrip_channel_groups(const IntFormatSpec& s, ConstMatView x, MatView out) {
+  const int64_t g = s.group_len(x.rows, x.cols);
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* xr = x.row(r);
+    float* orow = out.row(r);
+    for (int64_t c0 = 0; c0 < x.cols; c0 += g) {
+      const int64_t c1 = std::min(x.cols, c0 + g);
+      IntGroupStats st;
+      for (int64_t c = c0; c < c1; ++c) int_stats_add(st, xr[c], Kind);
+      const IntGroupParams p = int_group_params(st, Kind, s.bits, s.scale_dtype, s.zero_dtype);
+      const int bits = s.bits;
+      for (int64_t c = c0; c < c1; ++c) orow[c] = roundtrip_element<Symmetric>(xr[c], p, bits);
+    }
+  }
+}
+
+template <bool Symmetric, IntStatKind Kind>
+void roundtrip_token_groups(const IntFormatSpec& s, ConstMatView x, MatView out, int64_t group) {
+  const int64_t d = x.cols;
+  std::vector<IntGroupStats> stats(static_cast<size_t>(d));
+  std::vector<IntGroupParams> params(static_cast<size_t>(d));
+  for (int64_t r0 = 0; r0 < x.rows; r0 += group) {
+    const int64_t r1 = std::min(x.rows, r0 + group);
+    std::fill(stats.begin(), stats.end(), IntGroupStats{});
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < d; ++c) int_stats_add(stats[c], x.row(r)[c], Kind);
+    for (int64_t c = 0; c < d; ++c) params[c] = int_group_params(stats[c], Kind, s.bits, s.scale_dtype, s.zero_dtype);
+    const int bits = s.bits;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x.row(r);
+      float* orow = out.row(r);
+      for (int64_t c = 0; c < d; ++c) orow[c] = roundtrip_element<Symmetric>(xr[c], params[c], bits);
+    }
+  }
+}
+
+template <bool Symmetric, IntStatKind Kind>
+void roundtrip_fused(const IntFormatSpec& s, ConstMatView x, MatView out) {
+  if (s.grouping == IntGrouping::Channels || s.grouping == IntGrouping::PerToken)
+    roundtrip_channel_groups<Symmetric, Kind>(s, x, out);
+  else
+    roundtrip_token_groups<Symmetric, Kind>(s, x, out, s.group_len(x.rows, x.cols));
+}
+
+}  // namespace
+
 void IntFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
   if (x.rows == 0) return;
-  dequantize(quantize(x), out);
+  switch (int_stat_kind(spec_.symmetric, spec_.bits)) {
+    case IntStatKind::MinMax: roundtrip_fused<false, IntStatKind::MinMax>(spec_, x, out); break;
+    case IntStatKind::AbsMax: roundtrip_fused<true, IntStatKind::AbsMax>(spec_, x, out); break;
+    case IntStatKind::AbsMean: roundtrip_fused<true, IntStatKind::AbsMean>(spec_, x, out); break;
+  }
 }
 
 FormatPtr parse_int_format(std::string_view name) {

@@ -51,7 +51,7 @@ class IntFormat final : public Format {
 
   std::string name() const override { return spec_.name(); }
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
-  // dequantize(quantize(x)).
+  // dequantize(quantize(x)), bit for bit, fused (no codes materialized).
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return spec_.bits; }
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
