@@ -324,6 +324,35 @@ TEST_CASE("generation: token-by-token decoding reproduces teacher forcing") {
   for (size_t i = 0; i < gen.size(); ++i) CHECK(argmax(again.row(199 + i).data(), again.cols()) == gen[i]);
 }
 
+TEST_CASE("greedy continuations apply a plan's prompt relative to their own prompt") {
+  // A plan with a prompt (prefill P) quantizes what every generated token reads. A
+  // continuation whose prompt p is shorter than P must not run under P (which would
+  // leave every one of its tokens exact): it runs as the same plan with prefill p.
+  const std::vector<int64_t> all = reference_ids("llama-bytes");
+  const auto model = fixture_model("llama-bytes");
+  const std::vector<int64_t> ids(all.begin(), all.begin() + 256);
+  std::vector<LayerTensors> capture;
+  ExtendOptions a;
+  a.capture = &capture;
+  model->forward(ids, a);
+  const Recording rec = recording_from_capture(model->config(), capture, ids, "test");
+  const int64_t p = 40, n = 12;
+  const std::vector<int64_t> prompt(ids.begin(), ids.begin() + p);
+  Plan long_prompt = uniform_plan(rec, "int1-sym-g32");
+  long_prompt.set_prefill(200);
+  Plan own_prompt = uniform_plan(rec, "int1-sym-g32");
+  own_prompt.set_prefill(p);
+  const std::vector<int64_t> exact = greedy_continuation(*model, prompt, n, {});
+  const std::vector<int64_t> with_long = greedy_continuation(*model, prompt, n, CacheQuantization{&long_prompt, 0});
+  const std::vector<int64_t> with_own = greedy_continuation(*model, prompt, n, CacheQuantization{&own_prompt, 0});
+  CHECK(with_own != exact);  // int1 changes what is generated
+  CHECK(with_long == with_own);
+  // An explicit prefill is honoured: the whole continuation as prompt is exact.
+  CacheQuantization everything_exact{&long_prompt, 0};
+  everything_exact.prefill = p + n;
+  CHECK(greedy_continuation(*model, prompt, n, everything_exact) == exact);
+}
+
 TEST_CASE("a plan shorter or longer than the cache follows Plan::unit_at") {
   Plan plan(1, 1, 10, 4);
   plan.unit(0, 0, Kind::Key).segments = {Segment{0, 2, make_format("keep-fp32")},
