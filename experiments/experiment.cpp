@@ -274,6 +274,16 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
     for (const auto& [name, value] : preset->params) {
       b.preset_values[name] = value;
       if (t.has(name)) continue;  // the block overrides the preset
+      // A block's base key X overrides the preset's per-kind key_X / value_X too: a
+      // preset's per-kind value would otherwise win over the block's explicit X.
+      bool base_set = false;
+      for (const char* prefix : {"key_", "value_"})
+        if (name.rfind(prefix, 0) == 0) {
+          const std::string base = name.substr(std::string(prefix).size());
+          for (const ParamDef& def : type.params)
+            if (def.per_kind && def.name == base && t.has(base)) base_set = true;
+        }
+      if (base_set) continue;
       Axis a;
       a.name = name;
       a.where = t.where("preset");
@@ -475,10 +485,14 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
     throw ConfigError(where + ": budget query '" + text +
                       "' should look like 'attn_kl_mean <= 1e-3' (least memory meeting an error budget) or "
                       "'bpe <= 4' / 'bytes <= 1e6' (least error within a memory budget)");
+  const std::string op = m[2];
+  if (op == "<" || op == ">")
+    throw ConfigError(where + ": budget query '" + text + "': strict '" + op +
+                      "' is not supported; budgets are inclusive, write '" + op + "='");
   BudgetQuery q;
   q.text = text;
   q.lhs = m[1];
-  q.upper = std::string(m[2])[0] == '<';
+  q.upper = op[0] == '<';
   try {
     q.bound = std::stod(m[3]);
   } catch (...) {
@@ -494,6 +508,25 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
                         (def.better == Better::Lower ? "lower; use <=" : "higher; use >="));
   }
   return q;
+}
+
+void add_budget_query(ExperimentSpec& spec, const std::string& text, const std::string& where) {
+  BudgetQuery q = parse_budget_query(text, where);
+  if (!q.memory) {
+    // An error budget reads its metric from every point: it must be measurable on this
+    // data and reported, which is checked now, before any work.
+    const std::string at = where + ": budget query '" + text + "'";
+    check_metric_source(require_metric(q.lhs, at), spec.data, at);
+    std::vector<std::string>& report = spec.metrics.report;
+    if (std::find(report.begin(), report.end(), q.lhs) == report.end()) {
+      report.push_back(q.lhs);
+      std::vector<std::string> ordered;  // table order, as parse_metrics leaves it
+      for (const MetricDef& d : metric_table())
+        if (std::find(report.begin(), report.end(), d.name) != report.end()) ordered.push_back(d.name);
+      report = ordered;
+    }
+  }
+  spec.budgets.push_back(std::move(q));
 }
 
 ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
@@ -526,8 +559,11 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
   e.attribution = parse_attribution(root.opt_table("attribution"));
   e.output = parse_output(root.opt_table("output"));
   if (auto b = root.opt_table("budgets")) {
-    for (const std::string& q : b->string_list("queries", {})) e.budgets.push_back(parse_budget_query(q, b->where("queries")));
+    for (const std::string& q : b->string_list("queries", {})) add_budget_query(e, q, b->where("queries"));
   }
+  if (e.metrics.report.empty())
+    throw ConfigError(doc->file().string() + ": metrics.report is empty (and no pareto metric or budget query adds "
+                      "one): a point would measure nothing; name at least one metric (`kvbudget metrics` lists them)");
   doc->check_unknown_keys();
 
   std::ostringstream os;

@@ -136,8 +136,15 @@ struct ExperimentSpec {
 ExperimentSpec load_experiment(const std::filesystem::path& file, const std::vector<std::string>& overrides);
 ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc);
 
-// Parses "attn_kl_mean <= 1e-3" / "bpe <= 4" / "topk_overlap >= 0.9".
+// Parses "attn_kl_mean <= 1e-3" / "bpe <= 4" / "topk_overlap >= 0.9". Strict '<' and
+// '>' are rejected (budgets are inclusive).
 BudgetQuery parse_budget_query(const std::string& text, const std::string& where);
+
+// Parses a budget query and adds it to spec.budgets. An error budget's metric must be
+// measurable on spec.data (a model-level metric needs source = "model") and is added
+// to spec.metrics.report (in table order) so that every point measures it. Throws
+// ConfigError naming `where`. Used for [budgets] queries and `--budget`.
+void add_budget_query(ExperimentSpec& spec, const std::string& text, const std::string& where);
 
 // Numeric range "2..8" or "0.1..0.5:0.1" -> values (ints when all parts are ints).
 std::optional<std::vector<ParamValue>> parse_range(const std::string& text);

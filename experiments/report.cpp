@@ -1,5 +1,7 @@
 #include "experiments/report.h"
 
+#include "experiments/machine_info.h"
+
 #include <omp.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,23 +25,6 @@
 namespace kvb {
 
 namespace {
-
-std::string timestamp_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return trim(line.substr(line.find(':') + 1));
-  return "unknown";
-}
 
 std::string num(double v) { return format_double(v); }
 
@@ -72,7 +57,7 @@ std::string plot_python() {
 std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name) {
   const std::filesystem::path parent = base / name;
   std::filesystem::create_directories(parent);
-  const std::string stamp = timestamp_now();
+  const std::string stamp = time_now("%Y%m%d-%H%M%S");
   std::filesystem::path dir = parent / stamp;
   for (int i = 2; std::filesystem::exists(dir); ++i) dir = parent / (stamp + "-" + std::to_string(i));
   std::filesystem::create_directories(dir);

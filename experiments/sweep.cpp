@@ -141,7 +141,8 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
 
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
-                                   const std::atomic<bool>* stop, BackendChoice* chosen, const ModelEvaluator* model) {
+                                   const std::atomic<bool>* stop, BackendChoice* chosen, const ModelEvaluator* model,
+                                   std::vector<std::string>* callback_errors) {
   const size_t n = points.size();
   const size_t L = static_cast<size_t>(rec.num_layers());
   std::vector<PointResult> results(n);
@@ -254,44 +255,70 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     }
   };
 
+  // Runs inside the parallel loops: nothing may escape it (an exception leaving an
+  // OpenMP region terminates the program). A failure merging the point's results
+  // fails the point; one in on_point (e.g. an I/O error writing points.csv) is
+  // recorded in sweep_errors and the sweep goes on.
+  std::vector<std::string> sweep_errors;  // guarded by mu
   auto finalize = [&](size_t i) {
     PointResult& r = results[i];
-    const size_t variants = layer_tasks[i] ? regions[i].size() + 1 : (plans[i] ? 1 : 0);
-    const size_t layers_per_variant = layer_tasks[i] ? L : 0;
-    const size_t t0 = first_task[i];
-    for (size_t t = t0; t < t0 + point_tasks[i] && r.error.empty(); ++t) r.error = task_error[t];
-    if (r.error.empty() && plans[i]) {
-      std::vector<ErrorStats> merged(variants);
-      for (size_t v = 0; v < variants; ++v)
-        for (size_t l = 0; l < layers_per_variant; ++l) merged[v].merge(stats_of[t0 + v * L + l]);
-      if (point_tasks[i] > layer_tasks[i]) merged[0].merge(stats_of[t0 + layer_tasks[i]]);  // the model task
-      for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(merged[0]));
-      if (spec.attribution.selects(points[i].id))
-        r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
-                                  rec.num_layers(), rec.q_heads);
-      r.ok = true;
-    }
-    for (size_t t = t0; t < t0 + point_tasks[i]; ++t) {
-      r.seconds += task_seconds[t];
-      stats_of[t] = ErrorStats();
+    try {
+      const size_t variants = layer_tasks[i] ? regions[i].size() + 1 : (plans[i] ? 1 : 0);
+      const size_t layers_per_variant = layer_tasks[i] ? L : 0;
+      const size_t t0 = first_task[i];
+      for (size_t t = t0; t < t0 + point_tasks[i] && r.error.empty(); ++t) r.error = task_error[t];
+      if (r.error.empty() && plans[i]) {
+        std::vector<ErrorStats> merged(variants);
+        for (size_t v = 0; v < variants; ++v)
+          for (size_t l = 0; l < layers_per_variant; ++l) merged[v].merge(stats_of[t0 + v * L + l]);
+        if (point_tasks[i] > layer_tasks[i]) merged[0].merge(stats_of[t0 + layer_tasks[i]]);  // the model task
+        for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(merged[0]));
+        if (spec.attribution.selects(points[i].id) && variants > 0)
+          r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
+                                    rec.num_layers(), rec.q_heads);
+        r.ok = true;
+      }
+      for (size_t t = t0; t < t0 + point_tasks[i]; ++t) {
+        r.seconds += task_seconds[t];
+        stats_of[t] = ErrorStats();
+      }
+    } catch (const std::exception& e) {
+      r.ok = false;
+      r.metrics.clear();
+      r.attribution.reset();
+      if (r.error.empty()) r.error = points[i].key + ": " + e.what();
     }
     plans[i].reset();
     std::lock_guard<std::mutex> lock(mu);
     finished[i] = 1;
     ++done;
-    if (on_point) on_point(points[i], r, done, n);
+    if (!on_point) return;
+    try {
+      on_point(points[i], r, done, n);
+    } catch (const std::exception& e) {
+      sweep_errors.push_back("after point " + points[i].key + ": " + e.what());
+    } catch (...) {
+      sweep_errors.push_back("after point " + points[i].key + ": unknown exception");
+    }
+  };
+  // What the caller learns about sweep_errors once every point is finished.
+  auto report_sweep_errors = [&] {
+    if (sweep_errors.empty()) return;
+    if (!callback_errors) throw Error(sweep_errors.front());
+    *callback_errors = sweep_errors;
   };
 
-  // Points that failed in phase 1 are reported right away.
+  // Points that failed in phase 1 are reported right away, and so are points that
+  // have no task (nothing to measure).
   for (size_t i = 0; i < n; ++i)
-    if (!results[i].error.empty()) finalize(i);
+    if (!results[i].error.empty() || (plans[i] && point_tasks[i] == 0)) finalize(i);
 
 #if KVB_HAVE_CUDA
   if (backend.used == Backend::Cuda) {
     // Points one after another, each on the whole device; the recording is uploaded once.
     cuda::CudaSimulator gpu(rec);
     for (size_t i = 0; i < n; ++i) {
-      if (!plans[i] || stopped()) continue;
+      if (!plans[i] || finished[i] || stopped()) continue;
       const size_t t0 = first_task[i];
       const auto start = std::chrono::steady_clock::now();
       const std::string why = cuda::unsupported_reason(*plans[i], opt);
@@ -311,6 +338,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       task_seconds[t0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       finalize(i);
     }
+    report_sweep_errors();
     std::vector<PointResult> out;
     for (size_t i = 0; i < n; ++i)
       if (finished[i]) out.push_back(std::move(results[i]));
@@ -340,6 +368,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     if (--remaining[i] == 0) finalize(i);
   }
 
+  report_sweep_errors();
   std::vector<PointResult> out;
   for (size_t i = 0; i < n; ++i)
     if (finished[i]) out.push_back(std::move(results[i]));

@@ -64,10 +64,15 @@ using PointCallback = std::function<void(const SweepPoint&, const PointResult&, 
 // point then also runs one model task on the CPU, a forward pass and the
 // continuations with its plan, whose position-level metrics cover the evaluated
 // positions. Layer tasks are skipped for points that need neither tensor/attention
-// metrics nor attribution.
+// metrics nor attribution; a point with no task at all is finished (and reported)
+// right after its plan.
+// An exception thrown by on_point (an I/O error writing results, say) does not stop
+// the sweep: every message goes to `callback_errors` when given; without it the first
+// is thrown as kvb::Error once the sweep has finished.
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
                                    const std::atomic<bool>* stop, BackendChoice* chosen = nullptr,
-                                   const ModelEvaluator* model = nullptr);
+                                   const ModelEvaluator* model = nullptr,
+                                   std::vector<std::string>* callback_errors = nullptr);
 
 }  // namespace kvb

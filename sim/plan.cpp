@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "sim/window_rule.h"
 
@@ -27,21 +28,36 @@ int64_t RecentWindow::held_at(int64_t context, int64_t first) const {
   return (context - first) % size;
 }
 
-bool Plan::has_windows() const {
-  for (const UnitPlan& u : units_)
-    if (u.window.active()) return true;
-  return false;
+namespace {
+
+// The segment that grows (or shrinks) with the context: the last one that is not a
+// protected sink token (the allocator's bulk, a second phase, a whole sink head).
+// Sink tokens keep their token counts at any context. A unit made only of sink
+// tokens stretches its last one. Returns segments.size() for a unit without segments.
+size_t stretching_segment(const UnitPlan& u) {
+  for (size_t i = u.segments.size(); i-- > 0;)
+    if (u.segments[i].role != SegmentRole::SinkToken) return i;
+  return u.segments.empty() ? 0 : u.segments.size() - 1;
 }
+
+int64_t overlap(int64_t b0, int64_t e0, int64_t b1, int64_t e1) {
+  return std::max<int64_t>(0, std::min(e0, e1) - std::max(b0, b1));
+}
+
+}  // namespace
 
 uint64_t Plan::segment_bits(const UnitPlan& u, int64_t seg_begin, int64_t seg_end, const Format& format,
                             int64_t context) const {
-  // Segments that reach the recorded end stretch to `context`; a replacing window
-  // takes its tokens out of the stored range.
+  // Tokens [0, stored_end) are stored (a replacing window holds the rest). At a
+  // context up to T a segment keeps its positions, cut at the context; beyond T only
+  // the stretching segment gains the new tokens [T, context).
   const int64_t held = u.window.held_at(context, prefill_);
   const int64_t stored_end = u.window.extra_copy ? context : context - held;
-  const int64_t end = std::min(seg_end >= tokens_ ? context : seg_end, stored_end);
-  const int64_t begin = std::min(seg_begin, stored_end);
-  return end > begin ? format.storage_bits(end - begin, head_dim_) : 0;
+  int64_t tokens = overlap(seg_begin, std::min(seg_end, context), 0, stored_end);
+  const size_t stretch = stretching_segment(u);
+  if (context > tokens_ && stretch < u.segments.size() && u.segments[stretch].begin == seg_begin)
+    tokens += overlap(tokens_, context, 0, stored_end);
+  return tokens > 0 ? format.storage_bits(tokens, head_dim_) : 0;
 }
 
 uint64_t Plan::window_bits(const UnitPlan& u, int64_t context) const {
@@ -64,29 +80,28 @@ UnitPlan Plan::unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t contex
   out.window = u.window;
   for (const Segment& s : u.segments) {
     Segment at = s;
-    at.end = s.end >= tokens_ ? context : std::min(s.end, context);
+    at.end = std::min(s.end, context);
     at.begin = std::min(s.begin, context);
     if (at.end > at.begin) out.segments.push_back(at);
+  }
+  if (context > tokens_ && !u.segments.empty()) {
+    // Tokens beyond T belong to the stretching segment (storage_bits_at's rule).
+    const Segment& grow = u.segments[stretching_segment(u)];
+    if (&grow == &u.segments.back())
+      out.segments.back().end = context;
+    else
+      out.segments.push_back(Segment{tokens_, context, grow.format, grow.role});
   }
   return out;
 }
 
-void Plan::annotate(const std::string& name, double value) {
+void Plan::set_annotation(const std::string& name, std::variant<double, std::string> value) {
   for (Annotation& a : annotations_)
     if (a.name == name) {
-      a.value = value;
+      a.value = std::move(value);
       return;
     }
-  annotations_.push_back({name, value});
-}
-
-void Plan::annotate(const std::string& name, const std::string& value) {
-  for (Annotation& a : annotations_)
-    if (a.name == name) {
-      a.value = value;
-      return;
-    }
-  annotations_.push_back({name, value});
+  annotations_.push_back({name, std::move(value)});
 }
 
 double Plan::bpe_at(int64_t context) const {
@@ -120,6 +135,10 @@ std::string Plan::check() const {
           return where.str() + ": segments end at token " + std::to_string(next) + ", not " + std::to_string(tokens_);
         if (u.window.size < 0) return where.str() + ": negative window size";
         if (u.window.size > 0 && !u.window.format) return where.str() + ": window without a format";
+        if (u.window.active() && u.window.format->keys_only())
+          return where.str() + ": window format " + u.window.format->name() +
+                 " stores keys only (a sketch for attention logits); windows are read as decoded keys and values, "
+                 "give the window another format";
       }
   return {};
 }

@@ -41,7 +41,9 @@ struct RecentWindow {
   enum class Mode {
     Sliding,  // the last W tokens: t - W < j <= t (quant.cpp --k-window)
     Chunked,  // a residual flushed every W tokens (KIVI, HF QuantizedCache):
-              // j >= first + W * floor((t + 1 - first) / W), first = the plan's prefill
+              // j >= first + W * floor((t - first) / W), first = the plan's prefill;
+              // the query at t attends before the flush, holding (t - first) mod W + 1
+              // tokens, and the cache keeps (t + 1 - first) mod W after the step
   };
   int64_t size = 0;   // W tokens; 0 = no window
   FormatPtr format;   // precision of window tokens, e.g. keep-fp16
@@ -54,7 +56,8 @@ struct RecentWindow {
   // Whether the query at t sees token j <= t in window precision; `first` is the
   // first token the window may hold (the plan's prefill).
   bool holds(int64_t t, int64_t j, int64_t first) const;
-  // Tokens held at the end of a context of `context` tokens (what memory counts).
+  // Tokens held at the end of a context of `context` tokens, after the last step's
+  // flush (what memory counts).
   int64_t held_at(int64_t context, int64_t first) const;
 };
 
@@ -97,7 +100,6 @@ class Plan {
   // t < prefill attend exact keys/values, and windows only hold tokens >= prefill.
   int64_t prefill() const { return prefill_; }
   void set_prefill(int64_t tokens) { prefill_ = tokens; }
-  bool has_windows() const;
 
   UnitPlan& unit(int64_t layer, int64_t kv_head, Kind kind) { return units_[index(layer, kv_head, kind)]; }
   const UnitPlan& unit(int64_t layer, int64_t kv_head, Kind kind) const {
@@ -106,10 +108,10 @@ class Plan {
   // Every unit of one kind, e.g. to give all keys one format.
   void assign_all(Kind kind, const FormatPtr& format);
 
-  // Bits that tokens [begin, end) of `unit` cost when stored with `format`, at a
-  // context of `context` tokens, exactly as storage_bits_at() counts them: a range
-  // that reaches the recorded end stretches (or shrinks) to `context`, and a
-  // replacing window takes its held tokens out of the stored range.
+  // Bits that segment [begin, end) of `unit` costs when stored with `format`, at a
+  // context of `context` tokens, exactly as storage_bits_at() counts them (the
+  // stretching rule below), a replacing window taking its held tokens out of the
+  // stored range.
   uint64_t segment_bits(const UnitPlan& unit, int64_t begin, int64_t end, const Format& format,
                         int64_t context) const;
   // Bits of a unit's window at `context` (0 without one).
@@ -119,10 +121,13 @@ class Plan {
   // the window's tokens at window precision (replacing their stored copy unless the
   // window is an extra copy).
   uint64_t storage_bits() const { return storage_bits_at(tokens_); }
-  // The same plan at another context length: segments that reach the recorded end
-  // are extended (or cut) to `context`; earlier segments (sinks, a first phase) keep
-  // their token counts. This is the "memory at a declared target context" of
-  // methods.md §1.
+  // The same plan at another context length, the "memory at a declared target
+  // context" of methods.md §1. Beyond T, only the unit's stretching segment grows:
+  // the last segment that is not a sink token (the allocator's bulk, a second phase,
+  // a whole sink head) gains the tokens [T, context); sink tokens (wherever they are,
+  // e.g. attention-selected ones near T) and earlier segments keep their token
+  // counts. Below T, the plan is cut at `context` (tokens from `context` on do not
+  // exist yet).
   uint64_t storage_bits_at(int64_t context) const;
   double bpe() const { return bpe_at(tokens_); }
   double bpe_at(int64_t context) const;
@@ -131,8 +136,9 @@ class Plan {
 
   // The unit for a sequence of `context` tokens (a cache that has grown to, or
   // beyond, a different length than the plan's T), by storage_bits_at's rule:
-  // segments that reach T are extended (or cut) to `context`; earlier ones keep their
-  // tokens, cut at `context`; segments starting at or beyond `context` are dropped.
+  // segments are cut at `context` (those starting at or beyond it are dropped), and
+  // beyond T the tokens [T, context) take the stretching segment's format (its end
+  // is extended when it is the last segment, else they form a segment of their own).
   // The segments cover [0, context); the window is the unit's (it is relative to the
   // query, not to T). The model's KV cache reconstructs through it.
   UnitPlan unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context) const;
@@ -151,11 +157,12 @@ class Plan {
 
   // Extra per-point results, in the order the strategy added them; a name added twice
   // keeps the last value.
-  void annotate(const std::string& name, double value);
-  void annotate(const std::string& name, const std::string& value);
+  void annotate(const std::string& name, double value) { set_annotation(name, value); }
+  void annotate(const std::string& name, const std::string& value) { set_annotation(name, value); }
   const std::vector<Annotation>& annotations() const { return annotations_; }
 
  private:
+  void set_annotation(const std::string& name, std::variant<double, std::string> value);
   size_t index(int64_t layer, int64_t kv_head, Kind kind) const {
     return static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + static_cast<int>(kind));
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "sim/core/error.h"
 #include "sim/metrics/attention_shift.h"
@@ -53,10 +54,13 @@ struct UnitDelta {
   std::vector<float> stored, window;
   const RecentWindow* win = nullptr;
   // Key segments whose logits come from their format's estimator (QJL), not from a
-  // decoded key: for those, Δs = estimate - exact in the stored version.
+  // decoded key: for those, Δs = estimate - exact in the stored version, on columns
+  // [keep_begin, keep_end) (the segment, less what an attribution region leaves out:
+  // there Δs stays the zeroed stored error's 0).
   struct Estimated {
     int64_t begin = 0, end = 0;
     std::unique_ptr<ScoreEstimator> estimator;
+    int64_t keep_begin = 0, keep_end = 0;
   };
   std::vector<Estimated> estimated;
   bool has_window() const { return !window.empty(); }
@@ -145,8 +149,9 @@ void simulate_head(const Recording& rec, const Plan& plan, int64_t layer, int64_
       const int64_t n = std::min(e.end, cols) - e.begin;
       s.est.resize(rows, n);
       e.estimator->estimate(ConstMatView{Qb.data(), rows, d, d}, n, MatView{s.est.data(), rows, n, n});
+      const int64_t j0 = std::max(e.keep_begin, e.begin) - e.begin, j1 = std::min(e.keep_end, e.begin + n) - e.begin;
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < n; ++j) s.dscores(r, e.begin + j) = s.est(r, j) * inv_sqrt_d - s.scores(r, e.begin + j);
+        for (int64_t j = j0; j < j1; ++j) s.dscores(r, e.begin + j) = s.est(r, j) * inv_sqrt_d - s.scores(r, e.begin + j);
     }
     if (dk.has_window()) {
       ConstRowMap dKw(dk.window.data(), T, d);
@@ -214,25 +219,38 @@ void simulate_head(const Recording& rec, const Plan& plan, int64_t layer, int64_
   }
 }
 
-// Zeroes the reconstruction error of every row outside `region` (attribution).
+// Zeroes the reconstruction error of every row outside `region` (attribution), in
+// the decoded versions and in the score estimators' columns alike.
 void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int64_t d, UnitDelta& u) {
   using Part = ErrorRegion::Part;
   const bool sink_head = !unit.segments.empty() && unit.segments.front().role == SegmentRole::SinkHead;
   auto zero_rows = [&](std::vector<float>& delta, int64_t j0, int64_t j1) {
     if (!delta.empty() && j1 > j0) std::fill(delta.begin() + j0 * d, delta.begin() + j1 * d, 0.0f);
   };
+  // Estimated columns follow the stored version: keep [b, e) of each, drop the empty.
+  auto keep_estimated = [&](auto keep_range) {
+    for (UnitDelta::Estimated& e : u.estimated) {
+      const auto [kb, ke] = keep_range(e);
+      e.keep_begin = std::max(e.begin, kb);
+      e.keep_end = std::min(e.end, ke);
+    }
+    std::erase_if(u.estimated, [](const UnitDelta::Estimated& e) { return e.keep_end <= e.keep_begin; });
+  };
+  auto none = [](const UnitDelta::Estimated&) { return std::pair<int64_t, int64_t>{0, 0}; };
   if (region.part == Part::Tokens) {
     const int64_t b = std::clamp<int64_t>(region.begin, 0, T), e = std::clamp<int64_t>(region.end, b, T);
     for (std::vector<float>* delta : {&u.stored, &u.window}) {
       zero_rows(*delta, 0, b);
       zero_rows(*delta, e, T);
     }
+    keep_estimated([&](const UnitDelta::Estimated&) { return std::pair<int64_t, int64_t>{b, e}; });
     return;
   }
   if (region.part == Part::SinkHeads) {
     if (!sink_head) {
       zero_rows(u.stored, 0, T);
       zero_rows(u.window, 0, T);
+      keep_estimated(none);
     }
     return;
   }
@@ -240,12 +258,19 @@ void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int
   if (sink_head) {
     zero_rows(u.stored, 0, T);
     zero_rows(u.window, 0, T);
+    keep_estimated(none);
     return;
   }
   if (region.part != Part::Window) zero_rows(u.window, 0, T);
   const SegmentRole keep = region.part == Part::SinkTokens ? SegmentRole::SinkToken : SegmentRole::Allocated;
+  auto kept = [&](const Segment& s) { return region.part != Part::Window && s.role == keep; };
   for (const Segment& s : unit.segments)
-    if (region.part == Part::Window || s.role != keep) zero_rows(u.stored, s.begin, s.end);
+    if (!kept(s)) zero_rows(u.stored, s.begin, s.end);
+  keep_estimated([&](const UnitDelta::Estimated& e) {
+    for (const Segment& s : unit.segments)
+      if (s.begin == e.begin) return kept(s) ? std::pair<int64_t, int64_t>{e.begin, e.end} : std::pair<int64_t, int64_t>{0, 0};
+    return std::pair<int64_t, int64_t>{0, 0};
+  });
 }
 
 // Reconstructs one unit and returns its errors (stored and window versions), adding
@@ -269,7 +294,7 @@ UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int6
     for (const Segment& seg : unit.segments) {
       auto est = seg.format->score_estimator(ConstMatView{x + seg.begin * d, seg.end - seg.begin, d, d},
                                              make_span_info(rec, layer, g, kind, seg.begin, opt.seed));
-      if (est) u.estimated.push_back({seg.begin, seg.end, std::move(est)});
+      if (est) u.estimated.push_back({seg.begin, seg.end, std::move(est), seg.begin, seg.end});
     }
   if (unit.window.active()) {
     u.win = &unit.window;
@@ -336,14 +361,6 @@ void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d
 void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& span,
                         float* out) {
   unit.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{out, T, d, d}, span);
-}
-
-void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,
-                      const SimOptions& opt, float* out) {
-  const Tensor& src = kind == Kind::Key ? rec.layers[static_cast<size_t>(layer)].key
-                                        : rec.layers[static_cast<size_t>(layer)].value;
-  reconstruct_unit(plan.unit(layer, kv_head, kind), src.slice(kv_head), rec.tokens, rec.head_dim,
-                   make_span_info(rec, layer, kv_head, kind, 0, opt.seed), out);
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {

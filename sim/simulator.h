@@ -66,10 +66,6 @@ SpanInfo span_from(const SpanInfo& unit_span, int64_t offset);
 SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Kind kind, int64_t first_token,
                         uint64_t seed);
 
-// The reconstructed [T, head_dim] matrix of one unit of a recording, into out.
-void reconstruct_unit(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head, Kind kind,
-                      const SimOptions& opt, float* out);
-
 // Error of the query heads of one KV head (rows in (q_head, position) order). Only
 // that KV head's K and V units of `plan` are read. Single-threaded, deterministic.
 ErrorStats simulate_kv_head(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head,

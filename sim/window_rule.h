@@ -10,10 +10,14 @@ namespace kvb {
 // The first token the query at position t sees in window precision, for a window of
 // `size` tokens that may hold tokens >= `first` (the plan's prefill): the window holds
 // exactly the tokens j with window_first_held(...) <= j <= t.
-//   sliding: the last `size` tokens, t - size < j;
-//   chunked: a residual flushed every `size` tokens, j >= first + size * floor((t + 1 - first) / size).
+//   sliding: the last `size` tokens, t - size < j (methods.md §3);
+//   chunked: a residual flushed every `size` tokens, j >= first + size * floor((t - first) / size).
+//     As in KIVI and Hugging Face's QuantizedCache, the query at t attends with the
+//     residual plus its own token before the residual is flushed, so it holds
+//     (t - first) mod size + 1 tokens (1..size) in window precision; the cache kept
+//     after the step holds (t + 1 - first) mod size (RecentWindow::held_at).
 KVB_HD int64_t window_first_held(int64_t size, bool chunked, int64_t t, int64_t first) {
-  const int64_t from = chunked ? first + size * ((t + 1 - first) / size) : t - size + 1;
+  const int64_t from = chunked ? first + size * ((t - first) / size) : t - size + 1;
   return from > first ? from : first;
 }
 

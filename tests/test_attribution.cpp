@@ -84,6 +84,36 @@ TEST_CASE("a region's simulation keeps exactly that region's quantization error"
   CHECK(error_sums(second).out_err2 > 0);
 }
 
+TEST_CASE("regions mask keys-only formats' estimated logits too (QJL keys)") {
+  // QJL key segments give their logits through a score estimator, not a decoded key:
+  // a region that leaves them out must leave their logit errors out too.
+  const Recording& rec = strategy_recording();
+  RecordingStats stats(rec, test::calibration_of(rec));
+  const Plan plan = build_plan("uniform",
+                               {{"key_format", std::string("qjl-m128")},
+                                {"value_format", std::string("int3-asym-g32")},
+                                {"sink_tokens", int64_t{2}},
+                                {"sink_token_format", std::string("int5-asym-g32")},
+                                {"window", int64_t{12}},
+                                {"window_format", std::string("int4-asym-g32")}},
+                               rec, stats);
+  using Part = ErrorRegion::Part;
+  auto region_stats = [&](ErrorRegion r) {
+    SimOptions o;
+    o.region = &r;
+    return simulate(rec, plan, o);
+  };
+  check_same_rows(region_stats({Part::Window}), simulate(rec, with_exact(plan, true, true, false, true), SimOptions{}));
+  check_same_rows(region_stats({Part::SinkTokens}), simulate(rec, with_exact(plan, true, false, true, true), SimOptions{}));
+  check_same_rows(region_stats({Part::SinkHeads}), simulate(rec, with_exact(plan, false, true, true, true), SimOptions{}));
+  const ErrorStats rest = region_stats({Part::Rest});
+  CHECK(error_sums(rest).kl > 0);
+  const ErrorStats late = region_stats({Part::Tokens, 72, 96});
+  for (const AttentionRow& r : late.rows)
+    if (r.position < 72) CHECK(r.kl == 0);
+  CHECK(error_sums(late).kl > 0);
+}
+
 TEST_CASE("attribution shares sum to 1: layers, heads, each region partition; concentration ends at 1") {
   const Recording& rec = strategy_recording();
   RecordingStats stats(rec, test::calibration_of(rec));

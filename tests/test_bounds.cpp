@@ -23,9 +23,15 @@ TEST_CASE("the bounds report has every row of methods.md §5, and the Gaussian r
     CHECK(std::isfinite(r.measured));
     CHECK(!r.claim.empty());
     CHECK(!r.criterion.empty());
-    if (r.section == "gaussian" || r.section == "first-order") CHECK(r.holds);
+    if (r.section == "gaussian" || r.section == "first-order" || r.section == "turboquant" ||
+        r.section == "water-filling")
+      CHECK(r.holds);
   }
-  CHECK(sections == std::set<std::string>{"gaussian", "first-order", "entropy-rule", "taqg"});
+  CHECK(sections ==
+        std::set<std::string>{"gaussian", "first-order", "entropy-rule", "taqg", "turboquant", "water-filling"});
+  for (const char* n : {"high-rate gap entropy-coded uniform", "high-rate allocation spread", "mse upper b=2",
+                        "mse lower b=3", "inner-product variance b=3"})
+    CHECK(names.count(n) == 1);
   for (const char* n :
        {"lloyd-max b=2", "shannon b=3 lloyd-max", "uniform-step b=4", "shannon b=2 int2-asym-g32",
         "high-rate gap lloyd-max", "value error int4-asym-g32", "key error int2-asym-g32",
@@ -41,4 +47,21 @@ TEST_CASE("the bounds report has every row of methods.md §5, and the Gaussian r
   CHECK(csv.rfind("section,name,claim,predicted,measured,holds,criterion,note\n", 0) == 0);
   CHECK(md.find("| gaussian | lloyd-max b=1 |") != std::string::npos);
   CHECK(md.find("\\|\\|do\\|\\|") != std::string::npos);  // pipes in cells are escaped
+  CHECK(md.find("Notes (what is not a row, and why)") != std::string::npos);
+}
+
+TEST_CASE("entropy rule: every alpha reaching the minimal error is a best alpha (ties)") {
+  const std::vector<double> alphas = {0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0};
+  // Alphas 0 .. 0.5 round to the identical plan: the same error; larger alphas are worse.
+  const std::vector<double> errors = {2.0, 2.0, 2.0, 2.0, 2.0 * (1 + 1e-12), 2.5, 3.0, 3.5, 4.0};
+  const AlphaVerdict half = alpha_verdict(alphas, errors, 0.5, 0.125);
+  CHECK(half.best == std::vector<double>{0, 0.125, 0.25, 0.375, 0.5});
+  CHECK(half.nearest == 0.5);
+  CHECK(half.holds);
+  CHECK(alpha_verdict(alphas, errors, 0.25, 0.125).holds);
+  // A claim whose error is above the minimum and more than a grid step from any best alpha fails.
+  CHECK(!alpha_verdict(alphas, errors, 1.0, 0.125).holds);
+  CHECK(alpha_verdict(alphas, errors, 1.0, 0.125).nearest == 0.5);
+  // Within one grid step of a best alpha still holds (the grid's resolution).
+  CHECK(alpha_verdict(alphas, errors, 0.625, 0.125).holds);
 }

@@ -227,3 +227,97 @@ TEST_CASE("[attribution] selects points") {
   CHECK(error_of(kData + "[attribution]\npoints = \"some\"\n" + strat).find("expected \"all\", \"none\"") !=
         std::string::npos);
 }
+
+TEST_CASE("budget queries: their metric is validated up front and reported") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  // A metric left out of metrics.report is added to it, so every point measures it.
+  ExperimentSpec e = parse(kData + "[metrics]\nreport = [\"attn_kl_mean\"]\npareto = [\"attn_kl_mean\"]\n"
+                                   "[budgets]\nqueries = [\"topk_overlap >= 0.9\"]\n" + strat);
+  CHECK(e.metrics.report == std::vector<std::string>{"attn_kl_mean", "topk_overlap"});
+  // --budget goes through the same check.
+  add_budget_query(e, "attn_out_rel_err <= 0.1", "--budget");
+  CHECK(e.metrics.report.size() == 3);
+  CHECK(std::count(e.metrics.report.begin(), e.metrics.report.end(), "attn_out_rel_err") == 1);
+  CHECK(e.budgets.size() == 2);
+  add_budget_query(e, "bpe <= 4", "--budget");  // memory budgets add no metric
+  CHECK(e.metrics.report.size() == 3);
+  // A model-level metric on a recording fails before any work.
+  CHECK(error_of(kData + "[budgets]\nqueries = [\"ppl_ratio <= 1.1\"]\n" + strat).find("needs [data] source = \"model\"") !=
+        std::string::npos);
+  CHECK_THROWS_WITH_AS(add_budget_query(e, "ppl_ratio <= 1.1", "--budget"),
+                       doctest::Contains("--budget: budget query 'ppl_ratio <= 1.1': 'ppl_ratio' is a model-level metric"),
+                       ConfigError);
+}
+
+TEST_CASE("budget queries: strict < and > are rejected") {
+  CHECK_THROWS_WITH_AS(parse_budget_query("attn_kl_mean < 1e-3", "cfg:3"), doctest::Contains("strict '<' is not supported"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse_budget_query("topk_overlap > 0.9", "cfg:3"), doctest::Contains("write '>='"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse_budget_query("bpe < 4", "cfg:3"), doctest::Contains("strict"), ConfigError);
+  CHECK(parse_budget_query("attn_kl_mean <= 1e-3", "cfg:3").upper);
+}
+
+TEST_CASE("an empty metrics.report is an error") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(error_of(kData + "[metrics]\nreport = []\npareto = []\n" + strat).find("metrics.report is empty") !=
+        std::string::npos);
+  // A Pareto metric or a budget query fills it.
+  CHECK(parse(kData + "[metrics]\nreport = []\npareto = [\"attn_kl_mean\"]\n" + strat).metrics.report.size() == 1);
+  CHECK(parse(kData + "[metrics]\nreport = []\npareto = []\n[budgets]\nqueries = [\"attn_kl_mean <= 1\"]\n" + strat)
+            .metrics.report.size() == 1);
+}
+
+TEST_CASE("a block's base key overrides a preset's per-kind values") {
+  // kivi-2 sets key_format and value_format; the block's `format` must win for both.
+  ExperimentSpec e = parse(kData + "[[strategy]]\npreset = \"kivi-2\"\nformat = \"int4-asym-g32\"\n");
+  std::vector<SweepPoint> pts = expand_sweep(e);
+  REQUIRE(pts.size() == 1);
+  CHECK(pts[0].params.str("format", Kind::Key) == "int4-asym-g32");
+  CHECK(pts[0].params.str("format", Kind::Value) == "int4-asym-g32");
+  CHECK(!pts[0].params.has("key_format"));
+  // window_mode likewise; the preset's other values stay.
+  e = parse(kData + "[[strategy]]\npreset = \"kivi-2\"\nwindow_mode = \"sliding\"\n");
+  pts = expand_sweep(e);
+  CHECK(pts[0].params.str("window_mode", Kind::Key) == "sliding");
+  CHECK(pts[0].params.str("format", Kind::Key) == "int2-asym-ch32");
+  // A block's per-kind key still overrides only its kind.
+  e = parse(kData + "[[strategy]]\npreset = \"kivi-2\"\nvalue_format = \"int8-asym-g32\"\n");
+  pts = expand_sweep(e);
+  CHECK(pts[0].params.str("format", Kind::Key) == "int2-asym-ch32");
+  CHECK(pts[0].params.str("format", Kind::Value) == "int8-asym-g32");
+}
+
+TEST_CASE("run_sweep: points without tasks are finished; a throwing callback is reported, not fatal") {
+  const std::string text =
+      "[data.synthetic]\nlayers = 1\nq_heads = 2\nkv_heads = 2\nhead_dim = 32\ntokens = 48\n"
+      "[[strategy]]\ntype = \"uniform\"\nformat = [\"int4-asym-g32\", \"int8-asym-g32\"]\n";
+  ExperimentSpec e = parse(text);
+  const std::vector<SweepPoint> points = expand_sweep(e);
+  const Recording rec = build_recording(e.data);
+  // No metric and no attribution: nothing to measure, but every point is finished.
+  ExperimentSpec empty = e;
+  empty.metrics.report.clear();
+  empty.attribution.select = AttributionSpec::Select::None;
+  size_t called = 0;
+  std::vector<PointResult> r =
+      run_sweep(empty, rec, points, [&](const SweepPoint&, const PointResult&, size_t, size_t) { ++called; }, nullptr);
+  CHECK(r.size() == 2);
+  CHECK(called == 2);
+  for (const PointResult& p : r) CHECK(p.ok);
+  // A callback that throws (an I/O error writing points.csv, say): every point is
+  // still measured and returned, and the failures are handed back.
+  std::vector<std::string> errors;
+  r = run_sweep(
+      e, rec, points,
+      [](const SweepPoint&, const PointResult&, size_t, size_t) { throw Error("points.csv: disk full"); }, nullptr,
+      nullptr, nullptr, &errors);
+  CHECK(r.size() == 2);
+  for (const PointResult& p : r) CHECK(p.ok);
+  REQUIRE(errors.size() == 2);
+  CHECK(errors[0].find("points.csv: disk full") != std::string::npos);
+  // Without somewhere to put them, the first failure is thrown after the sweep.
+  CHECK_THROWS_WITH_AS(run_sweep(e, rec, points,
+                                 [](const SweepPoint&, const PointResult&, size_t, size_t) { throw Error("disk full"); },
+                                 nullptr),
+                       doctest::Contains("disk full"), Error);
+}

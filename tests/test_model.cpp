@@ -324,6 +324,35 @@ TEST_CASE("generation: token-by-token decoding reproduces teacher forcing") {
   for (size_t i = 0; i < gen.size(); ++i) CHECK(argmax(again.row(199 + i).data(), again.cols()) == gen[i]);
 }
 
+TEST_CASE("greedy continuations apply a plan's prompt relative to their own prompt") {
+  // A plan with a prompt (prefill P) quantizes what every generated token reads. A
+  // continuation whose prompt p is shorter than P must not run under P (which would
+  // leave every one of its tokens exact): it runs as the same plan with prefill p.
+  const std::vector<int64_t> all = reference_ids("llama-bytes");
+  const auto model = fixture_model("llama-bytes");
+  const std::vector<int64_t> ids(all.begin(), all.begin() + 256);
+  std::vector<LayerTensors> capture;
+  ExtendOptions a;
+  a.capture = &capture;
+  model->forward(ids, a);
+  const Recording rec = recording_from_capture(model->config(), capture, ids, "test");
+  const int64_t p = 40, n = 12;
+  const std::vector<int64_t> prompt(ids.begin(), ids.begin() + p);
+  Plan long_prompt = uniform_plan(rec, "int1-sym-g32");
+  long_prompt.set_prefill(200);
+  Plan own_prompt = uniform_plan(rec, "int1-sym-g32");
+  own_prompt.set_prefill(p);
+  const std::vector<int64_t> exact = greedy_continuation(*model, prompt, n, {});
+  const std::vector<int64_t> with_long = greedy_continuation(*model, prompt, n, CacheQuantization{&long_prompt, 0});
+  const std::vector<int64_t> with_own = greedy_continuation(*model, prompt, n, CacheQuantization{&own_prompt, 0});
+  CHECK(with_own != exact);  // int1 changes what is generated
+  CHECK(with_long == with_own);
+  // An explicit prefill is honoured: the whole continuation as prompt is exact.
+  CacheQuantization everything_exact{&long_prompt, 0};
+  everything_exact.prefill = p + n;
+  CHECK(greedy_continuation(*model, prompt, n, everything_exact) == exact);
+}
+
 TEST_CASE("a plan shorter or longer than the cache follows Plan::unit_at") {
   Plan plan(1, 1, 10, 4);
   plan.unit(0, 0, Kind::Key).segments = {Segment{0, 2, make_format("keep-fp32")},
@@ -408,6 +437,31 @@ TEST_CASE("Llama family options against a plain reference forward pass") {
     const auto want = reference_llama(ck, c.opt, c.inv_freq, c.window, tokens);
     CHECK(worst_relative_row_error(want, got.data(), got.cols()) < 1e-5);
   }
+}
+
+TEST_CASE("sliding-window models: recordings beyond W tokens are refused, naming the model and W") {
+  // A recording holds full causal attention; a Mistral layer attends to the last W
+  // tokens only, so beyond W the recording would misstate what the model attends to.
+  TinyLlamaOptions mistral;
+  mistral.architecture = "MistralForCausalLM";
+  mistral.kv_heads = 1;
+  TinyCheckpoint ck = tiny_llama(mistral);
+  ck.config.update(nlohmann::json{{"rope_theta", 10000.0}, {"sliding_window", 6}});
+  const auto model = Transformer::load(ck.write(scratch_dir("model_sliding_refused")));
+  const std::vector<int64_t> tokens = some_tokens(9, mistral.vocab, 4);
+  const std::string msg = error_of([&] { (void)ModelEvaluator(model, tokens, ContinuationSpec{}, "test"); });
+  CHECK(has(msg, "model_sliding_refused"));
+  CHECK(has(msg, "W = 6"));
+  CHECK(has(msg, "9 tokens are evaluated"));
+  std::vector<LayerTensors> capture;
+  ExtendOptions a;
+  a.capture = &capture;
+  model->forward(tokens, a);
+  CHECK_THROWS_AS(recording_from_capture(model->config(), capture, tokens, "test"), ConfigError);
+  // Within the window the recording is exact.
+  const std::vector<int64_t> short_tokens(tokens.begin(), tokens.begin() + 6);
+  const ModelEvaluator ok(model, short_tokens, ContinuationSpec{}, "test");
+  CHECK(ok.recording().tokens == 6);
 }
 
 TEST_CASE("prerope formats rotate back with the model's own (scaled) RoPE frequencies") {

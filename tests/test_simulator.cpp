@@ -184,6 +184,41 @@ TEST_CASE("plans: memory is computed from formats; segments are checked") {
   plan.unit(0, 0, Kind::Key).segments = {Segment{0, 64, make_format("int4-asym-g48")}};
   CHECK(plan.check().find("does not divide head_dim") != std::string::npos);
   CHECK_THROWS_WITH_AS(simulate(rec, plan, SimOptions{}), doctest::Contains("invalid plan"), Error);
+  // Keys-only formats (a QJL sketch) cannot be a window's format.
+  plan.unit(0, 0, Kind::Key).segments = {Segment{0, 64, make_format("int4-asym-g32")}};
+  REQUIRE(plan.check().empty());
+  plan.unit(0, 0, Kind::Key).window = RecentWindow{8, make_format("qjl-m128")};
+  CHECK(plan.check().find("layer 0 kv_head 0 K: window format qjl-m128 stores keys only") != std::string::npos);
+}
+
+TEST_CASE("plans at a target context: only the allocated bulk stretches, sink tokens keep their count") {
+  // An attention-selected sink token can be the recording's last token; at a longer
+  // context it is still one fp16 token, not the whole tail.
+  const FormatPtr int2 = make_format("int2-asym-g32"), fp16 = make_format("keep-fp16");
+  Plan plan(1, 1, 64, 32);
+  for (Kind k : {Kind::Key, Kind::Value})
+    plan.unit(0, 0, k).segments = {Segment{0, 63, int2}, Segment{63, 64, fp16, SegmentRole::SinkToken}};
+  REQUIRE(plan.check().empty());
+  CHECK(plan.bpe() == doctest::Approx((63 * 3.0 + 16.0) / 64));
+  CHECK(plan.bpe_at(32768) == doctest::Approx((32767 * 3.0 + 16.0) / 32768));
+  const UnitPlan& u = plan.unit(0, 0, Kind::Key);
+  CHECK(plan.segment_bits(u, 63, 64, *fp16, 32768) == 16u * 32u);
+  CHECK(plan.segment_bits(u, 0, 63, *int2, 32768) == 32767u * 3u * 32u);
+  // The model's cache beyond T: the new tokens take the bulk's format.
+  const UnitPlan at = plan.unit_at(0, 0, Kind::Key, 100);
+  REQUIRE(at.segments.size() == 3);
+  CHECK(at.segments[1].begin == 63);
+  CHECK(at.segments[1].end == 64);
+  CHECK(at.segments[2].begin == 64);
+  CHECK(at.segments[2].end == 100);
+  CHECK(at.segments[2].format == int2);
+  CHECK(plan.storage_bits_at(100) == 2 * (int2->storage_bits(99, 32) + fp16->storage_bits(1, 32)));
+  // Below T the plan is cut by position.
+  CHECK(plan.unit_at(0, 0, Kind::Key, 40).segments.size() == 1);
+  CHECK(plan.storage_bits_at(40) == 2 * int2->storage_bits(40, 32));
+  // A sink head (the whole unit) does stretch.
+  plan.unit(0, 0, Kind::Value).segments = {Segment{0, 64, fp16, SegmentRole::SinkHead}};
+  CHECK(plan.bpe_at(32768) == doctest::Approx((32767 * 3.0 + 16.0 + 32768 * 16.0) / (2 * 32768)));
 }
 
 TEST_CASE("more bits never hurt: error decreases with bit width") {
@@ -335,15 +370,27 @@ TEST_CASE("window membership: sliding and chunked (flushed) residuals") {
   CHECK(w.holds(10, 7, 0));
   CHECK(!w.holds(10, 6, 0));
   w.mode = RecentWindow::Mode::Chunked;
-  // After appending t = 10 (11 tokens), 8 were flushed: the residual is 8, 9, 10.
+  // KIVI / HF QuantizedCache: the query attends with the residual plus its own token,
+  // then a full residual is flushed. Query t = 10 sees 8, 9, 10 in the residual.
   CHECK(w.holds(10, 8, 0));
   CHECK(!w.holds(10, 7, 0));
-  // After t = 11 (12 tokens) everything was flushed.
-  CHECK(!w.holds(11, 11, 0));
+  // Query t = 11 still sees the full residual 8..11 (W tokens); it is flushed after.
+  CHECK(w.holds(11, 11, 0));
+  CHECK(w.holds(11, 8, 0));
+  CHECK(!w.holds(11, 7, 0));
+  // Query t = 12 starts the next residual: only its own token.
+  CHECK(w.holds(12, 12, 0));
+  CHECK(!w.holds(12, 11, 0));
+  // Query t = 0 holds itself: (t - first) mod W + 1 tokens, 1..W.
+  CHECK(w.holds(0, 0, 0));
   // With a 3-token prefill the chunks start at token 3.
   CHECK(w.holds(9, 7, 3));
   CHECK(!w.holds(9, 6, 3));
   CHECK(!w.holds(9, 2, 3));
+  CHECK(w.holds(10, 7, 3));
+  CHECK(w.holds(11, 11, 3));
+  CHECK(!w.holds(11, 10, 3));
+  // Memory counts the residual after the step's flush.
   CHECK(w.held_at(12, 0) == 0);
   CHECK(w.held_at(13, 0) == 1);
   CHECK(w.held_at(13, 3) == 2);

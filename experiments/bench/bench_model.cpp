@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kvb/build_config.h"
+#include "experiments/machine_info.h"
 #include "sim/formats/registry.h"
 #include "sim/model/model_eval.h"
 #include "sim/model/transformer.h"
@@ -35,23 +36,11 @@ using namespace kvb;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 template <class F>
 double timed(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return seconds_since(t0);
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
 }
 
 std::string load_average() {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "experiments/experiment.h"
+#include "experiments/machine_info.h"
 #include "experiments/sweep.h"
 #include "kvb/build_config.h"
 #include "sim/formats/registry.h"
@@ -24,22 +25,6 @@
 #include "sim/strategies/uniform.h"
 
 using namespace kvb;
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string path = std::string(KVB_SOURCE_DIR) + "/data/records/gpt2-bytes-record.safetensors";

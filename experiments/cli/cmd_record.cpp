@@ -13,6 +13,7 @@
 #include "sim/io/recording_writer.h"
 #include "sim/io/tensor_writer.h"
 #include "sim/metrics/model_metrics.h"
+#include "sim/model/model_eval.h"
 
 namespace po = boost::program_options;
 
@@ -43,6 +44,7 @@ int cmd_record(const Args& args) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::shared_ptr<const Transformer> model = in.load_model();
   const std::vector<int64_t> tokens = in.load_tokens(model->config());
+  check_full_causal_attention(model->config(), static_cast<int64_t>(tokens.size()));
   std::vector<LayerTensors> capture;
   ExtendOptions opt;
   opt.capture = &capture;

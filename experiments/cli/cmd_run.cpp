@@ -7,10 +7,12 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <iostream>
 
 #include "experiments/cli/commands.h"
 #include "experiments/experiment.h"
+#include "experiments/machine_info.h"
 #include "experiments/progress.h"
 #include "experiments/report.h"
 #include "experiments/sweep.h"
@@ -25,15 +27,6 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 extern "C" void on_signal(int) { g_stop.store(true); }
-
-std::string iso_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", &tm);
-  return buf;
-}
 
 }  // namespace
 
@@ -78,7 +71,7 @@ int cmd_run(const Args& args) {
   const bool quiet = vm.count("quiet") != 0;
 
   ExperimentSpec spec = load_experiment(config, sets);
-  for (const std::string& b : budgets) spec.budgets.push_back(parse_budget_query(b, "--budget"));
+  for (const std::string& b : budgets) add_budget_query(spec, b, "--budget");
   if (threads > 0) spec.threads = threads;
   if (!out_dir.empty()) spec.output.dir = out_dir;
   if (!backend.empty()) spec.backend = parse_backend_request(backend, "--backend");
@@ -106,7 +99,7 @@ int cmd_run(const Args& args) {
   RunInfo info;
   info.command_line = "kvbudget run " + join(args, " ");
   info.status = "running";
-  info.started_iso = iso_now();
+  info.started_iso = time_now("%Y-%m-%dT%H:%M:%S%z");
   info.points_total = points.size();
   info.recording_summary = rec.name + ": " + rec.summary();
   info.backend.requested = spec.backend;
@@ -122,16 +115,29 @@ int cmd_run(const Args& args) {
   std::vector<PointResult> done_results;
   auto last_write = std::chrono::steady_clock::now();
   Progress progress(points.size(), quiet);
+  // Failures outside any point (writing a file, a callback): each is reported, the
+  // rest is still written, and the run exits non-zero.
+  std::vector<std::string> run_errors;
+  auto attempt = [&](const std::string& what, const std::function<void()>& write) {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      run_errors.push_back(what + ": " + e.what());
+    }
+  };
   auto on_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t) {
     done_results.push_back(r);
     progress.update(done, r.ok ? p.key : r.error, r.ok, r.seconds);
     const auto now = std::chrono::steady_clock::now();
     if (std::chrono::duration<double>(now - last_write).count() >= 1.0) {
-      report.write_points(done_results);
       last_write = now;
+      report.write_points(done_results);  // a failure is recorded by run_sweep; the final write retries
     }
   };
-  std::vector<PointResult> results = run_sweep(spec, rec, points, on_point, &g_stop, &info.backend, model.get());
+  std::vector<std::string> sweep_errors;
+  std::vector<PointResult> results =
+      run_sweep(spec, rec, points, on_point, &g_stop, &info.backend, model.get(), &sweep_errors);
+  for (const std::string& e : sweep_errors) run_errors.push_back("while the sweep ran, " + e);
   info.backend_decided = true;
   progress.finish();
   if (!quiet)
@@ -140,18 +146,19 @@ int cmd_run(const Args& args) {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
 
-  report.write_points(results);
-  report.write_attribution(results);
+  attempt("points.csv", [&] { report.write_points(results); });
+  attempt("attribution.csv", [&] { report.write_attribution(results); });
   size_t failed = 0;
   for (const PointResult& r : results) failed += r.ok ? 0 : 1;
   const bool interrupted = g_stop.load();
-  const std::string frontier = report.write_frontier(results);
+  std::string frontier;
+  attempt("pareto.csv / budgets.json", [&] { frontier = report.write_frontier(results); });
   std::string plot_error;
   if (spec.output.plots && results.size() > failed) plot_error = report.write_plots();
 
   info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  info.status = interrupted ? "interrupted" : (failed ? "failed" : "complete");
-  report.write_manifest(info);
+  info.status = interrupted ? "interrupted" : ((failed || !run_errors.empty()) ? "failed" : "complete");
+  attempt("manifest.json", [&] { report.write_manifest(info); });
 
   std::printf("%s", frontier.c_str());
   std::printf("\n%zu of %zu points measured in %.1f s; results in %s\n", results.size() - failed, points.size(),
@@ -166,12 +173,13 @@ int cmd_run(const Args& args) {
     for (const PointResult& r : results)
       if (!r.ok && shown++ < 5) std::fprintf(stderr, "  %s\n", r.error.c_str());
   }
+  for (const std::string& e : run_errors) std::fprintf(stderr, "kvbudget run: error: %s\n", e.c_str());
   if (interrupted) {
     std::fprintf(stderr, "kvbudget run: interrupted: %zu of %zu points were finished and written\n", results.size(),
                  points.size());
     return kExitInterrupted;
   }
-  return (failed || !plot_error.empty()) ? kExitError : kExitOk;
+  return (failed || !plot_error.empty() || !run_errors.empty()) ? kExitError : kExitOk;
 }
 
 }  // namespace kvb::cli

@@ -31,6 +31,7 @@
 
 #include "experiments/config.h"
 #include "experiments/experiment.h"
+#include "experiments/machine_info.h"
 #include "experiments/sweep.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_simulator.h"
@@ -56,26 +57,7 @@ struct Options {
   std::string markdown;
 };
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-std::string now_iso() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
-  return buf;
-}
+std::string now_iso() { return time_now("%Y-%m-%d %H:%M UTC", true); }
 
 // Median device time in seconds of `reps` runs of f (after two warm-ups), by events.
 template <typename F>

@@ -99,10 +99,10 @@ const std::vector<MetricDef>& metric_table() {
   using B = Better;
   using L = MetricLevel;
   static const std::vector<MetricDef> table = {
-      {"k_rel_mse", "", "relative MSE of keys ||K - K̂||² / ||K||²", B::Lower, L::Tensor, &k_rel_mse},
-      {"v_rel_mse", "", "relative MSE of values ||V - V̂||² / ||V||²", B::Lower, L::Tensor, &v_rel_mse},
-      {"k_snr_db", "dB", "key signal-to-noise ratio 10 log10(||K||² / ||K - K̂||²)", B::Higher, L::Tensor, &k_snr},
-      {"v_snr_db", "dB", "value signal-to-noise ratio", B::Higher, L::Tensor, &v_snr},
+      {"k_rel_mse", "", "relative MSE of the stored keys ||K - K̂||² / ||K||² (segment formats, all tokens; windows not included)", B::Lower, L::Tensor, &k_rel_mse},
+      {"v_rel_mse", "", "relative MSE of the stored values ||V - V̂||² / ||V||² (segment formats, all tokens; windows not included)", B::Lower, L::Tensor, &v_rel_mse},
+      {"k_snr_db", "dB", "key signal-to-noise ratio 10 log10(||K||² / ||K - K̂||²) of the stored keys", B::Higher, L::Tensor, &k_snr},
+      {"v_snr_db", "dB", "value signal-to-noise ratio of the stored values", B::Higher, L::Tensor, &v_snr},
       {"logit_rmse", "", "RMS of ŝ - s over causal (t, j), s = q·k/√d", B::Lower, L::Attention, &logit_rmse},
       {"logit_err_max", "", "max |ŝ - s| over causal (t, j)", B::Lower, L::Attention, &logit_max},
       {"attn_kl_mean", "nats", "mean over (layer, head, t) of KL(p || p̂)", B::Lower, L::Attention, &kl_mean},

@@ -69,7 +69,7 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
     v.values[static_cast<size_t>(g)].exact = v.values[static_cast<size_t>(g)].stored = unit(layer, g, kValues).data();
   }
   if (!q.plan) return v;
-  v.prefill = q.plan->prefill();
+  v.prefill = q.effective_prefill();
   const int64_t length = this->length(layer), d = head_dim_;
   const int64_t unit_floats = length * d;
   // Scratch: per unit, the stored version, then the window version.

@@ -32,6 +32,13 @@ namespace kvb {
 struct CacheQuantization {
   const Plan* plan = nullptr;  // nullptr: attention reads the exact fp32 cache
   uint64_t seed = 0;           // handed to seeded formats (SpanInfo::seed)
+  // The prompt length (prefill) attention uses instead of the plan's: queries before
+  // it read exact keys and values and windows hold only later tokens. < 0: the plan's
+  // prefill. greedy_continuation() sets it to the continuation's own prompt when the
+  // plan has a prompt, so that each continuation is quantized relative to its prompt.
+  int64_t prefill = -1;
+
+  int64_t effective_prefill() const { return prefill >= 0 ? prefill : (plan ? plan->prefill() : 0); }
 };
 
 // How the cached keys were rotated: the RoPE context formats get in SpanInfo (a

@@ -56,8 +56,22 @@ std::vector<double> next_token_nll(const RowMatrix& logits, const std::vector<in
   return nll;
 }
 
+void check_full_causal_attention(const ModelConfig& config, int64_t tokens) {
+  for (size_t l = 0; l < config.sliding_window.size(); ++l) {
+    const int64_t w = config.sliding_window[l];
+    if (w <= 0 || tokens <= w) continue;
+    throw ConfigError(config.dir.string() + ": layer " + std::to_string(l) +
+                      " uses sliding-window attention over the last W = " + std::to_string(w) +
+                      " tokens (config.json sliding_window), but " + std::to_string(tokens) +
+                      " tokens are evaluated: a recording's attention (attention-level metrics, strategy statistics, "
+                      "the CUDA backend) is full causal attention, which this model does not compute beyond W tokens; "
+                      "evaluate at most " + std::to_string(w) + " tokens (max_tokens)");
+  }
+}
+
 Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTensors> layers,
                                  const std::vector<int64_t>& tokens, const std::string& source) {
+  check_full_causal_attention(config, static_cast<int64_t>(tokens.size()));
   Recording rec;
   rec.name = config.dir.filename().string();
   rec.source = source;
@@ -86,6 +100,7 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
                                ContinuationSpec continuations, std::string source_description)
     : model_(std::move(model)), tokens_(std::move(tokens)), continuation_spec_(continuations) {
   const int64_t T = static_cast<int64_t>(tokens_.size());
+  check_full_causal_attention(model_->config(), T);  // before any forward pass
   const ContinuationSpec& c = continuation_spec_;
   if (c.count < 0 || c.prompt < 1 || c.tokens < 1)
     throw ConfigError("continuations: count must be >= 0, prompt and tokens >= 1");

@@ -81,7 +81,15 @@ class ModelEvaluator {
 // -log softmax(logits[t])[tokens[t + 1]] for t = 0 .. T-2.
 std::vector<double> next_token_nll(const RowMatrix& logits, const std::vector<int64_t>& tokens);
 
+// Recordings hold full causal attention (every query t attends to all j <= t). A
+// model with sliding-window attention (Mistral, Qwen2's use_sliding_window) attends
+// to t - W < j <= t only, so its recording is exact only while T <= W: throws
+// kvb::ConfigError, naming the model, the layer and W, when `tokens` exceeds a layer's
+// window.
+void check_full_causal_attention(const ModelConfig& config, int64_t tokens);
+
 // The Recording of an exact run's capture (recording.h layout), positions 0..T-1.
+// Throws through check_full_causal_attention() for a sliding-window model beyond W.
 Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTensors> layers,
                                  const std::vector<int64_t>& tokens, const std::string& source);
 

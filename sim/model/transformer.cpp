@@ -192,6 +192,8 @@ std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<con
   Transformer::State state = model.new_state();
   ExtendOptions opt;
   opt.cache = cache;
+  if (cache.plan && cache.plan->prefill() > 0 && cache.prefill < 0)
+    opt.cache.prefill = static_cast<int64_t>(prompt.size());
   opt.all_logits = false;
   RowMatrix logits = model.extend(state, prompt, opt);
   while (true) {

@@ -71,7 +71,11 @@ class Transformer {
 };
 
 // Greedy decoding: the prompt, then `new_tokens` argmax tokens, each fed back. Does
-// not stop at EOS, so every continuation has exactly new_tokens tokens.
+// not stop at EOS, so every continuation has exactly new_tokens tokens. A plan with a
+// prompt (prefill > 0) is applied relative to this continuation's own prompt: the
+// prompt's queries attend exactly, every generated token reads the quantized cache
+// and windows hold only generated tokens (unless `cache.prefill` is set explicitly).
+// A plan without a prompt quantizes what every query reads, the prompt's included.
 std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<const int64_t> prompt,
                                          int64_t new_tokens, const CacheQuantization& cache);
 

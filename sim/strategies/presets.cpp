@@ -12,7 +12,9 @@ using P = std::vector<std::pair<std::string, ParamValue>>;
 // KIVI (Liu et al. 2024): keys per channel in groups of G = 32 tokens, values per
 // token in groups of 32 channels, both asymmetric with fp16 scale and minimum; the
 // last R = 128 tokens in fp16, keys flushed in chunks of R (a key group needs R
-// tokens), values sliding (the oldest residual value is quantized as a new one comes).
+// tokens; the query attends with the residual plus its own token, 1..R tokens, before
+// a full residual is flushed), values sliding (the oldest residual value is quantized
+// as a new one comes).
 P kivi(int bits) {
   const std::string b = std::to_string(bits);
   return {{"key_format", "int" + b + "-asym-ch32"},
@@ -25,8 +27,10 @@ P kivi(int bits) {
 
 // Hugging Face QuantizedCache, quanto backend: asymmetric nbits per group of 64
 // channels of each token (q_group_size 64, axis 0), a residual of 128 tokens in the
-// model's precision flushed in chunks, and the whole prompt quantized at prefill
-// (here the first quarter of the recording is taken as the prompt).
+// model's precision flushed in chunks (each query attends with the residual plus its
+// own token, 1..128 tokens, before a full residual is flushed), and the whole prompt
+// quantized at prefill (here the first quarter of the recording is taken as the
+// prompt).
 P hf_quanto(int bits) {
   return {{"format", "int" + std::to_string(bits) + "-asym-g64"},
           {"window", int64_t{128}},
@@ -37,8 +41,9 @@ P hf_quanto(int bits) {
 
 // quant.cpp `-k <type> --k-window W`: keys quantized, the last W keys also kept in
 // fp32 as an extra copy beside the complete quantized cache (sliding), values fp16.
-// Its 4-bit and 2-bit key types are approximated by int4/int2 asym g32 until the
-// rotation formats (turbo) are merged.
+// Its 4-bit and 2-bit key types are approximated by int4/int2 asym g32 (the rotation
+// formats, turbo-<b>, are available but not what these presets have measured; a
+// block can set key_format = "turbo-4" itself).
 P quantcpp(int bits, int64_t window) {
   return {{"key_format", "int" + std::to_string(bits) + "-asym-g32"},
           {"value_format", std::string("keep-fp16")},
