@@ -6,7 +6,7 @@
 //                 (fixed-rate Lloyd-Max) and πe/6 (entropy-coded uniform);
 //   water-filling the optimal integer allocation over Gaussian units of different
 //                 variances against b_i = b̄ + ½·log₂(σ_i²/geomean σ²);
-//   turboquant    the rotation formats' MSE against (√3π/2)·4^(−b) and 4^(−b) on unit
+//   turboquant    the rotation formats' MSE against (√3π/2)·4^(−b) and 4^(−(b+16/d)) on unit
 //                 vectors, and TurboQuant-prod's inner-product error against
 //                 (√3π²/d)·‖y‖²·4^(−b);
 //   first-order   value error E‖Δo‖² = Σ p²‖e‖² (and 2^(−H₂)·σ_e²), key error

@@ -112,6 +112,12 @@ void Report::write_manifest(const RunInfo& info) const {
     j["evaluation"]["last"] = info.positions.evaluation.back();
   }
   if (spec_.metrics.positions_text != "all") j["evaluation"]["positions"] = info.positions.evaluation;
+  // What was measured and asked, including what --budget and the budget queries added
+  // (config.toml holds the config file's own text after --set).
+  j["metrics_reported"] = spec_.metrics.report;
+  nlohmann::json budgets = nlohmann::json::array();
+  for (const BudgetQuery& q : spec_.budgets) budgets.push_back(q.text);
+  j["budget_queries"] = budgets;
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   j["host"] = host;

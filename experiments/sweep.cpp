@@ -282,11 +282,11 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
         r.seconds += task_seconds[t];
         stats_of[t] = ErrorStats();
       }
-    } catch (const std::exception& e) {
+    } catch (...) {
       r.ok = false;
       r.metrics.clear();
       r.attribution.reset();
-      if (r.error.empty()) r.error = points[i].key + ": " + e.what();
+      if (r.error.empty()) r.error = points[i].key + ": merging results: " + describe_current_exception();
     }
     plans[i].reset();
     std::lock_guard<std::mutex> lock(mu);
@@ -295,16 +295,16 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     if (!on_point) return;
     try {
       on_point(points[i], r, done, n);
-    } catch (const std::exception& e) {
-      sweep_errors.push_back("after point " + points[i].key + ": " + e.what());
     } catch (...) {
-      sweep_errors.push_back("after point " + points[i].key + ": unknown exception");
+      sweep_errors.push_back("after point " + points[i].key + ": " + describe_current_exception());
     }
   };
   // What the caller learns about sweep_errors once every point is finished.
   auto report_sweep_errors = [&] {
     if (sweep_errors.empty()) return;
-    if (!callback_errors) throw Error(sweep_errors.front());
+    if (!callback_errors)
+      throw Error(sweep_errors.front() +
+                  (sweep_errors.size() > 1 ? " (and " + std::to_string(sweep_errors.size() - 1) + " more)" : ""));
     *callback_errors = sweep_errors;
   };
 

@@ -50,7 +50,9 @@ uint64_t Plan::segment_bits(const UnitPlan& u, int64_t seg_begin, int64_t seg_en
                             int64_t context) const {
   // Tokens [0, stored_end) are stored (a replacing window holds the rest). At a
   // context up to T a segment keeps its positions, cut at the context; beyond T only
-  // the stretching segment gains the new tokens [T, context).
+  // the stretching segment gains the new tokens [T, context), counted as one run with
+  // its own tokens (unit_at gives them a segment of their own when a sink token follows,
+  // so formats grouped along tokens, int*-ch*, may differ there by one group's metadata).
   const int64_t held = u.window.held_at(context, prefill_);
   const int64_t stored_end = u.window.extra_copy ? context : context - held;
   int64_t tokens = overlap(seg_begin, std::min(seg_end, context), 0, stored_end);

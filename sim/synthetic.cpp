@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "sim/core/error.h"
+#include "sim/core/parallel.h"
 #include "sim/core/rope.h"
 #include "sim/core/strings.h"
 #include "sim/metrics/attention.h"
@@ -873,17 +874,7 @@ Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report)
   const Plan P = make_plan(spec);
 
   std::vector<LayerResult> layers(static_cast<size_t>(P.L));
-  std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t l = 0; l < P.L; ++l) {
-    try {
-      layers[static_cast<size_t>(l)] = generate_layer(P, l);
-    } catch (...) {
-#pragma omp critical(kvb_synthetic_failure)
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+  parallel_for_rethrow(P.L, [&](int64_t l) { layers[static_cast<size_t>(l)] = generate_layer(P, l); });
 
   Recording rec;
   rec.name = "synthetic";

@@ -4,7 +4,11 @@
 #include <cmath>
 #include <set>
 
+#include <algorithm>
+
 #include "experiments/bounds.h"
+#include "sim/core/error.h"
+#include "sim/core/parallel.h"
 #include "test_util.h"
 
 using namespace kvb;
@@ -64,4 +68,26 @@ TEST_CASE("entropy rule: every alpha reaching the minimal error is a best alpha 
   CHECK(alpha_verdict(alphas, errors, 1.0, 0.125).nearest == 0.5);
   // Within one grid step of a best alpha still holds (the grid's resolution).
   CHECK(alpha_verdict(alphas, errors, 0.625, 0.125).holds);
+}
+
+TEST_CASE("entropy rule: NaN errors are never a best alpha; all NaN means no verdict") {
+  const std::vector<double> alphas = {0, 0.25, 0.5};
+  const AlphaVerdict v = alpha_verdict(alphas, {std::nan(""), 3.0, 2.0}, 0.5, 0.25);
+  CHECK(v.best == std::vector<double>{0.5});
+  CHECK(v.holds);
+  const AlphaVerdict none = alpha_verdict(alphas, {std::nan(""), std::nan(""), std::nan("")}, 0.5, 0.25);
+  CHECK(none.best.empty());
+  CHECK(std::isnan(none.nearest));
+  CHECK(!none.holds);
+}
+
+TEST_CASE("parallel_for_rethrow: every index runs; the lowest failing index's error is rethrown") {
+  std::vector<int> ran(64, 0);
+  auto body = [&](int64_t i) {
+    ran[static_cast<size_t>(i)] = 1;
+    if (i == 17 || i == 40) throw Error("index " + std::to_string(i));
+  };
+  CHECK_THROWS_WITH_AS(parallel_for_rethrow(64, body), "index 17", Error);
+  CHECK(std::count(ran.begin(), ran.end(), 1) == 64);
+  CHECK_NOTHROW(parallel_for_rethrow(0, body));
 }

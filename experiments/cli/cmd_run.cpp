@@ -125,13 +125,21 @@ int cmd_run(const Args& args) {
       run_errors.push_back(what + ": " + e.what());
     }
   };
+  // An intermediate write that fails is retried by the next one and by the final
+  // write; it is an error of the run only if the final write fails too.
+  size_t failed_intermediate_writes = 0;
+  std::string first_intermediate_error;
   auto on_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t) {
     done_results.push_back(r);
     progress.update(done, r.ok ? p.key : r.error, r.ok, r.seconds);
     const auto now = std::chrono::steady_clock::now();
     if (std::chrono::duration<double>(now - last_write).count() >= 1.0) {
       last_write = now;
-      report.write_points(done_results);  // a failure is recorded by run_sweep; the final write retries
+      try {
+        report.write_points(done_results);
+      } catch (const std::exception& e) {
+        if (failed_intermediate_writes++ == 0) first_intermediate_error = e.what();
+      }
     }
   };
   std::vector<std::string> sweep_errors;
@@ -146,8 +154,18 @@ int cmd_run(const Args& args) {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
 
-  attempt("points.csv", [&] { report.write_points(results); });
-  attempt("attribution.csv", [&] { report.write_attribution(results); });
+  const size_t errors_before_final_write = run_errors.size();
+  attempt("points.csv / errors.csv", [&] { report.write_points(results); });
+  if (failed_intermediate_writes > 0) {
+    const std::string what = std::to_string(failed_intermediate_writes) +
+                             " intermediate write(s) of points.csv failed while the sweep ran (first: " +
+                             first_intermediate_error + ")";
+    if (run_errors.size() > errors_before_final_write)
+      run_errors.push_back(what);
+    else
+      std::fprintf(stderr, "kvbudget run: warning: %s; the final write succeeded\n", what.c_str());
+  }
+  attempt("attribution.csv / concentration.csv", [&] { report.write_attribution(results); });
   size_t failed = 0;
   for (const PointResult& r : results) failed += r.ok ? 0 : 1;
   const bool interrupted = g_stop.load();

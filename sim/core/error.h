@@ -2,6 +2,7 @@
 // (file, tensor name and index, config key and line, point key, seed), so a failure
 // is reproducible from its log line.
 #pragma once
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -27,6 +28,17 @@ class ConfigError : public Error {
 // Prefixes an error message with a location ("data/x.safetensors: ...").
 [[noreturn]] inline void fail(const std::string& where, const std::string& what) {
   throw Error(where.empty() ? what : where + ": " + what);
+}
+
+// The message of the exception being handled; call only inside a catch block.
+inline std::string describe_current_exception() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception (not derived from std::exception)";
+  }
 }
 
 }  // namespace kvb

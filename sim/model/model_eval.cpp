@@ -65,7 +65,7 @@ void check_full_causal_attention(const ModelConfig& config, int64_t tokens) {
                       " tokens (config.json sliding_window), but " + std::to_string(tokens) +
                       " tokens are evaluated: a recording's attention (attention-level metrics, strategy statistics, "
                       "the CUDA backend) is full causal attention, which this model does not compute beyond W tokens; "
-                      "evaluate at most " + std::to_string(w) + " tokens (max_tokens)");
+                      "evaluate at most " + std::to_string(w) + " tokens ([data] max_tokens in a config, --max-tokens for kvbudget record and eval)");
   }
 }
 

@@ -14,7 +14,9 @@ using P = std::vector<std::pair<std::string, ParamValue>>;
 // last R = 128 tokens in fp16, keys flushed in chunks of R (a key group needs R
 // tokens; the query attends with the residual plus its own token, 1..R tokens, before
 // a full residual is flushed), values sliding (the oldest residual value is quantized
-// as a new one comes).
+// as a new one comes). KIVI's reference code appends the new value and attends before
+// it quantizes the oldest, so its query sees R + 1 fp16 values where the sliding rule
+// (methods.md §3) gives R: a difference of one token in 129, not modelled.
 P kivi(int bits) {
   const std::string b = std::to_string(bits);
   return {{"key_format", "int" + b + "-asym-ch32"},
