@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <regex>
 #include <sstream>
 
@@ -512,6 +513,10 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
 
 void add_budget_query(ExperimentSpec& spec, const std::string& text, const std::string& where) {
   BudgetQuery q = parse_budget_query(text, where);
+  if (q.memory && spec.metrics.pareto.empty())
+    throw ConfigError(where + ": budget query '" + text +
+                      "' asks for the least error within a memory budget, for each metrics.pareto metric, but "
+                      "metrics.pareto is empty: name the error metric(s) to minimise there");
   if (!q.memory) {
     // An error budget reads its metric from every point: it must be measurable on this
     // data and reported, which is checked now, before any work.
@@ -583,6 +588,8 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   const ModelDataSpec& m = data.model;
   std::shared_ptr<const Transformer> model = Transformer::load(m.checkpoint);
   std::vector<int64_t> tokens = load_tokens(m.tokens, model->config());
+  const std::string warning = model->config().context_warning(static_cast<int64_t>(tokens.size()));
+  if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
   const std::filesystem::path& from = m.tokens.text.empty() ? m.tokens.token_file : m.tokens.text;
   const std::string source = "model " + m.checkpoint.string() + " on " + std::to_string(tokens.size()) +
                              " tokens of " + from.string();

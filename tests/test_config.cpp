@@ -267,6 +267,15 @@ TEST_CASE("an empty metrics.report is an error") {
             .metrics.report.size() == 1);
 }
 
+TEST_CASE("a memory budget query needs a metric to minimise") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(error_of(kData + "[metrics]\nreport = [\"attn_kl_mean\"]\npareto = []\n[budgets]\nqueries = [\"bpe <= 4.5\"]\n" +
+                 strat)
+            .find("metrics.pareto is empty") != std::string::npos);
+  CHECK(parse(kData + "[metrics]\npareto = [\"attn_kl_mean\"]\n[budgets]\nqueries = [\"bpe <= 4.5\"]\n" + strat)
+            .budgets.size() == 1);
+}
+
 TEST_CASE("a block's base key overrides a preset's per-kind values") {
   // kivi-2 sets key_format and value_format; the block's `format` must win for both.
   ExperimentSpec e = parse(kData + "[[strategy]]\npreset = \"kivi-2\"\nformat = \"int4-asym-g32\"\n");

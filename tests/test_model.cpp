@@ -623,6 +623,12 @@ TEST_CASE("errors: architecture, config.json, weights and token ids are named") 
     CHECK(has(msg, "unsupported architecture 'BertForMaskedLM'"));
     CHECK(has(msg, "LlamaForCausalLM"));
   }
+  SUBCASE("model_type that is not the architecture's") {
+    const fs::path dir = write("bert_type", [](TinyCheckpoint& c) { c.config["model_type"] = "bert"; });
+    const std::string msg = error_of([&] { Transformer::load(dir); });
+    CHECK(has(msg, (dir / "config.json").string()));
+    CHECK(has(msg, "model_type 'bert' does not match architecture 'LlamaForCausalLM' (expected 'llama')"));
+  }
   SUBCASE("missing weight") {
     const fs::path dir = write("missing", [](TinyCheckpoint& c) {
       c.values.erase("model.layers.1.mlp.up_proj.weight");
@@ -695,4 +701,13 @@ TEST_CASE("fixture checkpoints: sharded loading and configs") {
   CHECK(l.bos_token_id == 256);
   CHECK(l.summary() == "LlamaForCausalLM: 6 layers, 6/2 q/kv heads, head_dim 64, hidden 384, mlp 1024, vocab 257, "
                        "RoPE theta 10000");
+}
+
+TEST_CASE("RoPE models beyond max_position_embeddings get a warning; GPT-2 refuses instead") {
+  const ModelConfig& llama = fixture_model("llama-bytes")->config();
+  REQUIRE(llama.max_positions == 2048);
+  CHECK(llama.context_warning(2048).empty());
+  const std::string w = llama.context_warning(2049);
+  CHECK(w.find("2049 tokens exceed max_position_embeddings 2048") != std::string::npos);
+  CHECK(fixture_model("gpt2-bytes")->config().context_warning(5000).empty());
 }

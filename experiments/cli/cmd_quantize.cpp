@@ -100,10 +100,10 @@ int cmd_quantize(const Args& args) {
   opts.add_options()("help,h", "show this help")("format,f", po::value(&format), "format or preset (kvbudget formats)")(
       "tensor,t", po::value(&tensor), "tensor name (default: the file's only tensor)")(
       "out,o", po::value(&out_prefix),
-      "write PREFIX.dequant.npy (.safetensors for a safetensors input), PREFIX.codes.bin and PREFIX.codes.json")(
+      "write PREFIX.dequant.npy (.safetensors for a safetensors input), PREFIX.codes.bin and PREFIX.codes.bin.json")(
       "dequant", po::value(&dequant_path), "write the dequantized tensor here (.npy or .safetensors), same shape")(
       "codes", po::value(&codes_path), "write the codes here (raw bytes; layout in CODES.json)")(
-      "rows-per-span", po::value(&rows_per_span), "rows per span (default: all rows are one span)")(
+      "rows-per-span", po::value(&rows_per_span), "rows per span, >= 1 (default: all rows are one span)")(
       "kind", po::value(&kind), "key or value: what the spans are (QJL stores keys only)")(
       "seed", po::value(&seed), "seed of seeded formats (rotations, sketches)")("json", "print the result as JSON");
   po::options_description hidden;
@@ -122,7 +122,7 @@ int cmd_quantize(const Args& args) {
   }
   if (vm.count("help")) {
     std::cout << opts
-              << "\nReads FILE (.npy, or safetensors once the loaders are merged) as rows of its last dimension\n"
+              << "\nReads FILE (.npy, .npz or safetensors) as rows of its last dimension\n"
                  "(head_dim); every earlier dimension is flattened into rows. Prints relative MSE, SNR and max abs\n"
                  "error, and the exact bits per element (all metadata counted). ggml formats dump ggml's own\n"
                  "block bytes; other formats dump the layout CODES.json describes.\n";
@@ -139,7 +139,11 @@ int cmd_quantize(const Args& args) {
   const std::string name = pick_tensor(*store, tensor);
   const Tensor x = store->read_f32(name);
   if (x.rank() < 1 || x.numel() == 0) throw ConfigError(input + ": tensor '" + name + "' is empty");
+  // Errors and SNR of NaN or Inf input mean nothing (and formats disagree on them).
+  require_finite(x, input + ": tensor '" + name + "'");
   const int64_t d = x.shape.back(), rows = x.numel() / d;
+  if (vm.count("rows-per-span") && rows_per_span < 1)
+    throw ConfigError("--rows-per-span must be >= 1, got " + std::to_string(rows_per_span));
   if (rows_per_span <= 0) rows_per_span = rows;
   const std::string source = input + ":" + name;
   const QuantizeResult r = quantize_tensor(x, *f, rows_per_span, kind == "key", seed, source);

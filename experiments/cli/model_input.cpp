@@ -1,5 +1,7 @@
 #include "experiments/cli/model_input.h"
 
+#include <cstdio>
+
 #include <omp.h>
 
 #include <iostream>
@@ -59,7 +61,10 @@ std::vector<int64_t> ModelInput::load_tokens(const ModelConfig& config) const {
   if (bos) src.add_bos = true;
   if (no_bos) src.add_bos = false;
   src.max_tokens = max_tokens;
-  return kvb::load_tokens(src, config);
+  std::vector<int64_t> tokens = kvb::load_tokens(src, config);
+  const std::string warning = config.context_warning(static_cast<int64_t>(tokens.size()));
+  if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
+  return tokens;
 }
 
 std::string ModelInput::token_origin() const { return text.empty() ? token_file : text; }

@@ -205,9 +205,26 @@ void parse_llama_family(const JsonKeys& k, ModelConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// The supported architectures (config.json "architectures"[0]) and their model_type.
+struct ArchitectureEntry {
+  const char* architecture;
+  const char* model_type;
+};
+constexpr ArchitectureEntry kArchitectures[] = {{"GPT2LMHeadModel", "gpt2"},
+                                                {"LlamaForCausalLM", "llama"},
+                                                {"Qwen2ForCausalLM", "qwen2"},
+                                                {"MistralForCausalLM", "mistral"}};
+
+}  // namespace
+
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = {"GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM",
-                                                 "MistralForCausalLM"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const ArchitectureEntry& a : kArchitectures) n.push_back(a.architecture);
+    return n;
+  }();
   return names;
 }
 
@@ -215,6 +232,13 @@ float ModelConfig::score_scale(int64_t layer) const {
   double s = scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
   if (scale_by_inverse_layer_idx) s /= static_cast<double>(layer + 1);
   return static_cast<float>(s);
+}
+
+std::string ModelConfig::context_warning(int64_t tokens) const {
+  if (family == ModelFamily::Gpt2 || max_positions <= 0 || tokens <= max_positions) return {};
+  return dir.string() + ": " + std::to_string(tokens) + " tokens exceed max_position_embeddings " +
+         std::to_string(max_positions) + " in config.json; RoPE computes the positions, but the model was not "
+         "trained on them (expect a much higher PPL)";
 }
 
 std::string ModelConfig::summary() const {
@@ -247,6 +271,12 @@ ModelConfig load_model_config(const fs::path& dir) {
   const auto& supported = supported_architectures();
   if (std::find(supported.begin(), supported.end(), c.architecture) == supported.end())
     k.fail("architectures", "unsupported architecture '" + c.architecture + "' (supported: " + join(supported, ", ") + ")");
+  // model_type, when given, must be the architecture's (a config edited by hand or a
+  // different model family under a familiar class name is not run as something else).
+  for (const ArchitectureEntry& a : kArchitectures)
+    if (c.architecture == a.architecture && !c.model_type.empty() && c.model_type != a.model_type)
+      k.fail("model_type", "model_type '" + c.model_type + "' does not match architecture '" + c.architecture +
+                               "' (expected '" + a.model_type + "')");
   if (c.architecture == "GPT2LMHeadModel") parse_gpt2(k, c);
   else parse_llama_family(k, c);
 

@@ -66,6 +66,9 @@ struct ModelConfig {
 
   float score_scale(int64_t layer) const;
   int64_t qkv_width() const { return (q_heads + 2 * kv_heads) * head_dim; }
+  // A warning when `tokens` exceed max_position_embeddings of a RoPE model (which will
+  // compute any position, but was not trained on them), else "". GPT-2 refuses instead.
+  std::string context_warning(int64_t tokens) const;
   std::string summary() const;  // "LlamaForCausalLM: 6 layers, 6/2 heads, head_dim 64, ..."
 };
 

@@ -203,6 +203,7 @@ Plan Protections::apply(const StrategyInput& in) const {
     if (token_select_ == TokenSelect::First) {
       global_rank.resize(static_cast<size_t>(max_tokens));
       std::iota(global_rank.begin(), global_rank.end(), 0);
+      plan.annotate("sink_tokens_selected", "0.." + std::to_string(max_tokens - 1));
     } else {
       const auto& recv = require_stats(in, "sink_tokens").received_attention();
       if (token_scope_ == TokenScope::Global) {

@@ -60,4 +60,15 @@ check "missing file: error naming it" "[ $? -eq 1 ] && grep -q 'missing.npy' '$D
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --tensor nope > /dev/null 2> "$DIR/err.txt"
 check "unknown tensor name" "[ $? -eq 2 ] && grep -q \"no tensor 'nope'\" '$DIR/err.txt'"
 
+"$KVB" quantize "$DIR/k.npy" -f q4_0 --rows-per-span 0 > /dev/null 2> "$DIR/err.txt"
+check "--rows-per-span 0 is refused" "[ $? -eq 2 ] && grep -q 'rows-per-span must be >= 1' '$DIR/err.txt'"
+
+# The same .npy with a NaN at flat index 100 (row 1, column 36 of [3, 40, 64]).
+cp "$DIR/k.npy" "$DIR/nan.npy"
+hdr=$(( $(stat -c %s "$DIR/k.npy") - 7680 * 4 ))
+printf '\x00\x00\xc0\x7f' | dd of="$DIR/nan.npy" bs=1 seek=$((hdr + 400)) conv=notrunc status=none
+"$KVB" quantize "$DIR/nan.npy" -f q4_0 > /dev/null 2> "$DIR/err.txt"
+check "NaN input: error naming the file and the index" \
+  "[ $? -eq 1 ] && grep -q 'nan.npy' '$DIR/err.txt' && grep -q '\[0, 1, 36\]' '$DIR/err.txt'"
+
 [ $fails -eq 0 ] || { echo "$fails check(s) failed"; exit 1; }
