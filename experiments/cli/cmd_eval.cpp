@@ -4,9 +4,11 @@
 // Per-position logits and NLL can be written to .safetensors or .npy, to check the
 // forward pass against another implementation.
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <set>
 
 #include "experiments/cli/commands.h"
 #include "experiments/cli/model_input.h"
@@ -16,6 +18,7 @@
 #include "sim/io/tensor_writer.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/strategies/statistics.h"
+#include "sim/strategies/presets.h"
 #include "sim/strategies/strategy.h"
 
 namespace po = boost::program_options;
@@ -24,13 +27,30 @@ namespace kvb::cli {
 
 namespace {
 
+// The parameter name of "name=value".
+std::string assigned_name(const std::string& assignment) {
+  return trim(assignment.substr(0, assignment.find('=')));
+}
+
 // "--param name=value" against a strategy's parameter table (per-kind variants
-// included), defaults filled in. Lists of integers are written "2,3,4".
-Params strategy_params(const StrategyType& type, const std::vector<std::string>& assignments) {
+// included), defaults filled in, then a preset's values (when --strategy names a
+// preset), then the assignments. As in a config block, an assigned base parameter X
+// also overrides the preset's key_X / value_X. Lists of integers are written "2,3,4".
+Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
+                       const std::vector<std::string>& assignments) {
   const std::vector<ParamDef> defs = type.all_params();
   std::map<std::string, ParamValue> values;
   for (const ParamDef& d : defs)
     if (d.default_value) values[d.name] = *d.default_value;
+  std::set<std::string> assigned;
+  for (const std::string& a : assignments) assigned.insert(assigned_name(a));
+  if (preset)
+    for (const auto& [name, value] : preset->params) {
+      const bool per_kind = name.rfind("key_", 0) == 0 || name.rfind("value_", 0) == 0;
+      const std::string base = per_kind ? name.substr(name.find('_') + 1) : name;
+      if (assigned.count(name) || (per_kind && assigned.count(base))) continue;
+      values[name] = value;
+    }
   std::vector<std::string> names;
   for (const ParamDef& d : defs) names.push_back(d.name);
   for (const std::string& a : assignments) {
@@ -97,7 +117,7 @@ int cmd_eval(const Args& args) {
       "format", po::value(&format), "quantize keys and values with this format (e.g. int4-asym-g32)")(
       "key-format", po::value(&key_format), "format of keys (with --value-format)")(
       "value-format", po::value(&value_format), "format of values (with --key-format)")(
-      "strategy", po::value(&strategy), "an allocation strategy (`kvbudget strategies`), with --param")(
+      "strategy", po::value(&strategy), "an allocation strategy or a preset (`kvbudget strategies`), with --param")(
       "param", po::value(&params)->composing(), "a strategy parameter: --param format=int4-asym-g32 (repeatable)")(
       "seed", po::value(&seed)->default_value(0), "seed for seeded formats and strategies")(
       "continuations", po::value(&cont.count)->default_value(0), "greedy continuations to compare (token match, BLEU)")(
@@ -139,8 +159,16 @@ int cmd_eval(const Args& args) {
     params = {"key_format=" + key_format, "value_format=" + value_format};
   }
   if (!strategy.empty()) {
-    const StrategyType& type = require_strategy_type(strategy, "--strategy");
-    strat = type.make(strategy_params(type, params));
+    // --strategy names a type (`kvbudget strategies`) or a preset of one.
+    const StrategyPreset* preset = nullptr;
+    const auto& types = strategy_types();
+    if (std::none_of(types.begin(), types.end(), [&](const StrategyType& t) { return t.name == strategy; })) {
+      const auto& presets = strategy_presets();
+      const auto it = std::find_if(presets.begin(), presets.end(), [&](const StrategyPreset& p) { return p.name == strategy; });
+      if (it != presets.end()) preset = &*it;
+    }
+    const StrategyType& type = require_strategy_type(preset ? preset->type : strategy, "--strategy");
+    strat = type.make(strategy_params(type, preset, params));
     plan_source = strategy + "(" + join(params, ",") + ")";
   }
 

@@ -8,11 +8,18 @@
 // NVFP4 tensor scale cover every row); --rows-per-span R cuts them into spans of R
 // rows (e.g. R = tokens for a [heads, tokens, head_dim] tensor), span s being unit
 // kv_head = s of layer 0, so seeded formats use a different rotation per span.
+//
+// Pre-RoPE formats (prerope:<inner>, the kvquant presets) quantize the keys before
+// RoPE and re-apply it: --pre-rope NAME names the pre-RoPE keys of the same shape
+// (a recording's layers.<l>.key_pre_rope), --rope-theta the base (default: the
+// file's rope_theta metadata, else 10000). Rows then hold positions 0..R-1 in every
+// span, and R defaults to the tensor's second-to-last dimension (tokens).
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "experiments/cli/commands.h"
@@ -36,8 +43,14 @@ struct QuantizeResult {
   double err2 = 0, norm2 = 0, max_abs = 0;
 };
 
+// RoPE context of the spans: pre-RoPE keys shaped like the tensor, and the base.
+struct RopeInput {
+  const Tensor* key_pre_rope = nullptr;  // null: the tensor has no RoPE
+  double theta = 10000.0;
+};
+
 QuantizeResult quantize_tensor(const Tensor& x, const Format& f, int64_t rows_per_span, bool is_key, uint64_t seed,
-                               const std::string& source) {
+                               const std::string& source, const RopeInput& rope) {
   const int64_t d = x.shape.back();
   const int64_t rows = d > 0 ? x.numel() / d : 0;
   QuantizeResult r;
@@ -48,6 +61,12 @@ QuantizeResult quantize_tensor(const Tensor& x, const Format& f, int64_t rows_pe
     if (!bad.empty()) throw ConfigError("format '" + f.name() + "' on " + source + ": " + bad);
     SpanInfo span{0, s, is_key, 0, seed};
     span.recording = source.c_str();
+    if (rope.key_pre_rope) {
+      span.rope_applied = true;
+      span.rope_theta = rope.theta;
+      span.key_pre_rope = rope.key_pre_rope->ptr() + r0 * d;
+      span.key_pre_rope_stride = d;
+    }
     const ConstMatView in{x.ptr() + r0 * d, n, d, d};
     f.roundtrip(in, MatView{r.dequantized.ptr() + r0 * d, n, d, d}, span);
     f.encode(in, span, r.codes);
@@ -97,6 +116,8 @@ int cmd_quantize(const Args& args) {
   std::string input, format, tensor, out_prefix, dequant_path, codes_path, kind = "key";
   int64_t rows_per_span = 0;
   uint64_t seed = 0;
+  std::string pre_rope_tensor;
+  double rope_theta = 0;
   opts.add_options()("help,h", "show this help")("format,f", po::value(&format), "format or preset (kvbudget formats)")(
       "tensor,t", po::value(&tensor), "tensor name (default: the file's only tensor)")(
       "out,o", po::value(&out_prefix),
@@ -105,6 +126,9 @@ int cmd_quantize(const Args& args) {
       "codes", po::value(&codes_path), "write the codes here (raw bytes; layout in CODES.json)")(
       "rows-per-span", po::value(&rows_per_span), "rows per span, >= 1 (default: all rows are one span)")(
       "kind", po::value(&kind), "key or value: what the spans are (QJL stores keys only)")(
+      "pre-rope", po::value(&pre_rope_tensor),
+      "tensor of the same file holding the pre-RoPE keys (for prerope:<inner> formats, e.g. layers.0.key_pre_rope)")(
+      "rope-theta", po::value(&rope_theta), "RoPE base with --pre-rope (default: the file's rope_theta, else 10000)")(
       "seed", po::value(&seed), "seed of seeded formats (rotations, sketches)")("json", "print the result as JSON");
   po::options_description hidden;
   hidden.add_options()("input", po::value(&input));
@@ -144,9 +168,38 @@ int cmd_quantize(const Args& args) {
   const int64_t d = x.shape.back(), rows = x.numel() / d;
   if (vm.count("rows-per-span") && rows_per_span < 1)
     throw ConfigError("--rows-per-span must be >= 1, got " + std::to_string(rows_per_span));
+  RopeInput rope;
+  Tensor pre_rope;
+  if (!pre_rope_tensor.empty()) {
+    pre_rope = store->read_f32(pick_tensor(*store, pre_rope_tensor));
+    if (pre_rope.shape != x.shape)
+      throw ConfigError("--pre-rope " + pre_rope_tensor + ": shape " + shape_str(pre_rope.shape) + " is not the shape " +
+                        shape_str(x.shape) + " of '" + name + "'");
+    require_finite(pre_rope, input + ": tensor '" + pre_rope_tensor + "'");
+    rope.key_pre_rope = &pre_rope;
+    const auto meta = store->metadata();
+    if (rope_theta > 0) rope.theta = rope_theta;
+    else if (const auto it = meta.find("rope_theta"); it != meta.end()) {
+      char* end = nullptr;
+      rope.theta = std::strtod(it->second.c_str(), &end);
+      if (end == it->second.c_str() || *end != '\0' || !(rope.theta > 0))
+        throw Error(input + ": metadata rope_theta = '" + it->second + "' is not a positive number; give --rope-theta");
+    }
+    if (rows_per_span <= 0 && x.rank() >= 2) rows_per_span = x.shape[static_cast<size_t>(x.rank() - 2)];
+  } else if (rope_theta > 0) {
+    throw ConfigError("--rope-theta needs --pre-rope (the tensor of pre-RoPE keys)");
+  }
   if (rows_per_span <= 0) rows_per_span = rows;
   const std::string source = input + ":" + name;
-  const QuantizeResult r = quantize_tensor(x, *f, rows_per_span, kind == "key", seed, source);
+  QuantizeResult r;
+  try {
+    r = quantize_tensor(x, *f, rows_per_span, kind == "key", seed, source, rope);
+  } catch (const Error& e) {
+    if (pre_rope_tensor.empty() && f->name().find("prerope:") != std::string::npos)
+      throw Error(std::string(e.what()) + " (kvbudget quantize: give --pre-rope NAME, the pre-RoPE keys, for a "
+                                          "pre-RoPE format)");
+    throw;
+  }
 
   if (!out_prefix.empty()) {
     if (dequant_path.empty())
@@ -164,6 +217,7 @@ int cmd_quantize(const Args& args) {
                                  {"spans", spans},
                                  {"rows_per_span", rows_per_span},
                                  {"kind", kind},
+                                 {"pre_rope", pre_rope_tensor.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(pre_rope_tensor)},
                                  {"seed", seed},
                                  {"format", f->name()},
                                  {"storage_bits", r.storage_bits},

@@ -1,9 +1,13 @@
 // `kvbudget formats`, `kvbudget metrics`, `kvbudget strategies`: print the tables
 // every config, sweep and test iterates over.
+#include <boost/program_options.hpp>
+
 #include <algorithm>
 #include <cstdio>
+#include <iostream>
 
 #include "experiments/cli/commands.h"
+#include "sim/core/error.h"
 #include "sim/formats/registry.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/strategies/budget.h"
@@ -11,23 +15,44 @@
 #include "sim/strategies/protections.h"
 #include "sim/strategies/strategy.h"
 
+namespace po = boost::program_options;
+
 namespace kvb::cli {
 
 int cmd_formats(const Args& args) {
-  int64_t head_dim = 128;
-  for (size_t i = 0; i + 1 < args.size(); ++i)
-    if (args[i] == "--head-dim") head_dim = std::stoll(args[i + 1]);
-  std::printf("Format families (bits per element at head_dim %lld, 4096 tokens, all metadata counted;\n"
+  po::options_description opts("kvbudget formats [--head-dim D] [--tokens T]");
+  int64_t head_dim = 128, tokens = 4096;
+  opts.add_options()("help,h", "show this help")("head-dim", po::value(&head_dim), "head_dim of the span (default 128)")(
+      "tokens", po::value(&tokens), "tokens of the span (default 4096): per-channel and calibrated formats' "
+                                    "metadata is spread over them, as in a points.csv at that context");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "kvbudget formats: %s\n", e.what());
+    return kExitUsage;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\nPrints every format family with examples and their exact bits per element for one span\n"
+                         "of TOKENS x HEAD_DIM (all metadata counted), and the format presets.\n";
+    return kExitOk;
+  }
+  if (head_dim < 1 || tokens < 1) {
+    std::fprintf(stderr, "kvbudget formats: --head-dim and --tokens must be >= 1\n");
+    return kExitUsage;
+  }
+  std::printf("Format families (bits per element at head_dim %lld, %lld tokens, all metadata counted;\n"
               "[cuda]: has a CUDA twin, runs under backend = \"cuda\"):\n\n",
-              static_cast<long long>(head_dim));
+              static_cast<long long>(head_dim), static_cast<long long>(tokens));
   for (const FormatFamily& f : format_families()) {
     std::printf("%s: %s\n  syntax: %s\n", f.name.c_str(), f.description.c_str(), f.syntax.c_str());
     for (const std::string& ex : f.examples) {
       FormatPtr p = make_format(ex);
-      const std::string bad = p->check_shape(4096, head_dim);
+      const std::string bad = p->check_shape(tokens, head_dim);
       const char* cuda = p->supports(Backend::Cuda) ? "  [cuda]" : "";
       if (bad.empty())
-        std::printf("    %-34s %7.4f bpe%s\n", ex.c_str(), p->bpe(4096, head_dim), cuda);
+        std::printf("    %-34s %7.4f bpe%s\n", ex.c_str(), p->bpe(tokens, head_dim), cuda);
       else
         std::printf("    %-34s (%s)%s\n", ex.c_str(), bad.c_str(), cuda);
     }

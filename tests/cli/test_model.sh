@@ -50,6 +50,12 @@ expect "$tmp/n.out" "[127]" "eval --nll"
 # keep-fp16: the PPL ratio is 1 up to rounding.
 "$kvb" eval "$llama" --text "$text" --max-tokens 128 --format keep-fp16 >"$tmp/f16.out" 2>&1 || fail "eval keep-fp16"
 awk '$1 == "ppl_ratio" { r = $2 + 0; exit !(r > 0.9999 && r < 1.0001) }' "$tmp/f16.out" || fail "keep-fp16 PPL ratio not 1"
+# A strategy preset, and a --param overriding its per-kind formats.
+"$kvb" eval "$llama" --text "$text" --max-tokens 128 --strategy kivi-2 >"$tmp/kivi.out" 2>&1 || fail "eval kivi-2: $(cat "$tmp/kivi.out")"
+expect "$tmp/kivi.out" "K:int2-asym-ch32 V:int2-asym-g32 Kwindow:128xkeep-fp16/chunked" "eval --strategy preset"
+"$kvb" eval "$llama" --text "$text" --max-tokens 128 --strategy kivi-2 --param format=int4-asym-g32 >"$tmp/kivi4.out" 2>&1 \
+  || fail "eval kivi-2 with --param: $(cat "$tmp/kivi4.out")"
+expect "$tmp/kivi4.out" "K:int4-asym-g32 V:int4-asym-g32 Kwindow" "eval --strategy preset --param"
 # Token ids from a file.
 printf '256 73 110 32 116 104 101\n' >"$tmp/ids.txt"
 "$kvb" eval "$gpt2" --tokens "$tmp/ids.txt" >"$tmp/ids.out" 2>&1 || fail "eval --tokens"

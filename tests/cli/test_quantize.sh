@@ -60,6 +60,14 @@ check "missing file: error naming it" "[ $? -eq 1 ] && grep -q 'missing.npy' '$D
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --tensor nope > /dev/null 2> "$DIR/err.txt"
 check "unknown tensor name" "[ $? -eq 2 ] && grep -q \"no tensor 'nope'\" '$DIR/err.txt'"
 
+# Pre-RoPE formats on a recording's keys: RoPE re-applied from key_pre_rope.
+REC="$2/data/records/llama-bytes-record.safetensors"
+"$KVB" quantize "$REC" -t layers.0.key -f prerope:keep-fp32 --pre-rope layers.0.key_pre_rope > "$DIR/pr.txt"
+check "prerope:keep-fp32 re-applies RoPE (relative MSE < 1e-6, 2 spans of 512 tokens)" \
+  "[ $? -eq 0 ] && grep -q '2 span(s)' '$DIR/pr.txt' && awk '/relative MSE/ { exit !(\$3 < 1e-6) }' '$DIR/pr.txt'"
+"$KVB" quantize "$REC" -t layers.0.key -f kvquant-nuq4-1% > /dev/null 2> "$DIR/err.txt"
+check "a pre-RoPE format without --pre-rope says what to give" "[ $? -eq 1 ] && grep -q 'give --pre-rope' '$DIR/err.txt'"
+
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --rows-per-span 0 > /dev/null 2> "$DIR/err.txt"
 check "--rows-per-span 0 is refused" "[ $? -eq 2 ] && grep -q 'rows-per-span must be >= 1' '$DIR/err.txt'"
 
