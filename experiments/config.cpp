@@ -1,5 +1,7 @@
 #include "experiments/config.h"
 
+#include <cmath>
+
 #include <fstream>
 #include <sstream>
 
@@ -47,7 +49,7 @@ std::vector<std::string> split_dotted(const std::string& path) {
 }
 
 bool is_index(const std::string& s) {
-  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+  return !s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos;
 }
 
 // {"strategy", "0", "format"} -> "strategy[0].format" (the form ConfigTable paths use).
@@ -225,7 +227,11 @@ int64_t ConfigTable::integer(std::string_view key, int64_t def) const { return o
 std::optional<double> ConfigTable::opt_real(std::string_view key) const {
   const toml::node* n = node(key);
   if (!n) return std::nullopt;
-  if (n->is_integer() || n->is_floating_point()) return n->value<double>();
+  if (n->is_integer() || n->is_floating_point()) {
+    const double v = *n->value<double>();
+    if (!std::isfinite(v)) fail(key, "expected a finite number, got " + std::string(n->is_floating_point() ? "nan or inf" : "?"));
+    return v;
+  }
   fail(key, "expected a number, got " + toml_type_name(*n));
 }
 

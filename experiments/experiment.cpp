@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <regex>
 #include <sstream>
 
@@ -16,6 +17,16 @@
 namespace kvb {
 
 namespace {
+
+// parse_range() with its errors (overflow, too many values) located at `key` of `t`.
+std::optional<std::vector<ParamValue>> parse_range_at(const ConfigTable& t, std::string_view key,
+                                                      const std::string& text) {
+  try {
+    return parse_range(text);
+  } catch (const ConfigError& e) {
+    t.fail(key, e.what());
+  }
+}
 
 // Relative data paths are looked up from the working directory, then from the
 // config file's directory, then from the source tree.
@@ -130,7 +141,10 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
     r.layers.push_back(static_cast<int>(l));
   }
   r.max_tokens = d.max_tokens;
-  if (auto theta = t.opt_real("rope_theta")) r.rope_theta = *theta;
+  if (auto theta = t.opt_real("rope_theta")) {
+    if (!(*theta > 0)) t.fail("rope_theta", "must be > 0");
+    r.rope_theta = *theta;
+  }
   for (const std::string* pat : {&r.query, &r.key, &r.value})
     if (pat->find("{layer}") == std::string::npos)
       t.fail("key", "tensor name pattern '" + *pat + "' has no {layer} placeholder");
@@ -157,7 +171,7 @@ std::vector<ParamValue> values_of(const ConfigTable& t, const std::string& key, 
   ParamValue v = scalar(*n);
   if (allow_range)
     if (const std::string* s = std::get_if<std::string>(&v))
-      if (auto r = parse_range(*s)) {
+      if (auto r = parse_range_at(t, key, *s)) {
         if (r->empty()) t.fail(key, "range '" + *s + "' is empty");
         return *r;
       }
@@ -189,7 +203,7 @@ std::vector<ParamValue> list_values_of(const ConfigTable& t, const std::string& 
   }
   if (n->is_string()) {
     const std::string text = *n->value<std::string>();
-    auto r = parse_range(text);
+    auto r = parse_range_at(t, key, text);
     if (!r || r->empty()) t.fail(key, "expected an array of integers or a range \"2..8\", got \"" + text + "\"");
     IntList out;
     for (const ParamValue& v : *r) {
@@ -212,7 +226,10 @@ ParamValue coerce(const ParamValue& v, const ParamDef& def, const ConfigTable& t
       break;
     case ParamType::Real:
       if (const int64_t* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
-      if (std::holds_alternative<double>(v)) return v;
+      if (const double* d = std::get_if<double>(&v)) {
+        if (!std::isfinite(*d)) t.fail(key, "expected a finite number, got " + param_to_string(v));
+        return v;
+      }
       break;
     case ParamType::String:
       if (std::holds_alternative<std::string>(v)) return v;
@@ -337,7 +354,7 @@ CalibrationSpec parse_calibration(const std::optional<ConfigTable>& t) {
     c.explicit_positions = true;
     if (n->is_string()) {
       const std::string text = *n->value<std::string>();
-      auto r = parse_range(text);
+      auto r = parse_range_at(*t, "positions", text);
       if (!r || r->empty()) t->fail("positions", "expected a range \"a..b\" / \"a..b:step\" or an array of positions");
       for (const ParamValue& v : *r) {
         if (!std::holds_alternative<int64_t>(v)) t->fail("positions", "positions must be integers");
@@ -427,8 +444,9 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
     if (n->is_string()) {
       m.positions_text = *n->value<std::string>();
       if (m.positions_text != "all") {
-        auto r = parse_range(m.positions_text);
+        auto r = parse_range_at(*t, "positions", m.positions_text);
         if (!r) t->fail("positions", "expected \"all\", a range \"a..b\" or an array of positions");
+        if (r->empty()) t->fail("positions", "range '" + m.positions_text + "' is empty");
         for (const ParamValue& v : *r) {
           if (!std::holds_alternative<int64_t>(v)) t->fail("positions", "positions must be integers");
           m.positions.push_back(std::get<int64_t>(v));
@@ -437,6 +455,7 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
     } else {
       m.positions = t->int_list("positions");
       m.positions_text = "list";
+      if (m.positions.empty()) t->fail("positions", "empty list of positions (write \"all\" for every position)");
     }
     std::sort(m.positions.begin(), m.positions.end());
     m.positions.erase(std::unique(m.positions.begin(), m.positions.end()), m.positions.end());
@@ -451,7 +470,8 @@ OutputSpec parse_output(const std::optional<ConfigTable>& t) {
   o.dir = t->string("dir", o.dir.string());
   o.plots = t->boolean("plots", o.plots);
   o.target_context = t->integer("target_context", o.target_context);
-  if (o.target_context < 1) t->fail("target_context", "must be >= 1 token");
+  if (o.target_context < 1 || o.target_context > (int64_t{1} << 40))
+    t->fail("target_context", "must be between 1 and 2^40 tokens");
   o.series = t->string("series", "");
   o.marker = t->string("marker", "");
   return o;
@@ -465,17 +485,31 @@ std::optional<std::vector<ParamValue>> parse_range(const std::string& text) {
   if (!std::regex_match(text, m, re)) return std::nullopt;
   auto is_int = [](const std::string& s) { return s.find_first_of(".eE") == std::string::npos; };
   const std::string a = m[1], b = m[2], st = m[3].matched ? std::string(m[3]) : "1";
+  auto too_many = [&](const std::string& count) {
+    return ConfigError("range '" + text + "' has " + count + " values, more than " + std::to_string(kMaxRangeValues));
+  };
   std::vector<ParamValue> out;
   if (is_int(a) && is_int(b) && is_int(st)) {
-    const int64_t lo = std::stoll(a), hi = std::stoll(b), step = std::stoll(st);
-    if (step <= 0) return std::vector<ParamValue>{};
-    for (int64_t v = lo; v <= hi; v += step) out.emplace_back(v);
+    int64_t lo = 0, hi = 0, step = 0;
+    try {
+      lo = std::stoll(a), hi = std::stoll(b), step = std::stoll(st);
+    } catch (const std::out_of_range&) {
+      throw ConfigError("range '" + text + "': a number is outside the 64-bit integer range");
+    }
+    if (step <= 0 || hi < lo) return std::vector<ParamValue>{};
+    const __int128 count = (static_cast<__int128>(hi) - lo) / step + 1;  // no overflow
+    if (count > kMaxRangeValues) throw too_many(format_double(static_cast<double>(count)));
+    for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) out.emplace_back(lo + i * step);
     return out;
   }
-  const double lo = std::stod(a), hi = std::stod(b), step = std::stod(st);
-  if (!(step > 0)) return std::vector<ParamValue>{};
-  const int64_t n = static_cast<int64_t>(std::floor((hi - lo) / step + 1e-9));
-  for (int64_t i = 0; i <= n; ++i) out.emplace_back(lo + static_cast<double>(i) * step);
+  const double lo = std::strtod(a.c_str(), nullptr), hi = std::strtod(b.c_str(), nullptr),
+               step = std::strtod(st.c_str(), nullptr);
+  if (!std::isfinite(lo) || !std::isfinite(hi) || !std::isfinite(step))
+    throw ConfigError("range '" + text + "': a number is outside the double range");
+  if (!(step > 0) || hi < lo) return std::vector<ParamValue>{};
+  const double count = std::floor((hi - lo) / step + 1e-9) + 1;
+  if (!(count <= static_cast<double>(kMaxRangeValues))) throw too_many(format_double(count));
+  for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) out.emplace_back(lo + static_cast<double>(i) * step);
   return out;
 }
 
@@ -494,10 +528,11 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
   q.text = text;
   q.lhs = m[1];
   q.upper = op[0] == '<';
-  try {
-    q.bound = std::stod(m[3]);
-  } catch (...) {
-    throw ConfigError(where + ": budget query '" + text + "': '" + std::string(m[3]) + "' is not a number");
+  const std::string number = m[3];
+  char* end = nullptr;
+  q.bound = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !std::isfinite(q.bound)) {
+    throw ConfigError(where + ": budget query '" + text + "': '" + number + "' is not a finite number");
   }
   q.memory = q.lhs == "bpe" || q.lhs == "bytes" || q.lhs == "bpe_target" || q.lhs == "bytes_target";
   if (q.memory) {
@@ -540,14 +575,15 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
   e.config_path = doc->file();
   e.name = root.string("name", doc->file().stem().string());
   static const std::regex safe_name(R"(^[A-Za-z0-9_.-]+$)");
-  if (!std::regex_match(e.name, safe_name))
-    root.fail("name", "'" + e.name + "' is used as a directory name: letters, digits, '_', '-', '.' only");
+  if (!std::regex_match(e.name, safe_name) || e.name == "." || e.name == "..")
+    root.fail("name", "'" + e.name + "' is used as a directory name: letters, digits, '_', '-', '.' only (not '.' or '..')");
   e.description = root.string("description", "");
   const int64_t seed = root.integer("seed", 0);
   if (seed < 0) root.fail("seed", "must be >= 0");
   e.seed = static_cast<uint64_t>(seed);
-  e.threads = static_cast<int>(root.integer("threads", 0));
-  if (e.threads < 0) root.fail("threads", "must be >= 0 (0 = all cores)");
+  const int64_t threads = root.integer("threads", 0);
+  if (threads < 0 || threads > 1024) root.fail("threads", "must be between 0 (all cores) and 1024");
+  e.threads = static_cast<int>(threads);
   e.backend = parse_backend_request(root.string("backend", "cpu"), root.where("backend"));
 
   auto data = root.opt_table("data");

@@ -146,7 +146,13 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
 // ConfigError naming `where`. Used for [budgets] queries and `--budget`.
 void add_budget_query(ExperimentSpec& spec, const std::string& text, const std::string& where);
 
-// Numeric range "2..8" or "0.1..0.5:0.1" -> values (ints when all parts are ints).
+// The most values one range may expand to.
+inline constexpr int64_t kMaxRangeValues = 1000000;
+
+// Numeric range "2..8" or "0.1..0.5:0.1" -> values (ints when all parts are ints);
+// nullopt when `text` is not a range, an empty vector when the range is empty (b < a
+// or step <= 0). Throws ConfigError (without a location) when a number overflows or
+// the range has more than kMaxRangeValues values.
 std::optional<std::vector<ParamValue>> parse_range(const std::string& text);
 
 // Builds the recording the experiment describes (loads or generates, truncates; for

@@ -94,6 +94,23 @@ BackendChoice choose_backend(const ExperimentSpec& spec, const std::vector<Sweep
 }  // namespace
 
 std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
+  // The cartesian products are sized before anything is expanded: a sweep of millions
+  // of points would exhaust memory long before it finished.
+  double total = 0;
+  std::string sizes;
+  for (const StrategyBlock& b : spec.strategies) {
+    double n = 1;
+    std::string axes;
+    for (const Axis& a : b.axes) {
+      n *= static_cast<double>(a.values.size());
+      if (a.values.size() > 1) axes += (axes.empty() ? "" : " x ") + a.name + " " + std::to_string(a.values.size());
+    }
+    total += n;
+    sizes += "\n  " + b.where + ": " + format_double(n) + " point(s)" + (axes.empty() ? "" : " (" + axes + ")");
+  }
+  if (total > static_cast<double>(kMaxSweepPoints))
+    throw ConfigError(spec.config_path.string() + ": the sweep has " + format_double(total) + " points, more than " +
+                      std::to_string(kMaxSweepPoints) + "; split it into several configs or use coarser axes:" + sizes);
   std::vector<SweepPoint> points;
   for (const StrategyBlock& b : spec.strategies) {
     const StrategyType& type = require_strategy_type(b.type, b.where);

@@ -32,9 +32,13 @@ struct SweepPoint {
   std::string key;  // canonical: "uniform(format=int4-asym-g32)", "kivi-2(window=64)"
 };
 
+// The most points one sweep may have (each holds its parameters until it is written).
+inline constexpr int64_t kMaxSweepPoints = 200000;
+
 // Expands every block. Validates each point's parameters by constructing its
 // strategy (formats parsed, cross-parameter rules), so a bad value fails before any
-// work with the config location and the point key. An empty sweep is an error.
+// work with the config location and the point key. An empty sweep is an error, and so
+// is one of more than kMaxSweepPoints points (sized before expanding).
 std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec);
 
 struct PointResult {

@@ -330,3 +330,39 @@ TEST_CASE("run_sweep: points without tasks are finished; a throwing callback is 
                                  nullptr),
                        doctest::Contains("disk full"), Error);
 }
+
+TEST_CASE("ranges: overflow and huge ranges are errors at their key, never hangs") {
+  CHECK(parse_range("9223372036854775800..9223372036854775807:5")->size() == 2);  // no wrap-around
+  CHECK_THROWS_WITH_AS(parse_range("99999999999999999999..1"), doctest::Contains("outside the 64-bit integer range"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse_range("1e400..2"), doctest::Contains("outside the double range"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse_range("2..8:1e-9"), doctest::Contains("more than 1000000"), ConfigError);
+  CHECK(parse_range("5..2")->empty());
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  const std::string err = error_of(kData + "[metrics]\npositions = \"0..100000000000\"\n" + strat);
+  CHECK(err.find("test.toml:") != std::string::npos);
+  CHECK(err.find("metrics.positions: range '0..100000000000' has") != std::string::npos);
+}
+
+TEST_CASE("metrics.positions: empty ranges and lists are errors, not 'all'") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(error_of(kData + "[metrics]\npositions = \"10..5\"\n" + strat).find("is empty") != std::string::npos);
+  CHECK(error_of(kData + "[metrics]\npositions = []\n" + strat).find("empty list of positions") != std::string::npos);
+}
+
+TEST_CASE("sweeps larger than kMaxSweepPoints are refused before expanding") {
+  const std::string err = error_of(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n"
+                                           "window = \"0..9999\"\nsink_tokens = \"0..999\"\n");
+  CHECK(err.find("the sweep has 1e+07 points, more than 200000") != std::string::npos);
+  CHECK(err.find("(sink_tokens 1000 x window 10000)") != std::string::npos);
+}
+
+TEST_CASE("non-finite reals, malformed budget numbers and unsafe names are refused") {
+  const std::string strat = "[[strategy]]\ntype = \"entropy\"\nfamily = \"int{b}-asym-g32\"\nmean_bits = 4\n";
+  CHECK(error_of(kData + strat + "alpha = nan\n").find("strategy[0].alpha: expected a finite number") !=
+        std::string::npos);
+  CHECK(error_of(kData + strat + "alpha = inf\n").find("expected a finite number") != std::string::npos);
+  CHECK_THROWS_WITH_AS(parse_budget_query("attn_kl_mean <= 1..2", "cli"), doctest::Contains("is not a finite number"),
+                       ConfigError);
+  CHECK(error_of("name = \"..\"\n" + kData + strat).find("not '.' or '..'") != std::string::npos);
+}

@@ -53,6 +53,7 @@ int cmd_bounds(const Args& args) {
   b.quick = vm.count("quick") != 0;
   if (b.quick && !vm.count("samples")) b.samples = 1 << 16;
   if (!data_config.empty()) b.data = load_experiment(data_config, {}).data;
+  check_threads(threads, "--threads");
   if (threads > 0) omp_set_num_threads(threads);
 
   const auto t0 = std::chrono::steady_clock::now();

@@ -79,8 +79,9 @@ Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
         case ParamType::Int: values[name] = whole_int(text); break;
         case ParamType::Real: {
           size_t used = 0;
-          values[name] = std::stod(text, &used);
-          if (used != text.size()) throw std::invalid_argument(text);
+          const double v = std::stod(text, &used);
+          if (used != text.size() || !std::isfinite(v)) throw std::invalid_argument(text);
+          values[name] = v;
           break;
         }
         case ParamType::String: values[name] = text; break;
@@ -92,7 +93,8 @@ Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
         }
       }
     } catch (const std::exception&) {
-      throw ConfigError("--param '" + a + "': expected a " + param_type_name(def->type) +
+      throw ConfigError("--param '" + a + "': expected a " + std::string(def->type == ParamType::Real ? "finite " : "") +
+                        param_type_name(def->type) +
                         (def->type == ParamType::IntList ? " (e.g. 2,3,4)" : ""));
     }
   }

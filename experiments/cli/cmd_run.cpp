@@ -70,6 +70,7 @@ int cmd_run(const Args& args) {
   }
   const bool quiet = vm.count("quiet") != 0;
 
+  check_threads(threads, "--threads");
   ExperimentSpec spec = load_experiment(config, sets);
   for (const std::string& b : budgets) add_budget_query(spec, b, "--budget");
   if (threads > 0) spec.threads = threads;

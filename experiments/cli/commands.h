@@ -9,6 +9,11 @@ namespace kvb::cli {
 
 using Args = std::vector<std::string>;
 
+// The most OpenMP threads a command accepts (0 = all cores).
+inline constexpr int kMaxThreads = 1024;
+// Throws kvb::ConfigError naming `option` unless 0 <= threads <= kMaxThreads.
+void check_threads(long long threads, const std::string& option);
+
 int cmd_run(const Args& args);
 int cmd_inspect(const Args& args);
 int cmd_record(const Args& args);

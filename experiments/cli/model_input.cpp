@@ -1,4 +1,5 @@
 #include "experiments/cli/model_input.h"
+#include "experiments/cli/commands.h"
 
 #include <cstdio>
 
@@ -48,7 +49,7 @@ std::shared_ptr<const Transformer> ModelInput::load_model() const {
   if (!token_file.empty() && (tokenizer != "bytes" || bos))
     throw ConfigError("--tokenizer and --bos apply to --text only");
   if (max_tokens < 0) throw ConfigError("--max-tokens must be >= 0");
-  if (threads < 0) throw ConfigError("--threads must be >= 0");
+  check_threads(threads, "--threads");
   if (threads > 0) omp_set_num_threads(threads);
   return Transformer::load(checkpoint);
 }

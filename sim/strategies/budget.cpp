@@ -85,7 +85,8 @@ std::optional<BudgetSpec> BudgetSpec::from_params(const Params& p) {
   if (!k && !v && !joint) return std::nullopt;
   BudgetSpec b;
   b.context = p.integer("budget_context");
-  if (b.context < 0) throw ConfigError("budget_context: must be >= 0 tokens (0 = the recording's context)");
+  if (b.context < 0 || b.context > (int64_t{1} << 40))
+    throw ConfigError("budget_context: must be between 0 (the recording's context) and 2^40 tokens");
   if (k || v) {
     b.separate = true;
     for (Kind kind : {Kind::Key, Kind::Value}) {

@@ -139,7 +139,10 @@ bool Protections::any() const {
 }
 
 int64_t Protections::prompt_tokens(int64_t T) const {
-  if (prompt_ > 0) return std::min(prompt_, T);
+  if (prompt_ > 0 && prompt_ >= T)
+    throw Error("prompt: " + std::to_string(prompt_) + " tokens is not shorter than the recording's " + std::to_string(T) +
+                " tokens (every query would attend exactly); use prompt_fraction or a shorter prompt");
+  if (prompt_ > 0) return prompt_;
   return static_cast<int64_t>(std::llround(prompt_fraction_ * static_cast<double>(T)));
 }
 
