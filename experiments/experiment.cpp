@@ -70,6 +70,12 @@ SyntheticSpec parse_synthetic(const ConfigTable& t, uint64_t seed) {
   s.calibration_queries = t.integer("calibration_queries", s.calibration_queries);
   s.key_scale = t.real("key_scale", s.key_scale);
   s.value_scale = t.real("value_scale", s.value_scale);
+  try {
+    validate_synthetic_spec(s);  // now, with the config location
+  } catch (const SyntheticSpecError& e) {
+    if (t.has(e.field)) t.fail(e.field, e.why);
+    t.fail("", e.field + ": " + e.why);
+  }
   return s;
 }
 

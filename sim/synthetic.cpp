@@ -8,9 +8,12 @@
 // the number of threads.
 #include "sim/synthetic.h"
 
+#include <unistd.h>
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <numbers>
@@ -67,9 +70,7 @@ constexpr int kMaxSolverSteps = 200;
 // Spec checks and the channel layout
 // ---------------------------------------------------------------------------
 
-[[noreturn]] void bad_field(const std::string& field, const std::string& why) {
-  throw ConfigError("synthetic spec: " + field + ": " + why);
-}
+[[noreturn]] void bad_field(const std::string& field, const std::string& why) { throw SyntheticSpecError(field, why); }
 
 std::string num(double v) { return format_double(v); }
 std::string num(int64_t v) { return std::to_string(v); }
@@ -164,6 +165,19 @@ void validate_synthetic_spec(const SyntheticSpec& s) {
   require(!s.rope || s.head_dim % 2 == 0, "head_dim",
           num(s.head_dim) + " is odd, but rope = true rotates channel pairs (i, i + head_dim/2)");
   require(s.tokens >= 2, "tokens", "must be >= 2, got " + num(s.tokens));
+  {
+    // The recording's fp32 queries, keys, pre-RoPE keys and values must fit in memory.
+    const double floats = static_cast<double>(s.layers) * static_cast<double>(s.q_heads + 3 * s.kv_heads) *
+                          static_cast<double>(s.tokens) * static_cast<double>(s.head_dim);
+    const double bytes = 4 * floats;
+    const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+    char sizes[160];
+    std::snprintf(sizes, sizeof sizes, "%.3g fp32 values (%.1f GiB) do not fit in this machine's %.1f GiB", floats,
+                  bytes / (1 << 30), ram / (1 << 30));
+    require(ram <= 0 || bytes <= ram, "tokens",
+            "layers x (q_heads + 3 kv_heads) x tokens x head_dim = " + std::string(sizes) +
+                " of memory; make the recording smaller");
+  }
   require(std::isfinite(s.entropy_mean) && s.entropy_mean >= 0, "entropy_mean",
           "must be a finite number of bits >= 0, got " + num(s.entropy_mean));
   require(std::isfinite(s.entropy_spread) && s.entropy_spread >= 0, "entropy_spread",

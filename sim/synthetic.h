@@ -24,8 +24,10 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "sim/core/error.h"
 #include "sim/recording.h"
 
 namespace kvb {
@@ -126,7 +128,15 @@ struct SyntheticReport {
   std::vector<std::string> warnings;
 };
 
-// Throws kvb::ConfigError naming the first bad field and why.
+// A bad field of a SyntheticSpec: what() is "synthetic spec: FIELD: why".
+class SyntheticSpecError : public ConfigError {
+ public:
+  SyntheticSpecError(std::string field, std::string why)
+      : ConfigError("synthetic spec: " + field + ": " + why), field(std::move(field)), why(std::move(why)) {}
+  std::string field, why;
+};
+
+// Throws SyntheticSpecError naming the first bad field and why.
 void validate_synthetic_spec(const SyntheticSpec& spec);
 
 // Validates the spec and generates. When `report` is given it receives the calibration

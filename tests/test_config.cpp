@@ -366,3 +366,14 @@ TEST_CASE("non-finite reals, malformed budget numbers and unsafe names are refus
                        ConfigError);
   CHECK(error_of("name = \"..\"\n" + kData + strat).find("not '.' or '..'") != std::string::npos);
 }
+
+TEST_CASE("synthetic specs are validated at parse time, located at their key") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  const std::string gqa = error_of("[data.synthetic]\nlayers = 1\nq_heads = 3\nkv_heads = 2\nhead_dim = 8\ntokens = 48\n" + strat);
+  CHECK(gqa.find("test.toml:3") != std::string::npos);
+  CHECK(gqa.find("data.synthetic.q_heads: 3 is not a multiple of kv_heads = 2") != std::string::npos);
+  const std::string huge =
+      error_of("[data.synthetic]\nlayers = 1000\nq_heads = 64\nkv_heads = 8\nhead_dim = 128\ntokens = 10000000\n" + strat);
+  CHECK(huge.find("data.synthetic.tokens") != std::string::npos);
+  CHECK(huge.find("do not fit in this machine's") != std::string::npos);
+}

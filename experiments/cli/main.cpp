@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <string>
 
 #include "experiments/cli/commands.h"
@@ -62,6 +63,12 @@ int main(int argc, char** argv) {
     } catch (const kvb::ConfigError& e) {
       std::fprintf(stderr, "kvbudget %s: error: %s\n", c.name, e.what());
       return kvb::kExitUsage;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr,
+                   "kvbudget %s: error: out of memory (std::bad_alloc): the data, model or sweep is too large for this "
+                   "machine's memory\n",
+                   c.name);
+      return kvb::kExitError;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "kvbudget %s: error: %s\n", c.name, e.what());
       return kvb::kExitError;
