@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 
 #include "io_test_files.h"
 #include "model_test_files.h"
@@ -643,6 +644,56 @@ TEST_CASE("errors: architecture, config.json, weights and token ids are named") 
     const std::string msg = error_of([&] { Transformer::load(dir); });
     CHECK(has(msg, "weight 'model.norm.weight' has shape [2, 16]"));
     CHECK(has(msg, "implies [32]"));
+  }
+  SUBCASE("NaN or Inf in a weight, after the last attention layer included") {
+    // The final norm and lm_head feed no recording, so only a load-time check sees them.
+    const fs::path dir = write("nan_norm", [](TinyCheckpoint& c) {
+      c.values["model.norm.weight"][5] = std::numeric_limits<float>::quiet_NaN();
+    });
+    const std::string msg = error_of([&] { Transformer::load(dir); });
+    CHECK(has(msg, (dir / "model.safetensors").string()));
+    CHECK(has(msg, "weight 'model.norm.weight'[5] is NaN (shape [32]); weights must be finite"));
+    for (const DType dt : {DType::BF16, DType::F16}) {
+      CAPTURE(dtype_name(dt));
+      TinyCheckpoint ck = tiny_llama(o);
+      ck.values["lm_head.weight"][2 * 32 + 7] = -std::numeric_limits<float>::infinity();
+      const fs::path d = ck.write(root / (std::string("inf_head_") + dtype_name(dt)), dt);
+      CHECK(has(error_of([&] { Transformer::load(d); }), "weight 'lm_head.weight'[2, 7] is -Inf (shape [23, 32])"));
+    }
+    TinyCheckpoint big = tiny_llama(o);  // F16 overflow: finite in fp32, +Inf once stored
+    big.values["model.layers.1.mlp.down_proj.weight"][3] = 1e6f;
+    const fs::path d16 = big.write(root / "f16_overflow", DType::F16);
+    CHECK(has(error_of([&] { Transformer::load(d16); }), "weight 'model.layers.1.mlp.down_proj.weight'[0, 3] is +Inf"));
+  }
+  SUBCASE("RoPE numbers that are not positive") {
+    const fs::path d1 = write("rope_neg", [](TinyCheckpoint& c) {
+      c.config["rope_parameters"] = {{"rope_theta", -1.0}, {"rope_type", "default"}};
+    });
+    CHECK(has(error_of([&] { Transformer::load(d1); }),
+              (d1 / "config.json").string() + ": key 'rope_parameters.rope_theta': must be a finite number > 0, got -1"));
+    const fs::path d2 = write("rope_zero", [](TinyCheckpoint& c) { c.config["rope_theta"] = 0.0; });
+    CHECK(has(error_of([&] { Transformer::load(d2); }), "key 'rope_theta': must be a finite number > 0, got 0"));
+    const fs::path d3 = write("rope_factor", [](TinyCheckpoint& c) {
+      c.config["rope_theta"] = 10000.0;
+      c.config["rope_scaling"] = {{"type", "linear"}, {"factor", 0.0}};
+    });
+    CHECK(has(error_of([&] { Transformer::load(d3); }), "key 'rope_scaling.factor': must be a finite number > 0"));
+    const fs::path d4 = write("rope_llama3", [](TinyCheckpoint& c) {
+      c.config["rope_parameters"] = {{"rope_theta", 10000.0},      {"rope_type", "llama3"},
+                                     {"factor", 8.0},               {"low_freq_factor", -1.0},
+                                     {"high_freq_factor", 4.0},     {"original_max_position_embeddings", 16}};
+    });
+    CHECK(has(error_of([&] { Transformer::load(d4); }),
+              "key 'rope_parameters.low_freq_factor': must be a finite number > 0, got -1"));
+    const fs::path d5 = write("rope_origmax", [](TinyCheckpoint& c) {
+      c.config["rope_parameters"] = {{"rope_theta", 10000.0},      {"rope_type", "llama3"},
+                                     {"factor", 8.0},               {"low_freq_factor", 1.0},
+                                     {"high_freq_factor", 4.0},     {"original_max_position_embeddings", 0}};
+    });
+    CHECK(has(error_of([&] { Transformer::load(d5); }),
+              "key 'rope_parameters.original_max_position_embeddings': must be > 0"));
+    // (JSON has no NaN or Inf literals, and nlohmann::json refuses an overflowing
+    // 1e999 as malformed JSON, so non-finite values cannot be written here.)
   }
   SUBCASE("malformed config.json") {
     const fs::path dir = write("malformed", [](TinyCheckpoint&) {});

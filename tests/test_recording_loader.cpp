@@ -370,10 +370,17 @@ TEST_CASE("RoPE marking, token ids and custom tensor names") {
   CHECK_FALSE(rec.has_attn_output());
   plain.rope_theta = 10000.0;
   CHECK(load_recording(plain).rope.applied);
+  for (const double bad : {-1.0, 0.0, std::nan("")}) {
+    RecordingSpec b = plain;
+    b.rope_theta = bad;
+    const std::string msg = error_of([&] { load_recording(b); });
+    CHECK(has(msg, "[data] rope_theta = "));
+    CHECK(has(msg, "must be a finite number > 0"));
+  }
 
-  // Custom names: {layer} anywhere in the pattern; layers sorted numerically.
+  // Custom names: {layer} anywhere in the pattern; layers sorted numerically (10 after 9).
   std::vector<RawTensor> custom;
-  for (int layer : {10, 2}) {
+  for (int layer = 10; layer >= 0; --layer) {
     for (const char* role : {"q", "k", "v"}) {
       const int64_t H = std::string(role) == "q" ? r.q_heads : r.kv_heads;
       custom.push_back(f32_tensor("model.blocks." + std::to_string(layer) + ".attn." + role, {H, r.tokens, r.head_dim},
@@ -384,6 +391,8 @@ TEST_CASE("RoPE marking, token ids and custom tensor names") {
   cs.query = "model.blocks.{layer}.attn.q";
   cs.key = "model.blocks.{layer}.attn.k";
   cs.value = "model.blocks.{layer}.attn.v";
+  CHECK(load_recording(cs).layer_ids == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  cs.layers = {10, 2};
   CHECK(load_recording(cs).layer_ids == std::vector<int>{2, 10});
 
   // Bad token ids.
@@ -399,6 +408,8 @@ TEST_CASE("RoPE marking, token ids and custom tensor names") {
   ts.pop_back();
   const fs::path bad_theta = write_tiny(dir, "theta.safetensors", ts, {{"rope_theta", "ten thousand"}});
   CHECK(has(error_of([&] { load_recording(spec_for(bad_theta)); }), "metadata rope_theta = 'ten thousand'"));
+  const fs::path inf_theta = write_tiny(dir, "theta_inf.safetensors", ts, {{"rope_theta", "inf"}});
+  CHECK(has(error_of([&] { load_recording(spec_for(inf_theta)); }), "metadata rope_theta = 'inf' is not a positive number"));
 }
 
 // ---- errors -------------------------------------------------------------------------
@@ -467,6 +478,22 @@ TEST_CASE("errors: shapes, GQA, dtypes and missing tensors are named") {
     CHECK(has(load_error("partial.safetensors", ts),
               "key_pre_rope tensors are present for some layers but not others: layer 0 has 'layers.0.key_pre_rope', "
               "layer 1 lacks 'layers.1.key_pre_rope'"));
+  }
+  SUBCASE("a gap in the layer indices") {
+    auto ts = tiny_tensors(r);  // layers 0 and 1; renamed to 0 and 2
+    for (RawTensor& t : ts)
+      if (t.name.rfind("layers.1.", 0) == 0) t.name = "layers.2." + t.name.substr(9);
+    const std::string msg = load_error("gap.safetensors", ts);
+    CHECK(has(msg, "layer 1 is missing: the key pattern 'layers.{layer}.key' matches layers 0, 2"));
+    RecordingSpec listed;  // listed explicitly, the subset loads
+    listed.layers = {0, 2};
+    listed.path = dir / "gap.safetensors";
+    const Recording rec = load_recording(listed);
+    CHECK(rec.layer_ids == std::vector<int>{0, 2});
+    // A missing first layer is a gap too.
+    for (RawTensor& t : ts)
+      if (t.name.rfind("layers.0.", 0) == 0) t.name = "layers.1." + t.name.substr(9);
+    CHECK(has(load_error("gap0.safetensors", ts), "layer 0 is missing: the key pattern 'layers.{layer}.key' matches layers 1, 2"));
   }
   SUBCASE("no tensor matches the key pattern") {
     RecordingSpec s;

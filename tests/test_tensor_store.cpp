@@ -177,6 +177,18 @@ TEST_CASE("safetensors: structural errors name the file and the tensor") {
     CHECK(has(msg, "overlap.safetensors"));
     CHECK(has(msg, "'alpha' [0, 24) and 'beta' [16, 24) overlap"));
   }
+  SUBCASE("duplicate tensor name") {
+    // JSON parsers keep one of the two entries; the file is ambiguous, not overlapping.
+    const std::string h =
+        R"({"alpha":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"beta":{"dtype":"F32","shape":[2],"data_offsets":[24,32]},"alpha":{"dtype":"F32","shape":[2],"data_offsets":[24,32]}})";
+    const std::string msg = write_and_open("dup.safetensors", safetensors_image(good, {}, h));
+    CHECK(has(msg, "duplicate tensor name 'alpha' in the header of " + (dir / "dup.safetensors").string()));
+    const std::string key =
+        R"({"alpha":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24],"shape":[6]}})";
+    const std::string kmsg = write_and_open("dupkey.safetensors", safetensors_image(good, {}, key));
+    CHECK(has(kmsg, "dupkey.safetensors"));
+    CHECK(has(kmsg, "duplicate key 'shape' in the header entry 'alpha'"));
+  }
   SUBCASE("begin after end") {
     const std::string h =
         R"({"alpha":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})";
@@ -269,6 +281,11 @@ TEST_CASE("sharded safetensors: index file or directory, shards opened lazily") 
   const std::string bad = "{\"weight_map\": {\"a\": ";
   write_bytes(dir / "model.safetensors.index.json", Bytes(bad.begin(), bad.end()));
   CHECK(has(error_of([&] { TensorStore::open(dir); }), "bad JSON in sharded checkpoint index"));
+  const std::string dup = R"({"weight_map": {"embed.weight": "model-00001-of-00002.safetensors",
+    "embed.weight": "model-00002-of-00002.safetensors"}})";
+  write_bytes(dir / "model.safetensors.index.json", Bytes(dup.begin(), dup.end()));
+  CHECK(has(error_of([&] { TensorStore::open(dir); }),
+            "duplicate tensor name 'embed.weight' in the weight_map of " + (dir / "model.safetensors.index.json").string()));
   const std::string no_map = "{\"metadata\": {}}";
   write_bytes(dir / "model.safetensors.index.json", Bytes(no_map.begin(), no_map.end()));
   CHECK(has(error_of([&] { TensorStore::open(dir); }), "no \"weight_map\""));

@@ -160,8 +160,18 @@ TEST_CASE("token id files: whitespace-separated text and .npy") {
   std::ofstream(dir / "bad.txt") << "1 2 x3 4";
   CHECK(has(error_of([&] { read_token_ids(dir / "bad.txt"); }), "bad.txt: entry 2 'x3' is not an integer token id"));
   const std::vector<int64_t> ids = {256, 1, 2, 3};
-  write_npy(dir / "ids.npy", TensorToWrite::of_ints("ids", {2, 2}, ids.data(), DType::I32));
+  write_npy(dir / "ids.npy", TensorToWrite::of_ints("ids", {4}, ids.data(), DType::I32));
   CHECK(read_token_ids(dir / "ids.npy") == ids);
+  // A batch of one, as tokenizers return it, is one sequence; other ranks are not.
+  write_npy(dir / "batch1.npy", TensorToWrite::of_ints("ids", {1, 4}, ids.data(), DType::I64));
+  CHECK(read_token_ids(dir / "batch1.npy") == ids);
+  write_npy(dir / "square.npy", TensorToWrite::of_ints("ids", {2, 2}, ids.data(), DType::I32));
+  const std::string square = error_of([&] { read_token_ids(dir / "square.npy"); });
+  CHECK(has(square, (dir / "square.npy").string()));
+  CHECK(has(square, "token ids must be a 1-D array [T] (or [1, T]), got shape [2, 2]"));
+  write_npy(dir / "scalar.npy", TensorToWrite::of_ints("ids", {}, ids.data(), DType::I32));
+  CHECK(has(error_of([&] { read_token_ids(dir / "scalar.npy"); }), "got shape []"));
+  CHECK(has(error_of([&] { read_token_ids(dir); }), dir.string() + ": is a directory, expected a token id file"));
   const std::vector<float> f = {1, 2};
   write_npy(dir / "f.npy", TensorToWrite::of_floats("f", {2}, f.data()));
   CHECK(has(error_of([&] { read_token_ids(dir / "f.npy"); }), "f.npy: token ids must be an integer array, got F32"));
@@ -200,4 +210,29 @@ TEST_CASE("load_tokens: BOS from the model config, max_tokens, tokenizer choice"
   one.text = dir / "one.txt";
   one.add_bos = false;
   CHECK(has(error_of([&] { load_tokens(one, cfg); }), "0 token(s); evaluation needs at least 2"));
+  // A directory is not a text file (it would read as empty: "1 token(s)" with a BOS).
+  TokenSource folder;
+  folder.text = dir;
+  CHECK(has(error_of([&] { load_tokens(folder, cfg); }), dir.string() + ": is a directory, expected a text file"));
+}
+
+TEST_CASE("load_tokens: token ids outside the vocabulary name the token file and the model") {
+  const fs::path dir = scratch_dir("load_tokens_oov");
+  std::ofstream(dir / "ids.txt") << "256 72 300 5";
+  ModelConfig cfg;
+  cfg.vocab_size = 257;
+  cfg.dir = dir / "model";
+  cfg.config_file = dir / "model" / "config.json";
+  TokenSource src;
+  src.token_file = dir / "ids.txt";
+  const std::string msg = error_of([&] { load_tokens(src, cfg); });
+  CHECK(has(msg, (dir / "ids.txt").string() + ": token id 300 at index 2 is outside the vocabulary of " +
+                     (dir / "model").string()));
+  CHECK(has(msg, "vocab_size 257"));
+  std::ofstream(dir / "neg.txt") << "1 -1";
+  src.token_file = dir / "neg.txt";
+  CHECK(has(error_of([&] { load_tokens(src, cfg); }), "neg.txt: token id -1 at index 1"));
+  std::ofstream(dir / "ok.txt") << "256 1 2";
+  src.token_file = dir / "ok.txt";
+  CHECK(load_tokens(src, cfg) == std::vector<int64_t>{256, 1, 2});
 }

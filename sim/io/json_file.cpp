@@ -1,7 +1,9 @@
 #include "sim/io/json_file.h"
 
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "sim/core/error.h"
 
@@ -20,6 +22,34 @@ nlohmann::json read_json_object(const std::filesystem::path& file, const std::st
   }
   if (!j.is_object()) throw Error(file.string() + ": expected a JSON object, got " + std::string(j.type_name()));
   return j;
+}
+
+nlohmann::json parse_json_checking_duplicates(
+    std::string_view text, const std::function<void(const std::string&, const std::string&)>& on_duplicate) {
+  using nlohmann::json;
+  // For each object being parsed: the key it is the value of ("" at the top), and the
+  // keys seen in it so far.
+  std::vector<std::pair<std::string, std::set<std::string>>> open_objects;
+  std::string last_key;
+  const json::parser_callback_t cb = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open_objects.emplace_back(open_objects.empty() ? std::string() : last_key, std::set<std::string>());
+        break;
+      case json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (open_objects.empty() || !parsed.is_string()) break;
+        last_key = parsed.get<std::string>();
+        if (!open_objects.back().second.insert(last_key).second) on_duplicate(last_key, open_objects.back().first);
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  return json::parse(text.begin(), text.end(), cb);
 }
 
 }  // namespace kvb

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <numeric>
 #include <set>
 
@@ -226,7 +227,7 @@ class LayerReader {
 };
 
 // The layers named by the key pattern, numerically sorted, restricted to spec.layers
-// (also sorted, duplicates dropped).
+// (also sorted, duplicates dropped). Without spec.layers they must be 0..N-1.
 std::vector<int> select_layers(const LayerReader& reader, const RecordingSpec& spec, const std::string& where) {
   if (spec.key.find("{layer}") == std::string::npos)
     throw ConfigError("key pattern '" + spec.key + "' has no {layer} placeholder");
@@ -236,12 +237,24 @@ std::vector<int> select_layers(const LayerReader& reader, const RecordingSpec& s
   if (found.empty())
     fail(where, "no tensor matches the key pattern '" + spec.key + "'" +
                     nearest_names_hint(layer_name(spec.key, 0), reader.names()));
-  if (spec.layers.empty()) return {found.begin(), found.end()};
+  std::vector<std::string> have;
+  for (int f : found) have.push_back(std::to_string(f));
+  if (spec.layers.empty()) {
+    // Discovered by pattern, the layers must be 0..N-1: a gap is a layer the file lost
+    // (or a misnamed tensor), not one to skip silently. A subset is loaded by listing it.
+    int expected = 0;
+    for (int l : found) {
+      if (l != expected)
+        fail(where, "layer " + std::to_string(expected) + " is missing: the key pattern '" + spec.key +
+                        "' matches layers " + join(have, ", ") +
+                        " (a recording holds layers 0..N-1; to load some of them, list them in [data] layers)");
+      ++expected;
+    }
+    return {found.begin(), found.end()};
+  }
   std::vector<int> chosen;
   for (int l : spec.layers) {
     if (!found.count(l)) {
-      std::vector<std::string> have;
-      for (int f : found) have.push_back(std::to_string(f));
       fail(where, "layer " + std::to_string(l) + " requested, but the file has layers " + join(have, ", ") +
                       " (from key pattern '" + spec.key + "')");
     }
@@ -352,12 +365,15 @@ Recording load_recording(const RecordingSpec& spec) {
   if (pre_rope || spec.rope_theta) {
     rec.rope.applied = true;
     if (spec.rope_theta) {
+      if (!std::isfinite(*spec.rope_theta) || !(*spec.rope_theta > 0))
+        throw ConfigError("[data] rope_theta = " + format_double(*spec.rope_theta) + " for " + where +
+                          ": must be a finite number > 0");
       rec.rope.theta = *spec.rope_theta;
     } else if (const auto it = rec.metadata.find("rope_theta"); it != rec.metadata.end()) {
       const std::string& text = it->second;
       double theta = 0;
       const auto res = std::from_chars(text.data(), text.data() + text.size(), theta);
-      if (res.ec != std::errc() || res.ptr != text.data() + text.size() || !(theta > 0))
+      if (res.ec != std::errc() || res.ptr != text.data() + text.size() || !std::isfinite(theta) || !(theta > 0))
         fail(where, "metadata rope_theta = '" + text + "' is not a positive number");
       rec.rope.theta = theta;
     }

@@ -4,15 +4,17 @@
 // plus an optional "__metadata__" object of strings.
 //
 // Checked when opening: the header fits in the file, is a JSON object, every dtype is
-// known, every tensor's [begin, end) lies inside the buffer, spans exactly
-// numel × dtype size bytes, and no two tensors overlap. (Gaps between tensors are
-// tolerated, though the format's writers never leave any.)
+// known, no tensor name appears twice (nlohmann::json alone would keep the last),
+// every tensor's [begin, end) lies inside the buffer, spans exactly numel × dtype
+// size bytes, and no two tensors overlap. (Gaps between tensors are tolerated, though
+// the format's writers never leave any.)
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 
 #include "sim/core/error.h"
 #include "sim/io/dtype_convert.h"
+#include "sim/io/json_file.h"
 #include "sim/io/mapped_file.h"
 #include "sim/io/store_common.h"
 
@@ -57,7 +59,11 @@ SafetensorsStore::SafetensorsStore(const fs::path& file) : IndexedTensorStore(fi
   const char* header_begin = reinterpret_cast<const char*>(file_->data() + 8);
   json header;
   try {
-    header = json::parse(header_begin, header_begin + header_len);
+    header = parse_json_checking_duplicates(
+        std::string_view(header_begin, header_len), [&](const std::string& key, const std::string& parent) {
+          if (parent.empty()) throw Error("duplicate tensor name '" + key + "' in the header of " + where);
+          fail(where, "duplicate key '" + key + "' in the header entry '" + parent + "'");
+        });
   } catch (const json::exception& e) {
     fail(where, std::string("bad JSON header: ") + e.what());
   }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "sim/core/error.h"
+#include "sim/io/json_file.h"
 #include "sim/io/store_common.h"
 
 namespace kvb {
@@ -54,7 +55,11 @@ ShardedSafetensorsStore::ShardedSafetensorsStore(const fs::path& index_file) : i
   text << in.rdbuf();
   json index;
   try {
-    index = json::parse(text.str());
+    index = parse_json_checking_duplicates(text.str(), [&](const std::string& key, const std::string& parent) {
+      if (parent == "weight_map") throw Error("duplicate tensor name '" + key + "' in the weight_map of " + where);
+      fail(where, "duplicate key '" + key + "'" + (parent.empty() ? "" : " in '" + parent + "'") +
+                      " in the sharded checkpoint index");
+    });
   } catch (const json::exception& e) {
     fail(where, std::string("bad JSON in sharded checkpoint index: ") + e.what());
   }

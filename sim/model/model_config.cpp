@@ -95,26 +95,31 @@ RopeConfig parse_rope(const JsonKeys& k) {
   std::optional<JsonKeys> params;
   if (k.has("rope_parameters")) params.emplace(k.object("rope_parameters"));
   else if (k.has("rope_scaling")) params.emplace(k.object("rope_scaling"));
-  r.theta = k.real("rope_theta", 10000.0);
+  // A positive, finite number (theta, scaling factors); the error names the key.
+  const auto positive_real = [](const JsonKeys& keys, const std::string& key) {
+    const double v = keys.real(key);
+    if (!std::isfinite(v) || !(v > 0)) keys.fail(key, "must be a finite number > 0, got " + format_double(v));
+    return v;
+  };
+  if (k.has("rope_theta")) r.theta = positive_real(k, "rope_theta");
+  else r.theta = 10000.0;
   if (!params) return r;
-  if (params->has("rope_theta")) r.theta = params->real("rope_theta");
+  if (params->has("rope_theta")) r.theta = positive_real(*params, "rope_theta");
   r.type = params->string("rope_type", params->string("type", "default"));
   const std::string key = params->has("rope_type") ? "rope_type" : "type";
   if (r.type == "default") return r;
   if (r.type == "linear") {
-    r.factor = params->real("factor");
+    r.factor = positive_real(*params, "factor");
   } else if (r.type == "llama3") {
-    r.factor = params->real("factor");
-    r.low_freq_factor = params->real("low_freq_factor");
-    r.high_freq_factor = params->real("high_freq_factor");
-    r.original_max_positions = params->integer("original_max_position_embeddings");
+    r.factor = positive_real(*params, "factor");
+    r.low_freq_factor = positive_real(*params, "low_freq_factor");
+    r.high_freq_factor = positive_real(*params, "high_freq_factor");
+    r.original_max_positions = params->positive("original_max_position_embeddings");
     if (!(r.high_freq_factor > r.low_freq_factor))
       params->fail("high_freq_factor", "must be greater than low_freq_factor");
   } else {
     params->fail(key, "unsupported RoPE type '" + r.type + "' (supported: default, linear, llama3)");
   }
-  if (!(r.factor > 0)) params->fail("factor", "must be > 0");
-  if (!(r.theta > 0)) k.fail("rope_theta", "must be > 0");
   return r;
 }
 

@@ -18,8 +18,15 @@ std::vector<int64_t> load_tokens(const TokenSource& src, const ModelConfig& conf
   if (!src.token_file.empty()) {
     where = src.token_file.string();
     ids = read_token_ids(src.token_file);
+    // Named here, with the file, rather than later by the forward pass with only an index.
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= config.vocab_size)
+        throw Error(where + ": token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                    " is outside the vocabulary of " + config.dir.string() + " (vocab_size " +
+                    std::to_string(config.vocab_size) + " in " + config.config_file.string() + ")");
   } else if (!src.text.empty()) {
     where = src.text.string();
+    if (fs::is_directory(src.text)) throw Error(where + ": is a directory, expected a text file");
     std::ifstream in(src.text, std::ios::binary);
     if (!in) throw Error(where + ": cannot open text file");
     std::stringstream text;

@@ -401,6 +401,7 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
 // Token id files
 
 std::vector<int64_t> read_token_ids(const fs::path& file) {
+  if (fs::is_directory(file)) throw Error(file.string() + ": is a directory, expected a token id file");
   if (file.extension() == ".npy") {
     const std::unique_ptr<TensorStore> store = TensorStore::open(file);
     const std::vector<TensorInfo> list = store->list();
@@ -408,6 +409,10 @@ std::vector<int64_t> read_token_ids(const fs::path& file) {
     const DType d = info.dtype;
     if (d == DType::F32 || d == DType::F16 || d == DType::BF16 || d == DType::F64)
       throw Error(file.string() + ": token ids must be an integer array, got " + dtype_name(d));
+    // One sequence: [T], or [1, T] as a tokenizer's batch of one writes it.
+    const std::vector<int64_t>& s = info.shape;
+    if (!(s.size() == 1 || (s.size() == 2 && s[0] == 1)))
+      throw Error(file.string() + ": token ids must be a 1-D array [T] (or [1, T]), got shape " + shape_str(s));
     return store->read_i64(info.name);
   }
   std::ifstream in(file);

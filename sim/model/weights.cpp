@@ -1,5 +1,7 @@
 #include "sim/model/weights.h"
 
+#include <cmath>
+
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/io/store_common.h"
@@ -9,6 +11,27 @@ namespace kvb {
 namespace fs = std::filesystem;
 
 namespace {
+
+// One pass over a weight as read (before any transpose or stacking), so the index is
+// the checkpoint's own: NaN or Inf anywhere (final norm and lm_head included, which
+// no recording check would see) is an error naming the file, the weight and the index.
+void require_finite_weight(const Tensor& t, const std::string& file, const std::string& name) {
+  const float* p = t.ptr();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(p[i])) continue;
+    std::vector<int64_t> idx(t.shape.size());
+    int64_t rem = i;
+    for (size_t d = t.shape.size(); d-- > 0;) {
+      idx[d] = rem % t.shape[d];
+      rem /= t.shape[d];
+    }
+    const float v = p[i];
+    throw Error(file + ": weight '" + name + "'" + shape_str(idx) + " is " +
+                (std::isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf")) + " (shape " + shape_str(t.shape) +
+                "); weights must be finite");
+  }
+}
 
 // Reads named tensors with the shapes the config implies; errors name the file and key.
 class WeightReader {
@@ -31,7 +54,9 @@ class WeightReader {
     if (info.shape != shape)
       throw Error(info.file + ": weight '" + name + "' has shape " + shape_str(info.shape) + ", but " +
                   config_.config_file.string() + " implies " + shape_str(shape));
-    return store_.read_f32(name);
+    Tensor t = store_.read_f32(name);
+    require_finite_weight(t, info.file, name);
+    return t;
   }
 
   RowMatrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
