@@ -297,17 +297,8 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
   if (preset) {
     for (const auto& [name, value] : preset->params) {
       b.preset_values[name] = value;
-      if (t.has(name)) continue;  // the block overrides the preset
-      // A block's base key X overrides the preset's per-kind key_X / value_X too: a
-      // preset's per-kind value would otherwise win over the block's explicit X.
-      bool base_set = false;
-      for (const char* prefix : {"key_", "value_"})
-        if (name.rfind(prefix, 0) == 0) {
-          const std::string base = name.substr(std::string(prefix).size());
-          for (const ParamDef& def : type.params)
-            if (def.per_kind && def.name == base && t.has(base)) base_set = true;
-        }
-      if (base_set) continue;
+      // The block's own keys (X also for the preset's key_X / value_X) override it.
+      if (preset_value_overridden(type, name, [&](const std::string& k) { return t.has(k); })) continue;
       Axis a;
       a.name = name;
       a.where = t.where("preset");
@@ -588,7 +579,8 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
   if (seed < 0) root.fail("seed", "must be >= 0");
   e.seed = static_cast<uint64_t>(seed);
   const int64_t threads = root.integer("threads", 0);
-  if (threads < 0 || threads > 1024) root.fail("threads", "must be between 0 (all cores) and 1024");
+  if (threads < 0 || threads > kMaxThreads)
+    root.fail("threads", "must be between 0 (all cores) and " + std::to_string(kMaxThreads));
   e.threads = static_cast<int>(threads);
   e.backend = parse_backend_request(root.string("backend", "cpu"), root.where("backend"));
 

@@ -146,6 +146,9 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
 // ConfigError naming `where`. Used for [budgets] queries and `--budget`.
 void add_budget_query(ExperimentSpec& spec, const std::string& text, const std::string& where);
 
+// The most OpenMP threads a config (`threads`) or a command (--threads) may ask for.
+inline constexpr int kMaxThreads = 1024;
+
 // The most values one range may expand to.
 inline constexpr int64_t kMaxRangeValues = 1000000;
 

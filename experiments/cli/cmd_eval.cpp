@@ -45,12 +45,9 @@ Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
   std::set<std::string> assigned;
   for (const std::string& a : assignments) assigned.insert(assigned_name(a));
   if (preset)
-    for (const auto& [name, value] : preset->params) {
-      const bool per_kind = name.rfind("key_", 0) == 0 || name.rfind("value_", 0) == 0;
-      const std::string base = per_kind ? name.substr(name.find('_') + 1) : name;
-      if (assigned.count(name) || (per_kind && assigned.count(base))) continue;
-      values[name] = value;
-    }
+    for (const auto& [name, value] : preset->params)
+      if (!preset_value_overridden(type, name, [&](const std::string& k) { return assigned.count(k) > 0; }))
+        values[name] = value;
   std::vector<std::string> names;
   for (const ParamDef& d : defs) names.push_back(d.name);
   for (const std::string& a : assignments) {
@@ -162,13 +159,10 @@ int cmd_eval(const Args& args) {
   }
   if (!strategy.empty()) {
     // --strategy names a type (`kvbudget strategies`) or a preset of one.
-    const StrategyPreset* preset = nullptr;
     const auto& types = strategy_types();
-    if (std::none_of(types.begin(), types.end(), [&](const StrategyType& t) { return t.name == strategy; })) {
-      const auto& presets = strategy_presets();
-      const auto it = std::find_if(presets.begin(), presets.end(), [&](const StrategyPreset& p) { return p.name == strategy; });
-      if (it != presets.end()) preset = &*it;
-    }
+    const bool is_type =
+        std::any_of(types.begin(), types.end(), [&](const StrategyType& t) { return t.name == strategy; });
+    const StrategyPreset* preset = is_type ? nullptr : find_strategy_preset(strategy);
     const StrategyType& type = require_strategy_type(preset ? preset->type : strategy, "--strategy");
     strat = type.make(strategy_params(type, preset, params));
     plan_source = strategy + "(" + join(params, ",") + ")";

@@ -1,6 +1,7 @@
 // Checks shared by the subcommands.
 #include "experiments/cli/commands.h"
 
+#include "experiments/experiment.h"
 #include "sim/core/error.h"
 
 namespace kvb::cli {

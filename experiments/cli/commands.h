@@ -9,9 +9,8 @@ namespace kvb::cli {
 
 using Args = std::vector<std::string>;
 
-// The most OpenMP threads a command accepts (0 = all cores).
-inline constexpr int kMaxThreads = 1024;
-// Throws kvb::ConfigError naming `option` unless 0 <= threads <= kMaxThreads.
+// Throws kvb::ConfigError naming `option` unless 0 <= threads <= kMaxThreads
+// (experiments/experiment.h; 0 = all cores).
 void check_threads(long long threads, const std::string& option);
 
 int cmd_run(const Args& args);

@@ -97,16 +97,32 @@ const std::vector<StrategyPreset>& strategy_presets() {
   return presets;
 }
 
+const StrategyPreset* find_strategy_preset(const std::string& name) {
+  for (const StrategyPreset& p : strategy_presets())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
 const StrategyPreset& require_strategy_preset(const std::string& name, const std::string& where) {
+  if (const StrategyPreset* p = find_strategy_preset(name)) return *p;
   std::vector<std::string> names;
-  for (const StrategyPreset& p : strategy_presets()) {
-    if (p.name == name) return p;
-    names.push_back(p.name);
-  }
+  for (const StrategyPreset& p : strategy_presets()) names.push_back(p.name);
   std::string msg = where + ": unknown preset '" + name + "'";
   const std::string close = closest_match(name, names);
   if (!close.empty()) msg += " (did you mean '" + close + "'?)";
   throw ConfigError(msg + "; known: " + join(names, ", "));
+}
+
+bool preset_value_overridden(const StrategyType& type, const std::string& name,
+                             const std::function<bool(const std::string&)>& is_set) {
+  if (is_set(name)) return true;
+  for (const std::string prefix : {"key_", "value_"})
+    if (name.rfind(prefix, 0) == 0) {
+      const std::string base = name.substr(prefix.size());
+      for (const ParamDef& def : type.params)
+        if (def.per_kind && def.name == base && is_set(base)) return true;
+    }
+  return false;
 }
 
 }  // namespace kvb

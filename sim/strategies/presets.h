@@ -6,6 +6,7 @@
 // Every preset is counted honestly: its windows, sinks and metadata are in its bpe
 // (methods.md §1). `kvbudget strategies` lists them.
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,7 +23,15 @@ struct StrategyPreset {
 };
 
 const std::vector<StrategyPreset>& strategy_presets();
+// The preset called `name`, or null.
+const StrategyPreset* find_strategy_preset(const std::string& name);
 // Throws kvb::ConfigError naming `where` and the closest known preset.
 const StrategyPreset& require_strategy_preset(const std::string& name, const std::string& where);
+
+// Whether a preset's value for parameter `name` gives way to an explicitly set one
+// (`is_set(param)`): `name` itself, or, for key_X / value_X of a per-kind parameter X
+// of `type`, the base X (a block's `format` overrides the preset's key_format too).
+bool preset_value_overridden(const StrategyType& type, const std::string& name,
+                             const std::function<bool(const std::string&)>& is_set);
 
 }  // namespace kvb
