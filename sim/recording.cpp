@@ -1,10 +1,43 @@
 #include "sim/recording.h"
 
+#include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "sim/core/error.h"
 
 namespace kvb {
+
+std::string rope_inv_freq_text(const std::vector<float>& inv_freq) {
+  std::string out;
+  char buf[32];
+  for (float f : inv_freq) {
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(f));
+    if (!out.empty()) out += ",";
+    out += buf;
+  }
+  return out;
+}
+
+std::vector<float> parse_rope_inv_freq(const std::string& text, int64_t head_dim, const std::string& where) {
+  std::vector<float> out;
+  const char* p = text.data();
+  const char* end = text.data() + text.size();
+  while (p < end) {
+    float f = 0;
+    const auto res = std::from_chars(p, end, f);
+    if (res.ec != std::errc() || !std::isfinite(f) || !(f > 0) || (res.ptr != end && *res.ptr != ','))
+      throw Error(where + ": metadata rope_inv_freq: entry " + std::to_string(out.size()) +
+                  " is not a positive number");
+    out.push_back(f);
+    p = res.ptr == end ? end : res.ptr + 1;
+  }
+  if (static_cast<int64_t>(out.size()) * 2 != head_dim)
+    throw Error(where + ": metadata rope_inv_freq has " + std::to_string(out.size()) +
+                " numbers; head_dim " + std::to_string(head_dim) + " needs " + std::to_string(head_dim / 2));
+  return out;
+}
 
 bool Recording::has_pre_rope_keys() const { return !layers.empty() && !layers[0].key_pre_rope.empty(); }
 bool Recording::has_attn_output() const { return !layers.empty() && !layers[0].attn_output.empty(); }
@@ -17,6 +50,9 @@ void Recording::validate() const {
   if (q_heads % kv_heads != 0)
     throw Error(where + ": query heads (" + std::to_string(q_heads) + ") must be a multiple of KV heads (" +
                 std::to_string(kv_heads) + ") for GQA");
+  if (!rope.inv_freq.empty() && static_cast<int64_t>(rope.inv_freq.size()) * 2 != head_dim)
+    throw Error(where + ": " + std::to_string(rope.inv_freq.size()) + " RoPE inverse frequencies for head_dim " +
+                std::to_string(head_dim));
   const std::vector<int64_t> qshape = {q_heads, tokens, head_dim};
   const std::vector<int64_t> kvshape = {kv_heads, tokens, head_dim};
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -83,7 +119,7 @@ std::string Recording::summary() const {
   std::ostringstream os;
   os << layers.size() << " layers, " << q_heads << "/" << kv_heads << " q/kv heads, head_dim " << head_dim << ", "
      << tokens << " tokens";
-  if (rope.applied) os << ", post-RoPE (theta " << rope.theta << ")";
+  if (rope.applied) os << ", post-RoPE (theta " << rope.theta << (rope.inv_freq.empty() ? "" : ", scaled") << ")";
   if (has_pre_rope_keys()) os << ", pre-RoPE keys";
   if (has_attn_output()) os << ", attn_output";
   return os.str();

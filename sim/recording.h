@@ -26,7 +26,16 @@ struct LayerTensors {
 struct RopeInfo {
   bool applied = false;   // query/key are post-RoPE
   double theta = 10000.0;
+  // The inverse frequencies (radians per position, head_dim/2 of them) when they are not
+  // theta^(-2i/head_dim): a model with linear or llama3 RoPE scaling. Empty = from theta.
+  std::vector<float> inv_freq;
 };
+
+// RopeInfo::inv_freq as recording metadata ("rope_inv_freq"): comma-separated floats
+// with 9 significant digits (exact round trip), and back. The parser throws kvb::Error
+// naming `where` unless there are head_dim/2 finite positive numbers.
+std::string rope_inv_freq_text(const std::vector<float>& inv_freq);
+std::vector<float> parse_rope_inv_freq(const std::string& text, int64_t head_dim, const std::string& where);
 
 struct Recording {
   std::string name;    // e.g. "gpt2-bytes-record" or "synthetic"

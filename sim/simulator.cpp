@@ -332,6 +332,7 @@ SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Ki
   span.recording = rec.name.c_str();
   span.rope_applied = rec.rope.applied;
   span.rope_theta = rec.rope.theta;
+  if (!rec.rope.inv_freq.empty()) span.rope_inv_freq = &rec.rope.inv_freq;
   if (!rec.positions.empty()) span.positions = rec.positions.data() + first_token;
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
   if (kind == Kind::Key && !L.key_pre_rope.empty()) {

@@ -486,6 +486,29 @@ TEST_CASE("prerope formats rotate back with the model's own (scaled) RoPE freque
   // Generation reads the same context.
   const std::vector<int64_t> prompt(tokens.begin(), tokens.begin() + 20);
   CHECK(greedy_continuation(*model, prompt, 6, opt.cache) == greedy_continuation(*model, prompt, 6, {}));
+  // The recording of this model carries the scaled frequencies, also through a file, so
+  // the recording-level simulator rotates back with them too: lossless keys.
+  const ModelEvaluator eval(model, tokens, ContinuationSpec{}, "scaled");
+  const Recording& rec = eval.recording();
+  CHECK(rec.rope.inv_freq == rope_inverse_frequencies(model->config().rope, o.head_dim));
+  const fs::path file = scratch_dir("model_prerope") / "scaled-record.safetensors";
+  write_recording(file, rec, DType::F32);
+  RecordingSpec spec;
+  spec.path = file;
+  const Recording reread = load_recording(spec);
+  CHECK(reread.rope.inv_freq == rec.rope.inv_freq);
+  for (const Recording* r : {&rec, &reread}) {
+    const ErrorStats stats = simulate(*r, plan, SimOptions{});
+    CHECK(find_metric("k_rel_mse")->compute(stats) < 1e-12);
+    CHECK(find_metric("attn_kl_max")->compute(stats) < 1e-9);
+  }
+  // A theta given by the config means unscaled RoPE: the file's frequencies are not used.
+  spec.rope_theta = 10000.0;
+  CHECK(load_recording(spec).rope.inv_freq.empty());
+  // A malformed rope_inv_freq is named.
+  write_recording(file, rec, DType::F32, {{"rope_inv_freq", "0.5,x"}});
+  spec.rope_theta.reset();
+  CHECK(has(error_of([&] { load_recording(spec); }), "metadata rope_inv_freq: entry 1 is not a positive number"));
   // A model without RoPE has no pre-RoPE keys: a clear error.
   const auto gpt2 = fixture_model("gpt2-bytes");
   Plan gplan(6, 6, 8, 64);

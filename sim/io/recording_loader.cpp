@@ -377,6 +377,10 @@ Recording load_recording(const RecordingSpec& spec) {
         fail(where, "metadata rope_theta = '" + text + "' is not a positive number");
       rec.rope.theta = theta;
     }
+    // Scaled frequencies (`kvbudget record` of a model with RoPE scaling), unless the
+    // config names a theta of its own.
+    if (const auto it = rec.metadata.find("rope_inv_freq"); it != rec.metadata.end() && !spec.rope_theta)
+      rec.rope.inv_freq = parse_rope_inv_freq(it->second, rec.head_dim, where);
   }
   if (spec.max_tokens > 0) rec.truncate_tokens(spec.max_tokens);
   rec.validate();

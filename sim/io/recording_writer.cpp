@@ -24,6 +24,7 @@ void write_recording(const std::filesystem::path& path, const Recording& rec, DT
   meta["layout"] = "query/key/value: [heads, tokens, head_dim]; attn_output: [tokens, heads*head_dim]";
   meta["rope"] = rec.rope.applied ? "key/query are post-RoPE; key_pre_rope is pre-RoPE" : "none";
   if (rec.rope.applied) meta["rope_theta"] = format_double(rec.rope.theta);
+  if (rec.rope.applied && !rec.rope.inv_freq.empty()) meta["rope_inv_freq"] = rope_inv_freq_text(rec.rope.inv_freq);
   if (!rec.source.empty()) meta["source"] = rec.source;
   for (const auto& [k, v] : extra_metadata) meta[k] = v;
   write_safetensors(path, tensors, meta);

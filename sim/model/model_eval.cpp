@@ -6,6 +6,7 @@
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/model/rope_scaling.h"
 #include "sim/model/tokenizer.h"
 
 namespace kvb {
@@ -94,6 +95,8 @@ Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTen
   std::iota(rec.positions.begin(), rec.positions.end(), int64_t{0});
   rec.rope.applied = config.rope.enabled;
   rec.rope.theta = config.rope.theta;
+  if (config.rope.enabled && config.rope.type != "default")
+    rec.rope.inv_freq = rope_inverse_frequencies(config.rope, config.head_dim);
   rec.metadata["model"] = config.dir.filename().string();
   rec.metadata["architecture"] = config.architecture;
   rec.metadata["tokens"] = std::to_string(tokens.size());
