@@ -495,6 +495,17 @@ TEST_CASE("errors: shapes, GQA, dtypes and missing tensors are named") {
       if (t.name.rfind("layers.0.", 0) == 0) t.name = "layers.1." + t.name.substr(9);
     CHECK(has(load_error("gap0.safetensors", ts), "layer 0 is missing: the key pattern 'layers.{layer}.key' matches layers 1, 2"));
   }
+  SUBCASE("a layer number with leading zeros or too many digits") {
+    for (const std::string bad : {"layers.01.key", "layers.1234567890.key"}) {
+      auto ts = tiny_tensors(r);  // layers 0 and 1, plus a key that would read as layer 1
+      RawTensor extra = *find(ts, "layers.1.key");
+      extra.name = bad;
+      ts.push_back(extra);
+      CHECK(has(load_error("padded.safetensors", ts),
+                "tensor '" + bad + "' matches the key pattern 'layers.{layer}.key' but its layer number has "
+                "leading zeros or more than 9 digits"));
+    }
+  }
   SUBCASE("no tensor matches the key pattern") {
     RecordingSpec s;
     s.key = "blocks.{layer}.k";

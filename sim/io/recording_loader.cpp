@@ -135,29 +135,40 @@ Tensor to_axis_order(Tensor t, const Layout& layout, const std::vector<Axis>& or
   return out;
 }
 
-// The layer index when `name` is an instance of `pattern` (every "{layer}" replaced
-// by the same decimal number), else -1.
+constexpr int kNoMatch = -1;
+constexpr int kUnreadableLayerNumber = -2;  // leading zeros, or more than 9 digits
+
+// The layer index when `name` is an instance of `pattern` (every "{layer}" replaced by
+// the same decimal number), kUnreadableLayerNumber when it would be but a number is not
+// written as layer_name() writes it, else kNoMatch.
 int match_layer(const std::string& pattern, const std::string& name) {
   static const std::string kToken = "{layer}";
   int layer = -1;
+  bool readable = true;
   size_t p = 0, n = 0;
   while (p < pattern.size()) {
     if (pattern.compare(p, kToken.size(), kToken) == 0) {
       const size_t start = n;
       while (n < name.size() && std::isdigit(static_cast<unsigned char>(name[n]))) ++n;
-      if (n == start || n - start > 9) return -1;
+      if (n == start) return kNoMatch;
+      if (n - start > 9 || (n - start > 1 && name[start] == '0')) {
+        readable = false;
+        p += kToken.size();
+        continue;
+      }
       int v = 0;
       std::from_chars(name.data() + start, name.data() + n, v);
-      if (layer >= 0 && v != layer) return -1;
+      if (layer >= 0 && v != layer) return kNoMatch;
       layer = v;
       p += kToken.size();
     } else {
-      if (n >= name.size() || name[n] != pattern[p]) return -1;
+      if (n >= name.size() || name[n] != pattern[p]) return kNoMatch;
       ++p;
       ++n;
     }
   }
-  return n == name.size() ? layer : -1;
+  if (n != name.size()) return kNoMatch;
+  return readable ? layer : kUnreadableLayerNumber;
 }
 
 std::string layer_name(const std::string& pattern, int layer) {
@@ -232,8 +243,14 @@ std::vector<int> select_layers(const LayerReader& reader, const RecordingSpec& s
   if (spec.key.find("{layer}") == std::string::npos)
     throw ConfigError("key pattern '" + spec.key + "' has no {layer} placeholder");
   std::set<int> found;
-  for (const std::string& n : reader.names())
-    if (const int l = match_layer(spec.key, n); l >= 0) found.insert(l);
+  for (const std::string& n : reader.names()) {
+    const int l = match_layer(spec.key, n);
+    if (l == kUnreadableLayerNumber)
+      fail(where, "tensor '" + n + "' matches the key pattern '" + spec.key +
+                      "' but its layer number has leading zeros or more than 9 digits; layer numbers are "
+                      "read as written without leading zeros ('" + layer_name(spec.key, 1) + "')");
+    if (l >= 0) found.insert(l);
+  }
   if (found.empty())
     fail(where, "no tensor matches the key pattern '" + spec.key + "'" +
                     nearest_names_hint(layer_name(spec.key, 0), reader.names()));
