@@ -25,7 +25,7 @@ bool RecentWindow::holds(int64_t t, int64_t j, int64_t first) const {
 int64_t RecentWindow::held_at(int64_t context, int64_t first) const {
   if (!active() || context <= first) return 0;
   if (mode == Mode::Sliding) return std::min(size, context - first);
-  return (context - first) % size;
+  return (context - 1 - first) % size + 1;
 }
 
 namespace {

@@ -43,7 +43,7 @@ struct RecentWindow {
     Chunked,  // a residual flushed every W tokens (KIVI, HF QuantizedCache):
               // j >= first + W * floor((t - first) / W), first = the plan's prefill;
               // the query at t attends before the flush, holding (t - first) mod W + 1
-              // tokens, and the cache keeps (t + 1 - first) mod W after the step
+              // tokens (1..W)
   };
   int64_t size = 0;   // W tokens; 0 = no window
   FormatPtr format;   // precision of window tokens, e.g. keep-fp16
@@ -56,8 +56,11 @@ struct RecentWindow {
   // Whether the query at t sees token j <= t in window precision; `first` is the
   // first token the window may hold (the plan's prefill).
   bool holds(int64_t t, int64_t j, int64_t first) const;
-  // Tokens held at the end of a context of `context` tokens, after the last step's
-  // flush (what memory counts).
+  // Tokens held in window precision while the last query of a context of `context`
+  // tokens (t = context - 1) attends: what memory counts, so that a measured error and
+  // its memory describe the same cache. Sliding: min(W, context - first); chunked:
+  // (context - 1 - first) mod W + 1, never the empty residual right after a flush
+  // (which would make a chunked window free at every multiple of W, 512 or 32K tokens).
   int64_t held_at(int64_t context, int64_t first) const;
 };
 

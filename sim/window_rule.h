@@ -14,8 +14,8 @@ namespace kvb {
 //   chunked: a residual flushed every `size` tokens, j >= first + size * floor((t - first) / size).
 //     As in KIVI and Hugging Face's QuantizedCache, the query at t attends with the
 //     residual plus its own token before the residual is flushed, so it holds
-//     (t - first) mod size + 1 tokens (1..size) in window precision; the cache kept
-//     after the step holds (t + 1 - first) mod size (RecentWindow::held_at).
+//     (t - first) mod size + 1 tokens (1..size) in window precision; memory counts
+//     the last query's (RecentWindow::held_at).
 KVB_HD int64_t window_first_held(int64_t size, bool chunked, int64_t t, int64_t first) {
   const int64_t from = chunked ? first + size * ((t - first) / size) : t - size + 1;
   return from > first ? from : first;

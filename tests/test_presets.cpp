@@ -76,17 +76,18 @@ TEST_CASE("KIVI-2 G=32: 3.0 bpe plus the fp16 residual W·(16 − 3)/T, keys chu
   REQUIRE(p.check().empty());
   const double held = 44 + 128;  // residual tokens of K and of V
   CHECK(p.bpe() == doctest::Approx(3.0 + held * (16 - 3.0) / (2 * 300)));
-  // At T = 512 the key residual was just flushed: only the values' residual remains.
+  // At T = 512 the last query attends with a full key residual (flushed after it):
+  // memory counts it, so keys and values both hold 128 fp16 tokens.
   const Recording r512 = shaped(1, 2, 512, 64);
-  CHECK(preset_plan("kivi-2", r512).bpe() == doctest::Approx(3.0 + 128 * 13.0 / (2 * 512)));
-  // At a 32K target the residual is W/32K of the cache.
-  CHECK(p.bpe_at(32768) == doctest::Approx(3.0 + 128 * 13.0 / (2 * 32768)));
-  CHECK(preset_plan("kivi-4", r512).bpe() == doctest::Approx(5.0 + 128 * 11.0 / (2 * 512)));
+  CHECK(preset_plan("kivi-2", r512).bpe() == doctest::Approx(3.0 + 256 * 13.0 / (2 * 512)));
+  // At a 32K target the residual is W/32K of the cache, for keys and values.
+  CHECK(p.bpe_at(32768) == doctest::Approx(3.0 + 256 * 13.0 / (2 * 32768)));
+  CHECK(preset_plan("kivi-4", r512).bpe() == doctest::Approx(5.0 + 256 * 11.0 / (2 * 512)));
 }
 
 TEST_CASE("HF QuantizedCache (quanto): int4 g64 4.5 and int2 g64 2.5 bpe plus the chunked residual") {
-  // T = 600, prompt = 150 (quantized whole); 450 decoded tokens leave 450 % 128 = 66
-  // in the residual, for keys and values alike.
+  // T = 600, prompt = 150 (quantized whole); the last query (t = 599) attends with
+  // (599 - 150) % 128 + 1 = 66 residual tokens, for keys and values alike.
   const Recording rec = shaped(2, 2, 600, 64);
   const Plan p4 = preset_plan("hf-quanto-int4", rec);
   REQUIRE(p4.check().empty());
@@ -94,10 +95,11 @@ TEST_CASE("HF QuantizedCache (quanto): int4 g64 4.5 and int2 g64 2.5 bpe plus th
   CHECK(p4.bpe() == doctest::Approx(4.5 + 66 * (16 - 4.5) / 600));
   const Plan p2 = preset_plan("hf-quanto-int2", rec);
   CHECK(p2.bpe() == doctest::Approx(2.5 + 66 * (16 - 2.5) / 600));
-  // Flushed exactly: 4.5 and 2.5.
+  // T = 512, prompt 128: 384 decoded tokens, a multiple of W; the last query still
+  // attends with a full residual of 128 tokens, flushed after it.
   const Recording r = shaped(1, 1, 512, 64);
-  CHECK(preset_plan("hf-quanto-int4", r).bpe() == doctest::Approx(4.5));
-  CHECK(preset_plan("hf-quanto-int2", r).bpe() == doctest::Approx(2.5));
+  CHECK(preset_plan("hf-quanto-int4", r).bpe() == doctest::Approx(4.5 + 128 * (16 - 4.5) / 512));
+  CHECK(preset_plan("hf-quanto-int2", r).bpe() == doctest::Approx(2.5 + 128 * (16 - 2.5) / 512));
 }
 
 TEST_CASE("quant.cpp --k-window: the fp32 key window is an extra copy costing W·32/T of the keys") {

@@ -390,10 +390,16 @@ TEST_CASE("window membership: sliding and chunked (flushed) residuals") {
   CHECK(w.holds(10, 7, 3));
   CHECK(w.holds(11, 11, 3));
   CHECK(!w.holds(11, 10, 3));
-  // Memory counts the residual after the step's flush.
-  CHECK(w.held_at(12, 0) == 0);
+  // Memory counts the residual the last query (t = context - 1) attends with: a full
+  // one at a multiple of W, never the empty one right after the flush.
+  CHECK(w.held_at(12, 0) == 4);
   CHECK(w.held_at(13, 0) == 1);
   CHECK(w.held_at(13, 3) == 2);
+  CHECK(w.held_at(3, 3) == 0);  // no token after the prefill
+  CHECK(w.held_at(4, 3) == 1);
+  w.mode = RecentWindow::Mode::Sliding;
+  CHECK(w.held_at(12, 0) == 4);
+  CHECK(w.held_at(5, 3) == 2);
 }
 
 TEST_CASE("window memory: replacement W(p - b)/T, extra copy W p/T (methods.md 1)") {
