@@ -56,6 +56,7 @@ std::string unsupported_reason(const Plan& plan, const SimOptions& opt) {
   if (opt.topk > kMaxTopK)
     return "metrics.topk = " + std::to_string(opt.topk) + " exceeds the CUDA backend's maximum of " +
            std::to_string(kMaxTopK);
+  if (opt.region != nullptr) return "error attribution regions are computed on the CPU only";
   if (plan.tokens() >= INT32_MAX) return "recordings of 2^31 tokens or more are not supported by the CUDA backend";
   for (int64_t l = 0; l < plan.layers(); ++l)
     for (int64_t g = 0; g < plan.kv_heads(); ++g)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <set>
 
 #include "sim/core/error.h"
@@ -258,23 +259,43 @@ TEST_CASE("store_bits and store_bits_value are the stored form of round_to_store
 }
 
 TEST_CASE("the fused round trip equals dequantize(quantize(x)) bit for bit") {
+  // The GPU twins are compared with the fused path (tests/gpu/test_twins.cpp), so it is
+  // checked here on the same grid: every width, sym/asym, groups along channels and
+  // tokens (partial ones too), every scale/zero storage type, and inputs that saturate
+  // or underflow the stored scales.
   const int64_t T = 77, d = 64;  // 77 rows: partial token groups
-  std::vector<float> x = test::random_normal(static_cast<size_t>(T * d), 29, 3.0f);
-  for (int64_t c = 0; c < d; ++c) x[static_cast<size_t>(5 * d + c)] = 1.5f;           // a constant row
-  for (int64_t c = 0; c < d; ++c) x[static_cast<size_t>(6 * d + c)] = c % 2 ? 0.0f : -0.0f;  // signed zeros
-  x[7 * d] = 1e-40f;                                                                       // a subnormal
-  for (const std::string& name : format_families()[0].examples) {
-    const auto f = std::dynamic_pointer_cast<const IntFormat>(make_format(name));
-    REQUIRE(f);
-    for (const std::string& g : {std::string("-g16"), std::string("-tok"), std::string("-ch8"), std::string("-ch")}) {
-      IntFormatSpec spec = f->spec();
-      const auto variant = std::dynamic_pointer_cast<const IntFormat>(make_format(
-          "int" + std::to_string(spec.bits) + (spec.symmetric ? "-sym" : "-asym") + g));
-      const std::vector<float> fused = roundtrip(*variant, x, T, d);
-      std::vector<float> ref(x.size());
-      variant->dequantize(variant->quantize(ConstMatView{x.data(), T, d, d}), MatView{ref.data(), T, d, d});
-      INFO(variant->name());
-      CHECK(std::memcmp(fused.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+  std::mt19937_64 rng(29);
+  auto input = [&](const std::string& kind) {
+    std::vector<float> x = test::random_normal(static_cast<size_t>(T * d), rng(), 3.0f);
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (kind == "half_steps") x[i] = std::round(x[i] * 4.0f) / 2.0f;            // rounding ties
+      else if (kind == "huge") x[i] *= (rng() % 4 == 0) ? 7e4f : 1.0f;             // fp16 scale saturation
+      else if (kind == "extreme") x[i] *= (rng() % 8 == 0) ? 1e30f : 1e-3f;
+      else if (kind == "subnormal") x[i] *= 1e-40f;
     }
+    for (int64_t c = 0; c < d; ++c) x[static_cast<size_t>(5 * d + c)] = 1.5f;                // a constant row
+    for (int64_t c = 0; c < d; ++c) x[static_cast<size_t>(6 * d + c)] = c % 2 ? 0.0f : -0.0f;  // signed zeros
+    x[7 * d] = 1e-40f;                                                                        // a subnormal
+    return x;
+  };
+  int64_t checked = 0;
+  for (const std::string kind : {"normal", "half_steps", "huge", "extreme", "subnormal"}) {
+    const std::vector<float> x = input(kind);
+    for (int bits = 1; bits <= 8; ++bits)
+      for (const std::string mode : {"-sym", "-asym"})
+        for (const std::string g : {"-g16", "-g3", "-tok", "-ch8", "-ch7", "-ch"})
+          for (const std::string store : {"", "-sbf16", "-sfp32", "-sbf16-zfp32", "-zbf16"}) {
+            if (mode == "-sym" && store.find("-z") != std::string::npos) continue;  // no zero point
+            const std::string name = "int" + std::to_string(bits) + mode + g + store;
+            const auto f = std::dynamic_pointer_cast<const IntFormat>(make_format(name));
+            REQUIRE(f);
+            const std::vector<float> fused = roundtrip(*f, x, T, d);
+            std::vector<float> ref(x.size());
+            f->dequantize(f->quantize(ConstMatView{x.data(), T, d, d}), MatView{ref.data(), T, d, d});
+            INFO(name << " on " << kind << " input");
+            CHECK(std::memcmp(fused.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+            ++checked;
+          }
   }
+  CHECK(checked == 5 * 8 * 6 * (3 + 5));
 }

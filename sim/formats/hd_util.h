@@ -51,20 +51,14 @@ KVB_HD T table16(const T (&v)[16], int i) {
 #endif
 }
 
-// x86-64's default NaN (0xffc00000, the "real indefinite") for any NaN on the device;
-// the identity on the host. SSE arithmetic returns that NaN for an invalid operation
-// (0·∞, ∞ - ∞, ∞/∞) and propagates it; CUDA returns 0x7fffffff instead. Formats whose
-// outputs can be NaN for finite inputs (ggml, once an fp16 scale overflows to ∞) pass
-// those outputs through here, so that CPU and GPU store the same bits. Only valid
-// where every NaN the host can produce at that point is the default NaN (no sign
-// flip or |·| applied to a NaN on the way).
-KVB_HD float x86_nan(float v) {
-#if defined(__CUDA_ARCH__)
-  return v != v ? bits_float(0xffc00000u) : v;
-#else
-  return v;
-#endif
-}
+// x86-64's default NaN (0xffc00000, the "real indefinite") for any NaN, on the host
+// and on the device. SSE arithmetic returns that NaN for an invalid operation (0·∞,
+// ∞ - ∞, ∞/∞) and propagates it; CUDA returns 0x7fffffff, and AArch64 0x7fc00000.
+// Formats whose outputs can be NaN for finite inputs (ggml, once an fp16 scale
+// overflows to ∞) pass those outputs through here, so that every host and the GPU
+// store the same bits (on x86-64 hosts this changes nothing: every NaN the formats
+// produce there is already the default one).
+KVB_HD float x86_nan(float v) { return v != v ? bits_float(0xffc00000u) : v; }
 
 // Correctly rounded square root.
 KVB_HD float sqrt_rn(float x) {

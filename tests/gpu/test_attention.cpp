@@ -123,6 +123,18 @@ TEST_SUITE("no_device") {
     CHECK(cuda::unsupported_reason(windowed, SimOptions{}).find("window") != std::string::npos);
     CHECK(cuda::unsupported_reason(uniform_plan(rec, "keep-fp16", "keep-fp16"), options(65)).find("topk") !=
           std::string::npos);
+    const ErrorRegion region;
+    SimOptions attributed;
+    attributed.region = &region;
+    CHECK(cuda::unsupported_reason(plan, attributed).find("attribution") != std::string::npos);
+  }
+  TEST_CASE("the comparison itself: the CPU's stats agree with themselves on every measured metric") {
+    // So that a device run fails only on a real CPU/GPU difference (model-level
+    // metrics, NaN without a model, are not compared).
+    const Recording rec = random_recording(2, 4, 2, 32, 16, 3);
+    const ErrorStats cpu = simulate(rec, uniform_plan(rec, "int3-asym-g8", "int2-sym-tok"), options(4));
+    const test::MetricAgreement a = test::check_metrics_agree(cpu, cpu, "cpu vs itself");
+    CHECK(a.worst_rel == 0);
   }
 }
 
