@@ -13,6 +13,7 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -133,12 +134,20 @@ std::vector<std::string> Report::coord_columns() const {
 
 std::string Report::points_csv(const std::vector<PointResult>& results) const {
   const std::vector<std::string> coords = coord_columns();
-  // Annotation columns: every name any point reported, in order of first appearance.
+  // Annotation columns: every name any point reported, in order of first appearance,
+  // except those a sweep coordinate already names (budget_bpe as a sweep axis): one
+  // column, the coordinate's value where the point has it, else the annotation's.
   std::vector<std::string> notes;
   for (const PointResult& r : results)
     if (r.ok)
       for (const Annotation& a : r.annotations)
-        if (std::find(notes.begin(), notes.end(), a.name) == notes.end()) notes.push_back(a.name);
+        if (std::find(notes.begin(), notes.end(), a.name) == notes.end() &&
+            std::find(coords.begin(), coords.end(), a.name) == coords.end())
+          notes.push_back(a.name);
+  auto annotation_text = [](const Annotation& a) {
+    if (const double* d = std::get_if<double>(&a.value)) return num(*d);
+    return csv_field(std::get<std::string>(a.value));
+  };
   std::ostringstream os;
   os << "id,strategy,type,key";
   for (const std::string& c : coords) os << "," << csv_field(c);
@@ -151,10 +160,12 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
     const SweepPoint& p = points_[r.id];
     os << p.id << "," << csv_field(p.label) << "," << csv_field(p.type) << "," << csv_field(p.key);
     for (const std::string& c : coords) {
-      std::string v;
+      std::optional<std::string> v;
       for (const auto& [k, val] : p.coords)
-        if (k == c) v = val;
-      os << "," << csv_field(v);
+        if (k == c) v = csv_field(val);
+      for (const Annotation& a : r.annotations)
+        if (!v && a.name == c) v = annotation_text(a);
+      os << "," << v.value_or("");
     }
     os << "," << csv_field(r.plan) << "," << num(r.bpe) << "," << num(r.bpe_target) << "," << num(r.bytes) << ","
        << num(r.bytes_target) << "," << num(16.0 / r.bpe);
@@ -162,10 +173,7 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
     for (const std::string& name : notes) {
       os << ",";
       for (const Annotation& a : r.annotations)
-        if (a.name == name) {
-          if (const double* d = std::get_if<double>(&a.value)) os << num(*d);
-          else os << csv_field(std::get<std::string>(a.value));
-        }
+        if (a.name == name) os << annotation_text(a);
     }
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.3f", r.seconds);

@@ -76,6 +76,13 @@ expect "$d1/errors.csv" "budget_bpe 1.5 is below the cheapest allocation, 3 bpe"
 for c in budget_bpe rho_first rho_second additivity budget_slack_bpe sink_heads_selected; do
   has_column "$d1/points.csv" "$c" || fail "points.csv has no $c column"
 done
+# budget_bpe is a sweep axis of some blocks and a fixed key of others: one column.
+/usr/bin/python3 -c 'import csv, sys
+header = next(csv.reader(open(sys.argv[1])))
+rows = list(csv.DictReader(open(sys.argv[1])))
+budgets = sorted({r["budget_bpe"] for r in rows if r["budget_bpe"]})
+sys.exit(len(header) != len(set(header)) or budgets != ["3.3", "4", "4.5", "5", "5.7", "6.2"])' "$d1/points.csv" ||
+  fail "points.csv: duplicate column names, or budget_bpe missing for some budgeted points"
 /usr/bin/python3 -c 'import csv, sys
 bad = [r["key"] for r in csv.DictReader(open(sys.argv[1]))
        if r["budget_bpe"] and float(r["bpe"]) > float(r["budget_bpe"]) + 1e-12]
