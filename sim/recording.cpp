@@ -20,6 +20,8 @@ std::string rope_inv_freq_text(const std::vector<float>& inv_freq) {
   return out;
 }
 
+namespace {
+
 std::vector<float> parse_rope_inv_freq(const std::string& text, int64_t head_dim, const std::string& where) {
   std::vector<float> out;
   const char* p = text.data();
@@ -37,6 +39,24 @@ std::vector<float> parse_rope_inv_freq(const std::string& text, int64_t head_dim
     throw Error(where + ": metadata rope_inv_freq has " + std::to_string(out.size()) +
                 " numbers; head_dim " + std::to_string(head_dim) + " needs " + std::to_string(head_dim / 2));
   return out;
+}
+
+}  // namespace
+
+RopeInfo rope_from_metadata(const std::map<std::string, std::string>& metadata, int64_t head_dim,
+                            const std::string& where) {
+  RopeInfo rope;
+  if (const auto it = metadata.find("rope_theta"); it != metadata.end()) {
+    const std::string& text = it->second;
+    double theta = 0;
+    const auto res = std::from_chars(text.data(), text.data() + text.size(), theta);
+    if (res.ec != std::errc() || res.ptr != text.data() + text.size() || !std::isfinite(theta) || !(theta > 0))
+      throw Error(where + ": metadata rope_theta = '" + text + "' is not a positive number");
+    rope.theta = theta;
+  }
+  if (const auto it = metadata.find("rope_inv_freq"); it != metadata.end())
+    rope.inv_freq = parse_rope_inv_freq(it->second, head_dim, where);
+  return rope;
 }
 
 bool Recording::has_pre_rope_keys() const { return !layers.empty() && !layers[0].key_pre_rope.empty(); }

@@ -32,10 +32,14 @@ struct RopeInfo {
 };
 
 // RopeInfo::inv_freq as recording metadata ("rope_inv_freq"): comma-separated floats
-// with 9 significant digits (exact round trip), and back. The parser throws kvb::Error
-// naming `where` unless there are head_dim/2 finite positive numbers.
+// with 9 significant digits (exact round trip).
 std::string rope_inv_freq_text(const std::vector<float>& inv_freq);
-std::vector<float> parse_rope_inv_freq(const std::string& text, int64_t head_dim, const std::string& where);
+// The RoPE a recording file's metadata declares (what write_recording writes):
+// "rope_theta" (else 10000) and, when present, "rope_inv_freq". `applied` stays false:
+// the caller knows whether the keys are post-RoPE. Throws kvb::Error naming `where`
+// for a value that is not a positive number, or not head_dim/2 of them.
+RopeInfo rope_from_metadata(const std::map<std::string, std::string>& metadata, int64_t head_dim,
+                            const std::string& where);
 
 struct Recording {
   std::string name;    // e.g. "gpt2-bytes-record" or "synthetic"

@@ -11,11 +11,11 @@
 //
 // Pre-RoPE formats (prerope:<inner>, the kvquant presets) quantize the keys before
 // RoPE and re-apply it: --pre-rope NAME names the pre-RoPE keys of the same shape
-// (a recording's layers.<l>.key_pre_rope), --rope-theta the base (default: the
-// file's rope_theta metadata, else 10000; a file's rope_inv_freq metadata, written by
-// `kvbudget record` for models with RoPE scaling, is used unless --rope-theta is given).
-// Rows then hold positions 0..R-1 in every
-// span, and R defaults to the tensor's second-to-last dimension (tokens).
+// (a recording's layers.<l>.key_pre_rope), --rope-theta the base of an unscaled RoPE
+// (default: the file's metadata, rope_from_metadata: rope_theta else 10000, and the
+// scaled frequencies rope_inv_freq that `kvbudget record` writes for models with RoPE
+// scaling). Rows then hold positions 0..R-1 in every span, and R defaults to the
+// tensor's second-to-last dimension (tokens).
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
@@ -49,8 +49,7 @@ struct QuantizeResult {
 // RoPE context of the spans: pre-RoPE keys shaped like the tensor, and the base.
 struct RopeInput {
   const Tensor* key_pre_rope = nullptr;  // null: the tensor has no RoPE
-  double theta = 10000.0;
-  std::vector<float> inv_freq;  // scaled frequencies (the file's rope_inv_freq); empty = from theta
+  RopeInfo rotation;                     // theta, and scaled frequencies if the file has them
 };
 
 QuantizeResult quantize_tensor(const Tensor& x, const Format& f, int64_t rows_per_span, bool is_key, uint64_t seed,
@@ -67,8 +66,8 @@ QuantizeResult quantize_tensor(const Tensor& x, const Format& f, int64_t rows_pe
     span.recording = source.c_str();
     if (rope.key_pre_rope) {
       span.rope_applied = true;
-      span.rope_theta = rope.theta;
-      if (!rope.inv_freq.empty()) span.rope_inv_freq = &rope.inv_freq;
+      span.rope_theta = rope.rotation.theta;
+      if (!rope.rotation.inv_freq.empty()) span.rope_inv_freq = &rope.rotation.inv_freq;
       span.key_pre_rope = rope.key_pre_rope->ptr() + r0 * d;
       span.key_pre_rope_stride = d;
     }
@@ -183,16 +182,15 @@ int cmd_quantize(const Args& args) {
                         shape_str(x.shape) + " of '" + name + "'");
     require_finite(pre_rope, input + ": tensor '" + pre_rope_tensor + "'");
     rope.key_pre_rope = &pre_rope;
-    const auto meta = store->metadata();
-    if (rope_theta > 0) rope.theta = rope_theta;
-    else if (const auto it = meta.find("rope_theta"); it != meta.end()) {
-      char* end = nullptr;
-      rope.theta = std::strtod(it->second.c_str(), &end);
-      if (end == it->second.c_str() || *end != '\0' || !(rope.theta > 0))
-        throw Error(input + ": metadata rope_theta = '" + it->second + "' is not a positive number; give --rope-theta");
+    if (rope_theta > 0) {
+      rope.rotation.theta = rope_theta;
+    } else {
+      try {
+        rope.rotation = rope_from_metadata(store->metadata(), d, input);
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()) + "; give --rope-theta");
+      }
     }
-    if (const auto it = meta.find("rope_inv_freq"); it != meta.end() && rope_theta <= 0)
-      rope.inv_freq = parse_rope_inv_freq(it->second, d, input);
     if (rows_per_span <= 0 && x.rank() >= 2) rows_per_span = x.shape[static_cast<size_t>(x.rank() - 2)];
   } else if (rope_theta > 0) {
     throw ConfigError("--rope-theta needs --pre-rope (the tensor of pre-RoPE keys)");

@@ -380,24 +380,15 @@ Recording load_recording(const RecordingSpec& spec) {
   std::iota(rec.positions.begin(), rec.positions.end(), int64_t{0});
 
   if (pre_rope || spec.rope_theta) {
-    rec.rope.applied = true;
-    if (spec.rope_theta) {
+    if (spec.rope_theta) {  // the config's theta: unscaled RoPE
       if (!std::isfinite(*spec.rope_theta) || !(*spec.rope_theta > 0))
         throw ConfigError("[data] rope_theta = " + format_double(*spec.rope_theta) + " for " + where +
                           ": must be a finite number > 0");
       rec.rope.theta = *spec.rope_theta;
-    } else if (const auto it = rec.metadata.find("rope_theta"); it != rec.metadata.end()) {
-      const std::string& text = it->second;
-      double theta = 0;
-      const auto res = std::from_chars(text.data(), text.data() + text.size(), theta);
-      if (res.ec != std::errc() || res.ptr != text.data() + text.size() || !std::isfinite(theta) || !(theta > 0))
-        fail(where, "metadata rope_theta = '" + text + "' is not a positive number");
-      rec.rope.theta = theta;
+    } else {  // the file's theta, and its scaled frequencies (`kvbudget record`) if any
+      rec.rope = rope_from_metadata(rec.metadata, rec.head_dim, where);
     }
-    // Scaled frequencies (`kvbudget record` of a model with RoPE scaling), unless the
-    // config names a theta of its own.
-    if (const auto it = rec.metadata.find("rope_inv_freq"); it != rec.metadata.end() && !spec.rope_theta)
-      rec.rope.inv_freq = parse_rope_inv_freq(it->second, rec.head_dim, where);
+    rec.rope.applied = true;
   }
   if (spec.max_tokens > 0) rec.truncate_tokens(spec.max_tokens);
   rec.validate();
