@@ -77,13 +77,16 @@ Report::Report(const ExperimentSpec& spec, std::vector<SweepPoint> points, std::
 
 void Report::write_config() const { write_file_atomic(dir_ / "config.toml", spec_.resolved_toml + "\n"); }
 
-void Report::write_manifest(const RunInfo& info) const {
+void Report::write_manifest(const RunInfo& info) const { write_file_atomic(manifest_path(), manifest_text(info)); }
+
+std::string Report::manifest_text(const RunInfo& info) const {
   nlohmann::json j;
   j["name"] = spec_.name;
   j["description"] = spec_.description;
   j["config"] = spec_.config_path.string();
   j["command"] = info.command_line;
   j["status"] = info.status;
+  if (!info.signal.empty()) j["signal"] = info.signal;
   j["started"] = info.started_iso;
   j["wall_seconds"] = info.wall_seconds;
   j["git_commit"] = KVB_GIT_COMMIT;
@@ -122,7 +125,7 @@ void Report::write_manifest(const RunInfo& info) const {
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   j["host"] = host;
-  write_file_atomic(dir_ / "manifest.json", j.dump(2) + "\n");
+  return j.dump(2) + "\n";
 }
 
 std::vector<std::string> Report::coord_columns() const {

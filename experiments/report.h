@@ -32,7 +32,8 @@ std::filesystem::path make_run_dir(const std::filesystem::path& base, const std:
 
 struct RunInfo {
   std::string command_line;
-  std::string status;  // "running", "complete", "interrupted", "failed"
+  std::string status;  // "running", "complete", "interrupted", "failed", "crashed"
+  std::string signal;  // the fatal signal of a "crashed" run (experiments/crash_marker.h)
   std::string started_iso;
   double wall_seconds = 0;
   size_t points_total = 0;
@@ -50,6 +51,8 @@ class Report {
 
   void write_config() const;
   void write_manifest(const RunInfo& info) const;
+  std::filesystem::path manifest_path() const { return dir_ / "manifest.json"; }
+  std::string manifest_text(const RunInfo& info) const;
   // points.csv (and errors.csv) for the results so far; safe to call repeatedly.
   void write_points(const std::vector<PointResult>& results) const;
   // attribution.csv and concentration.csv (when any point has an attribution).

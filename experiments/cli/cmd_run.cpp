@@ -9,8 +9,10 @@
 #include <ctime>
 #include <functional>
 #include <iostream>
+#include <memory>
 
 #include "experiments/cli/commands.h"
+#include "experiments/crash_marker.h"
 #include "experiments/experiment.h"
 #include "experiments/machine_info.h"
 #include "experiments/progress.h"
@@ -105,6 +107,13 @@ int cmd_run(const Args& args) {
   info.recording_summary = rec.name + ": " + rec.summary();
   info.backend.requested = spec.backend;
   info.positions = positions;
+  // A fatal signal from here on leaves the manifest "crashed" rather than "running".
+  auto crash_marker = std::make_unique<CrashMarker>(report.manifest_path(), [&](const char* signal) {
+    RunInfo crashed = info;
+    crashed.status = "crashed";
+    crashed.signal = signal;
+    return report.manifest_text(crashed);
+  });
   report.write_config();
   report.write_manifest(info);
 
@@ -176,6 +185,7 @@ int cmd_run(const Args& args) {
   if (spec.output.plots && results.size() > failed) plot_error = report.write_plots();
 
   info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  crash_marker.reset();  // the final manifest below says how the run ended
   info.status = interrupted ? "interrupted" : ((failed || !run_errors.empty()) ? "failed" : "complete");
   attempt("manifest.json", [&] { report.write_manifest(info); });
 

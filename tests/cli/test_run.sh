@@ -126,6 +126,24 @@ rows=$(($(wc -l <"$d6/points.csv") - 1))
 expect "$d6/manifest.json" '"status": "interrupted"' "manifest of an interrupted run"
 ls "$d6" | grep -q '\.tmp\.' && fail "temporary files left behind"
 
+# 6b. A fatal signal (a crash, std::terminate's abort): the manifest says "crashed" and
+# names the signal instead of claiming "running"; the process still dies of it.
+"$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6b" \
+  --no-plots --threads 1 --quiet >"$tmp/c.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do  # the manifest is first written once the data is loaded
+  ls "$tmp"/r6b/quickstart/2*/manifest.json >/dev/null 2>&1 && break
+  sleep 0.1
+done
+kill -SEGV $pid
+wait $pid
+rc=$?
+[ $rc -eq 139 ] || fail "a run killed by SIGSEGV: expected exit 139, got $rc"
+d6b=$(ls -d "$tmp"/r6b/quickstart/2*)
+expect "$d6b/manifest.json" '"status": "crashed"' "manifest of a crashed run"
+expect "$d6b/manifest.json" '"signal": "SIGSEGV"' "manifest of a crashed run"
+[ ! -f "$d6b/points.csv" ] || csv_ok "$d6b/points.csv" || fail "crashed run's points.csv has a truncated row"
+
 # 7. Backends: auto says in the manifest what it chose and why; cuda runs on a device,
 # and without one (or in a build without nvcc) fails before writing any results.
 "$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --backend auto --out "$tmp/r7" --no-plots >"$tmp/a.out" 2>&1 \
