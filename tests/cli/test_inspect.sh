@@ -1,16 +1,9 @@
 #!/usr/bin/env bash
 # `kvbudget inspect` on the bundled fixtures and on broken files.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
-set -u
 kvb="$1"
 src="$2"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-status=0
-fail() { echo "FAIL: $*" >&2; status=1; }
-expect() {  # expect FILE PATTERN: the file contains the fixed string
-  grep -qF -- "$2" "$1" || fail "'$2' not in output of $3"
-}
+source "$(dirname "$0")/lib.sh"
 
 # A recording: tensors with statistics, metadata, and the entropy tables.
 rec="$src/data/records/llama-bytes-record.safetensors"

@@ -2,16 +2,9 @@
 # The model commands end to end: `kvbudget record`, `kvbudget eval`, a model sweep
 # (configs/llama_ppl.toml, made smaller with --set) with its PPL-ratio frontier, and
 # the errors a user meets. $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
-set -u
 kvb="$1"
 src="$2"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-status=0
-fail() { echo "FAIL: $*" >&2; status=1; }
-expect() {  # expect FILE PATTERN WHAT: the file contains the fixed string
-  grep -qF -- "$2" "$1" || fail "'$2' not in output of $3"
-}
+source "$(dirname "$0")/lib.sh"
 text="$src/data/text/eval_kjv_revelation.txt"
 llama="$src/data/models/llama-bytes"
 gpt2="$src/data/models/gpt2-bytes"

@@ -2,20 +2,9 @@
 # `kvbudget run` end to end: results layout, determinism across runs and thread
 # counts, bad input of every kind (clear message, non-zero exit, nothing lost), and
 # Ctrl-C. $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
-set -u
 kvb="$1"
 src="$2"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-status=0
-fail() { echo "FAIL: $*" >&2; status=1; }
-expect() {  # expect FILE STRING WHAT
-  grep -qF -- "$2" "$1" || { fail "'$2' not in $3"; sed 's/^/    /' "$1" >&2; }
-}
-# Every line of a CSV has as many fields as its header (no truncated rows).
-csv_ok() { awk -F, 'NR == 1 { n = NF } NF != n { exit 1 }' "$1"; }
-# points.csv without its timing column, for comparing numbers across runs.
-numbers() { awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "seconds") s = i } { $s = ""; print }' OFS=, "$1"; }
+source "$(dirname "$0")/lib.sh"
 
 rec="$src/data/records/gpt2-bytes-record.safetensors"
 small=(--set data.max_tokens=64 --set 'strategy.0.vars.bits=[3, 4]' --quiet)

@@ -5,24 +5,9 @@
 # manifest records calibration and evaluated positions, results are identical for any
 # thread count; `kvbudget bounds --quick` writes its table.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
-set -u
 kvb="$1"
 src="$2"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-status=0
-fail() { echo "FAIL: $*" >&2; status=1; }
-expect() {  # expect FILE STRING WHAT
-  grep -qF -- "$2" "$1" || { fail "'$2' not in $3"; sed 's/^/    /' "$1" | head -40 >&2; }
-}
-# CSV fields may be quoted (point keys hold commas), so CSVs are read with Python's csv.
-has_column() { /usr/bin/python3 -c 'import csv, sys; sys.exit(sys.argv[2] not in next(csv.reader(open(sys.argv[1]))))' "$1" "$2"; }
-# points.csv without its timing column, for comparing numbers across runs.
-numbers() {
-  /usr/bin/python3 -c 'import csv, sys
-for r in csv.DictReader(open(sys.argv[1])):
-    r.pop("seconds"); print(r)' "$1"
-}
+source "$(dirname "$0")/lib.sh"
 
 # 1. The tables.
 "$kvb" strategies >"$tmp/list.out" 2>&1 || fail "kvbudget strategies exited $?"
