@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
   mx = block_max(mx, scratch);
 
   // Pass 2: normaliser and the sums of A, Σ p Δs, logit errors.
-  double z = 0, sum_e_ds = 0, sum_e_expm1 = 0, err2 = 0, max_ds = -INFINITY, max_abs_ds = 0;
+  double z = 0, sum_e_ds = 0, sum_e_expm1 = 0, err2 = 0, max_abs_ds = 0;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     const double ds = ds_at(j);
     const double e = exp(static_cast<double>(s[j]) - mx);
@@ -158,18 +158,16 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
     sum_e_ds += e * ds;
     sum_e_expm1 += e * expm1(ds);
     err2 += ds * ds;
-    max_ds = fmax(max_ds, ds);
     max_abs_ds = fmax(max_abs_ds, fabs(ds));
   }
   z = block_sum(z, scratch);
   const double mean_ds = block_sum(sum_e_ds, scratch) / z;
   const double A = block_sum(sum_e_expm1, scratch) / z;
   err2 = block_sum(err2, scratch);
-  max_ds = block_max(max_ds, scratch);
   max_abs_ds = block_max(max_abs_ds, scratch);
 
   // Pass 3 (large shifts only): max and normaliser of the perturbed logits ŝ = s + Δs.
-  const bool large = max_ds >= kLargeLogitShift;
+  const bool large = attn_large_shift(max_abs_ds);
   double zhat = 0, max_shat = -INFINITY;
   if (large) {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x)

@@ -89,13 +89,13 @@ double row_attention(const float* s, const float* ds, int64_t n, HeadScratch& h)
   double z = 0;
   for (int64_t j = 0; j < n; ++j) z += (h.p[j] = std::exp(static_cast<double>(s[j]) - mx));
   for (int64_t j = 0; j < n; ++j) h.p[j] /= z;
-  double dmx = -INFINITY, mean_ds = 0;
+  double max_abs_ds = 0, mean_ds = 0;
   for (int64_t j = 0; j < n; ++j) {
-    dmx = std::max(dmx, static_cast<double>(ds[j]));
+    max_abs_ds = std::max(max_abs_ds, std::fabs(static_cast<double>(ds[j])));
     mean_ds += h.p[j] * ds[j];
   }
   double kl;
-  if (dmx < kLargeLogitShift) {
+  if (!attn_large_shift(max_abs_ds)) {
     double a = 0;
     for (int64_t j = 0; j < n; ++j) a += h.p[j] * std::expm1(static_cast<double>(ds[j]));
     for (int64_t j = 0; j < n; ++j) h.dp[j] = attn_dprob_small_shift(h.p[j], static_cast<double>(ds[j]), a);

@@ -243,6 +243,7 @@ TEST_CASE("quantiles interpolate like NumPy") {
   std::vector<double> v(101);
   std::iota(v.begin(), v.end(), 0.0);
   CHECK(quantile(v, 0.99) == doctest::Approx(99.0));
+  CHECK(std::isnan(quantile({1, std::nan(""), 3}, 0.5)));  // no order with a NaN
 }
 
 namespace {
@@ -439,4 +440,29 @@ TEST_CASE("huge logit errors on near-zero probabilities stay finite (no underflo
   CHECK(s.rows[1].kl == doctest::Approx(200.0).epsilon(1e-6));
   CHECK(std::sqrt(s.rows[1].out_err2 / s.rows[1].out_norm2) == doctest::Approx(2.0).epsilon(1e-6));
   CHECK(s.rows[1].topk_overlap == 1.0f);  // k = 8 > 2 keys: both sets hold both keys
+}
+
+TEST_CASE("a large negative logit error on the key holding the mass stays finite (no cancellation)") {
+  // Row t = 1: s = [40, 0], p = [1 - 4e-18, 4e-18]. Key 0 is quantized to 0 (Δs_0 = -40),
+  // so ŝ = [0, 0] and p̂ = [1/2, 1/2]. In the small-shift form 1 + A = Σ p e^{Δs}
+  // cancels to 0 in double (NaN output error); the max-shifted form is exact.
+  Recording r = tiny_recording(1, 1, 2, 1, 3);
+  r.layers.resize(1);
+  r.layer_ids = {0};
+  r.layers[0].query.data = {1.0f, 1.0f};
+  r.layers[0].key.data = {40.0f, 0.0f};
+  r.layers[0].value.data = {1.0f, 3.0f};
+  Plan plan(1, 1, 2, 1);
+  plan.unit(0, 0, Kind::Key).segments = {Segment{0, 1, std::make_shared<ScaleFormat>(0.0f)},
+                                         Segment{1, 2, make_format("keep-fp32")}};
+  plan.assign_all(Kind::Value, make_format("keep-fp32"));
+  REQUIRE(plan.check().empty());
+  const ErrorStats s = simulate(r, plan, SimOptions{});
+  REQUIRE(s.rows.size() == 2);
+  // o = 1, ô = (1 + 3) / 2 = 2: |Δo| = 1. KL(p || p̂) = log 2 (p is all on key 0).
+  CHECK(s.rows[1].out_err2 == doctest::Approx(1.0).epsilon(1e-9));
+  CHECK(s.rows[1].kl == doctest::Approx(std::log(2.0)).epsilon(1e-6));
+  CHECK(s.rows[0].out_err2 == 0);  // t = 0 attends key 0 alone: p = p̂ = 1
+  CHECK(std::isfinite(metric(s, "attn_out_rel_fro")));
+  CHECK(std::isfinite(metric(s, "attn_out_rel_err")));
 }

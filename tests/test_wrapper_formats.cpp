@@ -183,4 +183,12 @@ TEST_CASE("prerope: a recording without pre-RoPE keys is an error naming the for
   CHECK(make_format("prerope:int4-asym-g32")->check_shape(4, 33) != "");
   CHECK_THROWS_AS(make_format("prerope-int4-asym-g32"), ConfigError);
   CHECK(make_format("kvquant-nuq4-1%")->name() == "prerope:outliers1%:nuq4-cal256");
+  // prerope: is outermost and single: a wrapper around it would pass in an x that the
+  // inner prerope: ignores, and a second one would rotate twice.
+  CHECK_THROWS_WITH_AS(make_format("prerope:prerope:int4-asym-g32"), doctest::Contains("one prerope: is enough"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("prerope:kvquant-nuq4-1%"), doctest::Contains("one prerope: is enough"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("outliers1%:prerope:int4-asym-g32"),
+                       doctest::Contains("put prerope: outermost, e.g. prerope:outliers1%:int4-asym-g32"), ConfigError);
 }

@@ -152,6 +152,10 @@ class Format {
   // such formats cannot hold values, and attention takes their keys' scores from
   // score_estimator() instead of a decoded key.
   virtual bool keys_only() const { return false; }
+  // Formats that quantize a key span's pre-RoPE keys (SpanInfo::key_pre_rope) and
+  // rotate the result, ignoring x (prerope:<format>), return true; no wrapper may hold
+  // one, since what it passes in as x would not be what gets quantized.
+  virtual bool reads_pre_rope_keys() const { return false; }
   // Builds the score estimator of a key span; nullptr (the default) means attention
   // uses the decoded keys from roundtrip().
   virtual std::unique_ptr<ScoreEstimator> score_estimator(ConstMatView /*keys*/, const SpanInfo& /*span*/) const {

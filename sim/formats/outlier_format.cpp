@@ -97,6 +97,10 @@ FormatPtr parse_outlier_format(std::string_view name) {
   FormatPtr inner = make_format(name.substr(colon + 1));
   if (inner->keys_only())
     throw ConfigError(where + ": " + inner->name() + " has no decoded keys to add outliers to");
+  if (inner->reads_pre_rope_keys())
+    throw ConfigError(where + ": " + inner->name() +
+                      " quantizes the pre-RoPE keys, not the outliers' residual; put prerope: outermost, e.g. "
+                      "prerope:" + std::string(name.substr(0, colon + 1)) + inner->name().substr(8));
   return std::make_shared<OutlierFormat>(*p, std::move(inner));
 }
 

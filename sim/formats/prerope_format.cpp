@@ -63,6 +63,9 @@ FormatPtr parse_prerope_format(std::string_view name) {
     return nullptr;
   }
   FormatPtr inner = make_format(name.substr(8));
+  if (inner->reads_pre_rope_keys())
+    throw ConfigError("format '" + std::string(name) + "': " + inner->name() +
+                      " already quantizes the pre-RoPE keys and re-applies RoPE; one prerope: is enough");
   if (inner->keys_only())
     throw ConfigError("format '" + std::string(name) + "': " + inner->name() +
                       " estimates logits from post-RoPE keys; it cannot be wrapped in prerope:");

@@ -35,6 +35,7 @@ class PreRopeFormat final : public Format {
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
+  bool reads_pre_rope_keys() const override { return true; }
 
  private:
   // The pre-RoPE keys of a key span; throws when the recording has none.

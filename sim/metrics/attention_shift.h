@@ -4,9 +4,11 @@
 // With reference probabilities p_j and logit errors Δs_j over the causal keys j <= t:
 //   p̂_j = p_j e^{Δs_j} / (1 + A),  A = Σ p_j (e^{Δs_j} - 1)
 //   KL(p || p̂) = log(1 + A) - Σ p_j Δs_j
-// expm1/log1p keep tiny errors exact (Δs = 0 gives exactly 0). When max Δs reaches
-// kLargeLogitShift, p̂ is computed from the perturbed logits ŝ = s + Δs with their
-// own max m̂, so no sum can underflow (p_j e^{Δs_j} can, when large Δs meet tiny p):
+// expm1/log1p keep tiny errors exact (Δs = 0 gives exactly 0). When max |Δs| reaches
+// kLargeLogitShift (attn_large_shift), p̂ is computed from the perturbed logits
+// ŝ = s + Δs with their own max m̂, so nothing underflows or cancels: p_j e^{Δs_j}
+// underflows when large positive Δs meet tiny p, and 1 + A cancels to 0 when the mass
+// of p sits on keys whose Δs is large and negative (A ≈ −1):
 //   ẑ = Σ e^{ŝ_j - m̂},  p̂_j = e^{ŝ_j - m̂} / ẑ,
 //   KL = (m̂ + log ẑ) - (m + log z) - Σ p_j Δs_j
 // where m and z are the reference row's max logit and Σ e^{s_j - m}.
@@ -18,6 +20,9 @@
 namespace kvb {
 
 inline constexpr double kLargeLogitShift = 30.0;
+
+// Whether a row whose largest |Δs_j| is `max_abs_ds` takes the large-shift form.
+KVB_HD bool attn_large_shift(double max_abs_ds) { return max_abs_ds >= kLargeLogitShift; }
 
 // p̂_j - p_j, small-shift form.
 KVB_HD double attn_dprob_small_shift(double p, double ds, double a) { return p * (expm1(ds) - a) / (1.0 + a); }

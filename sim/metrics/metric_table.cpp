@@ -162,6 +162,8 @@ const char* level_name(MetricLevel l) {
 
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0.0;
+  // NaN has no order: a quantile of values holding one is NaN, like their mean.
+  if (std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); })) return std::nan("");
   const double pos = q * static_cast<double>(v.size() - 1);
   const size_t lo = static_cast<size_t>(std::floor(pos));
   const size_t hi = std::min(lo + 1, v.size() - 1);

@@ -34,7 +34,8 @@ const MetricDef& require_metric(std::string_view name, const std::string& where)
 
 const char* level_name(MetricLevel l);
 
-// Quantile with linear interpolation between order statistics (NumPy's default).
+// Quantile with linear interpolation between order statistics (NumPy's default); NaN
+// when any value is NaN.
 double quantile(std::vector<double> values, double q);
 
 }  // namespace kvb
