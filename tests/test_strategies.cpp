@@ -485,4 +485,15 @@ TEST_CASE("protections: sink heads by count and threshold, sink tokens by positi
           .make(test::params_of("uniform", {{"format", std::string("int4-asym-g32")}, {"sink_heads", int64_t{1}}}))
           ->build(bare),
       doctest::Contains("needs recording statistics"), Error);
+  // Statistics of no calibration query are no data: entropies and attention-selected
+  // sinks fail the point (a [calibration] rule can select nothing below T).
+  RecordingStats empty(rec, {});
+  CHECK(error_of("uniform", {{"format", std::string("int4-asym-g32")}, {"sink_heads", int64_t{1}}}, empty)
+            .find("attention entropies need calibration queries") != std::string::npos);
+  CHECK(error_of("uniform",
+                 {{"format", std::string("int4-asym-g32")}, {"sink_tokens", int64_t{2}},
+                  {"sink_token_select", std::string("attention")}},
+                 empty)
+            .find("attention-selected sink tokens need calibration queries") != std::string::npos);
+  CHECK(error_of("uniform", {{"format", std::string("int4-asym-g32")}, {"sink_tokens", int64_t{2}}}, empty).empty());
 }

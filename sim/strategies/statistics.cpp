@@ -93,12 +93,21 @@ void RecordingStats::warm_up() {
   std::call_once(attention_once_, [&] { compute_attention_statistics(!omp_in_parallel()); });
 }
 
+void RecordingStats::require_calibration(const char* what) const {
+  if (calibration_.empty())
+    throw Error(std::string(what) + " need calibration queries, but the [calibration] rule selects none of the "
+                "recording's " + std::to_string(rec_.tokens) + " tokens (see the manifest's calibration rule; "
+                "lower offset or stride, or use more tokens)");
+}
+
 const std::vector<std::vector<RecordingStats::Entropies>>& RecordingStats::head_entropies() {
+  require_calibration("attention entropies");
   std::call_once(attention_once_, [&] { compute_attention_statistics(false); });
   return entropies_;
 }
 
 const std::vector<std::vector<std::vector<double>>>& RecordingStats::received_attention() {
+  require_calibration("attention-selected sink tokens");
   std::call_once(attention_once_, [&] { compute_attention_statistics(false); });
   return received_;
 }

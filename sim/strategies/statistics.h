@@ -50,7 +50,8 @@ class RecordingStats {
     HeadEntropy mean;       // arithmetic means of H(t)
     HeadEntropy effective;  // −log₂ mean 2^(−H(t))
   };
-  // [layers][q_heads].
+  // [layers][q_heads]. Throws kvb::Error without calibration positions (as do
+  // kv_head_entropy and received_attention): statistics of no query are no data.
   const std::vector<std::vector<Entropies>>& head_entropies();
   // Entropy of KV head g of layer li: its query heads' entropies combined by `agg`.
   double kv_head_entropy(int64_t li, int64_t g, EntropyKind kind, GqaAggregate agg,
@@ -78,6 +79,7 @@ class RecordingStats {
     std::any value;
   };
   Slot& slot_for(const std::string& key);
+  void require_calibration(const char* what) const;
   void compute_attention_statistics(bool parallel);
 
   const Recording& rec_;
