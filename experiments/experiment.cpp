@@ -424,6 +424,7 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
     return m;
   }
   m.report = t->string_list("report", all);
+  if (t->node("report")) m.report_where = t->where("report");
   m.pareto = t->string_list("pareto", default_pareto);
   for (const std::string& name : m.report) check_metric_source(require_metric(name, t->where("report")), data, t->where("report"));
   for (const std::string& name : m.pareto) {
@@ -438,6 +439,7 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
   m.topk = t->integer("topk", m.topk);
   if (m.topk < 1) t->fail("topk", "must be >= 1");
   if (const toml::node* n = t->node("positions")) {
+    m.positions_where = t->where("positions");
     if (n->is_string()) {
       m.positions_text = *n->value<std::string>();
       if (m.positions_text != "all") {
@@ -601,7 +603,7 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
     for (const std::string& q : b->string_list("queries", {})) add_budget_query(e, q, b->where("queries"));
   }
   if (e.metrics.report.empty())
-    throw ConfigError(doc->file().string() + ": metrics.report is empty (and no pareto metric or budget query adds "
+    throw ConfigError(e.metrics.report_where + ": empty (and no pareto metric or budget query adds "
                       "one): a point would measure nothing; name at least one metric (`kvbudget metrics` lists them)");
   doc->check_unknown_keys();
 
@@ -658,11 +660,13 @@ QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
       if (is_calibration(p)) overlap.push_back(p);
     }
     if (q.evaluation.empty())
-      throw ConfigError("metrics.positions: no position is below the recording's " + std::to_string(T) + " tokens");
+      throw ConfigError(spec.metrics.positions_where + ": no position is below the recording's " + std::to_string(T) +
+                        " tokens");
     if (!overlap.empty() && !c.overlap) {
       std::vector<std::string> shown;
       for (size_t i = 0; i < std::min<size_t>(5, overlap.size()); ++i) shown.push_back(std::to_string(overlap[i]));
-      throw ConfigError("metrics.positions overlap the calibration positions (" + c.text + ") at " + join(shown, ", ") +
+      throw ConfigError(spec.metrics.positions_where + ": overlaps the calibration positions (" + c.text + ") at " +
+                        join(shown, ", ") +
                         (overlap.size() > 5 ? ", ..." : "") +
                         ": calibration queries must not be evaluated; set calibration.overlap = true to allow it "
                         "(as the research did)");

@@ -95,6 +95,8 @@ struct MetricsSpec {
   int64_t topk = 8;
   std::vector<int64_t> positions;   // evaluated query positions; empty = all
   std::string positions_text = "all";
+  std::string positions_where = "metrics.positions";  // "file:line: metrics.positions" when given
+  std::string report_where = "metrics.report";        // likewise for report
 };
 
 struct OutputSpec {

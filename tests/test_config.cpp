@@ -166,7 +166,8 @@ TEST_CASE("calibration and evaluated positions are disjoint by default and recor
   CHECK(resolve_positions(e, 64).calibration == std::vector<int64_t>{0, 16, 32, 48});
   // Explicit evaluated positions may not include calibration ones ...
   e = parse(kData + "[metrics]\npositions = \"0..20\"\n" + strat);
-  CHECK_THROWS_WITH_AS(resolve_positions(e, 64), doctest::Contains("overlap the calibration positions (stride 8 from 7) at 7, 15"),
+  CHECK_THROWS_WITH_AS(resolve_positions(e, 64),
+                       doctest::Contains(":4: metrics.positions: overlaps the calibration positions (stride 8 from 7) at 7, 15"),
                        ConfigError);
   // ... unless the config says so (as the research did).
   e = parse(kData + "[calibration]\noverlap = true\n[metrics]\npositions = \"0..20\"\n" + strat);
@@ -259,7 +260,7 @@ TEST_CASE("budget queries: strict < and > are rejected") {
 
 TEST_CASE("an empty metrics.report is an error") {
   const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
-  CHECK(error_of(kData + "[metrics]\nreport = []\npareto = []\n" + strat).find("metrics.report is empty") !=
+  CHECK(error_of(kData + "[metrics]\nreport = []\npareto = []\n" + strat).find("metrics.report: empty") !=
         std::string::npos);
   // A Pareto metric or a budget query fills it.
   CHECK(parse(kData + "[metrics]\nreport = []\npareto = [\"attn_kl_mean\"]\n" + strat).metrics.report.size() == 1);
