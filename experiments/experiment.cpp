@@ -390,6 +390,7 @@ AttributionSpec parse_attribution(const std::optional<ConfigTable>& t) {
     } else {
       a.select = AttributionSpec::Select::Ids;
       a.ids = t->int_list("points");
+      a.ids_where = t->where("points");
     }
   }
   a.regions = t->boolean("regions", a.regions);

@@ -85,6 +85,7 @@ struct CalibrationSpec {
 struct AttributionSpec {
   enum class Select { All, None, Ids } select = Select::All;
   std::vector<int64_t> ids;  // Select::Ids: point ids
+  std::string ids_where = "attribution.points";  // "file:line: attribution.points" for errors
   bool regions = true;       // token-region shares (costs one extra simulation per region)
   bool selects(size_t id) const;
 };

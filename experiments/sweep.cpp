@@ -153,6 +153,12 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
     } while (next_combination(idx, b.axes));
   }
   if (points.empty()) throw ConfigError(spec.config_path.string() + ": the sweep has no points");
+  if (spec.attribution.select == AttributionSpec::Select::Ids)
+    for (int64_t id : spec.attribution.ids)
+      if (id < 0 || id >= static_cast<int64_t>(points.size()))
+        throw ConfigError(spec.attribution.ids_where + ": point id " + std::to_string(id) + " is not one of the sweep's " +
+                          std::to_string(points.size()) + " points (ids 0.." + std::to_string(points.size() - 1) +
+                          ", the id column of points.csv)");
   return points;
 }
 

@@ -227,6 +227,11 @@ TEST_CASE("[attribution] selects points") {
   CHECK(!ids.attribution.regions);
   CHECK(error_of(kData + "[attribution]\npoints = \"some\"\n" + strat).find("expected \"all\", \"none\"") !=
         std::string::npos);
+  // Ids are checked against the expanded sweep (here one point, id 0).
+  CHECK_NOTHROW(expand_sweep(parse(kData + "[attribution]\npoints = [0]\n" + strat)));
+  for (const char* bad : {"[-1]", "[1]"})
+    CHECK_THROWS_WITH_AS(expand_sweep(parse(kData + "[attribution]\npoints = " + bad + "\n" + strat)),
+                         doctest::Contains(":4: attribution.points: point id"), ConfigError);
 }
 
 TEST_CASE("budget queries: their metric is validated up front and reported") {
