@@ -237,6 +237,7 @@ TEST_CASE("fp8 formats: static, calibrated and per-token scales") {
   CHECK_THROWS_AS(make_format("fp8-e3m4"), ConfigError);
   CHECK_THROWS_AS(make_format("fp8-e4m3-s0"), ConfigError);
   CHECK_THROWS_AS(make_format("fp8-e4m3-cal0"), ConfigError);
+  CHECK_THROWS_WITH_AS(make_format("fp8-e4m3-s1e-3"), doctest::Contains("plain decimal such as s0.001"), ConfigError);
 }
 
 TEST_CASE("mxfp4 and nvfp4 follow their scale rules exactly") {

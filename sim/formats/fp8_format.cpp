@@ -104,7 +104,12 @@ FormatPtr parse_fp8_format(std::string_view name) {
   if (parts.at(1) == "e4m3") spec.e5m2 = false;
   else if (parts.at(1) == "e5m2") spec.e5m2 = true;
   else throw ConfigError(where + ": expected fp8-e4m3 or fp8-e5m2 (OCP FP8)");
-  if (parts.size() > 3) throw ConfigError(where + ": at most one scale option (-s<scale>, -cal<N> or -tok)");
+  if (parts.size() > 3) {
+    if (!parts.at(2).empty() && parts.at(2)[0] == 's')  // s1e-3: '-' separates name parts
+      throw ConfigError(where + ": write the static scale as a plain decimal such as s0.001 ('-' separates the "
+                        "parts of a format name, so s1e-3 cannot be read)");
+    throw ConfigError(where + ": at most one scale option (-s<scale>, -cal<N> or -tok)");
+  }
   if (parts.size() == 3) {
     const std::string_view opt = parts.at(2);
     if (opt == "tok") {
