@@ -44,6 +44,10 @@ struct QuantizeResult {
   BitWriter codes;
   uint64_t storage_bits = 0;
   double err2 = 0, norm2 = 0, max_abs = 0;
+  int64_t nonfinite = 0;  // dequantized values that are NaN or ±inf (finite input overflowed the format)
+
+  double relative_mse() const { return nonfinite ? INFINITY : (norm2 > 0 ? err2 / norm2 : 0.0); }
+  double snr_db() const { return nonfinite ? -INFINITY : (err2 > 0 ? 10.0 * std::log10(norm2 / err2) : INFINITY); }
 };
 
 // RoPE context of the spans: pre-RoPE keys shaped like the tensor, and the base.
@@ -78,6 +82,11 @@ QuantizeResult quantize_tensor(const Tensor& x, const Format& f, int64_t rows_pe
   }
   for (int64_t i = 0; i < x.numel(); ++i) {
     const double a = x.data[i], b = r.dequantized.data[i];
+    if (!std::isfinite(b)) {
+      ++r.nonfinite;
+      r.max_abs = INFINITY;
+      continue;
+    }
     r.err2 += (a - b) * (a - b);
     r.norm2 += a * a;
     r.max_abs = std::max(r.max_abs, std::fabs(a - b));
@@ -182,7 +191,9 @@ int cmd_quantize(const Args& args) {
                         shape_str(x.shape) + " of '" + name + "'");
     require_finite(pre_rope, input + ": tensor '" + pre_rope_tensor + "'");
     rope.key_pre_rope = &pre_rope;
-    if (rope_theta > 0) {
+    if (vm.count("rope-theta")) {
+      if (!std::isfinite(rope_theta) || !(rope_theta > 0))
+        throw ConfigError("--rope-theta must be a finite number > 0, got " + format_double(rope_theta));
       rope.rotation.theta = rope_theta;
     } else {
       try {
@@ -192,7 +203,7 @@ int cmd_quantize(const Args& args) {
       }
     }
     if (rows_per_span <= 0 && x.rank() >= 2) rows_per_span = x.shape[static_cast<size_t>(x.rank() - 2)];
-  } else if (rope_theta > 0) {
+  } else if (vm.count("rope-theta")) {
     throw ConfigError("--rope-theta needs --pre-rope (the tensor of pre-RoPE keys)");
   }
   if (rows_per_span <= 0) rows_per_span = rows;
@@ -228,9 +239,10 @@ int cmd_quantize(const Args& args) {
                                  {"format", f->name()},
                                  {"storage_bits", r.storage_bits},
                                  {"bpe", static_cast<double>(r.storage_bits) / static_cast<double>(x.numel())},
-                                 {"relative_mse", r.norm2 > 0 ? r.err2 / r.norm2 : 0.0},
-                                 {"snr_db", r.err2 > 0 ? 10.0 * std::log10(r.norm2 / r.err2) : INFINITY},
-                                 {"max_abs_error", r.max_abs}};
+                                 {"relative_mse", r.relative_mse()},
+                                 {"snr_db", r.snr_db()},
+                                 {"max_abs_error", r.max_abs},
+                                 {"nonfinite_outputs", r.nonfinite}};
   if (!codes_path.empty()) {
     write_bytes(codes_path, r.codes.bytes().data(), r.codes.bytes().size());
     nlohmann::ordered_json side = info;
@@ -240,11 +252,15 @@ int cmd_quantize(const Args& args) {
     side.erase("relative_mse");
     side.erase("snr_db");
     side.erase("max_abs_error");
+    side.erase("nonfinite_outputs");
     const std::string text = side.dump(2) + "\n";
     write_bytes(codes_path + ".json", text.data(), text.size());
   }
   if (vm.count("json")) {
-    if (!std::isfinite(info["snr_db"].get<double>())) info["snr_db"] = nullptr;  // lossless
+    // JSON has no infinities: null, with nonfinite_outputs telling a lossless result
+    // (snr_db null, relative_mse 0) from an overflowed one (both null).
+    for (const char* k : {"relative_mse", "snr_db", "max_abs_error"})
+      if (!std::isfinite(info[k].get<double>())) info[k] = nullptr;
     std::printf("%s\n", info.dump(2).c_str());
     return kExitOk;
   }
@@ -255,10 +271,15 @@ int cmd_quantize(const Args& args) {
   std::printf("bits/element  %.6f  (%llu bits = %.1f bytes, all metadata counted)\n",
               static_cast<double>(r.storage_bits) / static_cast<double>(x.numel()),
               static_cast<unsigned long long>(r.storage_bits), static_cast<double>(r.storage_bits) / 8.0);
-  std::printf("relative MSE  %.6g\n", r.norm2 > 0 ? r.err2 / r.norm2 : 0.0);
-  if (r.err2 > 0) std::printf("SNR           %.3f dB\n", 10.0 * std::log10(r.norm2 / r.err2));
+  std::printf("relative MSE  %.6g\n", r.relative_mse());
+  if (r.nonfinite) std::printf("SNR           -inf dB (non-finite output)\n");
+  else if (r.err2 > 0) std::printf("SNR           %.3f dB\n", r.snr_db());
   else std::printf("SNR           inf (lossless)\n");
   std::printf("max abs error %.6g\n", r.max_abs);
+  if (r.nonfinite)
+    std::printf("warning       %lld of %lld dequantized values are NaN or infinite: the input overflows %s (e.g. fp16 "
+                "scales saturate beyond 65504)\n",
+                static_cast<long long>(r.nonfinite), static_cast<long long>(x.numel()), f->name().c_str());
   if (f->keys_only())
     std::printf("note          %s keeps only a sketch: the error is that of its decoded direction; attention in the "
                 "simulator uses its inner-product estimator instead\n",

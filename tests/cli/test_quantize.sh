@@ -10,9 +10,12 @@ trap 'rm -rf "$DIR"' EXIT
 fails=0
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
 
-# A float32 .npy [3, 40, 64] (7680 values) with a deterministic fill.
-perl - "$DIR/k.npy" 3 40 64 <<'PERL'
+# A float32 .npy [3, 40, 64] (7680 values) with a deterministic fill in
+# [-SPAN/2, SPAN/2) (SPAN from the environment, default 4).
+write_npy() {
+perl - "$@" <<'PERL'
 my ($out, @shape) = @ARGV;
+my $span = $ENV{SPAN} // 4.0;
 my $n = 1; $n *= $_ for @shape;
 my $dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (" . join(", ", @shape) . "), }";
 my $total = int((10 + length($dict) + 1 + 63) / 64) * 64;
@@ -20,8 +23,10 @@ $dict .= " " x ($total - 10 - length($dict) - 1) . "\n";
 open(my $fh, '>:raw', $out) or die "$out: $!";
 print $fh "\x93NUMPY\x01\x00" . pack("v", length($dict)) . $dict;
 my $s = 12345;
-for (1 .. $n) { $s = ($s * 1103515245 + 12345) % 2147483648; print $fh pack("f<", ($s / 2147483648.0 - 0.5) * 4.0); }
+for (1 .. $n) { $s = ($s * 1103515245 + 12345) % 2147483648; print $fh pack("f<", ($s / 2147483648.0 - 0.5) * $span); }
 PERL
+}
+write_npy "$DIR/k.npy" 3 40 64
 rows=120
 npy_bytes=$(stat -c %s "$DIR/k.npy")
 
@@ -60,6 +65,13 @@ check "missing file: error naming it" "[ $? -eq 1 ] && grep -q 'missing.npy' '$D
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --tensor nope > /dev/null 2> "$DIR/err.txt"
 check "unknown tensor name" "[ $? -eq 2 ] && grep -q \"no tensor 'nope'\" '$DIR/err.txt'"
 
+# Finite input beyond the format's range: the output is not finite, and it says so
+# (never "lossless").
+SPAN=4e30 write_npy "$DIR/huge.npy" 2 32
+"$KVB" quantize "$DIR/huge.npy" -f q8_0 > "$DIR/huge.txt"
+check "overflowing format: warned, not lossless" \
+  "[ $? -eq 0 ] && grep -q 'dequantized values are NaN or infinite' '$DIR/huge.txt' && ! grep -q lossless '$DIR/huge.txt'"
+
 # Pre-RoPE formats on a recording's keys: RoPE re-applied from key_pre_rope.
 REC="$2/data/records/llama-bytes-record.safetensors"
 "$KVB" quantize "$REC" -t layers.0.key -f prerope:keep-fp32 --pre-rope layers.0.key_pre_rope > "$DIR/pr.txt"
@@ -67,6 +79,9 @@ check "prerope:keep-fp32 re-applies RoPE (relative MSE < 1e-6, 2 spans of 512 to
   "[ $? -eq 0 ] && grep -q '2 span(s)' '$DIR/pr.txt' && awk '/relative MSE/ { exit !(\$3 < 1e-6) }' '$DIR/pr.txt'"
 "$KVB" quantize "$REC" -t layers.0.key -f kvquant-nuq4-1% > /dev/null 2> "$DIR/err.txt"
 check "a pre-RoPE format without --pre-rope says what to give" "[ $? -eq 1 ] && grep -q 'give --pre-rope' '$DIR/err.txt'"
+"$KVB" quantize "$REC" -t layers.0.key -f prerope:int4-asym-g32 --pre-rope layers.0.key_pre_rope --rope-theta=-5 \
+  > /dev/null 2> "$DIR/err.txt"
+check "a non-positive --rope-theta is refused" "[ $? -eq 2 ] && grep -q 'rope-theta must be a finite number > 0' '$DIR/err.txt'"
 
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --rows-per-span 0 > /dev/null 2> "$DIR/err.txt"
 check "--rows-per-span 0 is refused" "[ $? -eq 2 ] && grep -q 'rows-per-span must be >= 1' '$DIR/err.txt'"
