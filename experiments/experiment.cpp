@@ -406,6 +406,10 @@ void check_metric_source(const MetricDef& def, const DataSpec& data, const std::
     throw ConfigError(where + ": '" + def.name + "' is a model-level metric; it needs [data] source = \"model\"");
   if (def.needs_continuations && data.model.continuations.count == 0)
     throw ConfigError(where + ": '" + def.name + "' compares greedy continuations, but [data] continuations = 0");
+  if (!def.defined_for(data.model.continuations.count, data.model.continuations.tokens))
+    throw ConfigError(where + ": '" + def.name + "' needs continuations of at least " +
+                      std::to_string(def.min_continuation_tokens) + " tokens, but [data] continuation_tokens = " +
+                      std::to_string(data.model.continuations.tokens));
 }
 
 MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& data) {
@@ -413,7 +417,7 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
   std::vector<std::string> all;
   for (const MetricDef& d : metric_table()) {
     if (d.level == MetricLevel::Model && data.source != DataSpec::Source::Model) continue;
-    if (d.needs_continuations && data.model.continuations.count == 0) continue;
+    if (!d.defined_for(data.model.continuations.count, data.model.continuations.tokens)) continue;
     all.push_back(d.name);
   }
   const std::vector<std::string> default_pareto =

@@ -57,6 +57,10 @@ TEST_CASE("model data: keys, defaults and the default metrics") {
   CHECK(d.data.max_tokens == 512);
   CHECK(std::find(d.metrics.report.begin(), d.metrics.report.end(), "gen_bleu4") == d.metrics.report.end());
   CHECK(std::find(d.metrics.report.begin(), d.metrics.report.end(), "ppl") != d.metrics.report.end());
+  // Continuations of 3 tokens hold no 4-gram: gen_bleu4 leaves the default report.
+  const ExperimentSpec s3 = parse(kModelData + "continuation_tokens = 3\n" + kUniform);
+  CHECK(std::find(s3.metrics.report.begin(), s3.metrics.report.end(), "gen_bleu4") == s3.metrics.report.end());
+  CHECK(std::find(s3.metrics.report.begin(), s3.metrics.report.end(), "gen_token_match") != s3.metrics.report.end());
 }
 
 TEST_CASE("model data: errors name the key") {
@@ -65,6 +69,8 @@ TEST_CASE("model data: errors name the key") {
             "'ppl_ratio' is a model-level metric; it needs [data] source = \"model\""));
   CHECK(has(config_error(kModelData + "continuations = 0\n" + kUniform + "[metrics]\npareto = [\"gen_bleu4\"]\n"),
             "'gen_bleu4' compares greedy continuations, but [data] continuations = 0"));
+  CHECK(has(config_error(kModelData + "continuation_tokens = 3\n" + kUniform + "[metrics]\nreport = [\"gen_bleu4\"]\n"),
+            "'gen_bleu4' needs continuations of at least 4 tokens, but [data] continuation_tokens = 3"));
   CHECK(has(config_error("[data]\nsource = \"model\"\nmodel = \"data/models/llama-bytes\"\n" + kUniform),
             "give exactly one of `text` and `token_file`"));
   CHECK(has(config_error(kModelData + "token_file = \"x.npy\"\n" + kUniform), "token_file"));

@@ -198,7 +198,7 @@ int cmd_eval(const Args& args) {
     std::printf("quantized cache%s:\n",
                 calibrated ? " (positions not used for the strategy's calibration, every 8th from 7)" : "");
     for (const MetricDef& m : metric_table()) {
-      if (m.level != MetricLevel::Model || (m.needs_continuations && cont.count == 0)) continue;
+      if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens)) continue;
       std::printf("  %-22s %-12.6g %s\n", m.name.c_str(), m.compute(stats), m.description.c_str());
     }
   } else if (cont.count > 0) {

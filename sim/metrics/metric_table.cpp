@@ -127,7 +127,7 @@ const std::vector<MetricDef>& metric_table() {
       {"gen_token_match", "", "greedy continuations: fraction of tokens equal to the exact model's at the same index",
        B::Higher, L::Model, &gen_match, true},
       {"gen_bleu4", "", "greedy continuations: corpus BLEU-4 on token ids against the exact model's", B::Higher,
-       L::Model, &gen_bleu, true},
+       L::Model, &gen_bleu, true, 4},
       {"gen_bleu4_research", "",
        "greedy continuations: per-sequence BLEU-4, orders without matches dropped, averaged (the research's variant)",
        B::Higher, L::Model, &gen_bleu_research, true},

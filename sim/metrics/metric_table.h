@@ -24,6 +24,13 @@ struct MetricDef {
   // Model level only: the metric reduces greedy continuations, so the data source
   // must generate some ([data] continuations > 0).
   bool needs_continuations = false;
+  // Shortest continuation (tokens) the metric is defined on: corpus BLEU-4 needs
+  // 4-grams, so continuations of fewer than 4 tokens give it nothing to count.
+  int64_t min_continuation_tokens = 0;
+  // Whether the metric is defined for continuations of `tokens` tokens.
+  bool defined_for(int64_t continuations, int64_t tokens) const {
+    return !needs_continuations || (continuations > 0 && tokens >= min_continuation_tokens);
+  }
 };
 
 const std::vector<MetricDef>& metric_table();
