@@ -49,6 +49,10 @@ int cmd_bounds(const Args& args) {
     std::cerr << "kvbudget bounds: --seed must be >= 0\n";
     return kExitUsage;
   }
+  if (vm.count("samples") && b.samples < 1) {
+    std::cerr << "kvbudget bounds: --samples must be >= 1 (Gaussian samples per sampled MSE)\n";
+    return kExitUsage;
+  }
   b.seed = static_cast<uint64_t>(seed);
   b.quick = vm.count("quick") != 0;
   if (b.quick && !vm.count("samples")) b.samples = 1 << 16;

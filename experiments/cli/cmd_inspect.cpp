@@ -234,6 +234,10 @@ int cmd_inspect(const Args& args) {
     return kExitUsage;
   }
   if (positions <= 0) throw ConfigError("--positions must be positive");
+  if (vm.count("max-tokens") && spec.max_tokens < 1)
+    throw ConfigError("--max-tokens must be >= 1, got " + std::to_string(spec.max_tokens));
+  if (vm.count("no-recording") && vm.count("check-output"))
+    throw ConfigError("--check-output compares the recording's attn_output; it cannot go with --no-recording");
 
   const std::unique_ptr<TensorStore> store = TensorStore::open(file);
   std::vector<TensorInfo> tensors = store->list();

@@ -19,6 +19,25 @@ namespace po = boost::program_options;
 
 namespace kvb::cli {
 
+namespace {
+
+// For the commands that take no options: true when they should print their table;
+// otherwise the exit code is in *code (0 after --help, kExitUsage for anything else).
+bool table_arguments_ok(const Args& args, const char* command, const char* what, int* code) {
+  if (args.empty()) return true;
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    std::printf("kvbudget %s: prints %s; takes no options\n", command, what);
+    *code = kExitOk;
+    return false;
+  }
+  std::fprintf(stderr, "kvbudget %s: unexpected argument '%s' (the command takes no options)\n", command,
+               args[0].c_str());
+  *code = kExitUsage;
+  return false;
+}
+
+}  // namespace
+
 int cmd_formats(const Args& args) {
   po::options_description opts("kvbudget formats [--head-dim D] [--tokens T]");
   int64_t head_dim = 128, tokens = 4096;
@@ -27,7 +46,8 @@ int cmd_formats(const Args& args) {
                                     "metadata is spread over them, as in a points.csv at that context");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::store(po::command_line_parser(args).options(opts).positional(po::positional_options_description()).run(),
+              vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "kvbudget formats: %s\n", e.what());
@@ -64,7 +84,8 @@ int cmd_formats(const Args& args) {
   return 0;
 }
 
-int cmd_metrics(const Args&) {
+int cmd_metrics(const Args& args) {
+  if (int code = 0; !table_arguments_ok(args, "metrics", "the metric table", &code)) return code;
   std::printf("%-22s %-10s %-7s %s\n", "metric", "level", "better", "definition");
   for (const MetricDef& m : metric_table())
     std::printf("%-22s %-10s %-7s %s%s%s\n", m.name.c_str(), level_name(m.level),
@@ -87,7 +108,9 @@ void print_params(const std::vector<ParamDef>& params, const std::vector<ParamDe
 
 }  // namespace
 
-int cmd_strategies(const Args&) {
+int cmd_strategies(const Args& args) {
+  if (int code = 0; !table_arguments_ok(args, "strategies", "the strategy types, their parameters and the presets", &code))
+    return code;
   std::printf("Strategy types. [key_|value_]X: X also exists as key_X and value_X, which override it for keys\n"
               "or values. Columns: parameter, type, default, meaning.\n\n");
   std::vector<ParamDef> shared = protection_params();

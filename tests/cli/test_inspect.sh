@@ -81,4 +81,23 @@ expect "$tmp/layout.err" "did you mean 'tokens'" "inspect --layout typo"
 "$kvb" inspect --help >"$tmp/help.out" || fail "inspect --help"
 expect "$tmp/help.out" "--positions" "inspect --help"
 
+# Options that cannot mean anything are usage errors (exit 2), in the table commands too.
+bad_command_lines=(
+  "inspect $rec --max-tokens -1"
+  "inspect $rec --no-recording --check-output"
+  "metrics --bogus"
+  "metrics extra"
+  "strategies --bogus"
+  "formats extra"
+  "bounds --quick --samples 0 --out $tmp/bounds"
+)
+for line in "${bad_command_lines[@]}"; do
+  # shellcheck disable=SC2086  # each line is a command line
+  "$kvb" $line >/dev/null 2>"$tmp/bad.err"
+  rc=$?
+  [ $rc -eq 2 ] || fail "kvbudget $line: expected exit 2, got $rc"
+  [ -s "$tmp/bad.err" ] || fail "kvbudget $line: no message"
+done
+"$kvb" metrics --help >/dev/null || fail "metrics --help"
+
 exit $status
