@@ -285,7 +285,7 @@ std::vector<int> select_layers(const LayerReader& reader, const RecordingSpec& s
 // Checks one layer's canonical shapes against each other and against the first layer.
 void check_layer_shapes(Recording& rec, const LayerTensors& L, int layer, const RecordingSpec& spec,
                         const std::string& where) {
-  const std::string lw = where + ": layer " + std::to_string(layer) + ": ";
+  const std::string lw = where + ": layer " + std::to_string(layer);  // fail() adds ": "
   const std::string qn = "query '" + layer_name(spec.query, layer) + "'";
   const std::string kn = "key '" + layer_name(spec.key, layer) + "'";
   const std::string vn = "value '" + layer_name(spec.value, layer) + "'";

@@ -115,7 +115,7 @@ void SafetensorsStore::parse_header(const json& header, uint64_t buffer_size) {
     if (end > buffer_size)
       fail(where, tw + "data_offsets " + offsets_it->dump() + " out of range: the data section holds " +
                       std::to_string(buffer_size) + " bytes (file truncated?)");
-    const int64_t numel = checked_numel(inf.shape, dtype_bytes(inf.dtype), where + ": " + tw);
+    const int64_t numel = checked_numel(inf.shape, dtype_bytes(inf.dtype), where + ": tensor '" + name + "'");
     const uint64_t expected = static_cast<uint64_t>(numel) * static_cast<uint64_t>(dtype_bytes(inf.dtype));
     if (end - begin != expected)
       fail(where, tw + "data_offsets " + offsets_it->dump() + " span " + std::to_string(end - begin) +
