@@ -43,7 +43,9 @@ Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
   for (const ParamDef& d : defs)
     if (d.default_value) values[d.name] = *d.default_value;
   std::set<std::string> assigned;
-  for (const std::string& a : assignments) assigned.insert(assigned_name(a));
+  for (const std::string& a : assignments)
+    if (!assigned.insert(assigned_name(a)).second)
+      throw ConfigError("--param " + assigned_name(a) + " is given twice");
   if (preset)
     for (const auto& [name, value] : preset->params)
       if (!preset_value_overridden(type, name, [&](const std::string& k) { return assigned.count(k) > 0; }))

@@ -49,6 +49,10 @@ expect "$tmp/kivi.out" "K:int2-asym-ch32 V:int2-asym-g32 Kwindow:128xkeep-fp16/c
 "$kvb" eval "$llama" --text "$text" --max-tokens 128 --strategy kivi-2 --param format=int4-asym-g32 >"$tmp/kivi4.out" 2>&1 \
   || fail "eval kivi-2 with --param: $(cat "$tmp/kivi4.out")"
 expect "$tmp/kivi4.out" "K:int4-asym-g32 V:int4-asym-g32 Kwindow" "eval --strategy preset --param"
+"$kvb" eval "$llama" --text "$text" --max-tokens 32 --strategy uniform --param format=int4-asym-g32 \
+  --param format=int2-asym-g32 >"$tmp/twice.out" 2>&1
+[ $? -eq 2 ] || fail "a --param given twice: expected exit 2"
+expect "$tmp/twice.out" "--param format is given twice" "eval with a repeated --param"
 # Token ids from a file.
 printf '256 73 110 32 116 104 101\n' >"$tmp/ids.txt"
 "$kvb" eval "$gpt2" --tokens "$tmp/ids.txt" >"$tmp/ids.out" 2>&1 || fail "eval --tokens"
