@@ -424,14 +424,24 @@ TEST_CASE("window memory: replacement W(p - b)/T, extra copy W p/T (methods.md 1
   CHECK(plan.describe().find("Kwindow:16xkeep-fp32/sliding/copy") != std::string::npos);
 }
 
-TEST_CASE("huge logit errors on near-zero probabilities stay finite (no underflow)") {
-  // s = [0, -800] (p_1 underflows to 0), ŝ = [0, 200]: p̂ puts all mass on key 1.
+namespace {
+
+// One layer, one head, head_dim 1, two tokens, queries 1: the scores are the keys.
+Recording two_token_recording(std::vector<float> keys, std::vector<float> values) {
   Recording r = tiny_recording(1, 1, 2, 1, 3);
   r.layers.resize(1);
   r.layer_ids = {0};
   r.layers[0].query.data = {1.0f, 1.0f};
-  r.layers[0].key.data = {0.0f, -800.0f};
-  r.layers[0].value.data = {1.0f, 3.0f};
+  r.layers[0].key.data = std::move(keys);
+  r.layers[0].value.data = std::move(values);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("huge logit errors on near-zero probabilities stay finite (no underflow)") {
+  // s = [0, -800] (p_1 underflows to 0), ŝ = [0, 200]: p̂ puts all mass on key 1.
+  const Recording r = two_token_recording({0.0f, -800.0f}, {1.0f, 3.0f});
   Plan plan(1, 1, 2, 1);
   plan.assign_all(Kind::Key, std::make_shared<ScaleFormat>(-0.25f));
   plan.assign_all(Kind::Value, make_format("keep-fp32"));
@@ -446,12 +456,7 @@ TEST_CASE("a large negative logit error on the key holding the mass stays finite
   // Row t = 1: s = [40, 0], p = [1 - 4e-18, 4e-18]. Key 0 is quantized to 0 (Δs_0 = -40),
   // so ŝ = [0, 0] and p̂ = [1/2, 1/2]. In the small-shift form 1 + A = Σ p e^{Δs}
   // cancels to 0 in double (NaN output error); the max-shifted form is exact.
-  Recording r = tiny_recording(1, 1, 2, 1, 3);
-  r.layers.resize(1);
-  r.layer_ids = {0};
-  r.layers[0].query.data = {1.0f, 1.0f};
-  r.layers[0].key.data = {40.0f, 0.0f};
-  r.layers[0].value.data = {1.0f, 3.0f};
+  const Recording r = two_token_recording({40.0f, 0.0f}, {1.0f, 3.0f});
   Plan plan(1, 1, 2, 1);
   plan.unit(0, 0, Kind::Key).segments = {Segment{0, 1, std::make_shared<ScaleFormat>(0.0f)},
                                          Segment{1, 2, make_format("keep-fp32")}};
