@@ -204,8 +204,9 @@ void validate_synthetic_spec(const SyntheticSpec& s) {
   require(!s.rope || (std::isfinite(s.rope_theta) && s.rope_theta > 1), "rope_theta",
           "must be > 1, got " + num(s.rope_theta));
   require(std::isfinite(s.key_scale) && s.key_scale > 0, "key_scale", "must be finite and > 0, got " + num(s.key_scale));
-  require(std::isfinite(s.value_scale) && s.value_scale >= 0, "value_scale",
-          "must be finite and >= 0, got " + num(s.value_scale));
+  require(std::isfinite(s.value_scale) && s.value_scale > 0, "value_scale",
+          "must be finite and > 0 (0 makes every value zero and relative value errors undefined), got " +
+              num(s.value_scale));
   require(s.calibration_queries >= 1, "calibration_queries", "must be >= 1, got " + num(s.calibration_queries));
   require(s.phase_marker >= 0, "phase_marker", "must be a token id >= 0, got " + num(s.phase_marker));
 

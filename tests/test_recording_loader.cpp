@@ -405,6 +405,9 @@ TEST_CASE("RoPE marking, token ids and custom tensor names") {
   ts.back() = {"input_ids", "F32", {5}, raw_bytes(std::vector<float>{1, 2, 3, 4, 5})};
   msg = error_of([&] { load_recording(spec_for(write_tiny(dir, "ids_float.safetensors", ts))); });
   CHECK(has(msg, "'input_ids' has float dtype F32"));
+  ts.back() = {"input_ids", "BOOL", {5}, raw_bytes(std::vector<uint8_t>{1, 0, 1, 1, 0})};
+  msg = error_of([&] { load_recording(spec_for(write_tiny(dir, "ids_bool.safetensors", ts))); });
+  CHECK(has(msg, "'input_ids' has boolean dtype BOOL; expected an integer dtype"));
   ts.pop_back();
   const fs::path bad_theta = write_tiny(dir, "theta.safetensors", ts, {{"rope_theta", "ten thousand"}});
   CHECK(has(error_of([&] { load_recording(spec_for(bad_theta)); }), "metadata rope_theta = 'ten thousand'"));

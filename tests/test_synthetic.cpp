@@ -521,6 +521,7 @@ TEST_CASE("synthetic: spec validation names the field and the reason") {
       {"layers", [](kvb::SyntheticSpec& s) { s.layers = 0; }},
       {"recency_scale", [](kvb::SyntheticSpec& s) { s.recency_scale = 0; }},
       {"key_scale", [](kvb::SyntheticSpec& s) { s.key_scale = -1; }},
+      {"value_scale", [](kvb::SyntheticSpec& s) { s.value_scale = 0; }},
   };
   for (const Bad& c : cases) {
     kvb::SyntheticSpec s = small_spec();

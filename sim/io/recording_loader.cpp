@@ -326,9 +326,9 @@ void check_layer_shapes(Recording& rec, const LayerTensors& L, int layer, const 
 
 std::vector<int64_t> read_token_ids(const TensorStore& store, const std::string& name, int64_t tokens) {
   const TensorInfo& inf = store.info(name);
-  if (dtype_is_float(inf.dtype))
-    fail(inf.file, "token ids tensor '" + name + "' has float dtype " + dtype_name(inf.dtype) +
-                       "; expected an integer dtype");
+  if (dtype_is_float(inf.dtype) || inf.dtype == DType::BOOL)
+    fail(inf.file, "token ids tensor '" + name + "' has " + (inf.dtype == DType::BOOL ? "boolean" : "float") +
+                       " dtype " + dtype_name(inf.dtype) + "; expected an integer dtype");
   const int64_t n = Tensor::count(inf.shape);
   int64_t non_unit = 0;
   for (int64_t d : inf.shape) non_unit += d != 1;
