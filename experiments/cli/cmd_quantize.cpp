@@ -176,7 +176,9 @@ int cmd_quantize(const Args& args) {
   const std::unique_ptr<TensorStore> store = TensorStore::open(input);
   const std::string name = pick_tensor(*store, tensor);
   const Tensor x = store->read_f32(name);
-  if (x.rank() < 1 || x.numel() == 0) throw ConfigError(input + ": tensor '" + name + "' is empty");
+  if (x.rank() < 1)
+    throw ConfigError(input + ": tensor '" + name + "' is a scalar (shape []); quantize needs at least one axis");
+  if (x.numel() == 0) throw ConfigError(input + ": tensor '" + name + "' is empty (shape " + shape_str(x.shape) + ")");
   // Errors and SNR of NaN or Inf input mean nothing (and formats disagree on them).
   require_finite(x, input + ": tensor '" + name + "'");
   const int64_t d = x.shape.back(), rows = x.numel() / d;

@@ -86,6 +86,10 @@ check "a non-positive --rope-theta is refused" "[ $? -eq 2 ] && grep -q 'rope-th
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --rows-per-span 0 > /dev/null 2> "$DIR/err.txt"
 check "--rows-per-span 0 is refused" "[ $? -eq 2 ] && grep -q 'rows-per-span must be >= 1' '$DIR/err.txt'"
 
+write_npy "$DIR/scalar.npy"
+"$KVB" quantize "$DIR/scalar.npy" -f q4_0 > /dev/null 2> "$DIR/err.txt"
+check "a 0-d array is called a scalar, not empty" "[ $? -eq 2 ] && grep -q \"'scalar' is a scalar (shape \\[\\])\" '$DIR/err.txt'"
+
 # The same .npy with a NaN at flat index 100 (row 1, column 36 of [3, 40, 64]).
 cp "$DIR/k.npy" "$DIR/nan.npy"
 hdr=$(( $(stat -c %s "$DIR/k.npy") - 7680 * 4 ))
