@@ -38,8 +38,7 @@ int cmd_bounds(const Args& args) {
     po::store(po::command_line_parser(args).options(opts).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    std::cerr << "kvbudget bounds: " << e.what() << "\n\n" << opts;
-    return kExitUsage;
+    return option_error("bounds", e);
   }
   if (vm.count("help")) {
     std::cout << opts << "\nWrites results/bounds/<timestamp>/: bounds.csv, bounds.md, manifest.json.\n";

@@ -219,8 +219,7 @@ int cmd_inspect(const Args& args) {
     po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    std::cerr << "kvbudget inspect: " << e.what() << "\n\n" << opts;
-    return kExitUsage;
+    return option_error("inspect", e);
   }
   if (vm.count("help")) {
     std::cout << opts

@@ -155,8 +155,7 @@ int cmd_quantize(const Args& args) {
     po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    std::cerr << "kvbudget quantize: " << e.what() << "\n\n" << opts;
-    return kExitUsage;
+    return option_error("quantize", e);
   }
   if (vm.count("help")) {
     std::cout << opts

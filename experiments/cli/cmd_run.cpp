@@ -58,8 +58,7 @@ int cmd_run(const Args& args) {
     po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    std::cerr << "kvbudget run: " << e.what() << "\n\n" << opts;
-    return kExitUsage;
+    return option_error("run", e);
   }
   if (vm.count("help")) {
     std::cout << opts << "\nWrites results/<name>/<timestamp>/: config.toml, manifest.json, points.csv, pareto.csv,\n"

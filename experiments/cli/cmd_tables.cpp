@@ -50,8 +50,7 @@ int cmd_formats(const Args& args) {
               vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    std::fprintf(stderr, "kvbudget formats: %s\n", e.what());
-    return kExitUsage;
+    return option_error("formats", e);
   }
   if (vm.count("help")) {
     std::cout << opts << "\nPrints every format family with examples and their exact bits per element for one span\n"

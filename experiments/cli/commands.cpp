@@ -4,12 +4,20 @@
 #include "experiments/experiment.h"
 #include "sim/core/error.h"
 
+#include <iostream>
+
 namespace kvb::cli {
 
 void check_threads(long long threads, const std::string& option) {
   if (threads < 0 || threads > kMaxThreads)
     throw ConfigError(option + " must be between 0 (all cores) and " + std::to_string(kMaxThreads) + ", got " +
                       std::to_string(threads));
+}
+
+int option_error(const std::string& command, const std::exception& e) {
+  std::cerr << "kvbudget " << command << ": error: " << e.what() << "\n(kvbudget " << command
+            << " --help lists the options)\n";
+  return kExitUsage;
 }
 
 }  // namespace kvb::cli

@@ -36,7 +36,7 @@ bool ModelInput::parse(const std::vector<std::string>& args, const po::options_d
     po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    std::cerr << "kvbudget " << command << ": " << e.what() << "\n\n" << opts;
+    option_error(command, e);
     return false;
   }
   return true;

@@ -65,6 +65,11 @@ expect "$tmp/e.out" "the sweep is empty" "empty sweep"
 [ $? -eq 2 ] || fail "bad format: expected exit 2"
 expect "$tmp/b.out" "bits must be 1..8" "bad format"
 
+"$kvb" run "$src/configs/quickstart.toml" --threads x --out "$tmp/r3" >"$tmp/o.out" 2>&1
+[ $? -eq 2 ] || fail "bad option value: expected exit 2"
+expect "$tmp/o.out" "kvbudget run: error: the argument ('x') for option '--threads' is invalid" "bad option value"
+expect "$tmp/o.out" "(kvbudget run --help lists the options)" "bad option value"
+
 # 4. Bad data: exit 1 and a message naming the file / tensor and index.
 head -c 5000 "$rec" >"$tmp/truncated.safetensors"
 "$kvb" run "$src/configs/quickstart.toml" --set "data.path=$tmp/truncated.safetensors" --out "$tmp/r4" >"$tmp/t.out" 2>&1
