@@ -38,9 +38,12 @@ std::filesystem::path resolve_data_path(const std::string& raw, const std::files
       std::filesystem::current_path() / p, config.parent_path() / p, std::filesystem::path(KVB_SOURCE_DIR) / p};
   for (const auto& t : tries)
     if (std::filesystem::exists(t)) return std::filesystem::weakly_canonical(t);
-  std::string msg = where + ": data path '" + raw + "' not found (looked in";
-  for (const auto& t : tries) msg += " " + t.string();
-  throw ConfigError(msg + ")");
+  std::vector<std::string> looked;  // each place once (the working directory may be the source tree)
+  for (const auto& t : tries) {
+    const std::string s = std::filesystem::absolute(t).lexically_normal().string();
+    if (std::find(looked.begin(), looked.end(), s) == looked.end()) looked.push_back(s);
+  }
+  throw ConfigError(where + ": data path '" + raw + "' not found (looked in " + join(looked, ", ") + ")");
 }
 
 SyntheticSpec parse_synthetic(const ConfigTable& t, uint64_t seed) {
@@ -106,11 +109,10 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
     if (has_text == has_ids) t.fail(has_text ? "token_file" : "text", "give exactly one of `text` and `token_file`");
     if (has_text) m.tokens.text = resolve_data_path(t.required_string("text"), config, t.where("text"));
     else m.tokens.token_file = resolve_data_path(t.required_string("token_file"), config, t.where("token_file"));
+    for (const char* k : {"tokenizer", "add_bos"})
+      if (has_ids && t.has(k)) t.fail(k, "only used with `text` (a token_file's ids are used as written)");
     const std::string tokenizer = t.string("tokenizer", "bytes");
-    if (tokenizer != "bytes") {
-      if (has_ids) t.fail("tokenizer", "a tokenizer is only used with `text`");
-      m.tokens.tokenizer = resolve_data_path(tokenizer, config, t.where("tokenizer")).string();
-    }
+    if (tokenizer != "bytes") m.tokens.tokenizer = resolve_data_path(tokenizer, config, t.where("tokenizer")).string();
     if (t.has("add_bos")) m.tokens.add_bos = t.boolean("add_bos", true);
     d.max_tokens = t.integer("max_tokens", 512);
     if (d.max_tokens < 0) t.fail("max_tokens", "must be >= 0 (0 keeps every token)");
@@ -478,6 +480,8 @@ OutputSpec parse_output(const std::optional<ConfigTable>& t) {
     t->fail("target_context", "must be between 1 and 2^40 tokens");
   o.series = t->string("series", "");
   o.marker = t->string("marker", "");
+  if (!o.series.empty()) o.series_where = t->where("series");
+  if (!o.marker.empty()) o.marker_where = t->where("marker");
   return o;
 }
 

@@ -22,12 +22,24 @@
 #include "kvb/git_info.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/strategies/strategy.h"
 
 namespace kvb {
 
 namespace {
 
 std::string num(double v) { return format_double(v); }
+
+// points.csv's fixed columns: before the coordinates, and between them and the metrics.
+const std::vector<std::string> kPointColumnsLead = {"id", "strategy", "type", "key"};
+const std::vector<std::string> kPointColumnsPlan = {"plan", "bpe", "bpe_target", "bytes", "bytes_target", "compression"};
+
+std::vector<std::string> coordinate_names(const std::vector<SweepPoint>& points) {
+  std::set<std::string> cols;
+  for (const SweepPoint& p : points)
+    for (const auto& [k, v] : p.coords) cols.insert(k);
+  return {cols.begin(), cols.end()};
+}
 
 // Fixed-width number for console tables.
 std::string short_num(double v) {
@@ -128,12 +140,32 @@ std::string Report::manifest_text(const RunInfo& info) const {
   return j.dump(2) + "\n";
 }
 
-std::vector<std::string> Report::coord_columns() const {
-  std::set<std::string> cols;
-  for (const SweepPoint& p : points_)
-    for (const auto& [k, v] : p.coords) cols.insert(k);
-  return {cols.begin(), cols.end()};
+std::vector<std::string> points_csv_columns(const ExperimentSpec& spec, const std::vector<SweepPoint>& points) {
+  std::vector<std::string> cols = kPointColumnsLead;
+  auto add = [&](const std::string& c) {
+    if (std::find(cols.begin(), cols.end(), c) == cols.end()) cols.push_back(c);
+  };
+  for (const std::string& c : coordinate_names(points)) add(c);
+  for (const std::string& c : kPointColumnsPlan) add(c);
+  for (const std::string& m : spec.metrics.report) add(m);
+  for (const SweepPoint& p : points)
+    for (const std::string& c : require_strategy_type(p.type, "strategy").columns) add(c);
+  add("seconds");
+  return cols;
 }
+
+void check_plot_columns(const ExperimentSpec& spec, const std::vector<SweepPoint>& points) {
+  const std::vector<std::string> cols = points_csv_columns(spec, points);
+  for (const auto& [name, where] : {std::pair{spec.output.series, spec.output.series_where},
+                                    std::pair{spec.output.marker, spec.output.marker_where}}) {
+    if (name.empty() || std::find(cols.begin(), cols.end(), name) != cols.end()) continue;
+    const std::string near = closest_match(name, cols);
+    throw ConfigError(where + ": '" + name + "' is not a points.csv column of this sweep" +
+                      (near.empty() ? "" : " (did you mean '" + near + "'?)") + "; columns: " + join(cols, ", "));
+  }
+}
+
+std::vector<std::string> Report::coord_columns() const { return coordinate_names(points_); }
 
 std::string Report::points_csv(const std::vector<PointResult>& results) const {
   const std::vector<std::string> coords = coord_columns();
@@ -152,9 +184,9 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
     return csv_field(std::get<std::string>(a.value));
   };
   std::ostringstream os;
-  os << "id,strategy,type,key";
+  os << join(kPointColumnsLead, ",");
   for (const std::string& c : coords) os << "," << csv_field(c);
-  os << ",plan,bpe,bpe_target,bytes,bytes_target,compression";
+  os << "," << join(kPointColumnsPlan, ",");
   for (const std::string& m : spec_.metrics.report) os << "," << m;
   for (const std::string& a : notes) os << "," << csv_field(a);
   os << ",seconds\n";
@@ -344,8 +376,10 @@ std::string run_logged(std::vector<std::string> argv, const std::filesystem::pat
   ss << in.rdbuf();
   std::string tail = ss.str();
   if (tail.size() > 800) tail = "..." + tail.substr(tail.size() - 800);
+  // The setup hint only where the interpreter or matplotlib is what is missing.
+  const bool missing = tail.find("No module named") != std::string::npos || tail.find("cannot run") != std::string::npos;
   return argv[0] + " " + argv[1] + " failed (see " + log.string() + "):\n" + tail +
-         "\n(plots need Debian's python3-matplotlib: scripts/setup.sh installs it)";
+         (missing ? "\n(plots need Debian's python3-matplotlib: scripts/setup.sh installs it)" : "");
 }
 
 }  // namespace

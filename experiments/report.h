@@ -26,6 +26,16 @@
 
 namespace kvb {
 
+// Every column points.csv can hold for this sweep, in file order: id, strategy, type,
+// key, the sweep coordinates, plan, bpe, bpe_target, bytes, bytes_target,
+// compression, the reported metrics, the columns the sweep's strategy types may add
+// (StrategyType::columns), seconds.
+std::vector<std::string> points_csv_columns(const ExperimentSpec& spec, const std::vector<SweepPoint>& points);
+
+// Throws kvb::ConfigError at output.series / output.marker when it names none of
+// points_csv_columns (a typo would otherwise surface only at the plot step).
+void check_plot_columns(const ExperimentSpec& spec, const std::vector<SweepPoint>& points);
+
 // Creates results/<name>/<timestamp>/ (a suffix -2, -3, ... if it exists) and
 // points results/<name>/latest at it.
 std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name);

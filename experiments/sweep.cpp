@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -89,6 +90,17 @@ BackendChoice choose_backend(const ExperimentSpec& spec, const std::vector<Sweep
   (void)opt;
 #endif
   return c;
+}
+
+// A plan's annotations become points.csv columns; each type declares the ones it may
+// add (StrategyType::columns), which output.series / output.marker are checked
+// against before the sweep runs.
+void require_declared_columns(const Plan& plan, const std::string& type_name) {
+  const StrategyType& type = require_strategy_type(type_name, "strategy");
+  for (const Annotation& a : plan.annotations())
+    if (std::find(type.columns.begin(), type.columns.end(), a.name) == type.columns.end())
+      throw Error("internal: strategy '" + type_name + "' reported column '" + a.name +
+                  "', which its entry in sim/strategies/registry.cpp does not list");
 }
 
 }  // namespace
@@ -216,6 +228,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       Plan plan = strategies[i]->build(in);
       const std::string bad = plan.check();
       if (!bad.empty()) throw Error(bad);
+      require_declared_columns(plan, points[i].type);
       results[i].bpe = plan.bpe();
       results[i].bpe_target = plan.bpe_at(spec.output.target_context);
       results[i].bytes = plan.bytes_at(rec.tokens);
@@ -295,6 +308,11 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
         for (size_t v = 0; v < variants; ++v)
           for (size_t l = 0; l < layers_per_variant; ++l) merged[v].merge(stats_of[t0 + v * L + l]);
         if (point_tasks[i] > layer_tasks[i]) merged[0].merge(stats_of[t0 + layer_tasks[i]]);  // the model task
+        // The CPU simulator refuses such a reconstruction itself (reconstruct_unit);
+        // this catches it on every backend.
+        if (!std::isfinite(merged[0].k_err2) || !std::isfinite(merged[0].v_err2))
+          throw Error("a format turned finite keys or values into Inf or NaN (values beyond its range), so every "
+                      "metric of the point would be meaningless");
         for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(merged[0]));
         if (spec.attribution.selects(points[i].id) && variants > 0)
           r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
@@ -309,7 +327,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       r.ok = false;
       r.metrics.clear();
       r.attribution.reset();
-      if (r.error.empty()) r.error = points[i].key + ": merging results: " + describe_current_exception();
+      if (r.error.empty()) r.error = points[i].key + ": " + describe_current_exception();
     }
     plans[i].reset();
     std::lock_guard<std::mutex> lock(mu);

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# kvbudget prints where this run's results and plots went (--out moves them).
 build/kvbudget run configs/quickstart.toml "$@"
-echo "Pareto plots: $(pwd)/results/quickstart/latest/plots/"

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "sim/core/error.h"
+#include "sim/core/strings.h"
 #include "sim/metrics/attention_shift.h"
 
 namespace kvb {
@@ -350,18 +351,42 @@ SpanInfo span_from(const SpanInfo& unit_span, int64_t offset) {
   return span;
 }
 
+namespace {
+
+// Throws kvb::Error when `format` turned a finite value of x [n, d] into Inf or NaN
+// in out (a value beyond its range: keep-fp16 beyond 65504, an fp16 scale that
+// overflows): every metric of the point would be meaningless (a KL of 0 next to a
+// NaN output error), so the point fails instead.
+void require_finite_reconstruction(const Format& format, const float* x, const float* out, int64_t n, int64_t d,
+                                   const SpanInfo& span) {
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n * d; ++i)
+    if (!std::isfinite(out[i]) && std::isfinite(x[i]) && bad++ == 0) first = i;
+  if (bad == 0) return;
+  const int64_t row = first / d;
+  // The callers name the layer and KV head.
+  throw Error("format '" + format.name() + "' turned " + std::to_string(bad) + " finite " +
+              (span.is_key ? "key" : "value") + " element(s) into Inf or NaN (the first at token " +
+              std::to_string(span.first_token + row) + ", channel " + std::to_string(first % d) + ": " +
+              format_double(x[first]) + "): they exceed the format's range");
+}
+
+}  // namespace
+
 void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d, SpanInfo unit_span, float* out) {
   for (const Segment& seg : unit.segments) {
     if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
     const int64_t n = seg.end - seg.begin;
     const SpanInfo span = span_from(unit_span, seg.begin);
     seg.format->roundtrip(ConstMatView{x + seg.begin * d, n, d, d}, MatView{out + seg.begin * d, n, d, d}, span);
+    require_finite_reconstruction(*seg.format, x + seg.begin * d, out + seg.begin * d, n, d, span);
   }
 }
 
 void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& span,
                         float* out) {
   unit.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{out, T, d, d}, span);
+  require_finite_reconstruction(*unit.window.format, x, out, T, d, span);
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {

@@ -1,6 +1,7 @@
 // Helpers shared by the strategy tests: a small synthetic recording with sink heads,
 // GQA and two phases, and strategies built straight from the strategy table.
 #pragma once
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -58,9 +59,16 @@ inline Params params_of(const std::string& type, const std::map<std::string, Par
 
 inline Plan build_plan(const std::string& type, const std::map<std::string, ParamValue>& values, const Recording& rec,
                        RecordingStats& stats, uint64_t seed = 0) {
-  const std::unique_ptr<Strategy> s = require_strategy_type(type, "test").make(params_of(type, values));
+  const StrategyType& t = require_strategy_type(type, "test");
+  const std::unique_ptr<Strategy> s = t.make(params_of(type, values));
   StrategyInput in{rec, seed, &stats};
-  return s->build(in);
+  Plan plan = s->build(in);
+  // Every column a plan adds is declared in the strategy table (the sweep refuses others).
+  for (const Annotation& a : plan.annotations()) {
+    INFO(type << " reported column " << a.name);
+    CHECK(std::find(t.columns.begin(), t.columns.end(), a.name) != t.columns.end());
+  }
+  return plan;
 }
 
 inline double annotation(const Plan& plan, const std::string& name) {

@@ -74,6 +74,11 @@ TEST_CASE("model data: errors name the key") {
   CHECK(has(config_error("[data]\nsource = \"model\"\nmodel = \"data/models/llama-bytes\"\n" + kUniform),
             "give exactly one of `text` and `token_file`"));
   CHECK(has(config_error(kModelData + "token_file = \"x.npy\"\n" + kUniform), "token_file"));
+  const std::string ids_data =
+      "[data]\nsource = \"model\"\nmodel = \"data/models/llama-bytes\"\ntoken_file = \"data/text/eval_kjv_revelation.txt\"\n";
+  CHECK(has(config_error(ids_data + "add_bos = true\n" + kUniform),
+            "test.toml:5: data.add_bos: only used with `text` (a token_file's ids are used as written)"));
+  CHECK(has(config_error(ids_data + "tokenizer = \"bytes\"\n" + kUniform), "data.tokenizer: only used with `text`"));
   CHECK(has(config_error(kModelData + "path = \"x\"\n" + kUniform), "not used with source = \"model\""));
   CHECK(has(config_error(kModelData + "max_tokens = 32\ncontinuation_prompt = 30\n" + kUniform),
             "continuation_prompt + continuation_tokens (50) exceeds max_tokens 32"));

@@ -471,3 +471,22 @@ TEST_CASE("a large negative logit error on the key holding the mass stays finite
   CHECK(std::isfinite(metric(s, "attn_out_rel_fro")));
   CHECK(std::isfinite(metric(s, "attn_out_rel_err")));
 }
+
+TEST_CASE("a format that turns finite values into Inf fails the simulation instead of giving metrics") {
+  // 1e5 is beyond fp16's 65504: keep-fp16 stores it as Inf.
+  const Recording r = two_token_recording({0.5f, 1.0f}, {1.0f, 1e5f});
+  Plan plan(1, 1, 2, 1);
+  plan.assign_all(Kind::Key, make_format("keep-fp32"));
+  plan.assign_all(Kind::Value, make_format("keep-fp16"));
+  std::string msg;
+  try {
+    (void)simulate(r, plan, SimOptions{});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("format 'keep-fp16' turned 1 finite value element(s) into Inf or NaN (the first at token 1, "
+                 "channel 0: 1e+05): they exceed the format's range") != std::string::npos);
+  plan.assign_all(Kind::Value, make_format("keep-fp32"));
+  CHECK(std::isfinite(metric(simulate(r, plan, SimOptions{}), "v_rel_mse")));
+}

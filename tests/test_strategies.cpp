@@ -246,6 +246,21 @@ TEST_CASE("configuration errors name the parameter") {
                              {"first_format", std::string("int4-asym-g32")},
                              {"second_format", std::string("int3-asym-g32")}})
             .find("`split` needs budget_bpe") != std::string::npos);
+  // Parameters of another mode are refused, not ignored.
+  const std::string int4 = "int4-asym-g32";
+  CHECK(make_error("phase", {{"budget_bpe", 4.0}, {"family", kFamily}, {"first_bits", int64_t{3}}})
+            .find("phase: `first_bits` is not used with budget_bpe") != std::string::npos);
+  CHECK(make_error("phase", {{"first_format", int4}, {"second_format", int4}, {"key_first_bits", int64_t{3}}})
+            .find("phase: `key_first_bits` is not used with first_format/second_format") != std::string::npos);
+  CHECK(make_error("phase", {{"first_bits", int64_t{3}}, {"second_bits", int64_t{4}}, {"family", kFamily},
+                             {"format", int4}})
+            .find("phase: `format` is not used without budget_bpe") != std::string::npos);
+  CHECK(make_error("taqg", {{"low_bits", int64_t{4}}, {"family", kFamily}, {"value_format", int4}})
+            .find("taqg: `value_format` is not used without budget_bpe") != std::string::npos);
+  CHECK(make_error("taqg", {{"budget_bpe", 4.0}, {"family", kFamily}, {"low_bits", int64_t{4}}})
+            .find("taqg: `low_bits` is not used with budget_bpe") != std::string::npos);
+  CHECK(make_error("entropy", {{"mean_bits", 4.0}, {"family", kFamily}, {"format", int4}})
+            .find("entropy: `format` is not used with mean_bits") != std::string::npos);
   CHECK(make_error("uniform",
                    {{"format", std::string("int4-asym-g32")}, {"sink_heads", int64_t{2}}, {"sink_head_threshold", 1.0}})
             .find("not both") != std::string::npos);

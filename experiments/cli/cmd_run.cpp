@@ -81,6 +81,7 @@ int cmd_run(const Args& args) {
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
 
   const std::vector<SweepPoint> points = expand_sweep(spec);
+  check_plot_columns(spec, points);
   if (spec.backend == BackendRequest::Cuda) {  // fail before any data is loaded or written
     std::string why;
     if (cuda_device(&why).empty()) throw Error("backend = \"cuda\": " + why);
@@ -185,7 +186,9 @@ int cmd_run(const Args& args) {
 
   info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   crash_marker.reset();  // the final manifest below says how the run ended
-  info.status = interrupted ? "interrupted" : ((failed || !run_errors.empty()) ? "failed" : "complete");
+  // "complete" only for a run that exits 0: every point measured and every file written.
+  info.status =
+      interrupted ? "interrupted" : ((failed || !run_errors.empty() || !plot_error.empty()) ? "failed" : "complete");
   attempt("manifest.json", [&] { report.write_manifest(info); });
 
   std::printf("%s", frontier.c_str());

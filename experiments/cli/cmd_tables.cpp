@@ -8,6 +8,7 @@
 
 #include "experiments/cli/commands.h"
 #include "sim/core/error.h"
+#include "sim/core/strings.h"
 #include "sim/formats/registry.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/strategies/budget.h"
@@ -105,6 +106,14 @@ void print_params(const std::vector<ParamDef>& params, const std::vector<ParamDe
   }
 }
 
+// The points.csv columns (plan annotations) of `columns` not in `skip`, on one line.
+void print_columns(const std::vector<std::string>& columns, const std::vector<std::string>& skip) {
+  std::vector<std::string> own;
+  for (const std::string& c : columns)
+    if (std::find(skip.begin(), skip.end(), c) == skip.end()) own.push_back(c);
+  if (!own.empty()) std::printf("    points.csv columns: %s\n", join(own, ", ").c_str());
+}
+
 }  // namespace
 
 int cmd_strategies(const Args& args) {
@@ -116,12 +125,17 @@ int cmd_strategies(const Args& args) {
   shared.insert(shared.end(), budget_params().begin(), budget_params().end());
   std::printf("Protections (every type; applied in this order before the allocator):\n");
   print_params(protection_params(), {});
+  print_columns(protection_columns(), {});
   std::printf("\nBudget (every type; `format`-style fixed settings need none):\n");
   print_params(budget_params(), {});
+  print_columns(budget_columns(), {});
   std::printf("\n");
+  std::vector<std::string> shared_columns = protection_columns();
+  shared_columns.insert(shared_columns.end(), budget_columns().begin(), budget_columns().end());
   for (const StrategyType& t : strategy_types()) {
     std::printf("%s: %s\n", t.name.c_str(), t.description.c_str());
     print_params(t.params, shared);
+    print_columns(t.columns, shared_columns);
     std::printf("\n");
   }
   std::printf("Presets (a [[strategy]] block selects one with preset = \"NAME\"; its own keys override):\n");

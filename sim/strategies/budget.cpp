@@ -35,6 +35,17 @@ const std::vector<ParamDef>& budget_params() {
   return params;
 }
 
+const std::vector<std::string>& budget_columns() {
+  static const std::vector<std::string> columns = [] {
+    std::vector<std::string> c;
+    for (const char* prefix : {"", "key_", "value_"})
+      for (const char* name : {"budget_bpe", "budget_slack_bpe", "budget_step_bpe"}) c.push_back(prefix + std::string(name));
+    c.push_back("budget_context");
+    return c;
+  }();
+  return columns;
+}
+
 std::string family_format_name(const std::string& pattern, int64_t width) {
   return replace_all(pattern, "b", std::to_string(width));
 }

@@ -31,6 +31,10 @@ namespace kvb {
 // budget_bpe, family, widths, min_bits, max_bits, budget_context, format.
 const std::vector<ParamDef>& budget_params();
 
+// points.csv columns a budgeted plan adds: budget_bpe, budget_slack_bpe and
+// budget_step_bpe (prefixed key_ / value_ for separate budgets), budget_context.
+const std::vector<std::string>& budget_columns();
+
 // The reserved placeholder for the allocator's width in a family.
 inline constexpr const char* kWidthPlaceholder = "{b}";
 

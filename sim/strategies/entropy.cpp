@@ -28,6 +28,8 @@ EntropyStrategy::EntropyStrategy(const Params& p) : ProtectedStrategy(p), budget
       throw ConfigError("entropy: give budget_bpe or " + p.kind_name("mean_bits", kind) + ", not both");
     if (!budget_) {
       if (!mean_bits_[k]) throw ConfigError("entropy needs budget_bpe (with a family), or mean_bits");
+      refuse_unused_params(p, "entropy", {"format"},
+                           "with mean_bits (the widths come from `family`; a fixed format goes with a budget)");
       if (!p.has("family", kind))
         throw ConfigError("entropy: " + p.kind_name("mean_bits", kind) + " needs a family with {b}, e.g. " +
                           "`family = \"int{b}-asym-g32\"`");

@@ -143,6 +143,7 @@ PhaseStrategy::PhaseStrategy(const Params& p, bool taqg)
                          p.has("first_format", Kind::Value) || p.has("second_format", Kind::Value);
     mode_ = formats ? Mode::Formats : Mode::Widths;
   }
+  refuse_params_of_other_modes(p, type);
   if (taqg) {
     rule_ = parse_taqg_rule(p.str("rule"));
   } else {
@@ -178,6 +179,22 @@ PhaseStrategy::PhaseStrategy(const Params& p, bool taqg)
         }
       }
     }
+  }
+}
+
+void PhaseStrategy::refuse_params_of_other_modes(const Params& p, const std::string& type) const {
+  switch (mode_) {
+    case Mode::Budget:
+      refuse_unused_params(p, type, {"first_format", "second_format", "first_bits", "second_bits", "low_bits"},
+                           "with budget_bpe (the budget sets the widths)");
+      break;
+    case Mode::Formats:
+      refuse_unused_params(p, type, {"first_bits", "second_bits", "family"},
+                           "with first_format/second_format (fixed formats; widths of a family are the other way)");
+      [[fallthrough]];
+    case Mode::Widths:
+      refuse_unused_params(p, type, {"format"}, "without budget_bpe (a fixed format goes with a budget)");
+      break;
   }
 }
 

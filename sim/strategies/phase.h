@@ -72,6 +72,9 @@ class PhaseStrategy final : public ProtectedStrategy {
 
  private:
   enum class Mode { Formats, Widths, Budget };
+  // Throws kvb::ConfigError for parameters of a mode other than mode_ (they would be
+  // ignored).
+  void refuse_params_of_other_modes(const Params& p, const std::string& type) const;
   bool taqg_ = false;
   TaqgRule rule_ = TaqgRule::AsWritten;
   PhaseBoundary boundary_;

@@ -13,6 +13,12 @@ std::vector<ParamDef> with_shared_params(std::vector<ParamDef> own, bool budgete
   return own;
 }
 
+std::vector<std::string> with_shared_columns(std::vector<std::string> own, bool budgeted) {
+  if (budgeted) own.insert(own.end(), budget_columns().begin(), budget_columns().end());
+  own.insert(own.end(), protection_columns().begin(), protection_columns().end());
+  return own;
+}
+
 std::optional<BudgetSetup> read_budget_setup(const Params& p, const std::string& type) {
   const std::optional<BudgetSpec> b = BudgetSpec::from_params(p);
   if (!b) return std::nullopt;
@@ -39,6 +45,13 @@ std::optional<BudgetSetup> read_budget_setup(const Params& p, const std::string&
     s.family[k] = WidthFamily::from_params(p, kind);
   }
   return s;
+}
+
+void refuse_unused_params(const Params& p, const std::string& type, const std::vector<std::string>& names,
+                          const std::string& why) {
+  for (const std::string& name : names)
+    for (Kind kind : {Kind::Key, Kind::Value})
+      if (p.has(name, kind)) throw ConfigError(type + ": `" + p.kind_name(name, kind) + "` is not used " + why);
 }
 
 void BudgetSetup::fill_fixed(Plan& plan) const {

@@ -35,6 +35,9 @@ class ProtectedStrategy : public Strategy {
 // Parameter list of a type: its own, then the budget parameters (when budgeted),
 // then the protections.
 std::vector<ParamDef> with_shared_params(std::vector<ParamDef> own, bool budgeted);
+// Column list of a type (StrategyType::columns): its own, then the budget's (when
+// budgeted) and the protections'.
+std::vector<std::string> with_shared_columns(std::vector<std::string> own, bool budgeted);
 
 // The budget of a budgeted type: per kind a family (budgeted) or a fixed format (a
 // kind without a budget of its own), or nullopt without any budget. Throws
@@ -49,6 +52,12 @@ struct BudgetSetup {
   void fill_fixed(Plan& plan) const;
 };
 std::optional<BudgetSetup> read_budget_setup(const Params& p, const std::string& type);
+
+// Throws kvb::ConfigError "TYPE: `NAME` is not used WHY" for the first of `names`
+// given (itself or its key_/value_ variant): parameters of another mode of the type,
+// which would otherwise be ignored silently (e.g. first_bits next to budget_bpe).
+void refuse_unused_params(const Params& p, const std::string& type, const std::vector<std::string>& names,
+                          const std::string& why);
 
 // The families of every unit (by kind), for solve_target_bits.
 std::vector<const WidthFamily*> unit_families(const BudgetedAllocation& alloc, const std::vector<size_t>& units);

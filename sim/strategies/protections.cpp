@@ -10,6 +10,11 @@
 
 namespace kvb {
 
+const std::vector<std::string>& protection_columns() {
+  static const std::vector<std::string> columns = {"sink_heads_selected", "sink_tokens_selected"};
+  return columns;
+}
+
 const std::vector<ParamDef>& protection_params() {
   static const std::vector<ParamDef> params = {
       {"sink_heads", ParamType::Int, "keep the N lowest-entropy KV heads (over all layers) at sink_head_format",

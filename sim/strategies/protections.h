@@ -24,6 +24,8 @@ namespace kvb {
 
 // The parameter definitions every strategy type includes.
 const std::vector<ParamDef>& protection_params();
+// points.csv columns the protections add: sink_heads_selected, sink_tokens_selected.
+const std::vector<std::string>& protection_columns();
 
 struct KindProtections {
   int64_t sink_heads = 0;                     // count, lowest entropy first

@@ -99,6 +99,10 @@ struct StrategyType {
   // Params are validated against the expanded `params` (types, unknown names)
   // before make(). make() checks cross-parameter rules and throws kvb::ConfigError.
   std::unique_ptr<Strategy> (*make)(const Params& params);
+  // Every points.csv column its plans may add (Plan::annotate names). The sweep
+  // refuses a plan that reports another, and output.series / output.marker may name
+  // these.
+  std::vector<std::string> columns;
 
   std::vector<ParamDef> all_params() const { return expand_per_kind(params); }
 };

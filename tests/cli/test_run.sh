@@ -70,6 +70,12 @@ expect "$tmp/b.out" "bits must be 1..8" "bad format"
 expect "$tmp/o.out" "kvbudget run: error: the argument ('x') for option '--threads' is invalid" "bad option value"
 expect "$tmp/o.out" "(kvbudget run --help lists the options)" "bad option value"
 
+"$kvb" run "$src/configs/quickstart.toml" --set output.series=modee --out "$tmp/r3" >"$tmp/s.out" 2>&1
+[ $? -eq 2 ] || fail "misspelled output.series: expected exit 2"
+expect "$tmp/s.out" "--set output.series: 'modee' is not a points.csv column of this sweep (did you mean 'mode'?)" \
+  "misspelled output.series"
+[ -e "$tmp/r3" ] && fail "misspelled output.series: a run directory was created before the error"
+
 # 4. Bad data: exit 1 and a message naming the file / tensor and index.
 head -c 5000 "$rec" >"$tmp/truncated.safetensors"
 "$kvb" run "$src/configs/quickstart.toml" --set "data.path=$tmp/truncated.safetensors" --out "$tmp/r4" >"$tmp/t.out" 2>&1
