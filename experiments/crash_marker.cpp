@@ -18,9 +18,12 @@ struct FatalSignal {
   int number;
   const char* name;
 };
-constexpr std::array<FatalSignal, 6> kFatalSignals = {
+// Signals whose default action ends the process and that the run does not handle
+// itself (SIGINT, SIGTERM and SIGHUP stop the sweep gracefully: cmd_run.cpp).
+constexpr std::array<FatalSignal, 12> kFatalSignals = {
     {{SIGSEGV, "SIGSEGV"}, {SIGBUS, "SIGBUS"}, {SIGFPE, "SIGFPE"}, {SIGILL, "SIGILL"}, {SIGABRT, "SIGABRT"},
-     {SIGQUIT, "SIGQUIT"}}};
+     {SIGQUIT, "SIGQUIT"}, {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"}, {SIGALRM, "SIGALRM"}, {SIGPIPE, "SIGPIPE"},
+     {SIGXCPU, "SIGXCPU"}, {SIGXFSZ, "SIGXFSZ"}}};
 
 // Rendered before any signal can arrive; read-only while the marker lives.
 std::string g_manifest, g_temporary;

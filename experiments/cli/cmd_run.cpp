@@ -27,8 +27,14 @@ namespace kvb::cli {
 
 namespace {
 
+// SIGINT, SIGTERM and SIGHUP stop the sweep; what finished is written and the run
+// exits 128 + the signal's number (130 for Ctrl-C).
 std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int) { g_stop.store(true); }
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_signal(int sig) {
+  g_stop_signal.store(sig);
+  g_stop.store(true);
+}
 
 }  // namespace
 
@@ -117,8 +123,7 @@ int cmd_run(const Args& args) {
   report.write_config();
   report.write_manifest(info);
 
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
 
   // Completed results are rewritten atomically at most once a second while the
   // sweep runs, so a crash loses at most the last second of points.
@@ -208,7 +213,8 @@ int cmd_run(const Args& args) {
   if (interrupted) {
     std::fprintf(stderr, "kvbudget run: interrupted: %zu of %zu points were finished and written\n", results.size(),
                  points.size());
-    return kExitInterrupted;
+    const int sig = g_stop_signal.load();
+    return sig > 0 ? 128 + sig : kExitInterrupted;
   }
   return (failed || !plot_error.empty() || !run_errors.empty()) ? kExitError : kExitOk;
 }

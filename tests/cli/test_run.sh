@@ -144,6 +144,20 @@ expect "$d6b/manifest.json" '"status": "crashed"' "manifest of a crashed run"
 expect "$d6b/manifest.json" '"signal": "SIGSEGV"' "manifest of a crashed run"
 [ ! -f "$d6b/points.csv" ] || csv_ok "$d6b/points.csv" || fail "crashed run's points.csv has a truncated row"
 
+# 6c. A hangup stops the sweep like Ctrl-C (exit 128 + 1, status "interrupted").
+"$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6c" \
+  --no-plots --threads 1 --quiet >"$tmp/h.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do
+  ls "$tmp"/r6c/quickstart/2*/manifest.json >/dev/null 2>&1 && break
+  sleep 0.1
+done
+kill -HUP $pid
+wait $pid
+rc=$?
+[ $rc -eq 129 ] || fail "a run sent SIGHUP: expected exit 129, got $rc"
+expect "$(ls -d "$tmp"/r6c/quickstart/2*)/manifest.json" '"status": "interrupted"' "manifest of a hung-up run"
+
 # 7. Backends: auto says in the manifest what it chose and why; cuda runs on a device,
 # and without one (or in a build without nvcc) fails before writing any results.
 "$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --backend auto --out "$tmp/r7" --no-plots >"$tmp/a.out" 2>&1 \
