@@ -474,6 +474,8 @@ OutputSpec parse_output(const std::optional<ConfigTable>& t) {
   OutputSpec o;
   if (!t) return o;
   o.dir = t->string("dir", o.dir.string());
+  if (t->has("dir")) o.dir_where = t->where("dir");
+  if (o.dir.empty()) t->fail("dir", "must name a directory (\".\" for the working directory)");
   o.plots = t->boolean("plots", o.plots);
   o.target_context = t->integer("target_context", o.target_context);
   if (o.target_context < 1 || o.target_context > (int64_t{1} << 40))

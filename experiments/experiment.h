@@ -106,6 +106,7 @@ struct OutputSpec {
   int64_t target_context = 32768;
   std::string series;  // points.csv column that colours plot points; "" = strategy label
   std::string marker;  // points.csv column that shapes plot points; "" = none
+  std::string dir_where = "output.dir";        // "file:line: output.dir" when given
   std::string series_where = "output.series";  // "file:line: output.series" when given
   std::string marker_where = "output.marker";  // likewise for marker
 };

@@ -269,7 +269,7 @@ FrontierInput Report::frontier_input(const std::vector<const PointResult*>& ok) 
   return in;
 }
 
-std::string Report::write_frontier(const std::vector<PointResult>& results) const {
+std::string Report::write_frontier(const std::vector<PointResult>& results, std::string* write_error) const {
   std::vector<const PointResult*> ok;
   for (const PointResult& r : results)
     if (r.ok) ok.push_back(&r);
@@ -311,8 +311,6 @@ std::string Report::write_frontier(const std::vector<PointResult>& results) cons
       console << "  " << points_[r.id].key << "\n";
     }
   }
-  write_file_atomic(dir_ / "pareto.csv", csv.str());
-
   nlohmann::json budgets = nlohmann::json::array();
   if (!spec_.budgets.empty()) console << "\nBudget queries:\n";
   for (const BudgetQuery& q : spec_.budgets) {
@@ -344,7 +342,13 @@ std::string Report::write_frontier(const std::vector<PointResult>& results) cons
     }
     budgets.push_back(jq);
   }
-  write_file_atomic(dir_ / "budgets.json", budgets.dump(2) + "\n");
+  for (const auto& [file, text] : {std::pair{"pareto.csv", csv.str()}, std::pair{"budgets.json", budgets.dump(2) + "\n"}}) {
+    try {
+      write_file_atomic(dir_ / file, text);
+    } catch (const std::exception& e) {
+      if (write_error) *write_error += std::string(write_error->empty() ? "" : "; ") + e.what();
+    }
+  }
   return console.str();
 }
 

@@ -68,8 +68,9 @@ class Report {
   // attribution.csv and concentration.csv (when any point has an attribution).
   void write_attribution(const std::vector<PointResult>& results) const;
   // pareto.csv and budgets.json; returns the console text of the frontier table and
-  // the budget answers.
-  std::string write_frontier(const std::vector<PointResult>& results) const;
+  // the budget answers, also when a file cannot be written (then *write_error says
+  // why, so that the answers still reach the console).
+  std::string write_frontier(const std::vector<PointResult>& results, std::string* write_error) const;
   // Runs experiments/plot_pareto.py (and plot_attribution.py when attribution.csv
   // exists) through Debian's python3 with matplotlib. Returns an empty string on
   // success, else why no plot was written.

@@ -111,6 +111,14 @@ TEST_CASE("writer errors name the file and the tensor, and leave no file behind"
   CHECK(has(msg, "no float values given"));
   msg = error_of([&] { write_safetensors(dir / "no_dir" / "x.safetensors", {}); });
   CHECK(has(msg, "cannot create"));
+  // A finite value beyond F16's range would be stored as Inf: refused, nothing written.
+  const std::vector<float> big = {1.0f, -1e5f, INFINITY};
+  msg = error_of([&] { write_safetensors(dir / "big.safetensors", {TensorToWrite::of_floats("k", {3}, big.data(), DType::F16)}); });
+  CHECK(has(msg, "big.safetensors: tensor 'k': value -1e+05 at flat index 1 overflows F16"));
+  CHECK(!fs::exists(dir / "big.safetensors"));
+  const std::vector<float> inf_only = {1.0f, INFINITY};  // already infinite: written as it is
+  CHECK_NOTHROW(
+      write_safetensors(dir / "inf.safetensors", {TensorToWrite::of_floats("k", {2}, inf_only.data(), DType::F16)}));
   CHECK(parse_float_dtype("bfloat16", "--dtype") == DType::BF16);
   CHECK(has(error_of([] { parse_float_dtype("f8", "--dtype"); }), "--dtype: unknown dtype 'f8'"));
 }

@@ -149,6 +149,8 @@ int cmd_eval(const Args& args) {
     throw ConfigError("--out " + out + ": expected a .safetensors or .npy file");
   if (!nll_out.empty() && std::filesystem::path(nll_out).extension() != ".npy")
     throw ConfigError("--nll " + nll_out + ": expected a .npy file");
+  if (!out.empty()) require_writable_output(out, "--out");
+  if (!nll_out.empty()) require_writable_output(nll_out, "--nll");
   // The strategy is built before any work so that a bad name fails fast.
   std::unique_ptr<Strategy> strat;
   std::string plan_source;

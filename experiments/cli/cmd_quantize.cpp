@@ -172,6 +172,22 @@ int cmd_quantize(const Args& args) {
   if (kind != "key" && kind != "value") throw ConfigError("--kind must be key or value, got '" + kind + "'");
 
   const FormatPtr f = make_format(format);
+  if (f->reads_pre_rope_keys() && pre_rope_tensor.empty())
+    throw ConfigError("format '" + f->name() + "' quantizes keys before RoPE: give --pre-rope NAME, the tensor of " +
+                      "pre-RoPE keys (e.g. layers.0.key_pre_rope in a recording)");
+  if (!out_prefix.empty()) {
+    if (dequant_path.empty())
+      dequant_path = out_prefix + (std::filesystem::path(input).extension() == ".safetensors" ? ".dequant.safetensors"
+                                                                                                : ".dequant.npy");
+    if (codes_path.empty()) codes_path = out_prefix + ".codes.bin";
+  }
+  for (const auto& [path, option] : {std::pair{dequant_path, "--dequant"}, std::pair{codes_path, "--codes"}}) {
+    if (path.empty()) continue;
+    require_writable_output(path, option);
+    std::error_code ec;
+    if (std::filesystem::equivalent(path, input, ec))
+      throw ConfigError(std::string(option) + " " + path + ": is the input file; write the output elsewhere");
+  }
   const std::unique_ptr<TensorStore> store = TensorStore::open(input);
   const std::string name = pick_tensor(*store, tensor);
   const Tensor x = store->read_f32(name);
@@ -209,22 +225,8 @@ int cmd_quantize(const Args& args) {
   }
   if (rows_per_span <= 0) rows_per_span = rows;
   const std::string source = input + ":" + name;
-  QuantizeResult r;
-  try {
-    r = quantize_tensor(x, *f, rows_per_span, kind == "key", seed, source, rope);
-  } catch (const Error& e) {
-    if (pre_rope_tensor.empty() && f->name().find("prerope:") != std::string::npos)
-      throw Error(std::string(e.what()) + " (kvbudget quantize: give --pre-rope NAME, the pre-RoPE keys, for a "
-                                          "pre-RoPE format)");
-    throw;
-  }
+  const QuantizeResult r = quantize_tensor(x, *f, rows_per_span, kind == "key", seed, source, rope);
 
-  if (!out_prefix.empty()) {
-    if (dequant_path.empty())
-      dequant_path = out_prefix + (std::filesystem::path(input).extension() == ".safetensors" ? ".dequant.safetensors"
-                                                                                                : ".dequant.npy");
-    if (codes_path.empty()) codes_path = out_prefix + ".codes.bin";
-  }
   if (!dequant_path.empty()) write_dequantized(dequant_path, name, r.dequantized, f->name());
   const int64_t spans = (rows + rows_per_span - 1) / rows_per_span;
   nlohmann::ordered_json info = {{"input", input},

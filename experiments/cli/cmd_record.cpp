@@ -40,6 +40,7 @@ int cmd_record(const Args& args) {
   if (std::filesystem::path(out).extension() != ".safetensors")
     throw ConfigError("--out " + out + ": a recording is written as .safetensors");
   const DType dtype = parse_float_dtype(dtype_text, "--dtype");
+  require_writable_output(out, "--out");
 
   const auto t0 = std::chrono::steady_clock::now();
   const std::shared_ptr<const Transformer> model = in.load_model();
@@ -57,7 +58,12 @@ int cmd_record(const Args& args) {
   const Recording rec = recording_from_capture(model->config(), std::move(capture), tokens, source);
   std::map<std::string, std::string> meta = {{"text", in.token_origin()}, {"nll_mean", format_double(mean_nll)}};
   if (model->config().bos_token_id) meta["bos"] = std::to_string(*model->config().bos_token_id);
-  write_recording(out, rec, dtype, meta);
+  try {
+    write_recording(out, rec, dtype, meta);
+  } catch (const Error& e) {
+    if (dtype == DType::F32 || std::string(e.what()).find(" overflows ") == std::string::npos) throw;
+    throw Error(std::string(e.what()) + " (--dtype f32 keeps every value)");
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s\nrecorded %s (%s) to %s in %.2f s; PPL %.4f (mean NLL %.6f nats over %zu positions)\n",
               model->config().summary().c_str(), rec.summary().c_str(), dtype_name(dtype), out.c_str(), secs,

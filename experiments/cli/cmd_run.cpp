@@ -1,6 +1,7 @@
 // `kvbudget run CONFIG`: the whole experiment, config to plots.
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -81,13 +82,19 @@ int cmd_run(const Args& args) {
   ExperimentSpec spec = load_experiment(config, sets);
   for (const std::string& b : budgets) add_budget_query(spec, b, "--budget");
   if (threads > 0) spec.threads = threads;
-  if (!out_dir.empty()) spec.output.dir = out_dir;
+  if (!out_dir.empty()) {
+    spec.output.dir = out_dir;
+    spec.output.dir_where = "--out";
+  }
   if (!backend.empty()) spec.backend = parse_backend_request(backend, "--backend");
   if (vm.count("no-plots")) spec.output.plots = false;
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
 
   const std::vector<SweepPoint> points = expand_sweep(spec);
   check_plot_columns(spec, points);
+  // Before the data is loaded (or a model run): a results directory that cannot be
+  // written is a config error, not a lost run.
+  require_writable_dir(spec.output.dir / spec.name, spec.output.dir_where);
   if (spec.backend == BackendRequest::Cuda) {  // fail before any data is loaded or written
     std::string why;
     if (cuda_device(&why).empty()) throw Error("backend = \"cuda\": " + why);
@@ -166,11 +173,11 @@ int cmd_run(const Args& args) {
   if (!quiet)
     std::fprintf(stderr, "kvbudget: backend %s (%s)%s%s\n", backend_name(info.backend.used), info.backend.reason.c_str(),
                  info.backend.device.empty() ? "" : ": ", info.backend.device.c_str());
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
 
   const size_t errors_before_final_write = run_errors.size();
   attempt("points.csv / errors.csv", [&] { report.write_points(results); });
+  const bool points_lost = run_errors.size() > errors_before_final_write;
   if (failed_intermediate_writes > 0) {
     const std::string what = std::to_string(failed_intermediate_writes) +
                              " intermediate write(s) of points.csv failed while the sweep ran (first: " +
@@ -185,7 +192,11 @@ int cmd_run(const Args& args) {
   for (const PointResult& r : results) failed += r.ok ? 0 : 1;
   const bool interrupted = g_stop.load();
   std::string frontier;
-  attempt("pareto.csv / budgets.json", [&] { frontier = report.write_frontier(results); });
+  attempt("pareto.csv / budgets.json", [&] {
+    std::string write_error;
+    frontier = report.write_frontier(results, &write_error);
+    if (!write_error.empty()) throw Error(write_error);
+  });
   std::string plot_error;
   if (spec.output.plots && results.size() > failed) plot_error = report.write_plots();
 
@@ -197,8 +208,15 @@ int cmd_run(const Args& args) {
   attempt("manifest.json", [&] { report.write_manifest(info); });
 
   std::printf("%s", frontier.c_str());
-  std::printf("\n%zu of %zu points measured in %.1f s; results in %s\n", results.size() - failed, points.size(),
-              info.wall_seconds, report.dir().string().c_str());
+  if (points_lost) {  // the measurements must not be lost with the disk: print them
+    std::vector<PointResult> by_id = results;
+    std::sort(by_id.begin(), by_id.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
+    std::printf("\npoints.csv could not be written (see the error below); its rows:\n%s",
+                report.points_csv(by_id).c_str());
+  }
+  std::printf("\n%zu of %zu points measured in %.1f s; results in %s%s\n", results.size() - failed, points.size(),
+              info.wall_seconds, report.dir().string().c_str(),
+              run_errors.empty() ? "" : " (not every file could be written: see the errors below)");
   if (spec.output.plots && plot_error.empty() && results.size() > failed)
     std::printf("plots: %s\n", (report.dir() / "plots").string().c_str());
   if (!plot_error.empty()) std::fprintf(stderr, "kvbudget run: error: plots not written: %s\n", plot_error.c_str());

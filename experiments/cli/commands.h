@@ -3,6 +3,7 @@
 // (kvb::kExitOk, kExitError, kExitUsage, kExitInterrupted).
 #pragma once
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,16 @@ void check_threads(long long threads, const std::string& option);
 // and where to find the options, "kvbudget COMMAND: error: ... (kvbudget COMMAND
 // --help lists the options)", and returns kExitUsage.
 int option_error(const std::string& command, const std::exception& e);
+
+// Throws kvb::ConfigError naming `option` unless `path` can be written: its directory
+// exists and is writable, and the path is not a directory. Called before the work
+// whose result goes there.
+void require_writable_output(const std::string& path, const std::string& option);
+
+// Throws kvb::ConfigError naming `where` (a config key or an option) unless directory
+// `dir` exists and is writable or could be created (its nearest existing ancestor is
+// a writable directory). Creates nothing.
+void require_writable_dir(const std::filesystem::path& dir, const std::string& where);
 
 int cmd_run(const Args& args);
 int cmd_inspect(const Args& args);

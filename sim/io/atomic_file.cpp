@@ -14,7 +14,7 @@ namespace kvb {
 AtomicFileWriter::AtomicFileWriter(std::filesystem::path path)
     : path_(std::move(path)), tmp_(path_.string() + ".tmp." + std::to_string(::getpid())) {
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(tmp_.string() + ": cannot create: " + std::strerror(errno));
+  if (fd_ < 0) throw Error(path_.string() + ": cannot create (as " + tmp_.filename().string() + "): " + std::strerror(errno));
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
@@ -32,7 +32,7 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
     const ssize_t n = ::write(fd_, p + off, bytes - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw Error(tmp_.string() + ": write failed: " + std::strerror(errno));
+      throw Error(path_.string() + ": write failed: " + std::strerror(errno));
     }
     off += static_cast<size_t>(n);
   }
@@ -48,7 +48,7 @@ void AtomicFileWriter::commit() {
   if (!synced || !closed) {
     const std::string why = std::strerror(synced ? errno : sync_errno);
     ::unlink(tmp_.c_str());
-    throw Error(tmp_.string() + ": flush failed: " + why);
+    throw Error(path_.string() + ": flush failed: " + why);
   }
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const std::string why = std::strerror(errno);

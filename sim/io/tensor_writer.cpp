@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <set>
 
 #include "sim/core/error.h"
 #include "sim/core/half.h"
+#include "sim/core/strings.h"
 #include "sim/io/atomic_file.h"
 #include "sim/io/dtype_convert.h"
 
@@ -35,6 +37,14 @@ int64_t check_tensor(const TensorToWrite& t, const std::string& where) {
   return checked_numel(t.shape, dtype_bytes(t.dtype), tw);
 }
 
+// A finite value that a 16-bit float cannot hold (|x| beyond F16's 65504) would be
+// written as Inf, and every reader would reject the file later: refuse it here.
+void require_no_overflow(const TensorToWrite& t, int64_t i, bool overflowed, const std::string& where) {
+  if (!overflowed || !std::isfinite(t.floats[i])) return;
+  throw Error(where + ": tensor '" + t.name + "': value " + format_double(t.floats[i]) + " at flat index " +
+              std::to_string(i) + " overflows " + dtype_name(t.dtype) + " (it would be stored as Inf); store F32");
+}
+
 // Encodes elements [begin, end) of t into little-endian bytes appended to out.
 void encode(const TensorToWrite& t, int64_t begin, int64_t end, std::vector<uint8_t>& out, const std::string& where) {
   const int eb = dtype_bytes(t.dtype);
@@ -46,11 +56,13 @@ void encode(const TensorToWrite& t, int64_t begin, int64_t end, std::vector<uint
       case DType::F32: std::memcpy(dst, &t.floats[i], 4); break;
       case DType::F16: {
         const uint16_t h = f32_to_f16_bits(t.floats[i]);
+        require_no_overflow(t, i, (h & 0x7c00u) == 0x7c00u, where);
         std::memcpy(dst, &h, 2);
         break;
       }
       case DType::BF16: {
         const uint16_t b = f32_to_bf16_bits(t.floats[i]);
+        require_no_overflow(t, i, (b & 0x7f80u) == 0x7f80u, where);
         std::memcpy(dst, &b, 2);
         break;
       }

@@ -78,13 +78,20 @@ REC="$2/data/records/llama-bytes-record.safetensors"
 check "prerope:keep-fp32 re-applies RoPE (relative MSE < 1e-6, 2 spans of 512 tokens)" \
   "[ $? -eq 0 ] && grep -q '2 span(s)' '$DIR/pr.txt' && awk '/relative MSE/ { exit !(\$3 < 1e-6) }' '$DIR/pr.txt'"
 "$KVB" quantize "$REC" -t layers.0.key -f kvquant-nuq4-1% > /dev/null 2> "$DIR/err.txt"
-check "a pre-RoPE format without --pre-rope says what to give" "[ $? -eq 1 ] && grep -q 'give --pre-rope' '$DIR/err.txt'"
+check "a pre-RoPE format without --pre-rope says what to give" "[ $? -eq 2 ] && grep -q 'quantizes keys before RoPE: give --pre-rope' '$DIR/err.txt'"
 "$KVB" quantize "$REC" -t layers.0.key -f prerope:int4-asym-g32 --pre-rope layers.0.key_pre_rope --rope-theta=-5 \
   > /dev/null 2> "$DIR/err.txt"
 check "a non-positive --rope-theta is refused" "[ $? -eq 2 ] && grep -q 'rope-theta must be a finite number > 0' '$DIR/err.txt'"
 
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --rows-per-span 0 > /dev/null 2> "$DIR/err.txt"
 check "--rows-per-span 0 is refused" "[ $? -eq 2 ] && grep -q 'rows-per-span must be >= 1' '$DIR/err.txt'"
+
+cp "$DIR/k.npy" "$DIR/k_copy.npy"
+"$KVB" quantize "$DIR/k_copy.npy" -f q4_0 --dequant "$DIR/k_copy.npy" > /dev/null 2> "$DIR/err.txt"
+check "--dequant naming the input is refused, the input kept" \
+  "[ $? -eq 2 ] && grep -q 'is the input file' '$DIR/err.txt' && cmp -s '$DIR/k.npy' '$DIR/k_copy.npy'"
+"$KVB" quantize "$DIR/k.npy" -f q4_0 --codes "$DIR/no_such_dir/c.bin" > /dev/null 2> "$DIR/err.txt"
+check "--codes in a missing directory is refused before quantizing" "[ $? -eq 2 ] && grep -q 'does not exist' '$DIR/err.txt'"
 
 write_npy "$DIR/scalar.npy"
 "$KVB" quantize "$DIR/scalar.npy" -f q4_0 > /dev/null 2> "$DIR/err.txt"

@@ -76,6 +76,11 @@ expect "$tmp/s.out" "--set output.series: 'modee' is not a points.csv column of 
   "misspelled output.series"
 [ -e "$tmp/r3" ] && fail "misspelled output.series: a run directory was created before the error"
 
+touch "$tmp/a_file"
+"$kvb" run "$src/configs/quickstart.toml" --out "$tmp/a_file" >"$tmp/f.out" 2>&1
+[ $? -eq 2 ] || fail "--out naming a file: expected exit 2"
+expect "$tmp/f.out" "--out: cannot create directory $tmp/a_file/quickstart: $tmp/a_file is not a directory" "--out a file"
+
 # 4. Bad data: exit 1 and a message naming the file / tensor and index.
 head -c 5000 "$rec" >"$tmp/truncated.safetensors"
 "$kvb" run "$src/configs/quickstart.toml" --set "data.path=$tmp/truncated.safetensors" --out "$tmp/r4" >"$tmp/t.out" 2>&1
