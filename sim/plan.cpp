@@ -137,6 +137,10 @@ std::string Plan::check() const {
           return where.str() + ": segments end at token " + std::to_string(next) + ", not " + std::to_string(tokens_);
         if (u.window.size < 0) return where.str() + ": negative window size";
         if (u.window.size > 0 && !u.window.format) return where.str() + ": window without a format";
+        if (u.window.size > 0) {
+          const std::string bad = u.window.format->check_shape(tokens_, head_dim_);
+          if (!bad.empty()) return where.str() + ": window format " + u.window.format->name() + ": " + bad;
+        }
         if (u.window.active() && u.window.format->keys_only())
           return where.str() + ": window format " + u.window.format->name() +
                  " stores keys only (a sketch for attention logits); windows are read as decoded keys and values, "

@@ -189,6 +189,10 @@ TEST_CASE("plans: memory is computed from formats; segments are checked") {
   REQUIRE(plan.check().empty());
   plan.unit(0, 0, Kind::Key).window = RecentWindow{8, make_format("qjl-m128")};
   CHECK(plan.check().find("layer 0 kv_head 0 K: window format qjl-m128 stores keys only") != std::string::npos);
+  // A window format's shape is checked like a segment's.
+  plan.unit(0, 0, Kind::Key).window = RecentWindow{8, make_format("int4-asym-g48")};
+  CHECK(plan.check().find("layer 0 kv_head 0 K: window format int4-asym-g48: group size 48 does not divide head_dim") !=
+        std::string::npos);
 }
 
 TEST_CASE("plans at a target context: only the allocated bulk stretches, sink tokens keep their count") {
