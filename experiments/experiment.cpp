@@ -142,6 +142,9 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
   r.key_pre_rope = t.string("key_pre_rope", r.key_pre_rope);
   r.attn_output = t.string("attn_output", r.attn_output);
   r.token_ids = t.string("token_ids", r.token_ids);
+  r.key_pre_rope_required = t.has("key_pre_rope");
+  r.attn_output_required = t.has("attn_output");
+  r.token_ids_required = t.has("token_ids");
   r.layout = t.string("layout", r.layout);
   r.attn_output_layout = t.string("attn_output_layout", r.attn_output_layout);
   for (int64_t l : t.int_list("layers")) {
@@ -153,9 +156,11 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
     if (!(*theta > 0)) t.fail("rope_theta", "must be > 0");
     r.rope_theta = *theta;
   }
-  for (const std::string* pat : {&r.query, &r.key, &r.value})
-    if (pat->find("{layer}") == std::string::npos)
-      t.fail("key", "tensor name pattern '" + *pat + "' has no {layer} placeholder");
+  for (const auto& [key, pattern] : {std::pair{"query", &r.query}, std::pair{"key", &r.key}, std::pair{"value", &r.value},
+                                     std::pair{"key_pre_rope", &r.key_pre_rope},
+                                     std::pair{"attn_output", &r.attn_output}})
+    if (pattern->find("{layer}") == std::string::npos)
+      t.fail(key, "tensor name pattern '" + *pattern + "' has no {layer} placeholder");
   return d;
 }
 

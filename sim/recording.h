@@ -82,6 +82,9 @@ struct RecordingSpec {
   std::string key_pre_rope = "layers.{layer}.key_pre_rope";  // optional tensor
   std::string attn_output = "layers.{layer}.attn_output";    // optional tensor
   std::string token_ids = "input_ids";                       // optional tensor
+  // Set when a config names that optional tensor: then it must exist (a typo in its
+  // pattern is an error rather than a recording without it).
+  bool key_pre_rope_required = false, attn_output_required = false, token_ids_required = false;
   // Axis names of the stored q/k/v tensors, outermost first, from
   // {batch, heads, tokens, head_dim}; a batch axis must have size 1.
   std::string layout = "heads,tokens,head_dim";

@@ -395,6 +395,14 @@ TEST_CASE("RoPE marking, token ids and custom tensor names") {
   cs.layers = {10, 2};
   CHECK(load_recording(cs).layer_ids == std::vector<int>{2, 10});
 
+  // An optional tensor the config names must exist (a typo is not "no such tensor").
+  RecordingSpec typo = spec_for(write_tiny(dir, "ids_named.safetensors", ts));
+  typo.token_ids = "input_idz";
+  CHECK(load_recording(typo).token_ids.empty());  // the default pattern: optional
+  typo.token_ids_required = true;
+  CHECK(has(error_of([&] { load_recording(typo); }),
+            "no tensor 'input_idz' (data.token_ids = \"input_idz\") (did you mean 'input_ids'?)"));
+
   // Bad token ids.
   find(ts, "input_ids")->shape = {5, 1, 1};
   CHECK(load_recording(spec_for(write_tiny(dir, "ids_ok.safetensors", ts))).token_ids.size() == 5);

@@ -351,7 +351,18 @@ Recording load_recording(const RecordingSpec& spec) {
   rec.name = recording_name(spec.path);
   rec.source = where;
   rec.metadata = store->metadata();
-  // Optional tensors must be present for every layer or for none.
+  // Optional tensors must be present for every layer or for none, and where the
+  // config names one, present.
+  auto require_named = [&](bool required, const std::string& name, const std::string& pattern, const char* key) {
+    if (required && !reader.has(name))
+      fail(where, "no tensor '" + name + "' (data." + key + " = \"" + pattern + "\")" +
+                      nearest_names_hint(name, reader.names()));
+  };
+  require_named(spec.key_pre_rope_required, layer_name(spec.key_pre_rope, layers.front()), spec.key_pre_rope,
+                "key_pre_rope");
+  require_named(spec.attn_output_required, layer_name(spec.attn_output, layers.front()), spec.attn_output,
+                "attn_output");
+  require_named(spec.token_ids_required, spec.token_ids, spec.token_ids, "token_ids");
   const bool pre_rope = reader.has(layer_name(spec.key_pre_rope, layers.front()));
   const bool attn_out = reader.has(layer_name(spec.attn_output, layers.front()));
   for (int l : layers) {
