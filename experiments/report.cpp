@@ -118,6 +118,7 @@ std::string Report::manifest_text(const RunInfo& info) const {
   j["seed"] = spec_.seed;
   j["points_total"] = info.points_total;
   j["recording"] = info.recording_summary;
+  j["warnings"] = info.warnings;
   j["calibration"] = {{"rule", spec_.calibration.text},
                       {"overlap_allowed", spec_.calibration.overlap},
                       {"count", info.positions.calibration.size()},

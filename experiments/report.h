@@ -48,6 +48,7 @@ struct RunInfo {
   double wall_seconds = 0;
   size_t points_total = 0;
   std::string recording_summary;
+  std::vector<std::string> warnings;  // about the data (targets the synthetic generator clamped)
   BackendChoice backend;  // requested, used and why (used/reason empty until the sweep decided)
   bool backend_decided = false;
   QueryPositions positions;  // calibration and evaluated query positions

@@ -931,7 +931,7 @@ Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report)
   rec.metadata["synthetic.phase_boundary"] = num(P.boundary);
   rec.metadata["synthetic.rho_first_measured"] = num(rho_first);
   if (P.boundary < P.T) rec.metadata["synthetic.rho_second_measured"] = num(rho_second);
-  rec.metadata["synthetic.warnings"] = join(rep.warnings, "; ");
+  rec.metadata["synthetic.warnings"] = join(rep.warnings, "\n");  // one warning per line
   rec.validate();
   if (report) *report = std::move(rep);
   return rec;

@@ -118,6 +118,17 @@ int cmd_run(const Args& args) {
   info.started_iso = time_now("%Y-%m-%dT%H:%M:%S%z");
   info.points_total = points.size();
   info.recording_summary = rec.name + ": " + rec.summary();
+  // Targets the synthetic generator could not reach (an entropy above log2 of the
+  // context, say): the data is not what the config asked for.
+  if (const auto it = rec.metadata.find("synthetic.warnings"); it != rec.metadata.end() && !it->second.empty()) {
+    info.warnings = split(it->second, '\n');
+    constexpr size_t kShown = 3;
+    std::fprintf(stderr, "kvbudget run: warning: the synthetic data misses %zu of its targets (all in manifest.json):\n",
+                 info.warnings.size());
+    for (size_t i = 0; i < info.warnings.size() && i < kShown; ++i)
+      std::fprintf(stderr, "  %s\n", info.warnings[i].c_str());
+    if (info.warnings.size() > kShown) std::fprintf(stderr, "  ... and %zu more\n", info.warnings.size() - kShown);
+  }
   info.backend.requested = spec.backend;
   info.positions = positions;
   // A fatal signal from here on leaves the manifest "crashed" rather than "running".

@@ -81,6 +81,13 @@ touch "$tmp/a_file"
 [ $? -eq 2 ] || fail "--out naming a file: expected exit 2"
 expect "$tmp/f.out" "--out: cannot create directory $tmp/a_file/quickstart: $tmp/a_file is not a directory" "--out a file"
 
+# Synthetic targets the generator cannot reach are warned about and kept in the manifest.
+printf '%s\n' 'name = "unreachable"' '[data.synthetic]' 'layers = 1' 'q_heads = 2' 'kv_heads = 2' 'head_dim = 16' \
+  'tokens = 64' 'entropy_mean = 100' '[[strategy]]' 'type = "uniform"' 'format = "int4-asym-g16"' >"$tmp/unreachable.toml"
+"$kvb" run "$tmp/unreachable.toml" --out "$tmp/ru" --no-plots >"$tmp/u.out" 2>&1 || fail "unreachable synthetic targets: exit $?"
+expect "$tmp/u.out" "warning: the synthetic data misses 2 of its targets" "unreachable synthetic targets"
+expect "$tmp/ru/unreachable/latest/manifest.json" "entropy target 98.5 bits exceeds the 4.698 bits" "manifest warnings"
+
 # 4. Bad data: exit 1 and a message naming the file / tensor and index.
 head -c 5000 "$rec" >"$tmp/truncated.safetensors"
 "$kvb" run "$src/configs/quickstart.toml" --set "data.path=$tmp/truncated.safetensors" --out "$tmp/r4" >"$tmp/t.out" 2>&1
