@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "sim/core/error.h"
@@ -100,6 +101,10 @@ void ConfigDoc::apply_override(const std::string& assignment) {
   try {
     holder = toml::parse("v = " + text);
   } catch (const toml::parse_error&) {
+    // Digits that TOML refuses are an integer out of range, not a string.
+    static const std::regex integer(R"(^[+-]?[0-9][0-9_]*$)");
+    if (std::regex_match(text, integer))
+      throw ConfigError("--set " + key + ": " + text + " is outside the 64-bit integer range");
     holder.insert_or_assign("v", text);
   }
 
@@ -122,6 +127,14 @@ void ConfigDoc::apply_override(const std::string& assignment) {
     } else {
       throw ConfigError("--set " + key + ": '" + walked + "' is a " + toml_type_name(*cur) + ", not a table");
     }
+  }
+  if (toml::array* a = cur->as_array()) {  // an array element: budgets.queries.0=...
+    if (!is_index(parts.back()) || std::stoul(parts.back()) >= a->size())
+      throw ConfigError("--set " + key + ": '" + parts.back() + "' is not an index of an array with " +
+                        std::to_string(a->size()) + " entries");
+    a->replace(a->cbegin() + static_cast<std::ptrdiff_t>(std::stoul(parts.back())), *holder.get("v"));
+    overridden_.insert(canonical_path(parts));
+    return;
   }
   toml::table* target = cur->as_table();
   if (!target) throw ConfigError("--set " + key + ": parent of '" + parts.back() + "' is not a table");

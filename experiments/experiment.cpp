@@ -28,6 +28,13 @@ std::optional<std::vector<ParamValue>> parse_range_at(const ConfigTable& t, std:
   }
 }
 
+// A string that starts with a number and holds "..": meant as a range (no format,
+// preset or keyword starts with a digit).
+bool looks_like_range(const std::string& s) {
+  static const std::regex re(R"(^\s*[-+]?[0-9.][^{}]*\.\.)");
+  return std::regex_search(s, re);
+}
+
 // Relative data paths are looked up from the working directory, then from the
 // config file's directory, then from the source tree.
 std::filesystem::path resolve_data_path(const std::string& raw, const std::filesystem::path& config,
@@ -147,6 +154,8 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
   r.token_ids_required = t.has("token_ids");
   r.layout = t.string("layout", r.layout);
   r.attn_output_layout = t.string("attn_output_layout", r.attn_output_layout);
+  if (t.has("layers") && t.int_list("layers").empty())
+    t.fail("layers", "an empty list selects no layer; leave `layers` out to load every layer");
   for (int64_t l : t.int_list("layers")) {
     if (l < 0) t.fail("layers", "layer indices must be >= 0");
     r.layers.push_back(static_cast<int>(l));
@@ -182,12 +191,15 @@ std::vector<ParamValue> values_of(const ConfigTable& t, const std::string& key, 
     return out;
   }
   ParamValue v = scalar(*n);
-  if (allow_range)
-    if (const std::string* s = std::get_if<std::string>(&v))
-      if (auto r = parse_range_at(t, key, *s)) {
-        if (r->empty()) t.fail(key, "range '" + *s + "' is empty");
-        return *r;
-      }
+  const std::string* s = std::get_if<std::string>(&v);
+  if (!allow_range || !s) return {v};
+  if (auto r = parse_range_at(t, key, *s)) {
+    if (r->empty()) t.fail(key, "range '" + *s + "' is empty");
+    return *r;
+  }
+  if (looks_like_range(*s))
+    t.fail(key, "'" + *s + "' is not a range: write LO..HI or LO..HI:STEP with numbers and a positive STEP "
+                "(\"2..8\", \"0.25..1:0.25\")");
   return {v};
 }
 

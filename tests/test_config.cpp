@@ -128,6 +128,16 @@ TEST_CASE("--set overrides any key, including inside [[strategy]] arrays") {
   CHECK(err.find("expected key=value") != std::string::npos);
   err = error_of(text, {"seed=\"x\""});
   CHECK(err.find("--set seed: expected an integer") != std::string::npos);
+  err = error_of(text, {"seed=99999999999999999999"});
+  CHECK(err.find("--set seed: 99999999999999999999 is outside the 64-bit integer range") != std::string::npos);
+  // An element of an array.
+  const std::string with_queries = text + "[budgets]\nqueries = [\"bpe <= 4\", \"bytes <= 1e6\"]\n";
+  e = parse(with_queries, {"budgets.queries.1=bpe <= 3"});
+  REQUIRE(e.budgets.size() == 2);
+  CHECK(e.budgets[0].text == "bpe <= 4");
+  CHECK(e.budgets[1].text == "bpe <= 3");
+  CHECK(error_of(with_queries, {"budgets.queries.2=bpe <= 3"}).find("not an index of an array with 2 entries") !=
+        std::string::npos);
 }
 
 TEST_CASE("backend: cpu by default; cpu, cuda or auto; cuda needs a CUDA build") {
@@ -348,6 +358,11 @@ TEST_CASE("ranges: overflow and huge ranges are errors at their key, never hangs
   const std::string err = error_of(kData + "[metrics]\npositions = \"0..100000000000\"\n" + strat);
   CHECK(err.find("test.toml:") != std::string::npos);
   CHECK(err.find("metrics.positions: range '0..100000000000' has") != std::string::npos);
+  // A malformed range is an error at its key, not a literal string for {bits}.
+  const std::string sweep = "[[strategy]]\ntype = \"uniform\"\nformat = \"int{bits}-asym-g32\"\n[strategy.vars]\n";
+  CHECK(error_of(kData + sweep + "bits = \"2..x\"\n").find("strategy[0].vars.bits: '2..x' is not a range") !=
+        std::string::npos);
+  CHECK(error_of(kData + sweep + "bits = \"8..2:-2\"\n").find("'8..2:-2' is not a range") != std::string::npos);
 }
 
 TEST_CASE("metrics.positions: empty ranges and lists are errors, not 'all'") {
