@@ -139,7 +139,15 @@ void print_entropy_table(const Recording& rec, const std::vector<HeadEntropy>& h
   }
 }
 
-void print_recording(const Recording& rec, int64_t max_positions, bool check_output) {
+// Relative L2 of a layer's recomputed attention output against the recorded one above
+// which --check-output fails: fp16/bf16 storage gives about 1e-3; a wrong layout, a
+// missing RoPE or the output of another layer give O(1).
+constexpr double kOutputMismatch = 0.05;
+
+// Prints the recording's summary and entropy tables and, with check_output, compares
+// the recorded attn_output with attention recomputed from q/k/v. Returns the number
+// of layers whose relative L2 exceeds kOutputMismatch.
+int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_output) {
   std::printf("\nrecording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
   if (!rec.token_ids.empty()) std::printf("  token ids: %zu\n", rec.token_ids.size());
   const std::vector<int64_t> positions = spread_positions(rec.tokens, max_positions);
@@ -154,11 +162,12 @@ void print_recording(const Recording& rec, int64_t max_positions, bool check_out
   std::printf(" Renyi-2 H2 = -log2 sum p^2\n");
   print_entropy_table(rec, entropy, true);
 
-  if (!check_output) return;
+  if (!check_output) return 0;
   if (!rec.has_attn_output()) {
     std::printf("\nattn_output check: the recording has no attn_output\n");
-    return;
+    return 0;
   }
+  int64_t mismatched = 0;
   // Recompute softmax(q kᵀ/√d)·v for every head and compare with the recorded output.
   std::printf("\nattn_output check (recomputed from query/key/value vs recorded; relative L2 / max abs):\n");
   const int64_t T = rec.tokens, d = rec.head_dim;
@@ -185,8 +194,12 @@ void print_recording(const Recording& rec, int64_t max_positions, bool check_out
       r += ref[static_cast<size_t>(q)];
       m = std::max(m, maxabs[static_cast<size_t>(q)]);
     }
-    std::printf("  layer %-2d  %.3e  %.3e\n", rec.layer_ids[static_cast<size_t>(li)], std::sqrt(e / r), m);
+    const double rel = std::sqrt(e / r);
+    const bool bad = !(rel <= kOutputMismatch);
+    mismatched += bad;
+    std::printf("  layer %-2d  %.3e  %.3e%s\n", rec.layer_ids[static_cast<size_t>(li)], rel, m, bad ? "  MISMATCH" : "");
   }
+  return mismatched;
 }
 
 }  // namespace
@@ -248,8 +261,13 @@ int cmd_inspect(const Args& args) {
   std::printf("%s: %zu tensors in %zu file%s%s\n", file.c_str(), tensors.size(), files.size(),
               files.size() == 1 ? "" : "s", size.c_str());
   print_metadata(*store);
-  if (!tensors_glob.empty())
+  if (!tensors_glob.empty()) {
+    const size_t all = tensors.size();
     std::erase_if(tensors, [&](const TensorInfo& t) { return fnmatch(tensors_glob.c_str(), t.name.c_str(), 0) != 0; });
+    if (tensors.empty())
+      throw ConfigError("--tensors '" + tensors_glob + "' matches none of the " + std::to_string(all) +
+                        " tensors of " + file);
+  }
   print_tensors(*store, tensors, !vm.count("no-stats"), files.size() > 1);
   std::fflush(stdout);
 
@@ -268,7 +286,11 @@ int cmd_inspect(const Args& args) {
   }
   spec.path = file;
   const Recording rec = load_recording(spec);
-  print_recording(rec, positions, vm.count("check-output") != 0);
+  const int64_t mismatched = print_recording(rec, positions, vm.count("check-output") != 0);
+  if (mismatched > 0)
+    throw Error(file + ": the recorded attn_output differs from attention recomputed from query/key/value in " +
+                std::to_string(mismatched) + " layer(s) (relative L2 above " + format_double(kOutputMismatch) +
+                "): check --layout and --attn-output-layout, and that the keys are post-RoPE");
   return kExitOk;
 }
 

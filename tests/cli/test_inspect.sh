@@ -18,6 +18,17 @@ expect "$tmp/rec.out" "attention entropy, bits (mean over 64 query positions" "i
 expect "$tmp/rec.out" "Shannon H" "inspect llama record"
 expect "$tmp/rec.out" "Renyi-2 H2" "inspect llama record"
 expect "$tmp/rec.out" "attn_output check" "inspect llama record"
+grep -q MISMATCH "$tmp/rec.out" && fail "the llama record's attn_output should match"
+
+# A recorded attn_output that the recomputed attention does not reproduce (keys read
+# as values) fails the check, naming what to look at.
+"$kvb" inspect "$rec" --no-stats --positions 8 --value 'layers.{layer}.key' --check-output >"$tmp/mm.out" 2>&1
+[ $? -eq 1 ] || fail "a mismatching attn_output: expected exit 1"
+expect "$tmp/mm.out" "MISMATCH" "mismatching attn_output"
+expect "$tmp/mm.out" "differs from attention recomputed from query/key/value in 6 layer(s)" "mismatching attn_output"
+"$kvb" inspect "$rec" --tensors 'nomatch*' >"$tmp/glob.out" 2>&1
+[ $? -eq 2 ] || fail "--tensors matching nothing: expected exit 2"
+expect "$tmp/glob.out" "--tensors 'nomatch*' matches none of the 30 tensors" "--tensors matching nothing"
 [ "$(grep -c '^  layer [0-5] ' "$tmp/rec.out")" -eq 18 ] || fail "expected 6 rows in each of the 2 entropy tables and the attn_output check"
 # Every entropy lies in [0, log2(512)] bits.
 awk '/^  layer [0-5]  / && NF == 9 { for (i = 3; i <= 9; ++i) if ($i < 0 || $i > 9) exit 1 }' "$tmp/rec.out" \
