@@ -105,6 +105,11 @@ TEST_CASE("npy: Fortran order is transposed to row-major; header versions 2.0 an
   const Tensor s = TensorStore::open(dir / "scalar.npy")->read_f32("scalar");
   CHECK(s.shape.empty());
   CHECK(s.data == std::vector<float>{0.75f});
+  // An F64 value beyond fp32's range is an error, not a silent Inf.
+  write_bytes(dir / "big.npy", npy_image("<f8", {3}, raw_bytes(std::vector<double>{1.0, -1e300, 2.0})));
+  CHECK_THROWS_WITH_AS(TensorStore::open(dir / "big.npy")->read_f32("big"),
+                       doctest::Contains("tensor 'big': F64 value -1e+300 at storage index 1 is beyond fp32's range"),
+                       Error);
 }
 
 TEST_CASE("npy: files written by NumPy") {

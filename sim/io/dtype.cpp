@@ -1,9 +1,11 @@
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "sim/core/error.h"
 #include "sim/core/half.h"
+#include "sim/core/strings.h"
 #include "sim/io/dtype_convert.h"
 
 namespace kvb {
@@ -115,6 +117,16 @@ std::string known_dtype_names() {
 }
 
 void convert_to_f32(const uint8_t* src, DType d, int64_t n, float* out) { convert_c_order(src, d, n, out); }
+
+void require_fits_f32(const uint8_t* src, DType d, int64_t n, const std::string& what) {
+  if (d != DType::F64) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = load<double>(src + i * 8);
+    if (std::isfinite(v) && std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max()))
+      throw Error(what + ": F64 value " + format_double(v) + " at storage index " + std::to_string(i) +
+                  " is beyond fp32's range (kvbudget computes in fp32)");
+  }
+}
 
 void convert_to_i64(const uint8_t* src, DType d, int64_t n, int64_t* out) {
   if (dtype_is_float(d)) throw Error(std::string("internal: convert_to_i64 on float dtype ") + dtype_name(d));

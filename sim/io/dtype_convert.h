@@ -19,6 +19,9 @@ std::string known_dtype_names();
 
 // n elements starting at src, stored in row-major (C) order -> out[0..n).
 void convert_to_f32(const uint8_t* src, DType d, int64_t n, float* out);
+// Throws kvb::Error "WHAT: F64 value V at storage index i is beyond fp32's range" when a
+// finite F64 element would become Inf in fp32 (only F64 can; other dtypes: no-op).
+void require_fits_f32(const uint8_t* src, DType d, int64_t n, const std::string& what);
 void convert_to_i64(const uint8_t* src, DType d, int64_t n, int64_t* out);  // d must be an integer type
 
 // Elements of `shape` stored in column-major (Fortran) order -> row-major out.

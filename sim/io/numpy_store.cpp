@@ -113,6 +113,7 @@ Tensor NumpyStore::read_f32(const std::string& name) const {
   const NpySource& s = sources_.at(name);
   Tensor t(inf.shape);
   with_data(s, [&](const uint8_t* bytes) {
+    require_fits_f32(bytes, inf.dtype, t.numel(), inf.file + ": tensor '" + name + "'");
     if (s.header.fortran_order)
       convert_fortran_to_f32(bytes, inf.dtype, inf.shape, t.ptr());
     else
