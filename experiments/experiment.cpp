@@ -652,6 +652,14 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   const ModelDataSpec& m = data.model;
   std::shared_ptr<const Transformer> model = Transformer::load(m.checkpoint);
   std::vector<int64_t> tokens = load_tokens(m.tokens, model->config());
+  // A learned position table (GPT-2) ends at n_positions: say so before the model runs,
+  // naming the key that sets the length.
+  const ModelConfig& mc = model->config();
+  if (mc.family == ModelFamily::Gpt2 && static_cast<int64_t>(tokens.size()) > mc.max_positions)
+    throw ConfigError("data.max_tokens = " + std::to_string(data.max_tokens) + " keeps " +
+                      std::to_string(tokens.size()) + " tokens, more than the " + std::to_string(mc.max_positions) +
+                      " positions of " + mc.dir.string() + " (n_positions); set data.max_tokens <= " +
+                      std::to_string(mc.max_positions));
   const std::string warning = model->config().context_warning(static_cast<int64_t>(tokens.size()));
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
   const std::filesystem::path& from = m.tokens.text.empty() ? m.tokens.token_file : m.tokens.text;

@@ -95,6 +95,15 @@ expect "$tmp/tdir.err" "$tmp: is a directory, expected a text file" "eval --text
 "$kvb" run "$src/configs/llama_ppl.toml" --out "$tmp/results" -q --set "data.text=$tmp" >/dev/null 2>"$tmp/rdir.err"
 [ $? -eq 1 ] || fail "run with [data] text = DIR should exit 1"
 expect "$tmp/rdir.err" "$tmp: is a directory, expected a text file" "run with [data] text = DIR"
+"$kvb" run "$src/configs/repro_entropy_gpt2_model.toml" --out "$tmp/results" -q --set data.max_tokens=0 \
+  >/dev/null 2>"$tmp/npos.err"
+[ $? -eq 2 ] || fail "a GPT-2 model source longer than n_positions should exit 2"
+expect "$tmp/npos.err" "more than the 1024 positions of" "GPT-2 model source beyond n_positions"
+expect "$tmp/npos.err" "set data.max_tokens <= 1024" "GPT-2 model source beyond n_positions"
+# Outputs that cannot be written are refused before the model runs.
+"$kvb" record "$gpt2" --text "$text" --max-tokens 64 --out "$tmp/no_dir/r.safetensors" >/dev/null 2>"$tmp/wdir.err"
+[ $? -eq 2 ] || fail "record --out in a missing directory should exit 2"
+expect "$tmp/wdir.err" "no_dir does not exist" "record --out in a missing directory"
 "$kvb" eval "$llama" --text "$text" --format int9-asym-g32 >/dev/null 2>"$tmp/fmt.err"
 [ $? -eq 2 ] || fail "a bad format should exit 2"
 expect "$tmp/fmt.err" "int9-asym-g32" "eval bad format"
