@@ -7,6 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 
 #include "sim/core/error.h"
 
@@ -57,17 +58,39 @@ extern "C" void mark_crashed(int sig) {
 
 }  // namespace
 
+ScopedSignalHandlers::ScopedSignalHandlers(const std::vector<int>& signals, void (*handler)(int), bool keep_ignored) {
+  for (int sig : signals) {
+    Saved s{sig, {}};
+    if (::sigaction(sig, nullptr, &s.previous) != 0) continue;
+    if (keep_ignored && s.previous.sa_handler == SIG_IGN) continue;
+    struct sigaction act = {};
+    act.sa_handler = handler;
+    sigemptyset(&act.sa_mask);
+    if (::sigaction(sig, &act, nullptr) == 0) saved_.push_back(s);
+  }
+}
+
+ScopedSignalHandlers::~ScopedSignalHandlers() {
+  for (const Saved& s : saved_) ::sigaction(s.signal, &s.previous, nullptr);
+}
+
+namespace {
+std::unique_ptr<ScopedSignalHandlers> g_handlers;  // the live CrashMarker's
+}  // namespace
+
 CrashMarker::CrashMarker(const std::filesystem::path& manifest, const std::function<std::string(const char*)>& render) {
   if (g_installed.exchange(true)) throw Error("internal: a second CrashMarker while one is installed");
   g_manifest = manifest.string();
   g_temporary = g_manifest + ".crashed.tmp";
   for (size_t i = 0; i < kFatalSignals.size(); ++i) g_texts[i] = render(kFatalSignals[i].name);
   g_written.store(false);
-  for (const FatalSignal& s : kFatalSignals) std::signal(s.number, mark_crashed);
+  std::vector<int> numbers;
+  for (const FatalSignal& s : kFatalSignals) numbers.push_back(s.number);
+  g_handlers = std::make_unique<ScopedSignalHandlers>(numbers, mark_crashed, true);
 }
 
 CrashMarker::~CrashMarker() {
-  for (const FatalSignal& s : kFatalSignals) std::signal(s.number, SIG_DFL);
+  g_handlers.reset();
   g_installed.store(false);
 }
 

@@ -175,7 +175,7 @@ int cmd_quantize(const Args& args) {
   if (f->keys_only() && kind == "value")
     throw ConfigError("format '" + f->name() + "' stores keys only (a sketch for attention logits); it cannot " +
                       "quantize --kind value");
-  if (f->reads_pre_rope_keys() && pre_rope_tensor.empty())
+  if (f->reads_pre_rope_keys() && kind == "key" && pre_rope_tensor.empty())
     throw ConfigError("format '" + f->name() + "' quantizes keys before RoPE: give --pre-rope NAME, the tensor of " +
                       "pre-RoPE keys (e.g. layers.0.key_pre_rope in a recording)");
   if (!out_prefix.empty()) {

@@ -138,10 +138,15 @@ int cmd_run(const Args& args) {
     crashed.signal = signal;
     return report.manifest_text(crashed);
   });
+  // Installed before the manifest says "running": a stop from then on is graceful.
+  // Kept until the end (the final writes too). SIGINT and SIGTERM always stop the
+  // sweep (a shell script starts background jobs with SIGINT ignored); a SIGHUP that
+  // nohup set to be ignored stays ignored.
+  const ScopedSignalHandlers stop_handlers({SIGINT, SIGTERM}, on_signal, false);
+  const ScopedSignalHandlers hangup_handler({SIGHUP}, on_signal, true);
   report.write_config();
   report.write_manifest(info);
 
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
 
   // Completed results are rewritten atomically at most once a second while the
   // sweep runs, so a crash loses at most the last second of points.
@@ -184,7 +189,6 @@ int cmd_run(const Args& args) {
   if (!quiet)
     std::fprintf(stderr, "kvbudget: backend %s (%s)%s%s\n", backend_name(info.backend.used), info.backend.reason.c_str(),
                  info.backend.device.empty() ? "" : ": ", info.backend.device.c_str());
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
 
   const size_t errors_before_final_write = run_errors.size();
   attempt("points.csv / errors.csv", [&] { report.write_points(results); });

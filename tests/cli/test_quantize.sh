@@ -79,6 +79,8 @@ check "prerope:keep-fp32 re-applies RoPE (relative MSE < 1e-6, 2 spans of 512 to
   "[ $? -eq 0 ] && grep -q '2 span(s)' '$DIR/pr.txt' && awk '/relative MSE/ { exit !(\$3 < 1e-6) }' '$DIR/pr.txt'"
 "$KVB" quantize "$REC" -t layers.0.key -f kvquant-nuq4-1% > /dev/null 2> "$DIR/err.txt"
 check "a pre-RoPE format without --pre-rope says what to give" "[ $? -eq 2 ] && grep -q 'quantizes keys before RoPE: give --pre-rope' '$DIR/err.txt'"
+"$KVB" quantize "$REC" -t layers.0.value -f prerope:int4-asym-g32 --kind value > /dev/null 2> "$DIR/err.txt"
+check "a pre-RoPE format on values needs no --pre-rope (values are not rotated)" "[ $? -eq 0 ]"
 "$KVB" quantize "$REC" -t layers.0.key -f prerope:int4-asym-g32 --pre-rope layers.0.key_pre_rope --rope-theta=-5 \
   > /dev/null 2> "$DIR/err.txt"
 check "a non-positive --rope-theta is refused" "[ $? -eq 2 ] && grep -q 'rope-theta must be a finite number > 0' '$DIR/err.txt'"

@@ -170,6 +170,20 @@ rc=$?
 [ $rc -eq 129 ] || fail "a run sent SIGHUP: expected exit 129, got $rc"
 expect "$(ls -d "$tmp"/r6c/quickstart/2*)/manifest.json" '"status": "interrupted"' "manifest of a hung-up run"
 
+# 6d. Under nohup (SIGHUP ignored) a hangup does not stop the run.
+nohup "$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6d" \
+  --no-plots --threads 1 --quiet >"$tmp/n.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do
+  ls "$tmp"/r6d/quickstart/2*/manifest.json >/dev/null 2>&1 && break
+  sleep 0.1
+done
+kill -HUP $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] || fail "a nohup run sent SIGHUP: expected exit 0, got $rc"
+expect "$(ls -d "$tmp"/r6d/quickstart/2*)/manifest.json" '"status": "complete"' "manifest of a nohup run"
+
 # 7. Backends: auto says in the manifest what it chose and why; cuda runs on a device,
 # and without one (or in a build without nvcc) fails before writing any results.
 "$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --backend auto --out "$tmp/r7" --no-plots >"$tmp/a.out" 2>&1 \
