@@ -1,5 +1,6 @@
 #include "experiments/config.h"
 
+#include <charconv>
 #include <cmath>
 
 #include <fstream>
@@ -101,9 +102,13 @@ void ConfigDoc::apply_override(const std::string& assignment) {
   try {
     holder = toml::parse("v = " + text);
   } catch (const toml::parse_error&) {
-    // Digits that TOML refuses are an integer out of range, not a string.
-    static const std::regex integer(R"(^[+-]?[0-9][0-9_]*$)");
-    if (std::regex_match(text, integer))
+    // Plain digits that TOML refuses are an integer out of range, not a string
+    // ("0123" or "1__2" are refused as integers but are fine strings).
+    static const std::regex integer(R"(^[+-]?[1-9][0-9]*$)");
+    int64_t parsed = 0;
+    const char* digits = text.c_str() + (text[0] == '+' ? 1 : 0);
+    if (std::regex_match(text, integer) &&
+        std::from_chars(digits, text.c_str() + text.size(), parsed).ec == std::errc::result_out_of_range)
       throw ConfigError("--set " + key + ": " + text + " is outside the 64-bit integer range");
     holder.insert_or_assign("v", text);
   }

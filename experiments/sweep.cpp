@@ -103,6 +103,19 @@ void require_declared_columns(const Plan& plan, const std::string& type_name) {
                   "', which its entry in sim/strategies/registry.cpp does not list");
 }
 
+// Throws kvb::Error when a point's error sums or attention rows are not finite: a
+// format turned finite keys or values into Inf or NaN, and every metric would be
+// meaningless (a KL of 0 next to a NaN output error).
+void require_finite_errors(const ErrorStats& s, const Recording& rec) {
+  const char* why = ": a format turned finite keys or values into Inf or NaN (values beyond its range)";
+  if (!std::isfinite(s.k_err2) || !std::isfinite(s.v_err2))
+    throw Error(std::string("the key/value error sums are not finite") + why);
+  for (const AttentionRow& r : s.rows)
+    if (!std::isfinite(r.kl) || !std::isfinite(r.out_err2))
+      throw Error("attention of layer " + std::to_string(rec.layer_ids[static_cast<size_t>(r.layer)]) + " head " +
+                  std::to_string(r.q_head) + " at position " + std::to_string(r.position) + " is not finite" + why);
+}
+
 }  // namespace
 
 std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
@@ -308,11 +321,9 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
         for (size_t v = 0; v < variants; ++v)
           for (size_t l = 0; l < layers_per_variant; ++l) merged[v].merge(stats_of[t0 + v * L + l]);
         if (point_tasks[i] > layer_tasks[i]) merged[0].merge(stats_of[t0 + layer_tasks[i]]);  // the model task
-        // The CPU simulator refuses such a reconstruction itself (reconstruct_unit);
-        // this catches it on every backend.
-        if (!std::isfinite(merged[0].k_err2) || !std::isfinite(merged[0].v_err2))
-          throw Error("a format turned finite keys or values into Inf or NaN (values beyond its range), so every "
-                      "metric of the point would be meaningless");
+        // The CPU simulator refuses such a reconstruction itself (reconstruct_unit/
+        // _window); this catches it on every backend (windows reach only the rows).
+        require_finite_errors(merged[0], rec);
         for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(merged[0]));
         if (spec.attribution.selects(points[i].id) && variants > 0)
           r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),

@@ -2,6 +2,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <utility>
@@ -276,8 +277,8 @@ void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int
 
 // Reconstructs one unit and returns its errors (stored and window versions), adding
 // the tensor-level error of the stored version to stats.
-UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
-                     const SimOptions& opt, double& err2, double& norm2) {
+UnitDelta unit_delta_of(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
+                        const SimOptions& opt, double& err2, double& norm2) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
   const int64_t T = rec.tokens, d = rec.head_dim, n = T * d;
   const float* x = (kind == Kind::Key ? L.key : L.value).slice(g);
@@ -305,6 +306,22 @@ UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int6
   }
   if (opt.region) keep_region(*opt.region, unit, rec.tokens, rec.head_dim, u);
   return u;
+}
+
+// unit_delta_of with errors naming the unit's KV head and kind (the sweep names the
+// layer), keeping the error's type.
+UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
+                     const SimOptions& opt, double& err2, double& norm2) {
+  const std::string unit = "kv_head " + std::to_string(g) + " " + kind_name(kind) + ": ";
+  try {
+    return unit_delta_of(rec, plan, layer, g, kind, opt, err2, norm2);
+  } catch (const ConfigError& e) {
+    throw ConfigError(unit + e.what());
+  } catch (const NonFiniteReconstruction& e) {
+    throw NonFiniteReconstruction(unit + e.what());
+  } catch (const Error& e) {
+    throw Error(unit + e.what());
+  }
 }
 
 // The query heads of KV head g: both units reconstructed once, then every head.
@@ -359,13 +376,18 @@ namespace {
 // NaN output error), so the point fails instead.
 void require_finite_reconstruction(const Format& format, const float* x, const float* out, int64_t n, int64_t d,
                                    const SpanInfo& span) {
+  // A branch-free count first (this runs on every reconstruction); the details only
+  // when something is wrong.
+  int64_t nonfinite = 0;
+  for (int64_t i = 0; i < n * d; ++i) nonfinite += (std::bit_cast<uint32_t>(out[i]) & 0x7f800000u) == 0x7f800000u;
+  if (nonfinite == 0) return;
   int64_t bad = 0, first = -1;
   for (int64_t i = 0; i < n * d; ++i)
     if (!std::isfinite(out[i]) && std::isfinite(x[i]) && bad++ == 0) first = i;
-  if (bad == 0) return;
+  if (bad == 0) return;  // the input was not finite either (a model's own overflow)
   const int64_t row = first / d;
-  // The callers name the layer and KV head.
-  throw Error("format '" + format.name() + "' turned " + std::to_string(bad) + " finite " +
+  // The callers name the layer, KV head and kind.
+  throw NonFiniteReconstruction("format '" + format.name() + "' turned " + std::to_string(bad) + " finite " +
               (span.is_key ? "key" : "value") + " element(s) into Inf or NaN (the first at token " +
               std::to_string(span.first_token + row) + ", channel " + std::to_string(first % d) + ": " +
               format_double(x[first]) + "): they exceed the format's range");

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "sim/core/error.h"
 #include "sim/metrics/error_stats.h"
 #include "sim/plan.h"
 #include "sim/recording.h"
@@ -39,6 +40,13 @@ struct SimOptions {
   uint64_t seed = 0;                // handed to formats through SpanInfo
   int64_t row_block = 128;          // query rows per GEMM block
   const ErrorRegion* region = nullptr;  // keep only this region's errors (attribution)
+};
+
+// Thrown when a format turns finite keys or values into Inf or NaN (a value beyond its
+// range): what() names the format, the count and the first element.
+class NonFiniteReconstruction : public Error {
+ public:
+  using Error::Error;
 };
 
 // Quantizes then dequantizes one unit's source matrix x [T, head_dim] (row-major)

@@ -130,6 +130,7 @@ TEST_CASE("--set overrides any key, including inside [[strategy]] arrays") {
   CHECK(err.find("--set seed: expected an integer") != std::string::npos);
   err = error_of(text, {"seed=99999999999999999999"});
   CHECK(err.find("--set seed: 99999999999999999999 is outside the 64-bit integer range") != std::string::npos);
+  CHECK(parse(text, {"name=0123"}).name == "0123");  // not a TOML integer: a string
   // An element of an array.
   const std::string with_queries = text + "[budgets]\nqueries = [\"bpe <= 4\", \"bytes <= 1e6\"]\n";
   e = parse(with_queries, {"budgets.queries.1=bpe <= 3"});

@@ -124,3 +124,18 @@ TEST_CASE("optimal reports the additivity of its per-unit distortions") {
   CHECK(a.describe() == b.describe());
   CHECK(annotation(a, "objective_predicted") == annotation(b, "objective_predicted"));
 }
+
+TEST_CASE("a width whose format overflows on the data is measured as infinitely bad, never chosen") {
+  // Values ~ N(0, 1e6²): q4_0's fp16 scale (max|x| / 8) overflows to Inf; q8_0's
+  // (max|x| / 127) does not.
+  SyntheticSpec s = kvb::test::strategy_spec();
+  s.value_scale = 1e6;
+  const Recording rec = generate_synthetic(s);
+  RecordingStats stats(rec, kvb::test::calibration_of(rec));
+  const Plan plan = build_plan(
+      "optimal", {{"budget_bpe", 6.5}, {"family", std::string("q{b}_0")}, {"widths", IntList{4, 8}}}, rec, stats);
+  for (int64_t l = 0; l < plan.layers(); ++l)
+    for (int64_t g = 0; g < plan.kv_heads(); ++g)
+      for (const Segment& seg : plan.unit(l, g, Kind::Value).segments) CHECK(seg.format->name() == "q8_0");
+  CHECK(std::isfinite(objective_of(rec, plan, {40, 80}, Objective::KlMean)));
+}

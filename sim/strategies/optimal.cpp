@@ -86,7 +86,11 @@ double measure_unit(const StrategyInput& in, const Plan& plan, const AllocUnit& 
   SimOptions opt;
   opt.positions = in.stats->calibration();
   opt.seed = in.seed;
-  return objective_sum(simulate_kv_head(rec, m, u.layer, u.kv_head, opt), obj);
+  try {
+    return objective_sum(simulate_kv_head(rec, m, u.layer, u.kv_head, opt), obj);
+  } catch (const NonFiniteReconstruction&) {
+    return std::numeric_limits<double>::infinity();  // a width that overflows is never worth choosing
+  }
 }
 
 }  // namespace

@@ -69,14 +69,17 @@ class RecordingStats {
   template <typename T>
   const T& memo(const std::string& key, const std::function<T()>& compute) {
     Slot& slot = slot_for(key);
-    std::call_once(slot.once, [&] { slot.value = compute(); });
+    // A mutex, not std::call_once: an exception leaving call_once hangs later callers
+    // with some C++ libraries (libstdc++ on non-x86 targets).
+    const std::lock_guard<std::mutex> lock(slot.mutex);
+    if (!slot.value.has_value()) slot.value = compute();
     return std::any_cast<const T&>(slot.value);
   }
 
  private:
   struct Slot {
-    std::once_flag once;
-    std::any value;
+    std::mutex mutex;  // held while the value is computed
+    std::any value;    // empty until computed
   };
   Slot& slot_for(const std::string& key);
   void require_calibration(const char* what) const;
