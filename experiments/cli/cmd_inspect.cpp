@@ -163,10 +163,9 @@ int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_
   print_entropy_table(rec, entropy, true);
 
   if (!check_output) return 0;
-  if (!rec.has_attn_output()) {
-    std::printf("\nattn_output check: the recording has no attn_output\n");
-    return 0;
-  }
+  if (!rec.has_attn_output())  // nothing checked is not a pass
+    throw Error("--check-output: the recording has no attn_output tensors to compare (see --attn-output-layout and "
+                "the attn_output pattern layers.{layer}.attn_output)");
   int64_t mismatched = 0;
   // Recompute softmax(q kᵀ/√d)·v for every head and compare with the recorded output.
   std::printf("\nattn_output check (recomputed from query/key/value vs recorded; relative L2 / max abs):\n");
@@ -194,7 +193,7 @@ int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_
       r += ref[static_cast<size_t>(q)];
       m = std::max(m, maxabs[static_cast<size_t>(q)]);
     }
-    const double rel = std::sqrt(e / r);
+    const double rel = e == 0 ? 0.0 : std::sqrt(e / r);  // both all zero: a match
     const bool bad = !(rel <= kOutputMismatch);
     mismatched += bad;
     std::printf("  layer %-2d  %.3e  %.3e%s\n", rec.layer_ids[static_cast<size_t>(li)], rel, m, bad ? "  MISMATCH" : "");
@@ -281,6 +280,8 @@ int cmd_inspect(const Args& args) {
     if (!any_key) {
       std::printf("\nrecording: none (no tensor matches '%s'; name the tensors with --query/--key/--value)\n",
                   spec.key.c_str());
+      if (vm.count("check-output"))
+        throw Error(file + ": --check-output: no recording found to check (no tensor matches '" + spec.key + "')");
       return kExitOk;
     }
   }

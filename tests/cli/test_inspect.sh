@@ -26,6 +26,9 @@ grep -q MISMATCH "$tmp/rec.out" && fail "the llama record's attn_output should m
 [ $? -eq 1 ] || fail "a mismatching attn_output: expected exit 1"
 expect "$tmp/mm.out" "MISMATCH" "mismatching attn_output"
 expect "$tmp/mm.out" "differs from attention recomputed from query/key/value in 6 layer(s)" "mismatching attn_output"
+"$kvb" inspect "$src/data/models/gpt2-bytes" --no-stats --check-output >"$tmp/nr.out" 2>&1
+[ $? -eq 1 ] || fail "--check-output on a checkpoint (no recording): expected exit 1"
+expect "$tmp/nr.out" "--check-output: no recording found to check" "--check-output without a recording"
 "$kvb" inspect "$rec" --tensors 'nomatch*' >"$tmp/glob.out" 2>&1
 [ $? -eq 2 ] || fail "--tensors matching nothing: expected exit 2"
 expect "$tmp/glob.out" "--tensors 'nomatch*' matches none of the 30 tensors" "--tensors matching nothing"
