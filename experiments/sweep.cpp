@@ -172,7 +172,13 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
       try {
         (void)type.make(pt.params);  // validates formats and parameter combinations
       } catch (const Error& e) {
-        throw ConfigError(b.where + ": point " + pt.key + ": " + e.what());
+        std::string from_preset;  // a conflict may come from what the preset sets
+        if (!b.preset.empty()) {
+          std::vector<std::string> sets;
+          for (const auto& [k, v] : b.preset_values) sets.push_back(k + " = " + param_to_string(v));
+          from_preset = " (preset '" + b.preset + "' sets " + join(sets, ", ") + ")";
+        }
+        throw ConfigError(b.where + ": point " + pt.key + ": " + e.what() + from_preset);
       }
       points.push_back(std::move(pt));
     } while (next_combination(idx, b.axes));
