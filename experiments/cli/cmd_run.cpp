@@ -226,7 +226,7 @@ int cmd_run(const Args& args) {
   if (points_lost) {  // the measurements must not be lost with the disk: print them
     std::vector<PointResult> by_id = results;
     std::sort(by_id.begin(), by_id.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
-    std::printf("\npoints.csv could not be written (see the error below); its rows:\n%s",
+    std::printf("\npoints.csv or errors.csv could not be written (see the error below); the rows of points.csv:\n%s",
                 report.points_csv(by_id).c_str());
   }
   std::printf("\n%zu of %zu points measured in %.1f s; results in %s%s\n", results.size() - failed, points.size(),
