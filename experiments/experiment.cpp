@@ -564,6 +564,7 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
   q.memory = q.lhs == "bpe" || q.lhs == "bytes" || q.lhs == "bpe_target" || q.lhs == "bytes_target";
   if (q.memory) {
     if (!q.upper) throw ConfigError(where + ": memory budget '" + text + "' must be an upper bound (<=)");
+    if (!(q.bound > 0)) throw ConfigError(where + ": memory budget '" + text + "' must be > 0: no cache fits in it");
   } else {
     const MetricDef& def = require_metric(q.lhs, where + ": budget query '" + text + "'");
     if ((def.better == Better::Lower) != q.upper)

@@ -272,6 +272,8 @@ TEST_CASE("budget queries: strict < and > are rejected") {
   CHECK_THROWS_WITH_AS(parse_budget_query("topk_overlap > 0.9", "cfg:3"), doctest::Contains("write '>='"), ConfigError);
   CHECK_THROWS_WITH_AS(parse_budget_query("bpe < 4", "cfg:3"), doctest::Contains("strict"), ConfigError);
   CHECK(parse_budget_query("attn_kl_mean <= 1e-3", "cfg:3").upper);
+  CHECK_THROWS_WITH_AS(parse_budget_query("bytes <= 0", "cfg:3"), doctest::Contains("'bytes <= 0' must be > 0"),
+                       ConfigError);
 }
 
 TEST_CASE("an empty metrics.report is an error") {
