@@ -138,51 +138,41 @@ rows=$(($(wc -l <"$d6/points.csv") - 1))
 expect "$d6/manifest.json" '"status": "interrupted"' "manifest of an interrupted run"
 ls "$d6" | grep -q '\.tmp\.' && fail "temporary files left behind"
 
+# Starts a long sweep into $tmp/$1 in the background (through launcher $3, e.g. nohup),
+# waits for its manifest (written once the data is loaded), sends signal $2 and waits:
+# sets rc and run_dir.
+signal_run() {
+  local out="$tmp/$1" sig="$2" launcher="${3:-}"
+  $launcher "$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$out" \
+    --no-plots --threads 1 --quiet >"$out.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 100); do
+    ls "$out"/quickstart/2*/manifest.json >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  kill -"$sig" $pid
+  wait $pid
+  rc=$?
+  run_dir=$(ls -d "$out"/quickstart/2*)
+}
+
 # 6b. A fatal signal (a crash, std::terminate's abort): the manifest says "crashed" and
 # names the signal instead of claiming "running"; the process still dies of it.
-"$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6b" \
-  --no-plots --threads 1 --quiet >"$tmp/c.out" 2>&1 &
-pid=$!
-for _ in $(seq 100); do  # the manifest is first written once the data is loaded
-  ls "$tmp"/r6b/quickstart/2*/manifest.json >/dev/null 2>&1 && break
-  sleep 0.1
-done
-kill -SEGV $pid
-wait $pid
-rc=$?
+signal_run r6b SEGV
 [ $rc -eq 139 ] || fail "a run killed by SIGSEGV: expected exit 139, got $rc"
-d6b=$(ls -d "$tmp"/r6b/quickstart/2*)
-expect "$d6b/manifest.json" '"status": "crashed"' "manifest of a crashed run"
-expect "$d6b/manifest.json" '"signal": "SIGSEGV"' "manifest of a crashed run"
-[ ! -f "$d6b/points.csv" ] || csv_ok "$d6b/points.csv" || fail "crashed run's points.csv has a truncated row"
+expect "$run_dir/manifest.json" '"status": "crashed"' "manifest of a crashed run"
+expect "$run_dir/manifest.json" '"signal": "SIGSEGV"' "manifest of a crashed run"
+[ ! -f "$run_dir/points.csv" ] || csv_ok "$run_dir/points.csv" || fail "crashed run's points.csv has a truncated row"
 
 # 6c. A hangup stops the sweep like Ctrl-C (exit 128 + 1, status "interrupted").
-"$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6c" \
-  --no-plots --threads 1 --quiet >"$tmp/h.out" 2>&1 &
-pid=$!
-for _ in $(seq 100); do
-  ls "$tmp"/r6c/quickstart/2*/manifest.json >/dev/null 2>&1 && break
-  sleep 0.1
-done
-kill -HUP $pid
-wait $pid
-rc=$?
+signal_run r6c HUP
 [ $rc -eq 129 ] || fail "a run sent SIGHUP: expected exit 129, got $rc"
-expect "$(ls -d "$tmp"/r6c/quickstart/2*)/manifest.json" '"status": "interrupted"' "manifest of a hung-up run"
+expect "$run_dir/manifest.json" '"status": "interrupted"' "manifest of a hung-up run"
 
 # 6d. Under nohup (SIGHUP ignored) a hangup does not stop the run.
-nohup "$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6d" \
-  --no-plots --threads 1 --quiet >"$tmp/n.out" 2>&1 &
-pid=$!
-for _ in $(seq 100); do
-  ls "$tmp"/r6d/quickstart/2*/manifest.json >/dev/null 2>&1 && break
-  sleep 0.1
-done
-kill -HUP $pid
-wait $pid
-rc=$?
+signal_run r6d HUP nohup
 [ $rc -eq 0 ] || fail "a nohup run sent SIGHUP: expected exit 0, got $rc"
-expect "$(ls -d "$tmp"/r6d/quickstart/2*)/manifest.json" '"status": "complete"' "manifest of a nohup run"
+expect "$run_dir/manifest.json" '"status": "complete"' "manifest of a nohup run"
 
 # 7. Backends: auto says in the manifest what it chose and why; cuda runs on a device,
 # and without one (or in a build without nvcc) fails before writing any results.
