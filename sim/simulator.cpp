@@ -370,7 +370,7 @@ SpanInfo span_from(const SpanInfo& unit_span, int64_t offset) {
 
 namespace {
 
-// Throws kvb::Error when `format` turned a finite value of x [n, d] into Inf or NaN
+// Throws NonFiniteReconstruction when `format` turned a finite value of x [n, d] into Inf or NaN
 // in out (a value beyond its range: keep-fp16 beyond 65504, an fp16 scale that
 // overflows): every metric of the point would be meaningless (a KL of 0 next to a
 // NaN output error), so the point fails instead.
@@ -388,9 +388,9 @@ void require_finite_reconstruction(const Format& format, const float* x, const f
   const int64_t row = first / d;
   // The callers name the layer, KV head and kind.
   throw NonFiniteReconstruction("format '" + format.name() + "' turned " + std::to_string(bad) + " finite " +
-              (span.is_key ? "key" : "value") + " element(s) into Inf or NaN (the first at token " +
-              std::to_string(span.first_token + row) + ", channel " + std::to_string(first % d) + ": " +
-              format_double(x[first]) + "): they exceed the format's range");
+                                (span.is_key ? "key" : "value") + " element(s) into Inf or NaN (the first at token " +
+                                std::to_string(span.first_token + row) + ", channel " + std::to_string(first % d) +
+                                ": " + format_double(x[first]) + "): they exceed the format's range");
 }
 
 }  // namespace
