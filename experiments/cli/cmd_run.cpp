@@ -37,6 +37,21 @@ extern "C" void on_signal(int sig) {
   g_stop.store(true);
 }
 
+// Targets the synthetic generator could not reach (an entropy above log2 of the
+// context, say): the data is not what the config asked for. Prints the first few on
+// stderr and returns all of them (for the manifest).
+std::vector<std::string> data_warnings(const Recording& rec) {
+  const auto it = rec.metadata.find("synthetic.warnings");
+  if (it == rec.metadata.end() || it->second.empty()) return {};
+  const std::vector<std::string> warnings = split(it->second, '\n');
+  constexpr size_t kShown = 3;
+  std::fprintf(stderr, "kvbudget run: warning: the synthetic data misses %zu of its targets (all in manifest.json):\n",
+               warnings.size());
+  for (size_t i = 0; i < warnings.size() && i < kShown; ++i) std::fprintf(stderr, "  %s\n", warnings[i].c_str());
+  if (warnings.size() > kShown) std::fprintf(stderr, "  ... and %zu more\n", warnings.size() - kShown);
+  return warnings;
+}
+
 }  // namespace
 
 int cmd_run(const Args& args) {
@@ -118,17 +133,7 @@ int cmd_run(const Args& args) {
   info.started_iso = time_now("%Y-%m-%dT%H:%M:%S%z");
   info.points_total = points.size();
   info.recording_summary = rec.name + ": " + rec.summary();
-  // Targets the synthetic generator could not reach (an entropy above log2 of the
-  // context, say): the data is not what the config asked for.
-  if (const auto it = rec.metadata.find("synthetic.warnings"); it != rec.metadata.end() && !it->second.empty()) {
-    info.warnings = split(it->second, '\n');
-    constexpr size_t kShown = 3;
-    std::fprintf(stderr, "kvbudget run: warning: the synthetic data misses %zu of its targets (all in manifest.json):\n",
-                 info.warnings.size());
-    for (size_t i = 0; i < info.warnings.size() && i < kShown; ++i)
-      std::fprintf(stderr, "  %s\n", info.warnings[i].c_str());
-    if (info.warnings.size() > kShown) std::fprintf(stderr, "  ... and %zu more\n", info.warnings.size() - kShown);
-  }
+  info.warnings = data_warnings(rec);
   info.backend.requested = spec.backend;
   info.positions = positions;
   // A fatal signal from here on leaves the manifest "crashed" rather than "running".
@@ -146,7 +151,6 @@ int cmd_run(const Args& args) {
   const ScopedSignalHandlers hangup_handler({SIGHUP}, on_signal, true);
   report.write_config();
   report.write_manifest(info);
-
 
   // Completed results are rewritten atomically at most once a second while the
   // sweep runs, so a crash loses at most the last second of points.
