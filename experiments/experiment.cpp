@@ -320,6 +320,7 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
       if (preset_value_overridden(type, name, [&](const std::string& k) { return t.has(k); })) continue;
       Axis a;
       a.name = name;
+      a.from_preset = true;
       a.where = t.where("preset");
       a.values = {value};
       b.axes.push_back(a);
@@ -669,6 +670,18 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   return std::make_shared<const ModelEvaluator>(std::move(model), std::move(tokens), m.continuations, source);
 }
 
+void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T) {
+  if (std::any_of(positions.evaluation.begin(), positions.evaluation.end(), [&](int64_t t) { return t + 1 < T; }))
+    return;
+  for (const std::string& name : spec.metrics.report) {
+    const MetricDef& m = require_metric(name, "metrics.report");
+    if (m.level == MetricLevel::Model && !m.needs_continuations)
+      throw ConfigError(spec.metrics.positions_where + ": '" + name + "' predicts token t + 1 at each evaluated " +
+                        "position t, but no evaluated position lies below " + std::to_string(T - 1) +
+                        " (the last token has nothing to predict)");
+  }
+}
+
 bool AttributionSpec::selects(size_t id) const {
   if (select == Select::All) return true;
   if (select == Select::None) return false;
@@ -679,12 +692,10 @@ QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
   QueryPositions q;
   const CalibrationSpec& c = spec.calibration;
   if (c.explicit_positions) {
+    // Positions past the recording are dropped; none left fails only the points that
+    // need statistics (RecordingStats::require_calibration), as an offset past T does.
     for (int64_t p : c.positions)
       if (p < T) q.calibration.push_back(p);
-    if (q.calibration.empty())
-      throw ConfigError((c.where.empty() ? std::string("calibration") : c.where) +
-                        ": positions: no calibration position lies below the recording's " + std::to_string(T) +
-                        " tokens");
   } else {
     for (int64_t p = c.offset; p < T; p += c.stride) q.calibration.push_back(p);
   }

@@ -56,6 +56,7 @@ struct Axis {
   std::string name;                 // parameter or variable name
   std::vector<ParamValue> values;   // one value = fixed
   bool is_var = false;              // declared under [strategy.vars]
+  bool from_preset = false;         // set by the block's preset, not the block itself
   std::string where;                // config location
 };
 
@@ -183,5 +184,9 @@ struct QueryPositions {
   std::string evaluation_text;      // how they were chosen, for the manifest
 };
 QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T);
+// Throws kvb::ConfigError at metrics.positions when a reported position-level model
+// metric (ppl, next_token_kl_*, same_top_rate: each position t predicts token t + 1)
+// has no evaluated position below T - 1 to average over.
+void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T);
 
 }  // namespace kvb

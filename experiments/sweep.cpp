@@ -12,6 +12,7 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/simulator.h"
+#include "sim/strategies/presets.h"
 #include "sim/strategies/statistics.h"
 #if KVB_HAVE_CUDA
 #include "kernels/cuda_simulator.h"
@@ -28,15 +29,28 @@ std::string substitute(std::string s, const std::vector<std::pair<std::string, s
 
 // "type(p=v,...)" listing the parameters that differ from what is implied: the
 // preset's value where the preset sets one, else the default. A preset point is
-// named after its preset.
+// named after its preset, and also lists a default-valued parameter the block sets
+// that overrides another of the preset's (window_mode over its key_window_mode).
 std::string point_key(const StrategyBlock& b, const Params& p, const std::vector<ParamDef>& defs) {
   std::vector<std::string> parts;
+  auto overrides_preset = [&](const std::string& name) {
+    if (b.preset.empty() || b.preset_values.count(name)) return false;
+    const bool set = std::any_of(b.axes.begin(), b.axes.end(),
+                                 [&](const Axis& a) { return a.name == name && !a.is_var && !a.from_preset; });
+    if (!set) return false;
+    const StrategyType& type = require_strategy_type(b.type, b.where);
+    for (const auto& [preset_name, value] : b.preset_values)
+      if (preset_value_overridden(type, preset_name, [&](const std::string& k) { return k == name; })) return true;
+    return false;
+  };
   for (const ParamDef& d : defs) {
     auto it = p.values().find(d.name);
     if (it == p.values().end()) continue;
     const ParamValue& v = it->second;
     auto preset = b.preset_values.find(d.name);
-    if (preset != b.preset_values.end() ? preset->second == v : (d.default_value && *d.default_value == v)) continue;
+    const bool implied =
+        preset != b.preset_values.end() ? preset->second == v : (d.default_value && *d.default_value == v);
+    if (implied && !overrides_preset(d.name)) continue;
     parts.push_back(d.name + "=" + param_to_string(v));
   }
   return (b.preset.empty() ? b.type : b.preset) + "(" + join(parts, ",") + ")";

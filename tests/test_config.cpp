@@ -196,6 +196,13 @@ TEST_CASE("presets, integer lists, per-kind parameters and {b} in strategy block
   REQUIRE(pts.size() == 2);
   CHECK(pts[0].key == "kivi-2(window=64)");
   CHECK(pts[1].key == "kivi-2()");
+  // A default-valued key that overrides the preset's key_/value_ variant is in the key;
+  // a block's key overrides the preset's alternative to it (prompt over prompt_fraction).
+  CHECK(expand_sweep(parse(kData + "[[strategy]]\npreset = \"kivi-2\"\nwindow_mode = \"sliding\"\n"))[0].key ==
+        "kivi-2(window_mode=sliding)");
+  const SweepPoint quanto = expand_sweep(parse(kData + "[[strategy]]\npreset = \"hf-quanto-int4\"\nprompt = 32\n"))[0];
+  CHECK(quanto.params.integer("prompt") == 32);
+  CHECK(quanto.params.real("prompt_fraction") == 0);  // the default, not the preset's 0.25
   CHECK(pts[0].label == "kivi-2");
   CHECK(pts[0].params.str("key_format") == "int2-asym-ch32");
   CHECK(pts[0].params.str("window_mode", Kind::Key) == "chunked");

@@ -126,6 +126,7 @@ int cmd_run(const Args& args) {
   if (!quiet) std::fprintf(stderr, "kvbudget: recording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
 
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
+  check_model_metric_positions(spec, positions, rec.tokens);
   Report report(spec, points, make_run_dir(spec.output.dir, spec.name));
   RunInfo info;
   info.command_line = "kvbudget run " + join(args, " ");

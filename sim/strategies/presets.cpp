@@ -1,5 +1,8 @@
 #include "sim/strategies/presets.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 
@@ -113,9 +116,54 @@ const StrategyPreset& require_strategy_preset(const std::string& name, const std
   throw ConfigError(msg + "; known: " + join(names, ", "));
 }
 
+namespace {
+
+// Parameters that are alternatives to one another, grouped by the mode they select:
+// setting one of a mode makes a preset's parameters of the group's other modes give way.
+using Mode = std::vector<std::string>;
+const std::vector<std::vector<Mode>>& alternative_modes() {
+  static const std::vector<std::vector<Mode>> groups = {
+      {{"prompt"}, {"prompt_fraction"}},
+      {{"sink_heads"}, {"sink_head_threshold"}},
+      {{"budget_bpe", "key_budget_bpe", "value_budget_bpe"},
+       {"mean_bits"},
+       {"low_bits"},
+       {"first_bits", "second_bits"},
+       {"first_format", "second_format"}},
+  };
+  return groups;
+}
+
+// `name` without a key_ / value_ prefix, and the prefix ("" when none).
+std::pair<std::string, std::string> split_kind_prefix(const std::string& name) {
+  for (const char* prefix : {"key_", "value_"})
+    if (name.rfind(prefix, 0) == 0) return {name.substr(std::string(prefix).size()), prefix};
+  return {name, ""};
+}
+
+// Whether the block sets a parameter of another mode than the preset's `name`: the
+// generic form overrides any kind, key_X only the preset's key_ parameters.
+bool alternative_set(const std::string& name, const std::function<bool(const std::string&)>& is_set) {
+  const auto [base, prefix] = split_kind_prefix(name);
+  for (const std::vector<Mode>& group : alternative_modes())
+    for (const Mode& mode : group) {
+      if (std::find(mode.begin(), mode.end(), base) == mode.end() &&
+          std::find(mode.begin(), mode.end(), name) == mode.end())
+        continue;
+      for (const Mode& other : group) {
+        if (&other == &mode) continue;
+        for (const std::string& k : other)
+          if (is_set(k) || (!prefix.empty() && is_set(prefix + k))) return true;
+      }
+    }
+  return false;
+}
+
+}  // namespace
+
 bool preset_value_overridden(const StrategyType& type, const std::string& name,
                              const std::function<bool(const std::string&)>& is_set) {
-  if (is_set(name)) return true;
+  if (is_set(name) || alternative_set(name, is_set)) return true;
   for (const std::string prefix : {"key_", "value_"})
     if (name.rfind(prefix, 0) == 0) {
       const std::string base = name.substr(prefix.size());

@@ -30,7 +30,9 @@ const StrategyPreset& require_strategy_preset(const std::string& name, const std
 
 // Whether a preset's value for parameter `name` gives way to an explicitly set one
 // (`is_set(param)`): `name` itself, or, for key_X / value_X of a per-kind parameter X
-// of `type`, the base X (a block's `format` overrides the preset's key_format too).
+// of `type`, the base X (a block's `format` overrides the preset's key_format too), or
+// an alternative to it (a block's `prompt` overrides the preset's `prompt_fraction`,
+// `budget_bpe` its `mean_bits` or `low_bits`, `sink_head_threshold` its `sink_heads`).
 bool preset_value_overridden(const StrategyType& type, const std::string& name,
                              const std::function<bool(const std::string&)>& is_set);
 
