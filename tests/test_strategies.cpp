@@ -261,6 +261,10 @@ TEST_CASE("configuration errors name the parameter") {
             .find("taqg: `low_bits` is not used with budget_bpe") != std::string::npos);
   CHECK(make_error("entropy", {{"mean_bits", 4.0}, {"family", kFamily}, {"format", int4}})
             .find("entropy: `format` is not used with mean_bits") != std::string::npos);
+  CHECK(make_error("uniform", {{"format", int4}, {"budget_context", int64_t{1024}}})
+            .find("uniform: `budget_context` is not used without budget_bpe") != std::string::npos);
+  CHECK(make_error("uniform", {{"format", int4}, {"max_bits", 4.0}})
+            .find("uniform: `max_bits` is not used without budget_bpe") != std::string::npos);
   CHECK(make_error("uniform",
                    {{"format", std::string("int4-asym-g32")}, {"sink_heads", int64_t{2}}, {"sink_head_threshold", 1.0}})
             .find("not both") != std::string::npos);

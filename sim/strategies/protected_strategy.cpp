@@ -21,7 +21,11 @@ std::vector<std::string> with_shared_columns(std::vector<std::string> own, bool 
 
 std::optional<BudgetSetup> read_budget_setup(const Params& p, const std::string& type) {
   const std::optional<BudgetSpec> b = BudgetSpec::from_params(p);
-  if (!b) return std::nullopt;
+  if (!b) {
+    if (p.has("budget_context") && p.integer("budget_context") != 0)
+      throw ConfigError(type + ": `budget_context` is not used without budget_bpe (it is the context a budget is met at)");
+    return std::nullopt;
+  }
   BudgetSetup s;
   s.budget = *b;
   for (Kind kind : {Kind::Key, Kind::Value}) {

@@ -13,6 +13,7 @@ const std::vector<ParamDef>& uniform_params() {
 
 UniformStrategy::UniformStrategy(const Params& p) : ProtectedStrategy(p), budget_(read_budget_setup(p, "uniform")) {
   if (budget_) return;
+  refuse_unused_params(p, "uniform", {"min_bits", "max_bits"}, "without budget_bpe (they clamp a family's widths)");
   for (Kind kind : {Kind::Key, Kind::Value}) {
     const std::string key = p.kind_name("format", kind);
     if (!p.has(key)) {
