@@ -154,6 +154,12 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
   r.token_ids_required = t.has("token_ids");
   r.layout = t.string("layout", r.layout);
   r.attn_output_layout = t.string("attn_output_layout", r.attn_output_layout);
+  try {
+    check_recording_layouts(r);
+  } catch (const ConfigError& e) {  // "layout 'x': why": located at its key
+    const std::string what = e.what();
+    t.fail(what.rfind("attn_output_layout", 0) == 0 ? "attn_output_layout" : "layout", what);
+  }
   if (t.has("layers") && t.int_list("layers").empty())
     t.fail("layers", "an empty list selects no layer; leave `layers` out to load every layer");
   for (int64_t l : t.int_list("layers")) {

@@ -100,4 +100,8 @@ struct RecordingSpec {
 // the key pattern. Errors name the file, the tensor and the expected shape.
 Recording load_recording(const RecordingSpec& spec);
 
+// Throws kvb::ConfigError when spec.layout or spec.attn_output_layout is not a valid
+// axis order (what load_recording checks first), so that a config can name the key.
+void check_recording_layouts(const RecordingSpec& spec);
+
 }  // namespace kvb

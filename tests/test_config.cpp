@@ -373,6 +373,9 @@ TEST_CASE("ranges: overflow and huge ranges are errors at their key, never hangs
   CHECK(error_of(kData + sweep + "bits = \"2..x\"\n").find("strategy[0].vars.bits: '2..x' is not a range") !=
         std::string::npos);
   CHECK(error_of(kData + sweep + "bits = \"8..2:-2\"\n").find("'8..2:-2' is not a range") != std::string::npos);
+  // A bad axis order is an error at its key, before any data is read.
+  CHECK(error_of(kData + "layout = \"heads,tokens\"\n" + sweep + "bits = [4]\n")
+            .find("test.toml:3: data.layout: layout 'heads,tokens': needs the axes") != std::string::npos);
 }
 
 TEST_CASE("metrics.positions: empty ranges and lists are errors, not 'all'") {

@@ -341,6 +341,11 @@ std::vector<int64_t> read_token_ids(const TensorStore& store, const std::string&
 
 }  // namespace
 
+void check_recording_layouts(const RecordingSpec& spec) {
+  (void)parse_layout(spec.layout, "layout", false);
+  (void)parse_layout(spec.attn_output_layout, "attn_output_layout", true);
+}
+
 Recording load_recording(const RecordingSpec& spec) {
   const std::unique_ptr<TensorStore> store = TensorStore::open(spec.path);
   const std::string where = spec.path.string();
