@@ -200,7 +200,7 @@ std::vector<ParamValue> values_of(const ConfigTable& t, const std::string& key, 
   const std::string* s = std::get_if<std::string>(&v);
   if (!allow_range || !s) return {v};
   if (auto r = parse_range_at(t, key, *s)) {
-    if (r->empty()) t.fail(key, "range '" + *s + "' is empty");
+    if (r->empty()) t.fail(key, "range '" + *s + "' is empty (LO..HI:STEP needs LO <= HI and STEP > 0)");
     return *r;
   }
   if (looks_like_range(*s))
@@ -476,7 +476,8 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
       if (m.positions_text != "all") {
         auto r = parse_range_at(*t, "positions", m.positions_text);
         if (!r) t->fail("positions", "expected \"all\", a range \"a..b\" or an array of positions");
-        if (r->empty()) t->fail("positions", "range '" + m.positions_text + "' is empty");
+        if (r->empty())
+          t->fail("positions", "range '" + m.positions_text + "' is empty (LO..HI:STEP needs LO <= HI and STEP > 0)");
         for (const ParamValue& v : *r) {
           if (!std::holds_alternative<int64_t>(v)) t->fail("positions", "positions must be integers");
           m.positions.push_back(std::get<int64_t>(v));
