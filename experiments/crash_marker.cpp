@@ -74,10 +74,6 @@ ScopedSignalHandlers::~ScopedSignalHandlers() {
   for (const Saved& s : saved_) ::sigaction(s.signal, &s.previous, nullptr);
 }
 
-namespace {
-std::unique_ptr<ScopedSignalHandlers> g_handlers;  // the live CrashMarker's
-}  // namespace
-
 CrashMarker::CrashMarker(const std::filesystem::path& manifest, const std::function<std::string(const char*)>& render) {
   if (g_installed.exchange(true)) throw Error("internal: a second CrashMarker while one is installed");
   g_manifest = manifest.string();
@@ -86,11 +82,11 @@ CrashMarker::CrashMarker(const std::filesystem::path& manifest, const std::funct
   g_written.store(false);
   std::vector<int> numbers;
   for (const FatalSignal& s : kFatalSignals) numbers.push_back(s.number);
-  g_handlers = std::make_unique<ScopedSignalHandlers>(numbers, mark_crashed, true);
+  handlers_ = std::make_unique<ScopedSignalHandlers>(numbers, mark_crashed, true);
 }
 
 CrashMarker::~CrashMarker() {
-  g_handlers.reset();
+  handlers_.reset();
   g_installed.store(false);
 }
 

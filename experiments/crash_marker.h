@@ -10,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ class CrashMarker {
   ~CrashMarker();  // restores the previous dispositions
   CrashMarker(const CrashMarker&) = delete;
   CrashMarker& operator=(const CrashMarker&) = delete;
+
+ private:
+  std::unique_ptr<ScopedSignalHandlers> handlers_;
 };
 
 }  // namespace kvb

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <regex>
 #include <sstream>
+#include <tuple>
 
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
@@ -154,11 +155,13 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
   r.token_ids_required = t.has("token_ids");
   r.layout = t.string("layout", r.layout);
   r.attn_output_layout = t.string("attn_output_layout", r.attn_output_layout);
-  try {
-    check_recording_layouts(r);
-  } catch (const ConfigError& e) {  // "layout 'x': why": located at its key
-    const std::string what = e.what();
-    t.fail(what.rfind("attn_output_layout", 0) == 0 ? "attn_output_layout" : "layout", what);
+  for (const auto& [key, text, for_attn_output] : {std::tuple{"layout", &r.layout, false},
+                                                    std::tuple{"attn_output_layout", &r.attn_output_layout, true}}) {
+    try {
+      check_layout(*text, key, for_attn_output);
+    } catch (const ConfigError& e) {  // located at its key
+      t.fail(key, e.what());
+    }
   }
   if (t.has("layers") && t.int_list("layers").empty())
     t.fail("layers", "an empty list selects no layer; leave `layers` out to load every layer");
@@ -370,7 +373,6 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
 CalibrationSpec parse_calibration(const std::optional<ConfigTable>& t) {
   CalibrationSpec c;
   if (!t) return c;
-  c.where = t->where();
   c.overlap = t->boolean("overlap", false);
   if (const toml::node* n = t->node("positions")) {
     if (t->has("stride") || t->has("offset")) t->fail("positions", "give positions or stride/offset, not both");

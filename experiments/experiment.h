@@ -80,7 +80,6 @@ struct CalibrationSpec {
   int64_t offset = 7;              // ... starting here
   bool overlap = false;            // true: evaluated positions may include calibration ones
   std::string text = "stride 8 from 7";  // for the manifest
-  std::string where;
 };
 
 struct AttributionSpec {

@@ -33,6 +33,7 @@ std::string num(double v) { return format_double(v); }
 // points.csv's fixed columns: before the coordinates, and between them and the metrics.
 const std::vector<std::string> kPointColumnsLead = {"id", "strategy", "type", "key"};
 const std::vector<std::string> kPointColumnsPlan = {"plan", "bpe", "bpe_target", "bytes", "bytes_target", "compression"};
+constexpr const char* kPointColumnLast = "seconds";
 
 std::vector<std::string> coordinate_names(const std::vector<SweepPoint>& points) {
   std::set<std::string> cols;
@@ -151,7 +152,7 @@ std::vector<std::string> points_csv_columns(const ExperimentSpec& spec, const st
   for (const std::string& m : spec.metrics.report) add(m);
   for (const SweepPoint& p : points)
     for (const std::string& c : require_strategy_type(p.type, "strategy").columns) add(c);
-  add("seconds");
+  add(kPointColumnLast);
   return cols;
 }
 
@@ -190,7 +191,7 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
   os << "," << join(kPointColumnsPlan, ",");
   for (const std::string& m : spec_.metrics.report) os << "," << m;
   for (const std::string& a : notes) os << "," << csv_field(a);
-  os << ",seconds\n";
+  os << "," << kPointColumnLast << "\n";
   for (const PointResult& r : results) {
     if (!r.ok) continue;
     const SweepPoint& p = points_[r.id];

@@ -100,8 +100,9 @@ struct RecordingSpec {
 // the key pattern. Errors name the file, the tensor and the expected shape.
 Recording load_recording(const RecordingSpec& spec);
 
-// Throws kvb::ConfigError when spec.layout or spec.attn_output_layout is not a valid
-// axis order (what load_recording checks first), so that a config can name the key.
-void check_recording_layouts(const RecordingSpec& spec);
+// Throws kvb::ConfigError "OPTION 'text': why" when `text` is not a valid axis order for
+// q/k/v (RecordingSpec::layout) or, with for_attn_output, for attn_output (what
+// load_recording checks first), so that a config can name the key.
+void check_layout(const std::string& text, const char* option, bool for_attn_output);
 
 }  // namespace kvb

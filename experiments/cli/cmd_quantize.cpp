@@ -137,8 +137,9 @@ int cmd_quantize(const Args& args) {
       "write PREFIX.dequant.npy (.safetensors for a safetensors input), PREFIX.codes.bin and PREFIX.codes.bin.json")(
       "dequant", po::value(&dequant_path), "write the dequantized tensor here (.npy or .safetensors), same shape")(
       "codes", po::value(&codes_path), "write the codes here (raw bytes; layout in CODES.json)")(
-      "rows-per-span", po::value(&rows_per_span), "rows per span, >= 1 (default: all rows are one span; with --pre-rope, the tensor's "
-      "tokens axis, one span per head)")(
+      "rows-per-span", po::value(&rows_per_span),
+      "rows per span, >= 1 (default: all rows are one span; with --pre-rope, the tensor's tokens axis, one span per "
+      "head)")(
       "kind", po::value(&kind), "key or value: what the spans are (QJL stores keys only)")(
       "pre-rope", po::value(&pre_rope_tensor),
       "tensor of the same file holding the pre-RoPE keys (for prerope:<inner> formats, e.g. layers.0.key_pre_rope)")(

@@ -1,15 +1,14 @@
 // Checks shared by the subcommands.
 #include "experiments/cli/commands.h"
 
-#include "experiments/experiment.h"
-#include "sim/core/error.h"
-
 #include <unistd.h>
 
 #include <cstdlib>
-
 #include <filesystem>
 #include <iostream>
+
+#include "experiments/experiment.h"
+#include "sim/core/error.h"
 
 namespace kvb::cli {
 

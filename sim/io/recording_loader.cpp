@@ -341,9 +341,8 @@ std::vector<int64_t> read_token_ids(const TensorStore& store, const std::string&
 
 }  // namespace
 
-void check_recording_layouts(const RecordingSpec& spec) {
-  (void)parse_layout(spec.layout, "layout", false);
-  (void)parse_layout(spec.attn_output_layout, "attn_output_layout", true);
+void check_layout(const std::string& text, const char* option, bool for_attn_output) {
+  (void)parse_layout(text, option, for_attn_output);
 }
 
 Recording load_recording(const RecordingSpec& spec) {

@@ -137,8 +137,9 @@ void SafetensorsStore::parse_header(const json& header, uint64_t buffer_size) {
 Tensor SafetensorsStore::read_f32(const std::string& name) const {
   const TensorInfo& inf = info(name);
   Tensor t(inf.shape);
-  require_fits_f32(bytes_of(name), inf.dtype, t.numel(), inf.file + ": tensor '" + name + "'");
-  convert_to_f32(bytes_of(name), inf.dtype, t.numel(), t.ptr());
+  const uint8_t* bytes = bytes_of(name);
+  require_fits_f32(bytes, inf.dtype, t.numel(), inf.file + ": tensor '" + name + "'");
+  convert_to_f32(bytes, inf.dtype, t.numel(), t.ptr());
   return t;
 }
 

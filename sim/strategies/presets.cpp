@@ -164,13 +164,10 @@ bool alternative_set(const std::string& name, const std::function<bool(const std
 bool preset_value_overridden(const StrategyType& type, const std::string& name,
                              const std::function<bool(const std::string&)>& is_set) {
   if (is_set(name) || alternative_set(name, is_set)) return true;
-  for (const std::string prefix : {"key_", "value_"})
-    if (name.rfind(prefix, 0) == 0) {
-      const std::string base = name.substr(prefix.size());
-      for (const ParamDef& def : type.params)
-        if (def.per_kind && def.name == base && is_set(base)) return true;
-    }
-  return false;
+  const auto [base, prefix] = split_kind_prefix(name);
+  if (prefix.empty() || !is_set(base)) return false;
+  return std::any_of(type.params.begin(), type.params.end(),
+                     [&](const ParamDef& def) { return def.per_kind && def.name == base; });
 }
 
 }  // namespace kvb
