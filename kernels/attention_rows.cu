@@ -61,7 +61,7 @@ struct LocalTopK {
   int count = 0;
 
   __device__ void offer(Cand x, int k) {
-    if (count == k && !better(x, c[k - 1])) return;
+    if (k <= 0 || (count == k && !better(x, c[k - 1]))) return;  // k <= 0: overlap is 1, as on the CPU
     int at = count < k ? count++ : k - 1;
     while (at > 0 && better(x, c[at - 1])) {
       c[at] = c[at - 1];

@@ -177,7 +177,7 @@ std::vector<float> ref_mxfp4(const std::vector<float>& x) {
 std::vector<float> ref_nvfp4(const std::vector<float>& x) {
   float amax_all = 0;
   for (float v : x) amax_all = std::max(amax_all, std::fabs(v));
-  const float g = amax_all > 0 ? amax_all / 2688.0f : 1.0f;
+  const float g = amax_all / 2688.0f > 0 ? amax_all / 2688.0f : 1.0f;
   std::vector<float> y(x.size());
   for (size_t b = 0; b < x.size(); b += 16) {
     float amax = 0;
@@ -249,6 +249,11 @@ TEST_CASE("mxfp4 and nvfp4 follow their scale rules exactly") {
   const std::vector<float> zeros(static_cast<size_t>(4 * d), 0.0f);
   check_same(roundtrip("nvfp4", zeros, 4, d), zeros, "nvfp4 zeros");
   check_same(roundtrip("mxfp4", zeros, 4, d), zeros, "mxfp4 zeros");
+  // A span so small that amax / 2688 underflows: zeros, never 0/0.
+  std::vector<float> deep(static_cast<size_t>(4 * d));
+  for (size_t i = 0; i < deep.size(); ++i) deep[i] = std::ldexp(static_cast<float>(i % 7) - 3.0f, -149);
+  check_same(roundtrip("nvfp4", deep, 4, d), std::vector<float>(deep.size(), 0.0f), "nvfp4 deep subnormals");
+  check_same(roundtrip("nvfp4", deep, 4, d), ref_nvfp4(deep), "nvfp4 deep subnormals vs reference");
   // Bits per element of methods.md §1.
   CHECK(make_format("mxfp4")->bpe(1000, 128) == 4.25);
   CHECK(make_format("nvfp4")->storage_bits(1000, 128) == 1000 * 128 * 4 + 1000 * 8 * 8 + 32);

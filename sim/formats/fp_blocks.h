@@ -51,11 +51,14 @@ KVB_HD void mxfp4_dequantize_block(uint8_t e, const uint8_t* codes, float* y) {
 // ---------------------------------------------------------------- NVFP4
 // 16 E2M1 elements sharing an E4M3 scale, times one fp32 scale per tensor (here: per
 // span). The tensor scale g = amax(span) / (6 * 448) lets every block scale
-// amax(block) / (6 g) fit E4M3's range; an all-zero span gets g = 1.
+// amax(block) / (6 g) fit E4M3's range; an all-zero span gets g = 1, and so does a span
+// so small (amax < 2688 · 2^-149) that g would underflow to 0 (its blocks then decode to
+// zeros instead of 0/0 = NaN).
 inline constexpr int kNvfp4Block = 16;
 
 KVB_HD float nvfp4_tensor_scale(float span_amax) {
-  return span_amax > 0.0f ? div_rn(span_amax, 2688.0f) : 1.0f;
+  const float g = div_rn(span_amax, 2688.0f);
+  return g > 0.0f ? g : 1.0f;
 }
 
 // Quantizes one block with tensor scale g: s is the E4M3 code of the block scale.

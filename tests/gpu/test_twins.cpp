@@ -74,6 +74,7 @@ std::vector<float> make_input(const std::string& kind, int64_t n, uint64_t seed)
     else if (kind == "huge") v *= (rng() % 4 == 0) ? 7e4f : 1.0f;    // fp16 scale saturation
     else if (kind == "extreme") v *= (rng() % 8 == 0) ? 1e30f : 1e-3f;
     else if (kind == "subnormal") v *= 1e-40f;
+    else if (kind == "deep_subnormal") v *= 1e-44f;  // a few ulps: nvfp4's tensor scale underflows
     else if (kind == "outlier") v = (i % 97 == 5) ? v * 300.0f : v;
     else if (kind == "tiny") v *= 1e-16f;  // ggml's GROUP_MAX_EPS path, fp16 scale underflow
     else if (kind == "sign_ties") {        // ±m: ties between +max and -max in every block
@@ -316,7 +317,7 @@ TEST_SUITE("no_device") {
 TEST_CASE("every twin's codes, parameters and values are byte-identical to the CPU format") {
   const std::vector<std::string> kinds = {"normal", "zeros",   "signed_zeros", "constant",  "half_steps",
                                           "huge",   "extreme", "subnormal",    "outlier",   "tiny",
-                                          "sign_ties", "grid_ties", "block_constant"};
+                                          "sign_ties", "grid_ties", "block_constant", "deep_subnormal"};
   const std::vector<Shape> shapes = test_shapes();
   Tally tally;
   uint64_t seed = 1;
