@@ -142,14 +142,14 @@ std::vector<float> ref_fp8(const std::vector<float>& x, int64_t rows, int64_t d,
   if (std::string(mode) == "cal") {
     float amax = 0;
     for (int64_t i = 0; i < std::min(rows, cal) * d; ++i) amax = std::max(amax, std::fabs(x[i]));
-    span_scale = amax > 0 ? amax / static_cast<float>(f.max) : 1.0f;
+    span_scale = amax / static_cast<float>(f.max) > 0 ? amax / static_cast<float>(f.max) : 1.0f;
   }
   for (int64_t r = 0; r < rows; ++r) {
     float s = span_scale;
     if (std::string(mode) == "tok") {
       float amax = 0;
       for (int64_t c = 0; c < d; ++c) amax = std::max(amax, std::fabs(x[r * d + c]));
-      s = amax > 0 ? amax / static_cast<float>(f.max) : 1.0f;
+      s = amax / static_cast<float>(f.max) > 0 ? amax / static_cast<float>(f.max) : 1.0f;
     }
     for (int64_t c = 0; c < d; ++c) y[r * d + c] = ref_decode(ref_encode(x[r * d + c] / s, f), f) * s;
   }
@@ -229,6 +229,14 @@ TEST_CASE("fp8 formats: static, calibrated and per-token scales") {
   check_same(roundtrip("fp8-e4m3-cal16", x, rows, d), ref_fp8(x, rows, d, kE4M3, "cal", 1.0f, 16), "cal16");
   check_same(roundtrip("fp8-e5m2-cal4", x, rows, d), ref_fp8(x, rows, d, kE5M2, "cal", 1.0f, 4), "e5m2 cal4");
   check_same(roundtrip("fp8-e4m3-tok", x, rows, d), ref_fp8(x, rows, d, kE4M3, "tok", 1.0f, 0), "tok");
+  // Values so small that absmax / max underflows: scale 1, signed zeros, never x / 0.
+  std::vector<float> deep(static_cast<size_t>(rows * d));
+  for (size_t i = 0; i < deep.size(); ++i) deep[i] = std::ldexp(static_cast<float>(i % 7) - 3.0f, -149);
+  const std::vector<float> deep_tok = roundtrip("fp8-e4m3-tok", deep, rows, d);
+  check_same(deep_tok, ref_fp8(deep, rows, d, kE4M3, "tok", 1.0f, 0), "tok deep subnormals");
+  CHECK(std::all_of(deep_tok.begin(), deep_tok.end(), [](float v) { return v == 0.0f; }));
+  check_same(roundtrip("fp8-e4m3-cal16", deep, rows, d), ref_fp8(deep, rows, d, kE4M3, "cal", 1.0f, 16), "cal deep");
+  check_same(roundtrip("fp8-e5m2-cal4", deep, rows, d), ref_fp8(deep, rows, d, kE5M2, "cal", 1.0f, 4), "e5m2 deep");
   CHECK(make_format("fp8-e4m3")->storage_bits(100, 64) == 100 * 64 * 8);
   CHECK(make_format("fp8-e4m3-cal16")->storage_bits(100, 64) == 100 * 64 * 8 + 32);
   CHECK(make_format("fp8-e4m3-tok")->storage_bits(100, 64) == 100 * 64 * 8 + 100 * 32);

@@ -10,9 +10,11 @@ namespace kvb {
 
 // ---------------------------------------------------------------- fp8 with a scale
 // A calibrated scale maps the calibration absmax to the format's max; all-zero
-// calibration data gives scale 1.
+// calibration data gives scale 1, and so does data so small that the quotient
+// underflows to 0 (its values then round to zeros instead of x / 0).
 KVB_HD float fp8_scale_from_absmax(float amax, MinifloatSpec s) {
-  return amax > 0.0f ? div_rn(amax, minifloat_max(s)) : 1.0f;
+  const float scale = div_rn(amax, minifloat_max(s));
+  return scale > 0.0f ? scale : 1.0f;
 }
 KVB_HD uint8_t fp8_encode_scaled(float x, float scale, MinifloatSpec s) { return minifloat_encode(div_rn(x, scale), s); }
 KVB_HD float fp8_decode_scaled(uint8_t code, float scale, MinifloatSpec s) {
