@@ -19,8 +19,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
-HIGHER_IS_BETTER = {"topk_overlap", "k_snr_db", "v_snr_db", "same_top_token", "greedy_token_match", "bleu4",
-                    "bleu4_research"}
 
 
 def read_csv(path):
@@ -44,14 +42,14 @@ def to_compression(b):
         return np.where(b != 0, 16.0 / np.where(b != 0, b, 1.0), np.inf)
 
 
-def plot_metric(points, front, metric, series, marker, title, out_dir):
+def plot_metric(points, front, metric, higher_is_better, series, marker, title, out_dir):
     fig, ax = plt.subplots(figsize=(7.5, 5.0), dpi=120)
     groups = sorted({p.get(series, "") for p in points})
     shapes = sorted({p.get(marker, "") for p in points}) if marker else [""]
     cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
     values = [as_float(p[metric]) for p in points]
     positive = [v for v in values if v > 0 and math.isfinite(v)]
-    log_y = (metric not in HIGHER_IS_BETTER and len(positive) == len([v for v in values if math.isfinite(v)])
+    log_y = (not higher_is_better and len(positive) == len([v for v in values if math.isfinite(v)])
              and positive and max(positive) / min(positive) > 20)
     for gi, g in enumerate(groups):
         for si, s in enumerate(shapes):
@@ -72,7 +70,7 @@ def plot_metric(points, front, metric, series, marker, title, out_dir):
     if log_y:
         ax.set_yscale("log")
     ax.set_xlabel("bits per element (all metadata counted)")
-    better = "higher" if metric in HIGHER_IS_BETTER else "lower"
+    better = "higher" if higher_is_better else "lower"
     ax.set_ylabel(f"{metric} ({better} is better)")
     ax.set_title(f"{title}: {metric} vs memory")
     ax.grid(True, which="both", alpha=0.3)
@@ -92,6 +90,8 @@ def main():
     ap.add_argument("--series", default="strategy", help="points.csv column that colours points")
     ap.add_argument("--marker", default="", help="points.csv column that shapes points")
     ap.add_argument("--title", default="kvbudget")
+    ap.add_argument("--higher-is-better", default="",
+                    help="comma-separated metrics where higher is better (kvbudget passes its metric table's)")
     args = ap.parse_args()
 
     points = read_csv(os.path.join(args.results, "points.csv"))
@@ -103,6 +103,7 @@ def main():
         if col and col not in points[0]:
             print(f"column '{col}' not in points.csv (columns: {', '.join(points[0].keys())})", file=sys.stderr)
             return 2
+    higher = set(m for m in args.higher_is_better.split(",") if m)
     out_dir = os.path.join(args.results, "plots")
     os.makedirs(out_dir, exist_ok=True)
     for metric in [m for m in args.metrics.split(",") if m]:
@@ -110,7 +111,7 @@ def main():
             print(f"metric '{metric}' not in points.csv", file=sys.stderr)
             return 2
         front = sorted((r for r in pareto if r["metric"] == metric), key=lambda r: as_float(r["bpe"]))
-        plot_metric(points, front, metric, args.series, args.marker, args.title, out_dir)
+        plot_metric(points, front, metric, metric in higher, args.series, args.marker, args.title, out_dir)
     return 0
 
 

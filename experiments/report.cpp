@@ -22,6 +22,7 @@
 #include "kvb/git_info.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/metrics/metric_table.h"
 #include "sim/strategies/strategy.h"
 
 namespace kvb {
@@ -397,6 +398,14 @@ std::string Report::write_plots() const {
   const std::string python = plot_python();
   std::vector<std::string> argv = {python, pareto.string(), "--results", dir_.string(), "--metrics",
                                    join(spec_.metrics.pareto, ","), "--title", spec_.name};
+  std::vector<std::string> higher_is_better;  // the plot labels and scales each metric by its direction
+  for (const std::string& m : spec_.metrics.pareto)
+    if (const MetricDef* def = find_metric(m); def != nullptr && def->better == Better::Higher)
+      higher_is_better.push_back(m);
+  if (!higher_is_better.empty()) {
+    argv.push_back("--higher-is-better");
+    argv.push_back(join(higher_is_better, ","));
+  }
   if (!spec_.output.series.empty()) {
     argv.push_back("--series");
     argv.push_back(spec_.output.series);

@@ -28,6 +28,9 @@ if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   for m in attn_kl_mean attn_out_rel_err topk_overlap; do
     [ -s "$d1/plots/$m.png" ] && [ -s "$d1/plots/$m.svg" ] || fail "plot $m missing"
   done
+  # Each axis says the metric table's direction (the SVG keeps the label as a comment).
+  expect "$d1/plots/topk_overlap.svg" "topk_overlap (higher is better)" "plot label"
+  expect "$d1/plots/attn_kl_mean.svg" "attn_kl_mean (lower is better)" "plot label"
 fi
 
 # 2. Determinism: same config and seed, other thread count: identical numbers.
