@@ -163,6 +163,10 @@ ErrorStats CudaSimulator::simulate_layer(const Plan& plan, int64_t layer, const 
   m.positions.reserve(pos.size());
   m.positions.upload(pos.data(), pos.size());
   m.rows.reserve(static_cast<size_t>(rec.q_heads) * pos.size());
+  // All bits set: a float field of AttentionRow no kernel writes reads as NaN, which
+  // the sweep's finiteness check and the GPU tests report, never as stale values.
+  KVB_CUDA_CHECK(cudaMemsetAsync(m.rows.data(), 0xff, static_cast<size_t>(rec.q_heads) * pos.size() *
+                                 sizeof(AttentionRow), m.stream));
 
   for (int64_t g = 0; g < rec.kv_heads; ++g) {
     const UnitPlan& ku = plan.unit(layer, g, Kind::Key);

@@ -1,7 +1,8 @@
 // The metric table (methods.md §4): every metric a result row can carry, in one list
 // that configs, CSV columns, Pareto fronts, budget queries and `kvbudget metrics`
 // iterate over. Adding a metric means adding one entry in metric_table.cpp (and, for
-// a new per-row quantity, one field of AttentionRow filled by the simulator).
+// a new per-row quantity, one field of AttentionRow, filled by both simulators:
+// sim/simulator.cpp and the CUDA kernels in kernels/attention_rows.cu).
 #pragma once
 #include <string>
 #include <string_view>
