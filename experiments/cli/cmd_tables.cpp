@@ -98,7 +98,11 @@ namespace {
 
 void print_params(const std::vector<ParamDef>& params, const std::vector<ParamDef>& skip) {
   for (const ParamDef& p : params) {
-    if (std::any_of(skip.begin(), skip.end(), [&](const ParamDef& s) { return s.name == p.name; })) continue;
+    // Skipped: the shared definitions already printed; a type's own parameter of the
+    // same name (another meaning) is still listed.
+    if (std::any_of(skip.begin(), skip.end(),
+                    [&](const ParamDef& s) { return s.name == p.name && s.description == p.description; }))
+      continue;
     std::string def = p.default_value ? param_to_string(*p.default_value) : (p.optional ? "(unset)" : "(required)");
     if (def.empty()) def = "\"\"";
     const std::string name = (p.per_kind ? "[key_|value_]" : "") + p.name;
@@ -126,7 +130,7 @@ int cmd_strategies(const Args& args) {
   std::printf("Protections (every type; applied in this order before the allocator):\n");
   print_params(protection_params(), {});
   print_columns(protection_columns(), {});
-  std::printf("\nBudget (every type; `format`-style fixed settings need none):\n");
+  std::printf("\nBudget (every type unless it says otherwise; `format`-style fixed settings need none):\n");
   print_params(budget_params(), {});
   print_columns(budget_columns(), {});
   std::printf("\n");
@@ -134,6 +138,12 @@ int cmd_strategies(const Args& args) {
   shared_columns.insert(shared_columns.end(), budget_columns().begin(), budget_columns().end());
   for (const StrategyType& t : strategy_types()) {
     std::printf("%s: %s\n", t.name.c_str(), t.description.c_str());
+    const auto takes = [&](const ParamDef& shared_param) {
+      return std::any_of(t.params.begin(), t.params.end(), [&](const ParamDef& p) {
+        return p.name == shared_param.name && p.description == shared_param.description;
+      });
+    };
+    if (!takes(budget_params().front())) std::printf("    (takes no budget: no budget parameters)\n");
     print_params(t.params, shared);
     print_columns(t.columns, shared_columns);
     std::printf("\n");
