@@ -607,6 +607,31 @@ void add_budget_query(ExperimentSpec& spec, const std::string& text, const std::
   spec.budgets.push_back(std::move(q));
 }
 
+namespace {
+
+toml::table& subtable(toml::table& root, const char* name) {
+  if (!root[name].is_table()) root.insert_or_assign(name, toml::table{});
+  return *root[name].as_table();
+}
+
+}  // namespace
+
+void record_run_options(ExperimentSpec& spec, const RunOptionsInConfig& o) {
+  toml::table root = toml::parse(std::string_view(spec.resolved_toml));
+  if (o.threads > 0) root.insert_or_assign("threads", int64_t{o.threads});
+  if (!o.backend.empty()) root.insert_or_assign("backend", o.backend);
+  if (!o.out_dir.empty()) subtable(root, "output").insert_or_assign("dir", o.out_dir);
+  if (o.no_plots) subtable(root, "output").insert_or_assign("plots", false);
+  if (!o.budgets.empty()) {
+    toml::table& budgets = subtable(root, "budgets");
+    if (!budgets["queries"].is_array()) budgets.insert_or_assign("queries", toml::array{});
+    for (const std::string& q : o.budgets) budgets["queries"].as_array()->push_back(q);
+  }
+  std::ostringstream os;
+  os << toml::toml_formatter(root);
+  spec.resolved_toml = os.str();
+}
+
 ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
   ExperimentSpec e;
   ConfigTable root = doc->root();

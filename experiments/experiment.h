@@ -133,7 +133,7 @@ struct ExperimentSpec {
   OutputSpec output;
   std::vector<BudgetQuery> budgets;
   std::filesystem::path config_path;
-  std::string resolved_toml;  // the config after --set overrides, as TOML text
+  std::string resolved_toml;  // the config after --set overrides (and run's options), as TOML text
 };
 
 // Loads, applies overrides, validates everything that can be checked without data
@@ -151,6 +151,18 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
 // to spec.metrics.report (in table order) so that every point measures it. Throws
 // ConfigError naming `where`. Used for [budgets] queries and `--budget`.
 void add_budget_query(ExperimentSpec& spec, const std::string& text, const std::string& where);
+
+// `kvbudget run`'s options that stand for config keys, recorded in
+// spec.resolved_toml so that the saved config.toml reruns the experiment as it ran
+// (the values were applied to spec already).
+struct RunOptionsInConfig {
+  int threads = 0;                   // --threads; 0 = not given
+  std::string out_dir;               // --out; empty = not given
+  std::string backend;               // --backend; empty = not given
+  bool no_plots = false;             // --no-plots
+  std::vector<std::string> budgets;  // --budget queries, appended to [budgets] queries
+};
+void record_run_options(ExperimentSpec& spec, const RunOptionsInConfig& o);
 
 // The most OpenMP threads a config (`threads`) or a command (--threads) may ask for.
 inline constexpr int kMaxThreads = 1024;

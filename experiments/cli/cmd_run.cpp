@@ -103,6 +103,7 @@ int cmd_run(const Args& args) {
   }
   if (!backend.empty()) spec.backend = parse_backend_request(backend, "--backend");
   if (vm.count("no-plots")) spec.output.plots = false;
+  record_run_options(spec, RunOptionsInConfig{threads, out_dir, backend, vm.count("no-plots") != 0, budgets});
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
 
   const std::vector<SweepPoint> points = expand_sweep(spec);

@@ -22,6 +22,7 @@ expect "$d1/manifest.json" '"status": "complete"' "manifest"
 expect "$d1/manifest.json" '"git_commit"' "manifest"
 expect "$d1/manifest.json" '"seed": 0' "manifest"
 expect "$d1/config.toml" 'max_tokens = 64' "resolved config"
+expect "$d1/config.toml" "dir = '$tmp/r1'" "resolved config (--out)"
 expect "$tmp/run1.out" "Pareto frontier: attn_kl_mean" "console"
 expect "$tmp/run1.out" "Budget queries:" "console"
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
