@@ -546,7 +546,13 @@ std::optional<std::vector<ParamValue>> parse_range(const std::string& text) {
   if (!(step > 0) || hi < lo) return std::vector<ParamValue>{};
   const double count = std::floor((hi - lo) / step + 1e-9) + 1;
   if (!(count <= static_cast<double>(kMaxRangeValues))) throw too_many(format_double(count));
-  for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) out.emplace_back(lo + static_cast<double>(i) * step);
+  for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
+    // 15 significant digits drop the binary noise of lo + i·step (0.1 + 2·0.1 is
+    // 0.30000000000000004), so values and point keys read as the range was written.
+    char text15[32];
+    std::snprintf(text15, sizeof text15, "%.15g", lo + static_cast<double>(i) * step);
+    out.emplace_back(std::strtod(text15, nullptr));
+  }
   return out;
 }
 

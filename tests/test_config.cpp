@@ -61,6 +61,10 @@ TEST_CASE("parameters can be axes directly; ranges accept steps and reals") {
   const auto f = parse_range("0.1..0.5:0.1");
   REQUIRE(f);
   CHECK(f->size() == 5);
+  CHECK(std::get<double>((*f)[2]) == 0.3);  // as written, not 0.1 + 2·0.1 = 0.30000000000000004
+  const auto e3 = parse_range("1e-3..5e-3:1e-3");
+  REQUIRE(e3);
+  CHECK(std::get<double>((*e3)[2]) == 0.003);
   CHECK(!parse_range("int4"));
 }
 
