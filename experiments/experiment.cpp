@@ -516,6 +516,20 @@ OutputSpec parse_output(const std::optional<ConfigTable>& t) {
 
 }  // namespace
 
+namespace {
+
+// Decimal places of a number as written: "0.25" 2, "1e-3" 3, "2.5e1" 0, "7" 0.
+int decimals_written(const std::string& number) {
+  const size_t e = number.find_first_of("eE");
+  const std::string mantissa = number.substr(0, e);
+  const size_t dot = mantissa.find('.');
+  const int fraction = dot == std::string::npos ? 0 : static_cast<int>(mantissa.size() - dot - 1);
+  const int exponent = e == std::string::npos ? 0 : std::atoi(number.c_str() + e + 1);
+  return std::max(0, fraction - exponent);
+}
+
+}  // namespace
+
 std::optional<std::vector<ParamValue>> parse_range(const std::string& text) {
   static const std::regex re(R"(^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*\.\.\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*(?::\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?))?\s*$)");
   std::smatch m;
@@ -546,12 +560,19 @@ std::optional<std::vector<ParamValue>> parse_range(const std::string& text) {
   if (!(step > 0) || hi < lo) return std::vector<ParamValue>{};
   const double count = std::floor((hi - lo) / step + 1e-9) + 1;
   if (!(count <= static_cast<double>(kMaxRangeValues))) throw too_many(format_double(count));
+  // lo + i·step rounded to the decimals LO and STEP are written with drops binary
+  // noise (0.1 + 2·0.1 is 0.30000000000000004; -0.3 + 3·0.1 is 5.6e-17), so values
+  // and point keys read as the range was written.
+  const int decimals = std::max(decimals_written(a), decimals_written(st));
   for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
-    // 15 significant digits drop the binary noise of lo + i·step (0.1 + 2·0.1 is
-    // 0.30000000000000004), so values and point keys read as the range was written.
-    char text15[32];
-    std::snprintf(text15, sizeof text15, "%.15g", lo + static_cast<double>(i) * step);
-    out.emplace_back(std::strtod(text15, nullptr));
+    const double v = lo + static_cast<double>(i) * step;
+    if (decimals > 340) {
+      out.emplace_back(v);
+      continue;
+    }
+    std::vector<char> text(static_cast<size_t>(decimals) + 330);
+    std::snprintf(text.data(), text.size(), "%.*f", decimals, v);
+    out.emplace_back(std::strtod(text.data(), nullptr) + 0.0);  // + 0.0: no -0
   }
   return out;
 }
@@ -624,13 +645,18 @@ toml::table& subtable(toml::table& root, const char* name) {
 
 void record_run_options(ExperimentSpec& spec, const RunOptionsInConfig& o) {
   toml::table root = toml::parse(std::string_view(spec.resolved_toml));
+  // The name defaults to the config file's stem, which is "config" for the saved copy.
+  if (!root.contains("name")) root.insert("name", spec.name);
   if (o.threads > 0) root.insert_or_assign("threads", int64_t{o.threads});
   if (!o.backend.empty()) root.insert_or_assign("backend", o.backend);
   if (!o.out_dir.empty()) subtable(root, "output").insert_or_assign("dir", o.out_dir);
   if (o.no_plots) subtable(root, "output").insert_or_assign("plots", false);
   if (!o.budgets.empty()) {
     toml::table& budgets = subtable(root, "budgets");
-    if (!budgets["queries"].is_array()) budgets.insert_or_assign("queries", toml::array{});
+    toml::array queries;  // the config's own first: a list, or one string
+    if (const toml::array* a = budgets["queries"].as_array()) queries = *a;
+    else if (const auto one = budgets["queries"].value<std::string>()) queries.push_back(*one);
+    budgets.insert_or_assign("queries", std::move(queries));
     for (const std::string& q : o.budgets) budgets["queries"].as_array()->push_back(q);
   }
   std::ostringstream os;

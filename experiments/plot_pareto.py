@@ -3,7 +3,9 @@
 
 Reads RESULTS/points.csv and RESULTS/pareto.csv (written by `kvbudget run`) and writes
 RESULTS/plots/<metric>.png and .svg: every measured point, coloured by a series column
-and shaped by a marker column, with the Pareto frontier drawn as a staircase.
+and shaped by a marker column, with the Pareto frontier drawn as a staircase. Each axis
+says whether lower or higher is better: metrics named in --higher-is-better (kvbudget
+passes its metric table's) are higher-is-better, every other metric lower-is-better.
 
 Runs under Debian's /usr/bin/python3 with python3-matplotlib.
 """

@@ -132,7 +132,7 @@ std::string Report::manifest_text(const RunInfo& info) const {
   }
   if (spec_.metrics.positions_text != "all") j["evaluation"]["positions"] = info.positions.evaluation;
   // What was measured and asked, including what --budget and the budget queries added
-  // (config.toml holds the config file's own text after --set).
+  // (config.toml holds the config after --set, with the --budget queries appended).
   j["metrics_reported"] = spec_.metrics.report;
   nlohmann::json budgets = nlohmann::json::array();
   for (const BudgetQuery& q : spec_.budgets) budgets.push_back(q.text);

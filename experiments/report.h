@@ -1,6 +1,7 @@
 // Report: everything a run writes under results/<name>/<timestamp>/.
 //
-//   config.toml     the resolved config (after --set)
+//   config.toml     the resolved config (after --set, with run's --out, --threads, --backend,
+//                   --no-plots and --budget folded in)
 //   manifest.json   git commit, build type, CPU, threads, seed, wall time, status, backend,
 //                   calibration and evaluated positions
 //   points.csv      one row per point: key, coordinates, bpe, bytes, every metric,

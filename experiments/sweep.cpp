@@ -106,17 +106,6 @@ BackendChoice choose_backend(const ExperimentSpec& spec, const std::vector<Sweep
   return c;
 }
 
-// A plan's annotations become points.csv columns; each type declares the ones it may
-// add (StrategyType::columns), which output.series / output.marker are checked
-// against before the sweep runs.
-void require_declared_columns(const Plan& plan, const std::string& type_name) {
-  const StrategyType& type = require_strategy_type(type_name, "strategy");
-  for (const Annotation& a : plan.annotations())
-    if (std::find(type.columns.begin(), type.columns.end(), a.name) == type.columns.end())
-      throw Error("internal: strategy '" + type_name + "' reported column '" + a.name +
-                  "', which its entry in sim/strategies/registry.cpp does not list");
-}
-
 // Throws kvb::Error when a point's error sums or attention rows are not finite: a
 // format turned finite keys or values into Inf or NaN, and every metric would be
 // meaningless (a KL of 0 next to a NaN output error).
@@ -132,6 +121,14 @@ void require_finite_errors(const ErrorStats& s, const Recording& rec) {
 }
 
 }  // namespace
+
+void require_declared_columns(const Plan& plan, const std::string& type_name) {
+  const StrategyType& type = require_strategy_type(type_name, "strategy");
+  for (const Annotation& a : plan.annotations())
+    if (std::find(type.columns.begin(), type.columns.end(), a.name) == type.columns.end())
+      throw Error("internal: strategy '" + type_name + "' reported column '" + a.name +
+                  "', which its entry in sim/strategies/registry.cpp does not list");
+}
 
 std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
   // The cartesian products are sized before anything is expanded: a sweep of millions

@@ -41,6 +41,11 @@ inline constexpr int64_t kMaxSweepPoints = 200000;
 // is one of more than kMaxSweepPoints points (sized before expanding).
 std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec);
 
+// A plan's annotations become points.csv columns; each type declares the ones it may
+// add (StrategyType::columns), which output.series / output.marker are checked
+// against before the sweep runs. Throws kvb::Error naming a column not declared.
+void require_declared_columns(const Plan& plan, const std::string& type_name);
+
 struct PointResult {
   size_t id = 0;
   bool ok = false;

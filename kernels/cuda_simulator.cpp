@@ -240,6 +240,13 @@ ErrorStats CudaSimulator::simulate_layer(const Plan& plan, int64_t layer, const 
   KVB_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   ErrorStats stats;
   stats.rows = m.rows.download(static_cast<size_t>(rec.q_heads) * pos.size());
+  for (size_t i = 0; i < stats.rows.size(); ++i) {  // every row written (its identity is)
+    const AttentionRow& row = stats.rows[i];
+    if (row.layer != layer || row.q_head != static_cast<int32_t>(i / pos.size()) ||
+        row.position != pos[i % pos.size()])
+      throw Error("CUDA backend: attention row " + std::to_string(i) + " of layer " + std::to_string(layer) +
+                  " was not written by the kernels (internal error)");
+  }
   const std::vector<double> partial = m.partial.download(static_cast<size_t>(rec.kv_heads) * 4 * kDeltaBlocks);
   for (int64_t g = 0; g < rec.kv_heads; ++g)
     for (int kind = 0; kind < 2; ++kind)

@@ -2,6 +2,7 @@
 // overrides, sweep expansion. Configs are parsed from strings; the data path points
 // at the bundled recording (not loaded here).
 #include <algorithm>
+#include <cmath>
 
 #include "experiments/experiment.h"
 #include "experiments/sweep.h"
@@ -65,6 +66,17 @@ TEST_CASE("parameters can be axes directly; ranges accept steps and reals") {
   const auto e3 = parse_range("1e-3..5e-3:1e-3");
   REQUIRE(e3);
   CHECK(std::get<double>((*e3)[2]) == 0.003);
+  const auto across = parse_range("-0.3..0.3:0.1");  // crosses zero: exactly 0, not 5.6e-17
+  REQUIRE(across);
+  REQUIRE(across->size() == 7);
+  CHECK(std::get<double>((*across)[3]) == 0.0);
+  CHECK(!std::signbit(std::get<double>((*across)[3])));
+  CHECK(std::get<double>(parse_range("0.12345678901234567..1")->front()) == 0.12345678901234567);  // as written
+  const auto fine = parse_range("1..1.000000000000003:1e-15");  // tiny steps stay distinct
+  REQUIRE(fine);
+  REQUIRE(fine->size() == 4);
+  CHECK(std::get<double>((*fine)[1]) > 1.0);
+  CHECK(std::get<double>((*fine)[2]) > std::get<double>((*fine)[1]));
   CHECK(!parse_range("int4"));
 }
 
@@ -414,4 +426,21 @@ TEST_CASE("synthetic specs are validated at parse time, located at their key") {
       error_of("[data.synthetic]\nlayers = 1000\nq_heads = 64\nkv_heads = 8\nhead_dim = 128\ntokens = 10000000\n" + strat);
   CHECK(huge.find("data.synthetic.tokens") != std::string::npos);
   CHECK(huge.find("do not fit in this machine's") != std::string::npos);
+}
+
+TEST_CASE("run's options are recorded in the resolved config, which parses back to the same experiment") {
+  ExperimentSpec e = parse(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n"
+                                   "[budgets]\nqueries = \"bpe <= 4\"\n");
+  CHECK(e.name == "test");  // the file's stem
+  record_run_options(e, RunOptionsInConfig{3, "/tmp/elsewhere", "auto", true, {"attn_kl_mean <= 1e-3"}});
+  const ExperimentSpec again = parse(e.resolved_toml);
+  CHECK(again.name == "test");  // kept, though the saved copy is named config.toml
+  CHECK(again.threads == 3);
+  CHECK(again.backend == BackendRequest::Auto);
+  CHECK(again.output.dir == "/tmp/elsewhere");
+  CHECK(!again.output.plots);
+  REQUIRE(again.budgets.size() == 2);  // the config's single query kept, then --budget's
+  CHECK(again.budgets[0].text == "bpe <= 4");
+  CHECK(again.budgets[1].text == "attn_kl_mean <= 1e-3");
+  CHECK(again.strategies.size() == 1);
 }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <set>
 
+#include "experiments/sweep.h"
 #include "sim/core/error.h"
 #include "sim/formats/registry.h"
 #include "sim/metrics/redundancy.h"
@@ -108,8 +109,7 @@ TEST_CASE("every budgeted strategy meets its budget exactly across a sweep of bu
   // Table-driven: every budgeted type of the strategy table must be in the list above
   // (a new type fails here until it is), and its plans add only its declared columns.
   for (const StrategyType& t : strategy_types()) {
-    const bool budgeted = std::any_of(t.params.begin(), t.params.end(),
-                                      [](const ParamDef& p) { return p.name == "budget_bpe"; });
+    const bool budgeted = std::find(t.params.begin(), t.params.end(), budget_params().front()) != t.params.end();
     const bool listed =
         std::any_of(types.begin(), types.end(), [&](const auto& entry) { return entry.first == t.name; });
     CHECK_MESSAGE((!budgeted || listed), "strategy type '" << t.name << "' takes a budget but is not tested here");
@@ -121,10 +121,7 @@ TEST_CASE("every budgeted strategy meets its budget exactly across a sweep of bu
       v["family"] = kFamily;
       const Plan plan = build_plan(type, v, rec, stats);
       check_budget(plan, b, type);
-      const std::vector<std::string>& columns = require_strategy_type(type, "test").columns;
-      for (const Annotation& a : plan.annotations())
-        CHECK_MESSAGE(std::find(columns.begin(), columns.end(), a.name) != columns.end(),
-                      type << " annotates '" << a.name << "', not among its declared columns");
+      CHECK_NOTHROW(require_declared_columns(plan, type));
       if (type != "phase" && type != "taqg") {
         // No single width upgrade would still fit.
         const double step = smallest_upgrade_bpe(plan, {2, 3, 4, 5, 6, 8});

@@ -100,9 +100,7 @@ void print_params(const std::vector<ParamDef>& params, const std::vector<ParamDe
   for (const ParamDef& p : params) {
     // Skipped: the shared definitions already printed; a type's own parameter of the
     // same name (another meaning) is still listed.
-    if (std::any_of(skip.begin(), skip.end(),
-                    [&](const ParamDef& s) { return s.name == p.name && s.description == p.description; }))
-      continue;
+    if (std::find(skip.begin(), skip.end(), p) != skip.end()) continue;
     std::string def = p.default_value ? param_to_string(*p.default_value) : (p.optional ? "(unset)" : "(required)");
     if (def.empty()) def = "\"\"";
     const std::string name = (p.per_kind ? "[key_|value_]" : "") + p.name;
@@ -138,12 +136,8 @@ int cmd_strategies(const Args& args) {
   shared_columns.insert(shared_columns.end(), budget_columns().begin(), budget_columns().end());
   for (const StrategyType& t : strategy_types()) {
     std::printf("%s: %s\n", t.name.c_str(), t.description.c_str());
-    const auto takes = [&](const ParamDef& shared_param) {
-      return std::any_of(t.params.begin(), t.params.end(), [&](const ParamDef& p) {
-        return p.name == shared_param.name && p.description == shared_param.description;
-      });
-    };
-    if (!takes(budget_params().front())) std::printf("    (takes no budget: no budget parameters)\n");
+    if (std::find(t.params.begin(), t.params.end(), budget_params().front()) == t.params.end())
+      std::printf("    (takes no budget: no budget parameters)\n");
     print_params(t.params, shared);
     print_columns(t.columns, shared_columns);
     std::printf("\n");

@@ -54,8 +54,8 @@ KVB_HD void mxfp4_dequantize_block(uint8_t e, const uint8_t* codes, float* y) {
 // 16 E2M1 elements sharing an E4M3 scale, times one fp32 scale per tensor (here: per
 // span). The tensor scale g = amax(span) / (6 * 448) lets every block scale
 // amax(block) / (6 g) fit E4M3's range; an all-zero span gets g = 1, and so does a span
-// so small (amax < 2688 · 2^-149) that g would underflow to 0 (its blocks then decode to
-// zeros instead of 0/0 = NaN).
+// so small (amax <= 1344 · 2^-149) that g rounds to 0 (its blocks then decode to zeros
+// instead of 0/0 = NaN).
 inline constexpr int kNvfp4Block = 16;
 
 KVB_HD float nvfp4_tensor_scale(float span_amax) {

@@ -39,6 +39,8 @@ struct ParamDef {
   std::optional<ParamValue> default_value;  // nullopt: required, unless `optional`
   bool per_kind = false;                    // key_<name> and value_<name> exist and override it
   bool optional = false;                    // may be absent; Params::has() tells
+
+  bool operator==(const ParamDef&) const = default;
 };
 
 // The full parameter list of a definition list: each per_kind parameter followed by

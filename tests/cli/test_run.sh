@@ -41,6 +41,21 @@ d2=$(ls -d "$tmp"/r2/quickstart/2*)
 diff <(numbers "$d1/points.csv") <(numbers "$d2/points.csv") >/dev/null || fail "points differ between runs"
 diff "$d1/pareto.csv" "$d2/pareto.csv" >/dev/null || fail "pareto.csv differs between runs"
 
+# 2b. The saved config.toml reruns the experiment: --out, --threads, --no-plots and
+# --budget were folded in (the config's own queries kept), and the name is kept.
+"$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --out "$tmp/r2b" --threads 1 --no-plots \
+  --budget 'bpe <= 3.25' >/dev/null 2>&1 || fail "run 2b exited $?"
+d2b=$(ls -d "$tmp"/r2b/quickstart/2*)
+expect "$d2b/config.toml" "threads = 1" "resolved config (--threads)"
+expect "$d2b/config.toml" "'bpe <= 3.25'" "resolved config (--budget)"
+expect "$d2b/config.toml" "'attn_kl_mean <= 1e-3'" "resolved config (the config's own queries)"
+(cd "$tmp" && "$kvb" run "$d2b/config.toml" --quiet >"$tmp/rerun.out" 2>&1) || fail "rerunning config.toml exited $?"
+d2c=$(ls -d "$tmp"/r2b/quickstart/2* | grep -v "^$d2b\$")
+[ -n "$d2c" ] || fail "the rerun did not write under --out's directory"
+[ ! -e "$d2c/plots" ] || fail "the rerun drew plots despite --no-plots"
+diff <(numbers "$d1/points.csv") <(numbers "$d2c/points.csv") >/dev/null || fail "the rerun's points differ"
+diff "$d2b/budgets.json" "$d2c/budgets.json" >/dev/null || fail "the rerun's budget answers differ"
+
 # 3. Config errors: exit 2, file:line and the key, before any results are written.
 cat >"$tmp/typo.toml" <<EOF
 name = "typo"
