@@ -189,6 +189,13 @@ TEST_CASE("safetensors: structural errors name the file and the tensor") {
     CHECK(has(kmsg, "dupkey.safetensors"));
     CHECK(has(kmsg, "duplicate key 'shape' in the header entry 'alpha'"));
   }
+  SUBCASE("nesting deep enough to exhaust the stack when printed") {
+    const std::string h = R"({"__metadata__":{"deep":)" + std::string(100000, '[') + std::string(100000, ']') +
+                          R"(},"alpha":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})";
+    const std::string msg = write_and_open("deep.safetensors", safetensors_image(good, {}, h));
+    CHECK(has(msg, "deep.safetensors"));
+    CHECK(has(msg, "JSON nests deeper than 64 levels"));
+  }
   SUBCASE("begin after end") {
     const std::string h =
         R"({"alpha":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})";

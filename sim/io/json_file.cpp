@@ -16,7 +16,11 @@ nlohmann::json read_json_object(const std::filesystem::path& file, const std::st
   text << in.rdbuf();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text.str());
+    const std::string s = text.str();
+    j = nlohmann::json::parse(s.begin(), s.end(), [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > kMaxJsonDepth) throw JsonTooDeep();
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {
     throw Error(file.string() + ": malformed JSON: " + e.what());
   }
@@ -31,7 +35,8 @@ nlohmann::json parse_json_checking_duplicates(
   // keys seen in it so far.
   std::vector<std::pair<std::string, std::set<std::string>>> open_objects;
   std::string last_key;
-  const json::parser_callback_t cb = [&](int, json::parse_event_t event, json& parsed) {
+  const json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxJsonDepth) throw JsonTooDeep();
     switch (event) {
       case json::parse_event_t::object_start:
         open_objects.emplace_back(open_objects.empty() ? std::string() : last_key, std::set<std::string>());

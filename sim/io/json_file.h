@@ -9,6 +9,16 @@
 
 namespace kvb {
 
+// The deepest nesting the parsers here accept. Checkpoint configs, tokenizers and
+// safetensors headers nest a few levels; deeper text is malformed or hostile (and
+// nlohmann::json recurses when it prints such a value). Deeper text throws JsonTooDeep,
+// a nlohmann::json::exception, so it is reported wherever malformed JSON is.
+inline constexpr int kMaxJsonDepth = 64;
+struct JsonTooDeep : nlohmann::json::exception {
+  JsonTooDeep() : exception(0, "JSON nests deeper than 64 levels of objects and arrays") {}
+};
+static_assert(kMaxJsonDepth == 64, "JsonTooDeep's message names the limit");
+
 // The parsed file. kvb::Error "<file>: cannot open (<what>)" when it cannot be read,
 // "<file>: malformed JSON: ..." when it does not parse, and "<file>: expected a JSON
 // object" unless it is one.
