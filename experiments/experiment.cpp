@@ -166,7 +166,7 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
   if (t.has("layers") && t.int_list("layers").empty())
     t.fail("layers", "an empty list selects no layer; leave `layers` out to load every layer");
   for (int64_t l : t.int_list("layers")) {
-    if (l < 0) t.fail("layers", "layer indices must be >= 0");
+    if (l < 0 || l > INT32_MAX) t.fail("layers", "layer index " + std::to_string(l) + " is not in [0, 2^31)");
     r.layers.push_back(static_cast<int>(l));
   }
   r.max_tokens = d.max_tokens;

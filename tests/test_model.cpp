@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "io_test_files.h"
@@ -661,6 +663,26 @@ TEST_CASE("errors: architecture, config.json, weights and token ids are named") 
     const std::string msg = error_of([&] { Transformer::load(dir); });
     CHECK(has(msg, (dir / "model.safetensors").string()));
     CHECK(has(msg, "missing weight 'model.layers.1.mlp.up_proj.weight' [48, 32]"));
+  }
+  SUBCASE("config.json with fewer layers than the weights, or absurdly many") {
+    const fs::path dir = write("fewer_layers", [](TinyCheckpoint& c) {
+      c.config["num_hidden_layers"] = c.config["num_hidden_layers"].get<int64_t>() - 1;
+    });
+    const std::string msg = error_of([&] { Transformer::load(dir); });
+    CHECK(has(msg, (dir / "model.safetensors").string()));
+    CHECK(has(msg, "belongs to layer 1, but " + (dir / "config.json").string() + " says num_hidden_layers = 1"));
+    const fs::path huge = write("huge_layers", [](TinyCheckpoint& c) { c.config["num_hidden_layers"] = int64_t{1} << 40; });
+    CHECK(has(error_of([&] { Transformer::load(huge); }), "key 'num_hidden_layers': 1099511627776 is more than"));
+  }
+  SUBCASE("a key repeated in config.json") {
+    const fs::path dir = write("dup_key", [](TinyCheckpoint&) {});
+    std::ifstream in(dir / "config.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const size_t open = text.find('{');
+    text.insert(open + 1, "\"vocab_size\": 7, ");
+    std::ofstream(dir / "config.json") << text;
+    CHECK(has(error_of([&] { Transformer::load(dir); }), (dir / "config.json").string() + ": duplicate key 'vocab_size'"));
   }
   SUBCASE("weight with the wrong shape") {
     const fs::path dir = write("shape", [](TinyCheckpoint& c) { c.shapes["model.norm.weight"] = {2, 16}; });

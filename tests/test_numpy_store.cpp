@@ -292,6 +292,17 @@ TEST_CASE("npz: errors name the archive and the member") {
     CHECK(has(msg, "member 'a.npy'"));
     CHECK(has(msg, "unsupported compression method 14"));
   }
+  SUBCASE("a member claiming more than deflate can expand to (refused before allocating it)") {
+    Bytes bad = deflated;
+    const size_t central = deflated.size() - 22 - 21 - (46 + 5 + 8);
+    REQUIRE(bad[central] == 0x50);
+    for (int i = 0; i < 4; ++i) bad[central + 24 + i] = i == 3 ? 0x7f : 0xf0;  // uncompressed size ~2 GiB
+    write_bytes(dir / "claims.npz", bad);
+    const std::string msg = error_of([&] { TensorStore::open(dir / "claims.npz"); });
+    CHECK(has(msg, "claims.npz"));
+    CHECK(has(msg, "member 'a.npy' claims 2146496752 uncompressed bytes"));
+    CHECK(has(msg, "deflate expands at most 1032:1"));
+  }
   SUBCASE("encrypted member") {
     Bytes bad = stored;
     const size_t central = stored.size() - 22 - 21 - (46 + 5 + 8);

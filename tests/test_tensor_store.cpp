@@ -196,6 +196,13 @@ TEST_CASE("safetensors: structural errors name the file and the tensor") {
     CHECK(has(msg, "deep.safetensors"));
     CHECK(has(msg, "JSON nests deeper than 64 levels"));
   }
+  SUBCASE("a NUL byte inside the header (the parser would stop there)") {
+    std::string h = R"({"alpha":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})";
+    h = "{}" + std::string(1, '\0') + h.substr(2);
+    const std::string msg = write_and_open("nul.safetensors", safetensors_image(good, {}, h));
+    CHECK(has(msg, "nul.safetensors"));
+    CHECK(has(msg, "a NUL byte at header offset 2"));
+  }
   SUBCASE("begin after end") {
     const std::string h =
         R"({"alpha":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})";

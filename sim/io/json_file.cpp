@@ -16,10 +16,8 @@ nlohmann::json read_json_object(const std::filesystem::path& file, const std::st
   text << in.rdbuf();
   nlohmann::json j;
   try {
-    const std::string s = text.str();
-    j = nlohmann::json::parse(s.begin(), s.end(), [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      if (depth > kMaxJsonDepth) throw JsonTooDeep();
-      return true;
+    j = parse_json_checking_duplicates(text.str(), [&](const std::string& key, const std::string& parent) {
+      throw Error(file.string() + ": duplicate key '" + key + "'" + (parent.empty() ? "" : " in '" + parent + "'"));
     });
   } catch (const nlohmann::json::exception& e) {
     throw Error(file.string() + ": malformed JSON: " + e.what());

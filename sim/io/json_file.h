@@ -20,8 +20,8 @@ struct JsonTooDeep : nlohmann::json::exception {
 static_assert(kMaxJsonDepth == 64, "JsonTooDeep's message names the limit");
 
 // The parsed file. kvb::Error "<file>: cannot open (<what>)" when it cannot be read,
-// "<file>: malformed JSON: ..." when it does not parse, and "<file>: expected a JSON
-// object" unless it is one.
+// "<file>: malformed JSON: ..." when it does not parse, "<file>: duplicate key ..."
+// when an object repeats a key, and "<file>: expected a JSON object" unless it is one.
 nlohmann::json read_json_object(const std::filesystem::path& file, const std::string& what);
 
 // Parses JSON text like nlohmann::json::parse (throwing nlohmann::json::exception when

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 
 #include "sim/core/error.h"
 #include "sim/io/dtype_convert.h"
@@ -57,6 +58,11 @@ SafetensorsStore::SafetensorsStore(const fs::path& file) : IndexedTensorStore(fi
     fail(where, "header length " + std::to_string(header_len) + " extends beyond the file (" + std::to_string(size) +
                     " bytes; truncated or not a safetensors file)");
   const char* header_begin = reinterpret_cast<const char*>(file_->data() + 8);
+  // JSON text holds no NUL byte; the parser would take one as the end of the header
+  // and silently ignore the rest.
+  if (const void* nul = std::memchr(header_begin, 0, header_len))
+    fail(where, "bad JSON header: a NUL byte at header offset " +
+                    std::to_string(static_cast<const char*>(nul) - header_begin) + " (corrupt file)");
   json header;
   try {
     header = parse_json_checking_duplicates(

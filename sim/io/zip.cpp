@@ -110,6 +110,9 @@ void apply_zip64_extra(const MappedFile& zip, const ArchiveReader& r, uint64_t e
 
 }  // namespace
 
+// Deflate's largest expansion (a 258-byte match per 2 bits, in the limit).
+constexpr uint64_t kMaxDeflateRatio = 1032;
+
 std::vector<ZipMember> read_zip_directory(const MappedFile& zip) {
   const ArchiveReader r(zip);
   const EndOfDirectory eod = find_end_of_directory(zip, r);
@@ -140,6 +143,14 @@ std::vector<ZipMember> read_zip_directory(const MappedFile& zip) {
     // The local header's name and extra lengths may differ from the central directory's.
     m.data_offset = local_offset + kLocalHeaderSize + r.u(local_offset + 26, 2) + r.u(local_offset + 28, 2);
     r.need(m.data_offset, m.compressed_size, "data of member '" + m.name + "'");
+    // Sizes are checked before anything is allocated for them: deflate expands at most
+    // 1032:1, and a stored member's sizes are equal.
+    const uint64_t most = m.method == 0 ? m.compressed_size : m.compressed_size * kMaxDeflateRatio + 1024;
+    if (m.uncompressed_size > most)
+      fail(zip.where(), "member '" + m.name + "' claims " + std::to_string(m.uncompressed_size) +
+                            " uncompressed bytes from " + std::to_string(m.compressed_size) + " compressed (" +
+                            (m.method == 0 ? "stored: the sizes must be equal" : "deflate expands at most 1032:1") +
+                            "): corrupt archive");
     members.push_back(std::move(m));
     p += kCentralHeaderSize + name_len + extra_len + comment_len;
   }

@@ -17,6 +17,9 @@ using nlohmann::json;
 
 namespace {
 
+// More transformer layers than any checkpoint has (the largest have a few hundred).
+constexpr int64_t kMaxLayers = 65536;
+
 // Typed access to config.json keys; every error names the file and the key.
 class JsonKeys {
  public:
@@ -37,9 +40,11 @@ class JsonKeys {
     return v.get<int64_t>();
   }
   int64_t integer(const std::string& key, int64_t def) const { return has(key) ? integer(key) : def; }
-  int64_t positive(const std::string& key) const {
+  // A size: > 0 and at most `most` (checked before anything is allocated for it).
+  int64_t positive(const std::string& key, int64_t most = INT32_MAX) const {
     const int64_t v = integer(key);
     if (v <= 0) fail(key, "must be > 0, got " + std::to_string(v));
+    if (v > most) fail(key, std::to_string(v) + " is more than this tool supports (" + std::to_string(most) + ")");
     return v;
   }
   double real(const std::string& key) const {
@@ -126,7 +131,7 @@ RopeConfig parse_rope(const JsonKeys& k) {
 void parse_gpt2(const JsonKeys& k, ModelConfig& c) {
   c.family = ModelFamily::Gpt2;
   c.hidden_size = k.positive("n_embd");
-  c.layers = k.positive("n_layer");
+  c.layers = k.positive("n_layer", kMaxLayers);
   c.q_heads = c.kv_heads = k.positive("n_head");
   if (c.hidden_size % c.q_heads != 0)
     k.fail("n_head", "n_embd " + std::to_string(c.hidden_size) + " is not a multiple of n_head " +
@@ -147,7 +152,7 @@ void parse_gpt2(const JsonKeys& k, ModelConfig& c) {
 void parse_llama_family(const JsonKeys& k, ModelConfig& c) {
   c.family = ModelFamily::Llama;
   c.hidden_size = k.positive("hidden_size");
-  c.layers = k.positive("num_hidden_layers");
+  c.layers = k.positive("num_hidden_layers", kMaxLayers);
   c.q_heads = k.positive("num_attention_heads");
   c.kv_heads = k.has("num_key_value_heads") ? k.positive("num_key_value_heads") : c.q_heads;
   if (c.q_heads % c.kv_heads != 0)

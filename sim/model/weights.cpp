@@ -40,6 +40,18 @@ class WeightReader {
 
   bool has(const std::string& name) const { return store_.contains(name); }
 
+  // Throws when the checkpoint holds weights of a layer past the config's count
+  // (`layer_prefix` + that index + "."): config.json and the weights disagree, and
+  // a forward pass over fewer layers would silently be another model.
+  void require_no_layer_beyond(const std::string& layer_prefix, int64_t layers, const char* key) const {
+    const std::string first_extra = layer_prefix + std::to_string(layers) + ".";
+    for (const TensorInfo& t : store_.list())
+      if (t.name.compare(0, first_extra.size(), first_extra) == 0)
+        throw Error(store_.path().string() + ": weight '" + t.name + "' belongs to layer " + std::to_string(layers) +
+                    ", but " + config_.config_file.string() + " says " + key + " = " + std::to_string(layers) +
+                    " (layers 0.." + std::to_string(layers - 1) + "): the config and the weights disagree");
+  }
+
   Tensor read(const std::string& name, const std::vector<int64_t>& shape) const {
     if (!store_.contains(name)) {
       std::vector<std::string> names;
@@ -121,6 +133,7 @@ ModelWeights load_gpt2(const ModelConfig& c, const WeightReader& r) {
     blk.mlp_out = {r.conv1d(b + "mlp.c_proj.weight", I, H), r.vector(b + "mlp.c_proj.bias", H)};
     w.blocks.push_back(std::move(blk));
   }
+  r.require_no_layer_beyond(p + "h.", c.layers, "n_layer");
   w.final_norm = {r.vector(p + "ln_f.weight", H), r.vector(p + "ln_f.bias", H)};
   if (!c.tied_embeddings) w.lm_head = r.matrix("lm_head.weight", c.vocab_size, H);
   return w;
@@ -153,6 +166,7 @@ ModelWeights load_llama_family(const ModelConfig& c, const WeightReader& r) {
     }
     w.blocks.push_back(std::move(blk));
   }
+  r.require_no_layer_beyond("model.layers.", c.layers, "num_hidden_layers");
   w.final_norm.weight = r.vector("model.norm.weight", H);
   if (!c.tied_embeddings) w.lm_head = r.matrix("lm_head.weight", c.vocab_size, H);
   return w;
