@@ -1,5 +1,6 @@
 #include "sim/recording.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -62,6 +63,14 @@ RopeInfo rope_from_metadata(const std::map<std::string, std::string>& metadata, 
 bool Recording::has_pre_rope_keys() const { return !layers.empty() && !layers[0].key_pre_rope.empty(); }
 bool Recording::has_attn_output() const { return !layers.empty() && !layers[0].attn_output.empty(); }
 
+namespace {
+double max_abs(const Tensor& t) {
+  float m = 0.0f;
+  for (float v : t.data) m = std::max(m, std::fabs(v));
+  return m;
+}
+}  // namespace
+
 void Recording::validate() const {
   const std::string where = "recording '" + name + "' (" + source + ")";
   if (layers.empty()) throw Error(where + ": no layers");
@@ -93,6 +102,12 @@ void Recording::validate() const {
     require_finite(L.value, lw + " value");
     if (!L.key_pre_rope.empty()) require_finite(L.key_pre_rope, lw + " key_pre_rope");
     if (!L.attn_output.empty()) require_finite(L.attn_output, lw + " attn_output");
+    // |q·k| / √d <= max|q| · max|k| · √d: finite scores for every pair (and for keys a
+    // quantizer moves a little), with margin below fp32's 3.4e38.
+    const double score_bound = max_abs(L.query) * max_abs(L.key) * std::sqrt(static_cast<double>(head_dim));
+    if (score_bound > 1e36)
+      throw Error(lw + ": max|query| · max|key| · √head_dim = " + std::to_string(score_bound) +
+                  ": attention scores q·k/√d could overflow fp32 (values this large are not activations)");
   }
   if (!token_ids.empty() && static_cast<int64_t>(token_ids.size()) != tokens)
     throw Error(where + ": " + std::to_string(token_ids.size()) + " token ids for " + std::to_string(tokens) + " tokens");

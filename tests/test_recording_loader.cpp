@@ -582,6 +582,18 @@ TEST_CASE("errors: NaN and Inf name the layer, the tensor and the index") {
   // Non-finite values beyond max_tokens are not part of the recording.
   s.max_tokens = 4;
   CHECK(load_recording(s).tokens == 4);
+
+  // Finite values whose products overflow fp32: the exact attention itself would be Inf.
+  std::vector<float> big_q = r.data[1].query, big_k = r.data[1].key;
+  for (float& x : big_q) x *= 1e19f;
+  for (float& x : big_k) x *= 1e19f;
+  auto ts3 = tiny_tensors(r);
+  *find(ts3, "layers.1.query") = f32_tensor("layers.1.query", {4, 5, 3}, big_q);
+  *find(ts3, "layers.1.key") = f32_tensor("layers.1.key", {2, 5, 3}, big_k);
+  msg = error_of([&] { load_recording(spec_for(write_tiny(dir, "overflow.safetensors", ts3))); });
+  CHECK(has(msg, "overflow.safetensors"));
+  CHECK(has(msg, "layer 1: max|query| · max|key| · √head_dim"));
+  CHECK(has(msg, "could overflow fp32"));
 }
 
 TEST_CASE("errors: bad layout strings are config errors") {

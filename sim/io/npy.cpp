@@ -1,6 +1,7 @@
 #include "sim/io/npy.h"
 
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
@@ -11,6 +12,24 @@
 namespace kvb {
 
 namespace {
+
+// The header text for an error message, on one line: padding and the final newline
+// dropped, other control bytes escaped, at most 200 characters.
+std::string quoted_header(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  std::string out = "\"";
+  for (char c : text.substr(0, 200)) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) {
+      out += c;
+    } else {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\x%02x", u);
+      out += esc;
+    }
+  }
+  return out + (text.size() > 200 ? "...\"" : "\"");
+}
 
 constexpr uint8_t kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
@@ -51,7 +70,7 @@ class PyDictReader {
 
  private:
   [[noreturn]] void bad(const std::string& what) const {
-    fail(where_, "bad .npy header: " + what + " at offset " + std::to_string(pos_) + " of \"" + std::string(s_) + "\"");
+    fail(where_, "bad .npy header: " + what + " at offset " + std::to_string(pos_) + " of " + quoted_header(s_));
   }
   char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
   void skip_space() {
@@ -204,7 +223,7 @@ NpyHeader parse_npy_header(const uint8_t* bytes, uint64_t available, const std::
     }
   }
   if (!have_descr || !have_order || !have_shape)
-    fail(where, "bad .npy header: needs 'descr', 'fortran_order' and 'shape'; got \"" + std::string(text) + "\"");
+    fail(where, "bad .npy header: needs 'descr', 'fortran_order' and 'shape'; got " + quoted_header(text));
   checked_numel(h.shape, dtype_bytes(h.dtype), where);
   return h;
 }

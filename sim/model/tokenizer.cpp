@@ -42,6 +42,10 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
 
 namespace {
 
+// Token ids at or past this are refused (the largest vocabularies hold a few hundred
+// thousand tokens; the id table is sized by the largest id).
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+
 void append_utf8(std::string& s, uint32_t cp) {
   if (cp < 0x80) {
     s += static_cast<char>(cp);
@@ -231,8 +235,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const fs::path& file) {
 
   if (!model.contains("vocab") || !model["vocab"].is_object()) bad_key(file, "model.vocab", "missing or not an object");
   for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0)
-      bad_key(file, "model.vocab", "entry '" + token + "' must map to a non-negative integer id");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxTokenId)
+      bad_key(file, "model.vocab",
+              "entry '" + token + "' must map to an integer id in [0, " + std::to_string(kMaxTokenId) + ")");
     const int64_t v = id.get<int64_t>();
     tok->vocab_[token] = v;
     if (static_cast<int64_t>(tok->id_to_token_.size()) <= v) tok->id_to_token_.resize(static_cast<size_t>(v + 1));
@@ -264,6 +269,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const fs::path& file) {
         bad_key(file, "added_tokens", "entry " + a.dump() + " needs an integer id and a string content");
       const std::string content = a["content"].get<std::string>();
       const int64_t id = a["id"].get<int64_t>();
+      if (id < 0 || id >= kMaxTokenId)
+        bad_key(file, "added_tokens",
+                "entry '" + content + "' has id " + std::to_string(id) + ", not in [0, " + std::to_string(kMaxTokenId) + ")");
       if (content.empty()) continue;
       tok->added_.emplace_back(content, id);
       if (static_cast<int64_t>(tok->id_to_token_.size()) <= id) tok->id_to_token_.resize(static_cast<size_t>(id + 1));
