@@ -305,6 +305,16 @@ TEST_CASE("npz: errors name the archive and the member") {
     CHECK(has(msg, "member 'a.npy' claims 2146496752 uncompressed bytes"));
     CHECK(has(msg, "deflate expands at most 1032:1"));
   }
+  SUBCASE("an end record counting fewer entries than the directory holds") {
+    Bytes bad = stored;
+    const size_t eocd = stored.size() - 22 - 21;
+    REQUIRE(bad[eocd] == 0x50);
+    bad[eocd + 8] = bad[eocd + 10] = 0;  // 0 entries on this disk, 0 in all
+    write_bytes(dir / "zero.npz", bad);
+    const std::string msg = error_of([&] { TensorStore::open(dir / "zero.npz"); });
+    CHECK(has(msg, "zero.npz"));
+    CHECK(has(msg, "holds more than the 0 entries its end record counts"));
+  }
   SUBCASE("encrypted member") {
     Bytes bad = stored;
     const size_t central = stored.size() - 22 - 21 - (46 + 5 + 8);

@@ -300,6 +300,12 @@ TEST_CASE("sharded safetensors: index file or directory, shards opened lazily") 
   write_bytes(dir / "model.safetensors.index.json", Bytes(dup.begin(), dup.end()));
   CHECK(has(error_of([&] { TensorStore::open(dir); }),
             "duplicate tensor name 'embed.weight' in the weight_map of " + (dir / "model.safetensors.index.json").string()));
+  for (const std::string shard_name : {"/etc/passwd", "../model-00001-of-00002.safetensors", "sub/x.safetensors"}) {
+    const std::string outside = R"({"weight_map": {"embed.weight": ")" + shard_name + R"("}})";
+    write_bytes(dir / "model.safetensors.index.json", Bytes(outside.begin(), outside.end()));
+    CHECK(has(error_of([&] { TensorStore::open(dir); }), "weight_map entry 'embed.weight' names shard '" + shard_name +
+                                                             "': a shard must be a file name in the index's directory"));
+  }
   const std::string no_map = "{\"metadata\": {}}";
   write_bytes(dir / "model.safetensors.index.json", Bytes(no_map.begin(), no_map.end()));
   CHECK(has(error_of([&] { TensorStore::open(dir); }), "no \"weight_map\""));

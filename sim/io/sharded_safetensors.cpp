@@ -70,6 +70,11 @@ ShardedSafetensorsStore::ShardedSafetensorsStore(const fs::path& index_file) : i
   std::set<std::string> shard_files;
   for (const auto& [name, file] : wm->items()) {
     if (!file.is_string()) fail(where, "weight_map entry '" + name + "' must name a shard file");
+    const fs::path shard_path(file.get<std::string>());
+    if (shard_path.empty() || shard_path.has_parent_path() || shard_path.is_absolute() || shard_path == ".." ||
+        shard_path == ".")
+      fail(where, "weight_map entry '" + name + "' names shard '" + file.get<std::string>() +
+                      "': a shard must be a file name in the index's directory");
     shard_of_[name] = file.get<std::string>();
     shard_files.insert(file.get<std::string>());
   }

@@ -154,6 +154,9 @@ std::vector<ZipMember> read_zip_directory(const MappedFile& zip) {
     members.push_back(std::move(m));
     p += kCentralHeaderSize + name_len + extra_len + comment_len;
   }
+  if (p != dir_end)  // e.g. an end record claiming 0 entries over a full directory
+    fail(zip.where(), "central directory of " + std::to_string(eod.dir_size) + " bytes holds more than the " +
+                          std::to_string(eod.entries) + " entries its end record counts (corrupt archive)");
   return members;
 }
 
