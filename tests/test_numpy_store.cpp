@@ -2,6 +2,7 @@
 // Fortran order), directories of .npy files and .npz archives (stored, deflated,
 // zip64), each against hand-built images and against files NumPy itself wrote
 // (tests/data/numpy, see make_fixtures.py there), plus the error cases.
+#include <algorithm>
 #include <cmath>
 
 #include "io_test_files.h"
@@ -304,6 +305,20 @@ TEST_CASE("npz: errors name the archive and the member") {
     CHECK(has(msg, "claims.npz"));
     CHECK(has(msg, "member 'a.npy' claims 2146496752 uncompressed bytes"));
     CHECK(has(msg, "deflate expands at most 1032:1"));
+  }
+  SUBCASE("a member of another method (bzip2, LZMA) that is not an array is skipped, as np.load does") {
+    Bytes mixed = zip_image({{"a.npy", a_npy, true}, {"notes.txt", Bytes(64, 'x'), false}});
+    const uint8_t sig[4] = {0x50, 0x4b, 0x01, 0x02};
+    const auto first = std::search(mixed.begin(), mixed.end(), sig, sig + 4);
+    const auto second = std::search(first + 4, mixed.end(), sig, sig + 4);
+    REQUIRE(second != mixed.end());
+    const size_t at = static_cast<size_t>(second - mixed.begin());
+    mixed[at + 10] = 14;                                                     // LZMA
+    for (int i = 0; i < 4; ++i) mixed[at + 24 + i] = i == 2 ? 0x98 : 0x00;  // 10 MB from 64 bytes
+    write_bytes(dir / "mixed.npz", mixed);
+    const auto store = TensorStore::open(dir / "mixed.npz");
+    CHECK(store->list().size() == 1);
+    CHECK(store->read_f32("a").numel() == 24);
   }
   SUBCASE("an end record counting fewer entries than the directory holds") {
     Bytes bad = stored;

@@ -145,8 +145,9 @@ std::vector<ZipMember> read_zip_directory(const MappedFile& zip) {
     r.need(m.data_offset, m.compressed_size, "data of member '" + m.name + "'");
     // Sizes are checked before anything is allocated for them: deflate expands at most
     // 1032:1, and a stored member's sizes are equal.
+    // (Other methods are refused when a member is read; np.load skips non-.npy members.)
     const uint64_t most = m.method == 0 ? m.compressed_size : m.compressed_size * kMaxDeflateRatio + 1024;
-    if (m.uncompressed_size > most)
+    if ((m.method == 0 || m.method == 8) && m.uncompressed_size > most)
       fail(zip.where(), "member '" + m.name + "' claims " + std::to_string(m.uncompressed_size) +
                             " uncompressed bytes from " + std::to_string(m.compressed_size) + " compressed (" +
                             (m.method == 0 ? "stored: the sizes must be equal" : "deflate expands at most 1032:1") +
@@ -165,12 +166,15 @@ std::vector<uint8_t> zip_inflate(const MappedFile& zip, const ZipMember& m, uint
   const uint64_t want = std::min(max_bytes, m.uncompressed_size);
   const bool whole = want == m.uncompressed_size;
   const uint8_t* src = zip.data() + m.data_offset;
+  if (m.method != 0 && m.method != 8)  // before anything is allocated for the member
+    throw Error(where + ": unsupported compression method " + std::to_string(m.method) +
+                " (supported: 0 stored, 8 deflated)");
   std::vector<uint8_t> out(static_cast<size_t>(want));
   if (m.method == 0) {
     if (m.compressed_size != m.uncompressed_size)
       throw Error(where + ": stored member's compressed and uncompressed sizes differ");
     std::copy(src, src + want, out.begin());
-  } else if (m.method == 8) {
+  } else {  // deflated
     z_stream zs{};
     if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) throw Error(where + ": zlib inflateInit2 failed");
     // zlib counts in uInt; feed and drain in chunks so members over 4 GiB work too.
@@ -203,9 +207,6 @@ std::vector<uint8_t> zip_inflate(const MappedFile& zip, const ZipMember& m, uint
     if (out_done < want)
       throw Error(where + ": deflate data ended after " + std::to_string(out_done) + " of " + std::to_string(want) +
                   " bytes (truncated or corrupt)");
-  } else {
-    throw Error(where + ": unsupported compression method " + std::to_string(m.method) +
-                " (supported: 0 stored, 8 deflated)");
   }
   if (whole) {
     uint64_t crc = crc32(0L, Z_NULL, 0);
