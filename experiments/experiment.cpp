@@ -59,7 +59,7 @@ SyntheticSpec parse_synthetic(const ConfigTable& t, uint64_t seed) {
   s.seed = static_cast<uint64_t>(t.integer("seed", static_cast<int64_t>(seed)));
   s.layers = t.integer("layers", s.layers);
   s.q_heads = t.integer("q_heads", s.q_heads);
-  s.kv_heads = t.integer("kv_heads", s.q_heads == s.kv_heads ? s.q_heads : s.kv_heads);
+  s.kv_heads = t.integer("kv_heads", s.q_heads);  // default: one KV head per query head
   s.head_dim = t.integer("head_dim", s.head_dim);
   s.tokens = t.integer("tokens", s.tokens);
   s.entropy_mean = t.real("entropy_mean", s.entropy_mean);

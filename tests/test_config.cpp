@@ -444,3 +444,10 @@ TEST_CASE("run's options are recorded in the resolved config, which parses back 
   CHECK(again.budgets[1].text == "attn_kl_mean <= 1e-3");
   CHECK(again.strategies.size() == 1);
 }
+
+TEST_CASE("synthetic data: kv_heads defaults to q_heads") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(parse("[data.synthetic]\nq_heads = 4\n" + strat).data.synthetic.kv_heads == 4);
+  CHECK(parse("[data.synthetic]\nq_heads = 4\nkv_heads = 2\n" + strat).data.synthetic.kv_heads == 2);
+  CHECK(parse("[data.synthetic]\nlayers = 1\n" + strat).data.synthetic.kv_heads == 8);  // q_heads' default
+}
