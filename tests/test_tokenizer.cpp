@@ -175,6 +175,8 @@ TEST_CASE("token id files: whitespace-separated text and .npy") {
   const std::vector<float> f = {1, 2};
   write_npy(dir / "f.npy", TensorToWrite::of_floats("f", {2}, f.data()));
   CHECK(has(error_of([&] { read_token_ids(dir / "f.npy"); }), "f.npy: token ids must be an integer array, got F32"));
+  write_bytes(dir / "b.npy", npy_image("|b1", {3}, Bytes{1, 0, 1}));  // booleans are not ids (as in recordings)
+  CHECK(has(error_of([&] { read_token_ids(dir / "b.npy"); }), "b.npy: token ids must be an integer array, got BOOL"));
   CHECK(has(error_of([&] { read_token_ids(dir / "none.txt"); }), "none.txt: cannot open"));
 }
 

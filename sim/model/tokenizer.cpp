@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "sim/core/error.h"
+#include "sim/io/dtype_convert.h"
 #include "sim/io/json_file.h"
 #include "sim/io/tensor_store.h"
 
@@ -415,7 +416,7 @@ std::vector<int64_t> read_token_ids(const fs::path& file) {
     const std::vector<TensorInfo> list = store->list();
     const TensorInfo& info = list.at(0);
     const DType d = info.dtype;
-    if (d == DType::F32 || d == DType::F16 || d == DType::BF16 || d == DType::F64)
+    if (dtype_is_float(d) || d == DType::BOOL)  // as recordings' token ids (recording_loader.cpp)
       throw Error(file.string() + ": token ids must be an integer array, got " + dtype_name(d));
     // One sequence: [T], or [1, T] as a tokenizer's batch of one writes it.
     const std::vector<int64_t>& s = info.shape;
