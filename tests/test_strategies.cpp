@@ -271,6 +271,15 @@ TEST_CASE("configuration errors name the parameter") {
             .find("taqg: `low_bits` is not used with budget_bpe") != std::string::npos);
   CHECK(make_error("entropy", {{"mean_bits", 4.0}, {"family", kFamily}, {"format", int4}})
             .find("entropy: `format` is not used with mean_bits") != std::string::npos);
+  {
+    RecordingStats st(strategy_recording(), test::calibration_of(strategy_recording()));
+    const std::string short_context = error_of(
+        "phase", {{"budget_bpe", 4.5}, {"family", kFamily}, {"budget_context", int64_t{16}}}, st);
+    CHECK(short_context.find("budget_context: 16 tokens is shorter than the recording's") != std::string::npos);
+    const std::string all_prompt = error_of(
+        "uniform", {{"budget_bpe", 4.5}, {"family", kFamily}, {"prompt_fraction", 0.9999}}, st);
+    CHECK(all_prompt.find("prompt_fraction: 0.9999 of the recording's") != std::string::npos);
+  }
   CHECK(make_error("uniform", {{"format", int4}, {"budget_context", int64_t{1024}}})
             .find("uniform: `budget_context` is not used without budget_bpe") != std::string::npos);
   CHECK(make_error("uniform", {{"format", int4}, {"max_bits", 4.0}})

@@ -243,6 +243,10 @@ BudgetedAllocation::BudgetedAllocation(const Plan& plan, std::vector<AllocUnit> 
                                        const WidthFamily* value_family, const BudgetSpec& budget)
     : units_(std::move(units)), families_{key_family, value_family}, budget_(budget) {
   context_ = budget.context > 0 ? budget.context : plan.tokens();
+  if (context_ < plan.tokens())  // tokens past the context would be priced at nothing
+    throw Error("budget_context: " + std::to_string(context_) + " tokens is shorter than the recording's " +
+                std::to_string(plan.tokens()) + " (the tokens past it would cost nothing); give at least " +
+                std::to_string(plan.tokens()) + " or 0 for the recording's context");
   const double per_kind_elements =
       static_cast<double>(plan.layers() * plan.kv_heads() * plan.head_dim()) * static_cast<double>(context_);
   const std::vector<std::vector<Kind>> kinds = budget.separate

@@ -148,7 +148,11 @@ int64_t Protections::prompt_tokens(int64_t T) const {
     throw Error("prompt: " + std::to_string(prompt_) + " tokens is not shorter than the recording's " + std::to_string(T) +
                 " tokens (every query would attend exactly); use prompt_fraction or a shorter prompt");
   if (prompt_ > 0) return prompt_;
-  return static_cast<int64_t>(std::llround(prompt_fraction_ * static_cast<double>(T)));
+  const int64_t from_fraction = static_cast<int64_t>(std::llround(prompt_fraction_ * static_cast<double>(T)));
+  if (from_fraction >= T)
+    throw Error("prompt_fraction: " + format_double(prompt_fraction_) + " of the recording's " + std::to_string(T) +
+                " tokens rounds to all of them (every query would attend exactly); use a smaller fraction");
+  return from_fraction;
 }
 
 RecordingStats& require_stats(const StrategyInput& in, const std::string& who) {
