@@ -118,6 +118,15 @@ TEST_CASE("optimal reports the additivity of its per-unit distortions") {
     CHECK(annotation(p, "additivity") == doctest::Approx(1.0).epsilon(0.35));
     CHECK(test::annotation_text(p, "objective") == "attn_kl_mean");
   }
+  // Units outside the allocation (here: values at a fixed int2) are in objective_joint but
+  // in no per-unit distortion; additivity leaves them out, so it still measures additivity.
+  const Plan fixed_v = build_plan("optimal",
+                                  {{"key_budget_bpe", 4.0}, {"key_family", std::string("int{b}-asym-g32")},
+                                   {"value_format", std::string("int2-asym-g32")},
+                                   {"objective", std::string("attn_out_rel_fro")}},
+                                  rec, stats);
+  CHECK(annotation(fixed_v, "objective_joint") > 2 * annotation(fixed_v, "objective_predicted"));  // int2 values
+  CHECK(annotation(fixed_v, "additivity") == doctest::Approx(1.0).epsilon(0.35));
   // Distortion tables are computed once per run: a second point reads them back.
   const Plan a = build_plan("optimal", {{"budget_bpe", 4.0}, {"family", std::string("int{b}-asym-g32")}}, rec, stats);
   const Plan b = build_plan("optimal", {{"budget_bpe", 4.0}, {"family", std::string("int{b}-asym-g32")}}, rec, stats);
