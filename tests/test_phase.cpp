@@ -66,6 +66,18 @@ TEST_CASE("each phase gets its own setting, and the plan reports the research rh
   CHECK(annotation(s, "phase_first_bits") - annotation(s, "phase_second_bits") == doctest::Approx(2.0).epsilon(0.3));
 }
 
+TEST_CASE("TAQG refuses a phase whose rho is undefined (fewer than 2 nonzero keys)") {
+  Recording rec = strategy_recording();
+  for (LayerTensors& L : rec.layers)  // tokens 0 and 1: the first phase at phase_index 2
+    for (int64_t g = 0; g < rec.kv_heads; ++g)
+      std::fill(L.key.slice(g), L.key.slice(g) + 2 * rec.head_dim, 0.0f);
+  RecordingStats stats(rec, test::calibration_of(rec));
+  CHECK_THROWS_WITH_AS(build_plan("taqg", {{"low_bits", int64_t{4}}, {"family", std::string("int{b}-asym-g32")},
+                                           {"phase_index", int64_t{2}}},
+                                  rec, stats),
+                       doctest::Contains("rho of the first phase is undefined"), Error);
+}
+
 TEST_CASE("TAQG: the bound as written, water-filling and reversed, at the research's rho") {
   const PhaseRho research{0.463, 0.544};  // think, answer (R1-Distill-1.5B)
   const TaqgPrediction as_written = taqg_predict(research, TaqgRule::AsWritten);

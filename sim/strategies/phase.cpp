@@ -211,6 +211,10 @@ void PhaseStrategy::allocate(const StrategyInput& in, Plan& plan) const {
   double split = split_;
   FormatPtr formats[2][2] = {{formats_[0][0], formats_[0][1]}, {formats_[1][0], formats_[1][1]}};
   if (taqg_) {
+    if (!std::isfinite(rho.first) || !std::isfinite(rho.second))
+      throw Error("taqg: key redundancy rho of the " + std::string(std::isfinite(rho.first) ? "second" : "first") +
+                  " phase is undefined (fewer than 2 nonzero keys before/after the boundary at token " +
+                  std::to_string(b) + "); the TAQG bound needs both");
     const TaqgPrediction pred = taqg_predict(rho, rule_);
     split = pred.split();
     plan.annotate("taqg_redundant_phase", std::string(pred.redundant_phase == 0 ? "first" : "second"));
