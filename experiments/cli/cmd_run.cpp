@@ -240,6 +240,7 @@ int cmd_run(const Args& args) {
               run_errors.empty() ? "" : " (not every file could be written: see the errors below)");
   if (spec.output.plots && plot_error.empty() && results.size() > failed)
     std::printf("plots: %s\n", (report.dir() / "plots").string().c_str());
+  std::fflush(stdout);  // the summary above, before the errors below (one terminal or file for both)
   if (!plot_error.empty()) std::fprintf(stderr, "kvbudget run: error: plots not written: %s\n", plot_error.c_str());
   if (failed) {
     std::fprintf(stderr, "kvbudget run: error: %zu point(s) failed (see %s):\n", failed,
