@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "sim/core/error.h"
+#include "sim/core/strings.h"
 
 namespace kvb {
 
@@ -106,7 +107,7 @@ void Recording::validate() const {
     // quantizer moves a little), with margin below fp32's 3.4e38.
     const double score_bound = max_abs(L.query) * max_abs(L.key) * std::sqrt(static_cast<double>(head_dim));
     if (score_bound > 1e36)
-      throw Error(lw + ": max|query| · max|key| · √head_dim = " + std::to_string(score_bound) +
+      throw Error(lw + ": max|query| · max|key| · √head_dim = " + format_double(score_bound) +
                   ": attention scores q·k/√d could overflow fp32 (values this large are not activations)");
   }
   if (!token_ids.empty() && static_cast<int64_t>(token_ids.size()) != tokens)
