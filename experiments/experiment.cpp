@@ -656,8 +656,8 @@ void record_run_options(ExperimentSpec& spec, const RunOptionsInConfig& o) {
     toml::array queries;  // the config's own first: a list, or one string
     if (const toml::array* a = budgets["queries"].as_array()) queries = *a;
     else if (const auto one = budgets["queries"].value<std::string>()) queries.push_back(*one);
+    for (const std::string& q : o.budgets) queries.push_back(q);
     budgets.insert_or_assign("queries", std::move(queries));
-    for (const std::string& q : o.budgets) budgets["queries"].as_array()->push_back(q);
   }
   std::ostringstream os;
   os << toml::toml_formatter(root);

@@ -74,15 +74,22 @@ std::string unit_signature(const Plan& plan, const AllocUnit& u) {
   return os.str();
 }
 
-// D_u(f): only unit u quantized (open cells at f, its protections kept), everything
-// else exact; the objective over its query heads at the calibration positions.
-double measure_unit(const StrategyInput& in, const Plan& plan, const AllocUnit& u, const FormatPtr& f, Objective obj) {
-  const Recording& rec = in.rec;
+// A plan of `plan`'s shape and prefill with every unit exact (keep-fp32), to copy the
+// units under measurement into.
+Plan exact_plan_like(const Plan& plan) {
   Plan m(plan.layers(), plan.kv_heads(), plan.tokens(), plan.head_dim());
   m.set_prefill(plan.prefill());
   const FormatPtr exact = make_format("keep-fp32");
   m.assign_all(Kind::Key, exact);
   m.assign_all(Kind::Value, exact);
+  return m;
+}
+
+// D_u(f): only unit u quantized (open cells at f, its protections kept), everything
+// else exact; the objective over its query heads at the calibration positions.
+double measure_unit(const StrategyInput& in, const Plan& plan, const AllocUnit& u, const FormatPtr& f, Objective obj) {
+  const Recording& rec = in.rec;
+  Plan m = exact_plan_like(plan);
   UnitPlan& target = m.unit(u.layer, u.kv_head, u.kind);
   target = plan.unit(u.layer, u.kv_head, u.kind);
   for (size_t s : u.segments) target.segments[s].format = f;
@@ -103,11 +110,7 @@ std::optional<Plan> allocated_part(const Plan& plan, const std::vector<AllocUnit
   std::set<std::tuple<int64_t, int64_t, Kind>> covered;
   for (const AllocUnit& u : units) covered.emplace(u.layer, u.kv_head, u.kind);
   if (static_cast<int64_t>(covered.size()) == 2 * plan.layers() * plan.kv_heads()) return std::nullopt;
-  Plan m(plan.layers(), plan.kv_heads(), plan.tokens(), plan.head_dim());
-  m.set_prefill(plan.prefill());
-  const FormatPtr exact = make_format("keep-fp32");
-  m.assign_all(Kind::Key, exact);
-  m.assign_all(Kind::Value, exact);
+  Plan m = exact_plan_like(plan);
   for (const auto& [layer, kv_head, kind] : covered) m.unit(layer, kv_head, kind) = plan.unit(layer, kv_head, kind);
   return m;
 }
