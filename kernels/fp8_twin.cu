@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     if (per_token) m = warp_max(m);
-    const float scale = row_scale<kOut>(ks, row, rows_per_span, span_scales, m, row_scales, lane);
+    const ScaleDivisor scale = scale_divisor(row_scale<kOut>(ks, row, rows_per_span, span_scales, m, row_scales, lane));
 #pragma unroll
     for (int k = 0; k < kRegisterQuads; ++k) {
       const int q = lane + 32 * k;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = lane; c < cols; c += 32) m = m < absf(xr[c]) ? absf(xr[c]) : m;
     m = warp_max(m);
   }
-  const float scale = row_scale<kOut>(ks, row, rows_per_span, span_scales, m, row_scales, lane);
+  const ScaleDivisor scale = scale_divisor(row_scale<kOut>(ks, row, rows_per_span, span_scales, m, row_scales, lane));
   for (int c = lane; c < cols; c += 32) {
     const int64_t at = row * cols + c;
     if (kOut == Fp8Out::Codes) codes[at] = fp8_encode_scaled(xr[c], scale, ks.fs);

@@ -111,6 +111,14 @@ void check_encoder(const RefFormat& rf, MinifloatSpec spec, const char* what) {
     CHECK_MESSAGE(same_bits(minifloat_round(x, spec), minifloat_decode(static_cast<uint8_t>(got), spec)), "x = " << x);
   }
   CHECK(same_bits(minifloat_round(NAN, spec), minifloat_decode(minifloat_encode(NAN, spec), spec)));
+  // Every 4099th fp32 bit pattern up to +Inf, both signs: every binade, normal and subnormal.
+  int wrong = 0;
+  for (uint32_t bits = 0; bits <= 0x7f800000u; bits += 4099u)
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      const float x = kvb::bits_float(bits | sign);
+      if (minifloat_encode(x, spec) != ref_encode(x, rf) && ++wrong <= 5) FAIL_CHECK("bits " << (bits | sign));
+    }
+  CHECK(wrong == 0);
   for (int c = 0; c < (1 << (rf.exp_bits + rf.man_bits + 1)); ++c)
     CHECK_MESSAGE(same_bits(minifloat_decode(static_cast<uint8_t>(c), spec), ref_decode(c, rf)), "code " << c);
 }
@@ -219,6 +227,27 @@ std::vector<float> test_span(int64_t rows, int64_t d, uint64_t seed) {
 }
 
 }  // namespace
+
+TEST_CASE("dividing by a power-of-two scale through its reciprocal is bit-identical to the division") {
+  std::vector<float> scales;
+  for (int k = -126; k <= 127; ++k)
+    for (float sign : {1.0f, -1.0f}) scales.push_back(sign * std::ldexp(1.0f, k));
+  for (const ScaleDivisor d : {scale_divisor(scales.front()), scale_divisor(-scales.back())})
+    CHECK(d.inverse != 0.0f);
+  for (float other : {3.0f, 0.1f, std::ldexp(1.0f, -127), std::ldexp(1.0f, -149), 0.0f, INFINITY, NAN})
+    CHECK(scale_divisor(other).inverse == 0.0f);  // divided, not multiplied
+  int wrong = 0;
+  for (float scale : scales) {
+    const ScaleDivisor d = scale_divisor(scale);
+    REQUIRE(d.inverse != 0.0f);
+    for (uint32_t bits = 0; bits < 0x7f800000u; bits += 1048573u)  // about 2000 magnitudes, both signs
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        const float x = bits_float(bits | sign);
+        if (!same_bits(divide(x, d), x / scale) && ++wrong <= 5) FAIL_CHECK(x << " / " << scale);
+      }
+  }
+  CHECK(wrong == 0);
+}
 
 TEST_CASE("fp8 formats: static, calibrated and per-token scales") {
   const int64_t rows = 40, d = 64;

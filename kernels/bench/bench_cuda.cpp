@@ -2,7 +2,8 @@
 //
 //   build/bench/bench_cuda [--layers 32] [--kv-heads 8] [--q-heads 32] [--tokens 32768]
 //                          [--head-dim 128] [--positions 64] [--calibration 64]
-//                          [--quant-spans 64] [--reps 10] [--formats-only] [--markdown FILE]
+//                          [--quant-spans 64] [--reps 10] [--formats a,b,...] [--formats-only]
+//                          [--markdown FILE]
 //
 //  1. device copy bandwidth (cudaMemcpy device to device, bytes read + written);
 //  2. quantize / dequantize / round-trip GB/s of each format's twin on [spans, T, d]
@@ -13,7 +14,7 @@
 //  4. a whole sweep (uniform int2/3/4/8-asym-g32 and KIVI-2) on a synthetic recording
 //     of layers × kv-heads × tokens × head-dim at the evaluated positions, on the CPU
 //     (every core) and on the GPU, with the largest metric difference between them.
-// --formats-only runs sections 1 and 2 alone.
+// --formats-only runs sections 1 and 2 alone; --formats times the named formats in section 2.
 // Figures and the device they came from go to experiments/bench/RESULTS.md.
 #include <cuda_runtime_api.h>
 #include <omp.h>
@@ -39,6 +40,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/format_twin.h"
 #include "kvb/build_config.h"
+#include "sim/core/strings.h"
 #include "sim/formats/registry.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/simulator.h"
@@ -54,6 +56,7 @@ struct Options {
   int64_t positions = 64, calibration = 64, quant_spans = 64;
   int reps = 10;
   bool formats_only = false;
+  std::vector<std::string> formats;  // --formats a,b,c: these instead of the default list
   std::string markdown;
 };
 
@@ -107,16 +110,19 @@ std::string sweep_config(const Options& o) {
     << "[[strategy]]\ntype = \"uniform\"\nformat = \"int{bits}-asym-g32\"\n[strategy.vars]\nbits = [2, 3, 4, 8]\n"
     << "[[strategy]]\ntype = \"uniform\"\nname = \"kivi2\"\nkey_format = \"int2-asym-ch32\"\n"
     << "value_format = \"int2-asym-tok\"\n"
+    << "[calibration]\nstride = 8\noffset = 7\n"
     << "[metrics]\ntopk = 8\npositions = [";
-  for (int64_t i = 0; i < o.positions; ++i)
-    c << (i ? ", " : "") << ((i + 1) * o.tokens) / o.positions - 1;  // spread over the context, last included
+  // Spread over the context up to its last token; a position on the calibration grid
+  // (7, 15, 23, ...) moves one back, since calibration queries are not evaluated.
+  for (int64_t i = 0; i < o.positions; ++i) {
+    const int64_t p = ((i + 1) * o.tokens) / o.positions - 1;
+    c << (i ? ", " : "") << (p % 8 == 7 ? p - 1 : p);
+  }
   c << "]\n";
   return c.str();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -135,19 +141,15 @@ int main(int argc, char** argv) {
     else if (a == "--reps") o.reps = std::stoi(next());
     else if (a == "--markdown") o.markdown = next();
     else if (a == "--formats-only") o.formats_only = true;
-    else {
-      std::fprintf(stderr, "usage: bench_cuda [--layers N] [--kv-heads N] [--q-heads N] [--tokens N] [--head-dim N]\n"
-                           "                  [--positions N] [--calibration N] [--quant-spans N] [--reps N] "
-                           "[--formats-only] [--markdown FILE]\n");
-      return 2;
-    }
+    else if (a == "--formats") o.formats = split(next(), ',');
+    else
+      throw Error("bench_cuda: unknown option '" + a + "'");
   }
-  const cuda::DeviceInfo dev = cuda::device_info();
-  if (!dev.available) {
-    std::fprintf(stderr, "bench_cuda: %s\n", dev.describe().c_str());
-    return 77;
-  }
-  Report r;
+  return o;
+}
+
+// Runs the sections above into r; returns the exit status (1 when a sweep point failed).
+int run_bench(const Options& o, const cuda::DeviceInfo& dev, Report& r) {
   r.line("### CUDA backend (" + now_iso() + ")");
   r.line("");
   r.line("- device: " + dev.describe());
@@ -157,12 +159,14 @@ int main(int argc, char** argv) {
          " --q-heads " + std::to_string(o.q_heads) + " --tokens " + std::to_string(o.tokens) + " --head-dim " +
          std::to_string(o.head_dim) + " --positions " + std::to_string(o.positions) + " --calibration " +
          std::to_string(o.calibration) + " --quant-spans " + std::to_string(o.quant_spans) + " --reps " +
-         std::to_string(o.reps) + (o.formats_only ? " --formats-only" : "") + "`");
+         std::to_string(o.reps) + (o.formats.empty() ? "" : " --formats " + join(o.formats, ",")) +
+         (o.formats_only ? " --formats-only" : "") + "`");
 
   // The synthetic recording every section uses.
   ExperimentSpec spec = parse_experiment(ConfigDoc::parse(sweep_config(o), "bench_cuda"));
   auto t0 = std::chrono::steady_clock::now();
   const Recording rec = build_recording(spec.data);
+  resolve_positions(spec, rec.tokens);  // a config error shows now, not after the formats
   r.line("- recording: synthetic " + rec.summary() + " (calibration_queries " + std::to_string(o.calibration) +
          "), generated on the host in " + fmt("%.1f", seconds_since(t0)) + " s");
   r.line("");
@@ -194,7 +198,7 @@ int main(int argc, char** argv) {
   r.line("");
   r.line("| format | quantize GB/s | % | dequantize GB/s | % | round trip GB/s | % | exact |");
   r.line("|---|---|---|---|---|---|---|---|");
-  const std::vector<std::string> formats = {"int4-asym-g32", "int4-sym-g32",   "int2-asym-g64", "int8-sym-tok",
+  const std::vector<std::string> all_formats = {"int4-asym-g32", "int4-sym-g32",   "int2-asym-g64", "int8-sym-tok",
                                             "int3-asym-tok", "int1-sym-g32",   "int2-asym-ch32", "int4-sym-ch128",
                                             "int3-asym-ch",  "int1-sym-ch32",  "keep-fp16",     "keep-bf16",
                                             "keep-fp32",     "q4_0",           "q4_1",          "q5_0",
@@ -202,7 +206,7 @@ int main(int argc, char** argv) {
                                             "fp8-e4m3",      "fp8-e5m2",       "fp8-e4m3-s0.25", "fp8-e4m3-cal64",
                                             "fp8-e5m2-cal64", "fp8-e4m3-tok",  "mxfp4",         "nvfp4",
                                             "nf4-g64",       "nf4-g32",        "nf4-g64-sfp32"};
-  for (const std::string& name : formats) {
+  for (const std::string& name : o.formats.empty() ? all_formats : o.formats) {
     const FormatPtr f = make_format(name);
     const std::unique_ptr<cuda::FormatTwin> twin = cuda::require_twin(*f);
     const cuda::SpanBatch b{spans, T, d};
@@ -229,10 +233,7 @@ int main(int argc, char** argv) {
   r.line("");
   x.resize(0);
   out.resize(0);
-  if (o.formats_only) {
-    if (!o.markdown.empty()) std::ofstream(o.markdown) << r.md.str();
-    return 0;
-  }
+  if (o.formats_only) return 0;
 
   // 3. Attention-error throughput of layer 0.
   const Plan plan0 = UniformStrategy(make_format("int4-asym-g32"), make_format("int4-asym-g32")).build({rec, 0});
@@ -313,6 +314,34 @@ int main(int argc, char** argv) {
   r.line("");
   r.line("Largest CPU/GPU metric difference over the sweep: " + fmt("%.2e", worst) + " relative, " + worst_what +
          (failed ? "; " + std::to_string(failed) + " point(s) failed" : ""));
-  if (!o.markdown.empty()) std::ofstream(o.markdown) << r.md.str();
   return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse_options(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\nusage: bench_cuda [--layers N] [--kv-heads N] [--q-heads N] [--tokens N] [--head-dim N]\n"
+                         "                  [--positions N] [--calibration N] [--quant-spans N] [--reps N] "
+                         "[--formats a,b,...] [--formats-only] [--markdown FILE]\n", e.what());
+    return 2;
+  }
+  const cuda::DeviceInfo dev = cuda::device_info();
+  if (!dev.available) {
+    std::fprintf(stderr, "bench_cuda: %s\n", dev.describe().c_str());
+    return 77;
+  }
+  Report r;
+  int status = 1;
+  try {
+    status = run_bench(o, dev, r);
+  } catch (const std::exception& e) {  // the sections measured so far are kept below
+    std::fprintf(stderr, "bench_cuda: %s\n", e.what());
+    r.md << "\nbench_cuda stopped: " << e.what() << "\n";
+  }
+  if (!o.markdown.empty()) std::ofstream(o.markdown) << r.md.str();
+  return status;
 }

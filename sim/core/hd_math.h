@@ -33,6 +33,24 @@ KVB_HD float div_rn(float a, float b) {
 #endif
 }
 
+// Division by a scale that many values share, correctly rounded. A normal power-of-two
+// scale has an exact reciprocal, and x * (1/scale) rounds the same real number as
+// x / scale, so the product (far cheaper on a GPU) is bit-identical; other scales divide.
+struct ScaleDivisor {
+  float scale;
+  float inverse;  // 1 / scale when exact, else 0
+};
+
+KVB_HD ScaleDivisor scale_divisor(float scale) {
+  uint32_t u;
+  memcpy(&u, &scale, sizeof u);
+  const uint32_t biased_exponent = (u >> 23) & 0xffu;
+  const bool power_of_two = (u & 0x7fffffu) == 0 && biased_exponent >= 1 && biased_exponent <= 254;
+  return {scale, power_of_two ? div_rn(1.0f, scale) : 0.0f};
+}
+
+KVB_HD float divide(float x, ScaleDivisor d) { return d.inverse != 0.0f ? mul_rn(x, d.inverse) : div_rn(x, d.scale); }
+
 // Round to nearest integer, ties to even (IEEE default mode on both sides).
 KVB_HD float round_even(float x) {
 #if defined(__CUDA_ARCH__)

@@ -65,7 +65,8 @@ void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   for (int64_t r = 0; r < x.rows; ++r) {
     const float* xr = x.row(r);
     float* o = out.row(r);
-    const float scale = spec_.scale == Fp8Scale::PerToken ? fp8_scale_from_absmax(row_absmax(xr, x.cols), s) : shared;
+    const ScaleDivisor scale =
+        scale_divisor(spec_.scale == Fp8Scale::PerToken ? fp8_scale_from_absmax(row_absmax(xr, x.cols), s) : shared);
     for (int64_t c = 0; c < x.cols; ++c) o[c] = fp8_roundtrip_scaled(xr[c], scale, s);
   }
 }
@@ -81,7 +82,8 @@ void Fp8Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out)
       scale = fp8_scale_from_absmax(row_absmax(xr, x.cols), s);
       out.put(f32_bits(scale), 32);
     }
-    for (int64_t c = 0; c < x.cols; ++c) out.put(fp8_encode_scaled(xr[c], scale, s), 8);
+    const ScaleDivisor divisor = scale_divisor(scale);
+    for (int64_t c = 0; c < x.cols; ++c) out.put(fp8_encode_scaled(xr[c], divisor, s), 8);
   }
 }
 

@@ -16,13 +16,16 @@ KVB_HD float fp8_scale_from_absmax(float amax, MinifloatSpec s) {
   const float scale = div_rn(amax, minifloat_max(s));
   return scale > 0.0f ? scale : 1.0f;
 }
-KVB_HD uint8_t fp8_encode_scaled(float x, float scale, MinifloatSpec s) { return minifloat_encode(div_rn(x, scale), s); }
+// Elements are encoded as x / scale (scale_divisor(scale) made once per row or span).
+KVB_HD uint8_t fp8_encode_scaled(float x, ScaleDivisor scale, MinifloatSpec s) {
+  return minifloat_encode(divide(x, scale), s);
+}
 KVB_HD float fp8_decode_scaled(uint8_t code, float scale, MinifloatSpec s) {
   return mul_rn(minifloat_decode(code, s), scale);
 }
 // fp8_decode_scaled(fp8_encode_scaled(x)) without materialising the code.
-KVB_HD float fp8_roundtrip_scaled(float x, float scale, MinifloatSpec s) {
-  return mul_rn(minifloat_round(div_rn(x, scale), s), scale);
+KVB_HD float fp8_roundtrip_scaled(float x, ScaleDivisor scale, MinifloatSpec s) {
+  return mul_rn(minifloat_round(divide(x, scale), s), scale.scale);
 }
 
 // ---------------------------------------------------------------- MXFP4 (OCP MX v1.0)

@@ -40,27 +40,6 @@ KVB_HD float minifloat_magnitude(uint32_t code, MinifloatSpec s) {
 
 KVB_HD float minifloat_max(MinifloatSpec s) { return minifloat_magnitude(s.max_code, s); }
 
-KVB_HD uint8_t minifloat_encode(float x, MinifloatSpec s) {
-  const uint32_t sign_bit = 1u << (s.exp_bits + s.man_bits);
-  const uint32_t sign = (float_bits(x) >> 31) ? sign_bit : 0u;
-  const float a = absf(x);
-  if (a != a) return s.nan_code ? static_cast<uint8_t>(s.nan_code) : 0;
-  if (a >= minifloat_max(s)) return static_cast<uint8_t>(sign | s.max_code);
-  const int emin = 1 - s.bias;  // exponent of the smallest normal
-  // Scale so that one unit in the last place is 1, round to an integer (ties to even),
-  // and let the integer carry into the exponent field: code = (E << m) + M is monotone.
-  uint32_t code;
-  if (a == 0.0f || floor_log2f(a) < emin) {
-    code = static_cast<uint32_t>(round_even(mul_rn(a, pow2f(s.man_bits - emin))));
-  } else {
-    const int e = floor_log2f(a);
-    const uint32_t q = static_cast<uint32_t>(round_even(mul_rn(a, pow2f(s.man_bits - e))));  // 2^m..2^(m+1)
-    code = (static_cast<uint32_t>(e + s.bias) << s.man_bits) + (q - (1u << s.man_bits));
-  }
-  if (code > s.max_code) code = s.max_code;  // rounded past max: saturate
-  return static_cast<uint8_t>(sign | code);
-}
-
 KVB_HD float minifloat_decode(uint8_t code, MinifloatSpec s) {
   const uint32_t sign_bit = 1u << (s.exp_bits + s.man_bits);
   const uint32_t mag = code & (sign_bit - 1u);
@@ -76,12 +55,12 @@ KVB_HD float minifloat_decode(uint8_t code, MinifloatSpec s) {
   return (code & sign_bit) ? -v : v;
 }
 
-// minifloat_decode(minifloat_encode(x, s), s) computed directly in the fp32 domain (the
-// quantize-dequantize hot path): normal values keep man_bits mantissa bits, rounded
-// to nearest even on the bit pattern (the carry may bump the exponent); values below
-// the smallest normal are rounded to a multiple of the subnormal step by adding and
-// subtracting a power of two (exact RNE); then saturation. Bit-identical to the
-// encode/decode pair for every input (tests/test_minifloat_formats.cpp).
+// x rounded to the nearest value of the format, in the fp32 domain (the quantize-
+// dequantize hot path, and the first step of minifloat_encode): normal values keep
+// man_bits mantissa bits, rounded to nearest even on the bit pattern (the carry may bump
+// the exponent); values below the smallest normal are rounded to a multiple of the
+// subnormal step by adding and subtracting a power of two (exact RNE); then saturation.
+// Bit-identical to a nearest-even search over the codes (tests/test_minifloat_formats.cpp).
 KVB_HD float minifloat_round(float x, MinifloatSpec s) {
   const uint32_t sign = float_bits(x) & 0x80000000u;
   const float a = absf(x);
@@ -103,6 +82,30 @@ KVB_HD float minifloat_round(float x, MinifloatSpec s) {
   }
   return bits_float(float_bits(r) | sign);
 }
+
+// The code of r, a value the format holds exactly (what minifloat_round returns): the
+// sign, then for a normal r its exponent rebiased and its top man_bits mantissa bits,
+// for a subnormal r (or zero) its count of subnormal steps, exact in fp32. NaN gives
+// the NaN code without a sign (0 for E2M1, whose minifloat_round returns +0 for NaN).
+KVB_HD uint8_t minifloat_code(float r, MinifloatSpec s) {
+  const uint32_t u = float_bits(r);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return s.nan_code;
+  const uint32_t sign = (u >> 31) << (s.exp_bits + s.man_bits);
+  const int e = static_cast<int>(a >> 23) - 127;
+  const int emin = 1 - s.bias;  // exponent of the smallest normal
+  uint32_t mag;
+  if (e >= emin)
+    mag = (static_cast<uint32_t>(e + s.bias) << s.man_bits) | ((a >> (23 - s.man_bits)) & ((1u << s.man_bits) - 1u));
+  else
+    mag = static_cast<uint32_t>(mul_rn(bits_float(a), pow2f(s.man_bits - emin)));
+  return static_cast<uint8_t>(sign | mag);
+}
+
+// Encoding: round in the fp32 domain, then read the code off the rounded value (fewer
+// operations than rounding the scaled mantissa; tests/test_minifloat_formats.cpp checks
+// it against a brute-force nearest-even search over every code).
+KVB_HD uint8_t minifloat_encode(float x, MinifloatSpec s) { return minifloat_code(minifloat_round(x, s), s); }
 
 // E8M0 (OCP MX shared scale): 2^(e - 127) for e in 0..254; 255 is NaN.
 KVB_HD float e8m0_decode(uint8_t e) { return e == 255 ? bits_float(0x7fc00000u) : pow2f(static_cast<int>(e) - 127); }
