@@ -18,8 +18,9 @@ namespace {
 constexpr int kThreads = 256;              // eight rows (one per warp) per block
 constexpr int kRegisterQuads = 4;          // rows of up to 512 values stay in registers
 
+// The element format is a template parameter of the kernels (kE5M2), so that the
+// minifloat arithmetic folds to constants; the kernel spec holds the rest.
 struct Fp8KernelSpec {
-  MinifloatSpec fs;
   Fp8Scale mode = Fp8Scale::Static;
   float static_scale = 1.0f;
 };
@@ -31,6 +32,11 @@ struct Fp8ScaleRule {
 
 enum class Fp8Out { Codes, Values };
 
+template <bool kE5M2>
+__device__ __forceinline__ MinifloatSpec fp8_element_spec() {
+  return kE5M2 ? minifloat_e5m2() : minifloat_e4m3();
+}
+
 __device__ __forceinline__ float warp_max(float m) {
   for (int off = 16; off > 0; off >>= 1) {
     const float o = __shfl_xor_sync(0xffffffffu, m, off);
@@ -41,11 +47,11 @@ __device__ __forceinline__ float warp_max(float m) {
 
 // The scale of a row: static, its span's (span_scales) or its own (max |x| of the row).
 template <Fp8Out kOut>
-__device__ __forceinline__ float row_scale(const Fp8KernelSpec& ks, int64_t row, int64_t rows_per_span,
+__device__ __forceinline__ float row_scale(const Fp8KernelSpec& ks, MinifloatSpec fs, int64_t row, int64_t rows_per_span,
                                            const float* span_scales, float row_amax, float* row_scales, int lane) {
   if (ks.mode == Fp8Scale::Static) return ks.static_scale;
   if (ks.mode == Fp8Scale::Calibrated) return span_scales[row / rows_per_span];
-  const float s = fp8_scale_from_absmax(row_amax, ks.fs);
+  const float s = fp8_scale_from_absmax(row_amax, fs);
   if (kOut == Fp8Out::Codes && lane == 0) row_scales[row] = s;
   return s;
 }
@@ -53,7 +59,7 @@ __device__ __forceinline__ float row_scale(const Fp8KernelSpec& ks, int64_t row,
 // One warp per row: (per token) the row's max |x| by a warp reduction, then codes
 // (4-byte stores) or round-trip values (16-byte stores) of four values per lane.
 // vec4: the row is read once into registers when it has at most 512 values.
-template <Fp8Out kOut>
+template <Fp8Out kOut, bool kE5M2>
 __global__ void __launch_bounds__(kThreads)
     fp8_rows_kernel(const float* __restrict__ x, int64_t total_rows, int64_t rows_per_span, int cols, Fp8KernelSpec ks,
                     bool vec4, const float* __restrict__ span_scales, uint8_t* __restrict__ codes,
@@ -61,6 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= total_rows) return;
+  const MinifloatSpec fs = fp8_element_spec<kE5M2>();
   const float* xr = x + row * cols;
   const bool per_token = ks.mode == Fp8Scale::PerToken;
   if (vec4 && cols <= 4 * 32 * kRegisterQuads) {
@@ -79,7 +86,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     if (per_token) m = warp_max(m);
-    const ScaleDivisor scale = scale_divisor(row_scale<kOut>(ks, row, rows_per_span, span_scales, m, row_scales, lane));
+    const ScaleDivisor scale = scale_divisor(row_scale<kOut>(ks, fs, row, rows_per_span, span_scales, m, row_scales, lane));
 #pragma unroll
     for (int k = 0; k < kRegisterQuads; ++k) {
       const int q = lane + 32 * k;
@@ -87,12 +94,12 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t at = row * cols + 4 * q;
       if (kOut == Fp8Out::Codes) {
         *reinterpret_cast<uchar4*>(codes + at) =
-            make_uchar4(fp8_encode_scaled(v[k].x, scale, ks.fs), fp8_encode_scaled(v[k].y, scale, ks.fs),
-                        fp8_encode_scaled(v[k].z, scale, ks.fs), fp8_encode_scaled(v[k].w, scale, ks.fs));
+            make_uchar4(fp8_encode_scaled(v[k].x, scale, fs), fp8_encode_scaled(v[k].y, scale, fs),
+                        fp8_encode_scaled(v[k].z, scale, fs), fp8_encode_scaled(v[k].w, scale, fs));
       } else {
         *reinterpret_cast<float4*>(out + at) =
-            make_float4(fp8_roundtrip_scaled(v[k].x, scale, ks.fs), fp8_roundtrip_scaled(v[k].y, scale, ks.fs),
-                        fp8_roundtrip_scaled(v[k].z, scale, ks.fs), fp8_roundtrip_scaled(v[k].w, scale, ks.fs));
+            make_float4(fp8_roundtrip_scaled(v[k].x, scale, fs), fp8_roundtrip_scaled(v[k].y, scale, fs),
+                        fp8_roundtrip_scaled(v[k].z, scale, fs), fp8_roundtrip_scaled(v[k].w, scale, fs));
       }
     }
     return;
@@ -102,21 +109,23 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = lane; c < cols; c += 32) m = m < absf(xr[c]) ? absf(xr[c]) : m;
     m = warp_max(m);
   }
-  const ScaleDivisor scale = scale_divisor(row_scale<kOut>(ks, row, rows_per_span, span_scales, m, row_scales, lane));
+  const ScaleDivisor scale = scale_divisor(row_scale<kOut>(ks, fs, row, rows_per_span, span_scales, m, row_scales, lane));
   for (int c = lane; c < cols; c += 32) {
     const int64_t at = row * cols + c;
-    if (kOut == Fp8Out::Codes) codes[at] = fp8_encode_scaled(xr[c], scale, ks.fs);
-    else out[at] = fp8_roundtrip_scaled(xr[c], scale, ks.fs);
+    if (kOut == Fp8Out::Codes) codes[at] = fp8_encode_scaled(xr[c], scale, fs);
+    else out[at] = fp8_roundtrip_scaled(xr[c], scale, fs);
   }
 }
 
 // Dequantize: one warp per row, four codes per lane (4-byte loads, 16-byte stores).
+template <bool kE5M2>
 __global__ void __launch_bounds__(kThreads)
     fp8_dequantize_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales, int64_t total_rows,
                           int64_t rows_per_span, int cols, Fp8KernelSpec ks, bool vec4, float* __restrict__ out) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= total_rows) return;
+  const MinifloatSpec fs = fp8_element_spec<kE5M2>();
   const float scale = ks.mode == Fp8Scale::Static       ? ks.static_scale
                       : ks.mode == Fp8Scale::Calibrated ? scales[row / rows_per_span]
                                                         : scales[row];
@@ -125,13 +134,13 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t at = row * cols + 4 * q;
       const uchar4 c = *reinterpret_cast<const uchar4*>(codes + at);
       *reinterpret_cast<float4*>(out + at) =
-          make_float4(fp8_decode_scaled(c.x, scale, ks.fs), fp8_decode_scaled(c.y, scale, ks.fs),
-                      fp8_decode_scaled(c.z, scale, ks.fs), fp8_decode_scaled(c.w, scale, ks.fs));
+          make_float4(fp8_decode_scaled(c.x, scale, fs), fp8_decode_scaled(c.y, scale, fs),
+                      fp8_decode_scaled(c.z, scale, fs), fp8_decode_scaled(c.w, scale, fs));
     }
   } else {
     for (int c = lane; c < cols; c += 32) {
       const int64_t at = row * cols + c;
-      out[at] = fp8_decode_scaled(codes[at], scale, ks.fs);
+      out[at] = fp8_decode_scaled(codes[at], scale, fs);
     }
   }
 }
@@ -139,7 +148,6 @@ __global__ void __launch_bounds__(kThreads)
 class Fp8Twin final : public FormatTwin {
  public:
   explicit Fp8Twin(const Fp8Spec& spec) : spec_(spec) {
-    ks_.fs = spec.e5m2 ? minifloat_e5m2() : minifloat_e4m3();
     ks_.mode = spec.scale;
     ks_.static_scale = spec.static_scale;
   }
@@ -175,9 +183,10 @@ class Fp8Twin final : public FormatTwin {
     if (b.elements() == 0) return;
     const int64_t total_rows = b.spans * b.rows;
     const bool vec4 = b.cols % 4 == 0 && tile::aligned(codes, 4) && tile::aligned(out, 16);
-    fp8_dequantize_kernel<<<grid(total_rows), kThreads, 0, stream>>>(static_cast<const uint8_t*>(codes),
-                                                                     static_cast<const float*>(meta), total_rows, b.rows,
-                                                                     static_cast<int>(b.cols), ks_, vec4, out);
+    auto kernel = spec_.e5m2 ? fp8_dequantize_kernel<true> : fp8_dequantize_kernel<false>;
+    kernel<<<grid(total_rows), kThreads, 0, stream>>>(static_cast<const uint8_t*>(codes),
+                                                      static_cast<const float*>(meta), total_rows, b.rows,
+                                                      static_cast<int>(b.cols), ks_, vec4, out);
     KVB_CUDA_CHECK_LAUNCH(fp8_dequantize_kernel);
   }
 
@@ -188,7 +197,7 @@ class Fp8Twin final : public FormatTwin {
   void span_scales(const float* x, SpanBatch b, float* scales, cudaStream_t stream) const {
     amax_.reserve(static_cast<size_t>(b.spans));
     const int64_t count = std::min(b.rows, spec_.calibration_tokens) * b.cols;
-    tile::launch_span_scales(x, b.spans, b.rows * b.cols, count, Fp8ScaleRule{ks_.fs}, amax_.data(), scales, stream);
+    tile::launch_span_scales(x, b.spans, b.rows * b.cols, count, Fp8ScaleRule{spec_.e5m2 ? minifloat_e5m2() : minifloat_e4m3()}, amax_.data(), scales, stream);
   }
 
   template <Fp8Out kOut>
@@ -198,8 +207,9 @@ class Fp8Twin final : public FormatTwin {
     const int64_t total_rows = b.spans * b.rows;
     const bool vec4 = b.cols % 4 == 0 && tile::aligned(x, 16) &&
                       (kOut == Fp8Out::Codes ? tile::aligned(codes, 4) : tile::aligned(out, 16));
-    fp8_rows_kernel<kOut><<<grid(total_rows), kThreads, 0, stream>>>(x, total_rows, b.rows, static_cast<int>(b.cols),
-                                                                      ks_, vec4, span_scales, codes, row_scales, out);
+    auto kernel = spec_.e5m2 ? fp8_rows_kernel<kOut, true> : fp8_rows_kernel<kOut, false>;
+    kernel<<<grid(total_rows), kThreads, 0, stream>>>(x, total_rows, b.rows, static_cast<int>(b.cols), ks_, vec4,
+                                                      span_scales, codes, row_scales, out);
     KVB_CUDA_CHECK_LAUNCH(fp8_rows_kernel);
   }
 
