@@ -45,31 +45,55 @@ __device__ __forceinline__ float warp_max(float m) {
   return m;
 }
 
-// The scale of a row: static, its span's (span_scales) or its own (max |x| of the row).
-template <Fp8Out kOut>
-__device__ __forceinline__ float row_scale(const Fp8KernelSpec& ks, MinifloatSpec fs, int64_t row, int64_t rows_per_span,
-                                           const float* span_scales, float row_amax, float* row_scales, int lane) {
-  if (ks.mode == Fp8Scale::Static) return ks.static_scale;
-  if (ks.mode == Fp8Scale::Calibrated) return span_scales[row / rows_per_span];
-  const float s = fp8_scale_from_absmax(row_amax, fs);
-  if (kOut == Fp8Out::Codes && lane == 0) row_scales[row] = s;
-  return s;
-}
-
-// One warp per row: (per token) the row's max |x| by a warp reduction, then codes
-// (4-byte stores) or round-trip values (16-byte stores) of four values per lane.
-// vec4: the row is read once into registers when it has at most 512 values.
+// Static and calibrated scales: one scale per span, so quantizing is elementwise. A 2-D
+// grid (y: spans, x: the span's quads, or single elements when !vec4), one quad per
+// thread, as lean as a copy.
 template <Fp8Out kOut, bool kE5M2>
 __global__ void __launch_bounds__(kThreads)
-    fp8_rows_kernel(const float* __restrict__ x, int64_t total_rows, int64_t rows_per_span, int cols, Fp8KernelSpec ks,
-                    bool vec4, const float* __restrict__ span_scales, uint8_t* __restrict__ codes,
-                    float* __restrict__ row_scales, float* __restrict__ out) {
+    fp8_span_kernel(const float* __restrict__ x, int64_t spans, int64_t span_elems, Fp8KernelSpec ks, bool vec4,
+                    const float* __restrict__ span_scales, uint8_t* __restrict__ codes, float* __restrict__ out) {
+  const MinifloatSpec fs = fp8_element_spec<kE5M2>();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;  // quad or element of the span
+  for (int64_t span = blockIdx.y; span < spans; span += gridDim.y) {
+    const ScaleDivisor scale = scale_divisor(ks.mode == Fp8Scale::Static ? ks.static_scale : span_scales[span]);
+    const int64_t base = span * span_elems;
+    if (vec4) {
+      if (4 * i >= span_elems) return;
+      const float4 v = reinterpret_cast<const float4*>(x + base)[i];
+      if (kOut == Fp8Out::Codes)
+        reinterpret_cast<uchar4*>(codes + base)[i] =
+            make_uchar4(fp8_encode_scaled(v.x, scale, fs), fp8_encode_scaled(v.y, scale, fs),
+                        fp8_encode_scaled(v.z, scale, fs), fp8_encode_scaled(v.w, scale, fs));
+      else
+        reinterpret_cast<float4*>(out + base)[i] =
+            make_float4(fp8_roundtrip_scaled(v.x, scale, fs), fp8_roundtrip_scaled(v.y, scale, fs),
+                        fp8_roundtrip_scaled(v.z, scale, fs), fp8_roundtrip_scaled(v.w, scale, fs));
+    } else {
+      if (i >= span_elems) return;
+      if (kOut == Fp8Out::Codes) codes[base + i] = fp8_encode_scaled(x[base + i], scale, fs);
+      else out[base + i] = fp8_roundtrip_scaled(x[base + i], scale, fs);
+    }
+  }
+}
+
+// Per-token scales: one warp per row, the row's max |x| by a warp reduction, then codes
+// (4-byte stores, the scale to row_scales) or round-trip values (16-byte stores) of four
+// values per lane. vec4: the row is read once into registers when it has at most 512 values.
+template <Fp8Out kOut, bool kE5M2>
+__global__ void __launch_bounds__(kThreads)
+    fp8_token_rows_kernel(const float* __restrict__ x, int64_t total_rows, int cols, bool vec4,
+                          uint8_t* __restrict__ codes, float* __restrict__ row_scales, float* __restrict__ out) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= total_rows) return;
   const MinifloatSpec fs = fp8_element_spec<kE5M2>();
   const float* xr = x + row * cols;
-  const bool per_token = ks.mode == Fp8Scale::PerToken;
+  // The row's scale from its max |x|, stored (codes) by lane 0.
+  auto token_scale = [&](float m) {
+    const float s = fp8_scale_from_absmax(warp_max(m), fs);
+    if (kOut == Fp8Out::Codes && lane == 0) row_scales[row] = s;
+    return scale_divisor(s);
+  };
   if (vec4 && cols <= 4 * 32 * kRegisterQuads) {
     const int quads = cols / 4;
     float4 v[kRegisterQuads];
@@ -85,8 +109,7 @@ __global__ void __launch_bounds__(kThreads)
         m = m < absf(v[k].w) ? absf(v[k].w) : m;
       }
     }
-    if (per_token) m = warp_max(m);
-    const ScaleDivisor scale = scale_divisor(row_scale<kOut>(ks, fs, row, rows_per_span, span_scales, m, row_scales, lane));
+    const ScaleDivisor scale = token_scale(m);
 #pragma unroll
     for (int k = 0; k < kRegisterQuads; ++k) {
       const int q = lane + 32 * k;
@@ -105,11 +128,8 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   float m = 0.0f;
-  if (per_token) {
-    for (int c = lane; c < cols; c += 32) m = m < absf(xr[c]) ? absf(xr[c]) : m;
-    m = warp_max(m);
-  }
-  const ScaleDivisor scale = scale_divisor(row_scale<kOut>(ks, fs, row, rows_per_span, span_scales, m, row_scales, lane));
+  for (int c = lane; c < cols; c += 32) m = m < absf(xr[c]) ? absf(xr[c]) : m;
+  const ScaleDivisor scale = token_scale(m);
   for (int c = lane; c < cols; c += 32) {
     const int64_t at = row * cols + c;
     if (kOut == Fp8Out::Codes) codes[at] = fp8_encode_scaled(xr[c], scale, fs);
@@ -204,13 +224,24 @@ class Fp8Twin final : public FormatTwin {
   void launch(const float* x, SpanBatch b, const float* span_scales, uint8_t* codes, float* row_scales, float* out,
               cudaStream_t stream) const {
     if (b.cols > INT32_MAX / 2) throw Error("format '" + name() + "': head_dim too large for the CUDA twin");
-    const int64_t total_rows = b.spans * b.rows;
     const bool vec4 = b.cols % 4 == 0 && tile::aligned(x, 16) &&
                       (kOut == Fp8Out::Codes ? tile::aligned(codes, 4) : tile::aligned(out, 16));
-    auto kernel = spec_.e5m2 ? fp8_rows_kernel<kOut, true> : fp8_rows_kernel<kOut, false>;
-    kernel<<<grid(total_rows), kThreads, 0, stream>>>(x, total_rows, b.rows, static_cast<int>(b.cols), ks_, vec4,
-                                                      span_scales, codes, row_scales, out);
-    KVB_CUDA_CHECK_LAUNCH(fp8_rows_kernel);
+    if (spec_.scale == Fp8Scale::PerToken) {
+      const int64_t total_rows = b.spans * b.rows;
+      auto kernel = spec_.e5m2 ? fp8_token_rows_kernel<kOut, true> : fp8_token_rows_kernel<kOut, false>;
+      kernel<<<grid(total_rows), kThreads, 0, stream>>>(x, total_rows, static_cast<int>(b.cols), vec4, codes,
+                                                        row_scales, out);
+      KVB_CUDA_CHECK_LAUNCH(fp8_token_rows_kernel);
+      return;
+    }
+    const int64_t span_elems = b.rows * b.cols;
+    const int64_t per_thread = vec4 ? 4 : 1;
+    const int64_t blocks = (span_elems / per_thread + kThreads - 1) / kThreads;
+    if (blocks > INT32_MAX) throw Error("format '" + name() + "': span too large for the CUDA twin");
+    const dim3 span_grid(static_cast<unsigned>(blocks), static_cast<unsigned>(std::min<int64_t>(b.spans, 65535)));
+    auto kernel = spec_.e5m2 ? fp8_span_kernel<kOut, true> : fp8_span_kernel<kOut, false>;
+    kernel<<<span_grid, kThreads, 0, stream>>>(x, b.spans, span_elems, ks_, vec4, span_scales, codes, out);
+    KVB_CUDA_CHECK_LAUNCH(fp8_span_kernel);
   }
 
   Fp8Spec spec_;
