@@ -31,8 +31,7 @@ enum class Nf4Out { Codes, Values };
 int tile_groups_for(int G) { return std::max(2, kTileFloats / G / 2 * 2); }
 
 size_t quantize_smem(int G, int tile_groups) {
-  return static_cast<size_t>(tile_groups) * (G + 1) * sizeof(float) + 2 * static_cast<size_t>(tile_groups) * sizeof(float) +
-         16 * sizeof(float);
+  return static_cast<size_t>(tile_groups) * (G + 1) * sizeof(float) + 2 * static_cast<size_t>(tile_groups) * sizeof(float);
 }
 
 __device__ __forceinline__ void store_scale(void* meta, int64_t g, float s, StoreDtype dt) {
@@ -59,10 +58,7 @@ __global__ void __launch_bounds__(kThreads)
   float* tile_x = smem;
   float* scale = tile_x + tile_groups * (G + 1);
   float* inv = scale + tile_groups;
-  float* thr = inv + tile_groups;
-#pragma unroll
-  for (int i = 0; i < 15; ++i)  // constant indices: the thresholds stay in parameter space
-    if (threadIdx.x == i) thr[i] = spec.thresholds[i];
+  const float* thr = spec.thresholds;  // read at constant indices only: they stay in parameter space
   const int64_t g0 = static_cast<int64_t>(blockIdx.x) * tile_groups;
   const int ng = static_cast<int>(min(static_cast<int64_t>(tile_groups), total_groups - g0));
   const int n = ng * G;

@@ -130,6 +130,16 @@ TEST_CASE("NF4 thresholds are bitsandbytes' decision constants") {
   for (int i = 0; i < 15; ++i) CHECK(nf4_threshold(i) == static_cast<float>(bnb[i]));
 }
 
+TEST_CASE("counting thresholds below x (NF4's encoder) gives the binary search's index") {
+  float t[15];
+  for (int i = 0; i < 15; ++i) t[i] = nf4_threshold(i);
+  std::vector<float> probes = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 2.0f, -2.0f};
+  for (float v : t)
+    for (float p : {v, std::nextafter(v, INFINITY), std::nextafter(v, -INFINITY)}) probes.push_back(p);
+  for (int i = 0; i <= 4000; ++i) probes.push_back(-1.1f + 2.2f * static_cast<float>(i) / 4000.0f);
+  for (float p : probes) CHECK_MESSAGE(codebook_count_below(p, t, 16) == codebook_index(p, t, 16), "x = " << p);
+}
+
 TEST_CASE("table16_select (the device's lookup of NF4 values and the iq4_nl grid) returns every entry") {
   const float nf4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
                          -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,

@@ -21,6 +21,15 @@ KVB_HD int codebook_index(float x, const float* thresholds, int levels) {
   return idx;
 }
 
+// codebook_index by counting: every threshold compared, none loaded at a data-dependent
+// index (so a GPU keeps them in registers or constant memory). The same result for
+// ascending thresholds, NaN included (no comparison holds).
+KVB_HD int codebook_count_below(float x, const float* thresholds, int levels) {
+  int idx = 0;
+  for (int k = 0; k + 1 < levels; ++k) idx += thresholds[k] < x ? 1 : 0;
+  return idx;
+}
+
 // codebook_index of n values at once. Small codebooks (<= 16 levels) count the
 // thresholds below each value in a loop over values that the compiler vectorizes;
 // larger ones search each value.
