@@ -19,9 +19,13 @@ KVB_HD float nf4_group_scale(const float* x, int64_t n, StoreDtype dt) {
 KVB_HD float nf4_inverse_scale(float scale) { return scale > 0.0f ? div_rn(1.0f, scale) : 0.0f; }
 
 // thresholds: the 15 values nf4_threshold(0..14); inv = nf4_inverse_scale(scale).
-// Counted (codebook_count_below): a CUDA kernel that passes the thresholds in its
-// parameters compares against constants, with no memory access per value.
 KVB_HD int nf4_encode(float x, float inv, const float* thresholds) {
+  return codebook_index(mul_rn(x, inv), thresholds, 16);
+}
+// The same code by counting (codebook_count_below): no data-dependent loads, so a CUDA
+// kernel that passes the thresholds in its parameters compares against constants (its
+// round trip uses this; its quantize, bound elsewhere, the search on a shared copy).
+KVB_HD int nf4_encode_counted(float x, float inv, const float* thresholds) {
   return codebook_count_below(mul_rn(x, inv), thresholds, 16);
 }
 
