@@ -62,10 +62,17 @@ __global__ void __launch_bounds__(kThreads)
   float* tile_x = smem;
   float* scale = tile_x + tile_groups * (G + 1);
   float* inv = scale + tile_groups;
-  float* thr = inv + tile_groups;  // the thresholds for the search of nf4_encode
+  // The thresholds, read at constant indices only (any other index would copy the whole
+  // spec to local memory in every thread): into registers for nf4_encode_counted, and
+  // by thread 0 into shared memory for nf4_encode's search.
+  float thr_regs[15];
 #pragma unroll
-  for (int i = 0; i < 15; ++i)  // constant indices: spec.thresholds stays in parameter space
-    if (threadIdx.x == i) thr[i] = spec.thresholds[i];
+  for (int i = 0; i < 15; ++i) thr_regs[i] = spec.thresholds[i];
+  float* thr = inv + tile_groups;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < 15; ++i) thr[i] = thr_regs[i];
+  }
   const int64_t g0 = static_cast<int64_t>(blockIdx.x) * tile_groups;
   const int ng = static_cast<int>(min(static_cast<int64_t>(tile_groups), total_groups - g0));
   const int n = ng * G;
@@ -88,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
       int c[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        c[k] = kOut == Nf4Out::Codes ? nf4_encode(t[k], iv, thr) : nf4_encode_counted(t[k], iv, spec.thresholds);
+        c[k] = kOut == Nf4Out::Codes ? nf4_encode(t[k], iv, thr) : nf4_encode_counted(t[k], iv, thr_regs);
       if (kOut == Nf4Out::Codes) {
         reinterpret_cast<uint16_t*>(codes + e0 / 2)[q] = static_cast<uint16_t>(c[0] | (c[1] << 4) | (c[2] << 8) | (c[3] << 12));
       } else {
