@@ -241,14 +241,29 @@ KVB_HD int ggml_iq4nl_best_index(float x) {
   return idx;
 }
 
+// The 32 grid indices of a block as nibbles of two words (element j at bits 4 (j % 16)
+// of `low` for j < 16, of `high` otherwise): registers on a GPU, where an array indexed
+// by the loop counter would live in local memory.
+struct Iq4Codes {
+  uint64_t low = 0, high = 0;
+  KVB_HD void set(int j, int l) {
+    if (j < 16) low |= static_cast<uint64_t>(l) << (4 * j);
+    else high |= static_cast<uint64_t>(l) << (4 * (j - 16));
+  }
+  // Byte j of the block's qs: element j low, element j + 16 high (as q4_0).
+  KVB_HD uint8_t packed(int j) const {
+    return static_cast<uint8_t>(((low >> (4 * j)) & 0x0fu) | (((high >> (4 * j)) & 0x0fu) << 4));
+  }
+};
+
 // Weighted least-squares fit of codes for the inverse scale id: accumulates
-// sumqx = Σ w q x and sumq2 = Σ w q² (w = x²) in ggml's order; codes to L if given.
-KVB_HD void ggml_iq4nl_fit(const float* x, float id, float& sumqx, float& sumq2, uint8_t* L) {
+// sumqx = Σ w q x and sumq2 = Σ w q² (w = x²) in ggml's order; codes to *L if given.
+KVB_HD void ggml_iq4nl_fit(const float* x, float id, float& sumqx, float& sumq2, Iq4Codes* L) {
   sumqx = 0.0f;
   sumq2 = 0.0f;
   for (int j = 0; j < kGgmlBlock; ++j) {
     const int l = ggml_iq4nl_best_index(mul_rn(id, x[j]));
-    if (L) L[j] = static_cast<uint8_t>(l);
+    if (L) L->set(j, l);
     const float q = static_cast<float>(ggml_iq4nl_value(l));
     const float w = mul_rn(x[j], x[j]);
     sumqx = add_rn(sumqx, mul_rn(mul_rn(w, q), x[j]));
@@ -257,7 +272,7 @@ KVB_HD void ggml_iq4nl_fit(const float* x, float id, float& sumqx, float& sumq2,
 }
 
 KVB_HD void ggml_quantize_iq4_nl(const float* x, GgmlBlockIQ4NL& b, int ntry) {
-  uint8_t L[kGgmlBlock];
+  Iq4Codes L;  // all zero: the codes of a block below GROUP_MAX_EPS
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < kGgmlBlock; ++j) {
     const float ax = absf(x[j]);
@@ -267,13 +282,11 @@ KVB_HD void ggml_quantize_iq4_nl(const float* x, GgmlBlockIQ4NL& b, int ntry) {
     }
   }
   float scale = 0.0f;
-  if (amax < 1e-15f) {  // GROUP_MAX_EPS
-    for (int j = 0; j < kGgmlBlock; ++j) L[j] = 0;
-  } else {
+  if (amax >= 1e-15f) {  // GROUP_MAX_EPS
     const float v0 = static_cast<float>(ggml_iq4nl_value(0));
     float d = ntry > 0 ? div_rn(-max, v0) : div_rn(max, v0);
     float sumqx, sumq2;
-    ggml_iq4nl_fit(x, div_rn(1.0f, d), sumqx, sumq2, L);
+    ggml_iq4nl_fit(x, div_rn(1.0f, d), sumqx, sumq2, &L);
     d = sumq2 > 0.0f ? div_rn(sumqx, sumq2) : 0.0f;
     float best = mul_rn(d, sumqx);
     for (int itry = -ntry; itry <= ntry; ++itry) {
@@ -288,9 +301,10 @@ KVB_HD void ggml_quantize_iq4_nl(const float* x, GgmlBlockIQ4NL& b, int ntry) {
   b.d = f32_to_f16_bits(scale);
   if (ntry > 0) {
     const float id = scale != 0.0f ? div_rn(1.0f, scale) : 0.0f;
-    for (int j = 0; j < kGgmlBlock; ++j) L[j] = static_cast<uint8_t>(ggml_iq4nl_best_index(mul_rn(id, x[j])));
+    L = Iq4Codes{};
+    for (int j = 0; j < kGgmlBlock; ++j) L.set(j, ggml_iq4nl_best_index(mul_rn(id, x[j])));
   }
-  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(L[j] | (L[j + 16] << 4));
+  for (int j = 0; j < 16; ++j) b.qs[j] = L.packed(j);
 }
 KVB_HD void ggml_dequantize_iq4_nl(const GgmlBlockIQ4NL& b, float* y) {
   const float d = f16_bits_to_f32(b.d);
