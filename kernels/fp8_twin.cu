@@ -45,6 +45,28 @@ __device__ __forceinline__ float warp_max(float m) {
   return m;
 }
 
+// Four values at element `at`: codes (one 4-byte store) or round-trip values (16 bytes).
+template <Fp8Out kOut>
+__device__ __forceinline__ void put_quad(float4 v, ScaleDivisor scale, MinifloatSpec fs, int64_t at,
+                                         uint8_t* __restrict__ codes, float* __restrict__ out) {
+  if (kOut == Fp8Out::Codes)
+    *reinterpret_cast<uchar4*>(codes + at) =
+        make_uchar4(fp8_encode_scaled(v.x, scale, fs), fp8_encode_scaled(v.y, scale, fs),
+                    fp8_encode_scaled(v.z, scale, fs), fp8_encode_scaled(v.w, scale, fs));
+  else
+    *reinterpret_cast<float4*>(out + at) =
+        make_float4(fp8_roundtrip_scaled(v.x, scale, fs), fp8_roundtrip_scaled(v.y, scale, fs),
+                    fp8_roundtrip_scaled(v.z, scale, fs), fp8_roundtrip_scaled(v.w, scale, fs));
+}
+
+// One value at element `at`.
+template <Fp8Out kOut>
+__device__ __forceinline__ void put_one(float x, ScaleDivisor scale, MinifloatSpec fs, int64_t at,
+                                        uint8_t* __restrict__ codes, float* __restrict__ out) {
+  if (kOut == Fp8Out::Codes) codes[at] = fp8_encode_scaled(x, scale, fs);
+  else out[at] = fp8_roundtrip_scaled(x, scale, fs);
+}
+
 // Static and calibrated scales: one scale per span, so quantizing is elementwise. A 2-D
 // grid (y: spans, x: the span's quads, or single elements when !vec4), one quad per
 // thread, as lean as a copy.
@@ -59,19 +81,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t base = span * span_elems;
     if (vec4) {
       if (4 * i >= span_elems) return;
-      const float4 v = reinterpret_cast<const float4*>(x + base)[i];
-      if (kOut == Fp8Out::Codes)
-        reinterpret_cast<uchar4*>(codes + base)[i] =
-            make_uchar4(fp8_encode_scaled(v.x, scale, fs), fp8_encode_scaled(v.y, scale, fs),
-                        fp8_encode_scaled(v.z, scale, fs), fp8_encode_scaled(v.w, scale, fs));
-      else
-        reinterpret_cast<float4*>(out + base)[i] =
-            make_float4(fp8_roundtrip_scaled(v.x, scale, fs), fp8_roundtrip_scaled(v.y, scale, fs),
-                        fp8_roundtrip_scaled(v.z, scale, fs), fp8_roundtrip_scaled(v.w, scale, fs));
+      put_quad<kOut>(reinterpret_cast<const float4*>(x + base)[i], scale, fs, base + 4 * i, codes, out);
     } else {
       if (i >= span_elems) return;
-      if (kOut == Fp8Out::Codes) codes[base + i] = fp8_encode_scaled(x[base + i], scale, fs);
-      else out[base + i] = fp8_roundtrip_scaled(x[base + i], scale, fs);
+      put_one<kOut>(x[base + i], scale, fs, base + i, codes, out);
     }
   }
 }
@@ -113,28 +126,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < kRegisterQuads; ++k) {
       const int q = lane + 32 * k;
-      if (q >= quads) continue;
-      const int64_t at = row * cols + 4 * q;
-      if (kOut == Fp8Out::Codes) {
-        *reinterpret_cast<uchar4*>(codes + at) =
-            make_uchar4(fp8_encode_scaled(v[k].x, scale, fs), fp8_encode_scaled(v[k].y, scale, fs),
-                        fp8_encode_scaled(v[k].z, scale, fs), fp8_encode_scaled(v[k].w, scale, fs));
-      } else {
-        *reinterpret_cast<float4*>(out + at) =
-            make_float4(fp8_roundtrip_scaled(v[k].x, scale, fs), fp8_roundtrip_scaled(v[k].y, scale, fs),
-                        fp8_roundtrip_scaled(v[k].z, scale, fs), fp8_roundtrip_scaled(v[k].w, scale, fs));
-      }
+      if (q < quads) put_quad<kOut>(v[k], scale, fs, row * cols + 4 * q, codes, out);
     }
     return;
   }
   float m = 0.0f;
   for (int c = lane; c < cols; c += 32) m = m < absf(xr[c]) ? absf(xr[c]) : m;
   const ScaleDivisor scale = token_scale(m);
-  for (int c = lane; c < cols; c += 32) {
-    const int64_t at = row * cols + c;
-    if (kOut == Fp8Out::Codes) codes[at] = fp8_encode_scaled(xr[c], scale, fs);
-    else out[at] = fp8_roundtrip_scaled(xr[c], scale, fs);
-  }
+  for (int c = lane; c < cols; c += 32) put_one<kOut>(xr[c], scale, fs, row * cols + c, codes, out);
 }
 
 // Dequantize: one warp per row, four codes per lane (4-byte loads, 16-byte stores).
