@@ -15,7 +15,7 @@ namespace kvb::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;              // eight rows (one per warp) per block
+constexpr int kThreads = 256;              // per block: 256 quads (span kernel), 8 rows (per-token kernel)
 constexpr int kRegisterQuads = 4;          // rows of up to 512 values stay in registers
 
 // The element format is a template parameter of the kernels (kE5M2), so that the
