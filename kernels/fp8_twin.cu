@@ -32,10 +32,6 @@ struct Fp8ScaleRule {
 
 enum class Fp8Out { Codes, Values };
 
-template <bool kE5M2>
-__device__ __forceinline__ MinifloatSpec fp8_element_spec() {
-  return kE5M2 ? minifloat_e5m2() : minifloat_e4m3();
-}
 
 __device__ __forceinline__ float warp_max(float m) {
   for (int off = 16; off > 0; off >>= 1) {
@@ -74,7 +70,7 @@ template <Fp8Out kOut, bool kE5M2>
 __global__ void __launch_bounds__(kThreads)
     fp8_span_kernel(const float* __restrict__ x, int64_t spans, int64_t span_elems, Fp8KernelSpec ks, bool vec4,
                     const float* __restrict__ span_scales, uint8_t* __restrict__ codes, float* __restrict__ out) {
-  const MinifloatSpec fs = fp8_element_spec<kE5M2>();
+  const MinifloatSpec fs = fp8_minifloat(kE5M2);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;  // quad or element of the span
   for (int64_t span = blockIdx.y; span < spans; span += gridDim.y) {
     const ScaleDivisor scale = scale_divisor(ks.mode == Fp8Scale::Static ? ks.static_scale : span_scales[span]);
@@ -99,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= total_rows) return;
-  const MinifloatSpec fs = fp8_element_spec<kE5M2>();
+  const MinifloatSpec fs = fp8_minifloat(kE5M2);
   const float* xr = x + row * cols;
   // The row's scale from its max |x|, stored (codes) by lane 0.
   auto token_scale = [&](float m) {
@@ -144,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= total_rows) return;
-  const MinifloatSpec fs = fp8_element_spec<kE5M2>();
+  const MinifloatSpec fs = fp8_minifloat(kE5M2);
   const float scale = ks.mode == Fp8Scale::Static       ? ks.static_scale
                       : ks.mode == Fp8Scale::Calibrated ? scales[row / rows_per_span]
                                                         : scales[row];
@@ -216,7 +212,8 @@ class Fp8Twin final : public FormatTwin {
   void span_scales(const float* x, SpanBatch b, float* scales, cudaStream_t stream) const {
     amax_.reserve(static_cast<size_t>(b.spans));
     const int64_t count = std::min(b.rows, spec_.calibration_tokens) * b.cols;
-    tile::launch_span_scales(x, b.spans, b.rows * b.cols, count, Fp8ScaleRule{spec_.e5m2 ? minifloat_e5m2() : minifloat_e4m3()}, amax_.data(), scales, stream);
+    tile::launch_span_scales(x, b.spans, b.rows * b.cols, count, Fp8ScaleRule{fp8_minifloat(spec_.e5m2)}, amax_.data(),
+                             scales, stream);
   }
 
   template <Fp8Out kOut>

@@ -11,8 +11,6 @@ namespace kvb {
 
 namespace {
 
-MinifloatSpec spec_of(bool e5m2) { return e5m2 ? minifloat_e5m2() : minifloat_e4m3(); }
-
 float row_absmax(const float* x, int64_t n) {
   float m = 0.0f;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, absf(x[i]));
@@ -51,7 +49,7 @@ uint64_t Fp8Format::storage_bits(int64_t tokens, int64_t head_dim) const {
 }
 
 float Fp8Format::span_scale(ConstMatView x) const {
-  const MinifloatSpec s = spec_of(spec_.e5m2);
+  const MinifloatSpec s = fp8_minifloat(spec_.e5m2);
   if (spec_.scale == Fp8Scale::Static) return spec_.static_scale;
   float amax = 0.0f;
   const int64_t rows = std::min(x.rows, spec_.calibration_tokens);
@@ -60,7 +58,7 @@ float Fp8Format::span_scale(ConstMatView x) const {
 }
 
 void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
-  const MinifloatSpec s = spec_of(spec_.e5m2);
+  const MinifloatSpec s = fp8_minifloat(spec_.e5m2);
   const float shared = spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x);
   for (int64_t r = 0; r < x.rows; ++r) {
     const float* xr = x.row(r);
@@ -72,7 +70,7 @@ void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
 }
 
 void Fp8Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {
-  const MinifloatSpec s = spec_of(spec_.e5m2);
+  const MinifloatSpec s = fp8_minifloat(spec_.e5m2);
   const float shared = spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x);
   if (spec_.scale == Fp8Scale::Calibrated) out.put(f32_bits(shared), 32);
   for (int64_t r = 0; r < x.rows; ++r) {

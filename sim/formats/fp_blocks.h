@@ -9,6 +9,8 @@
 namespace kvb {
 
 // ---------------------------------------------------------------- fp8 with a scale
+KVB_HD MinifloatSpec fp8_minifloat(bool e5m2) { return e5m2 ? minifloat_e5m2() : minifloat_e4m3(); }
+
 // A calibrated scale maps the calibration absmax to the format's max; all-zero
 // calibration data gives scale 1, and so does data so small that the quotient
 // underflows to 0 (its values then round to zeros instead of x / 0).
