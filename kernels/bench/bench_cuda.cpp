@@ -101,6 +101,9 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+// The sweep's calibration grid: every kCalibrationStride-th position from kCalibrationOffset.
+constexpr int64_t kCalibrationStride = 8, kCalibrationOffset = 7;
+
 std::string sweep_config(const Options& o) {
   std::ostringstream c;
   c << "name = \"bench_cuda_sweep\"\nseed = 0\n[data.synthetic]\n"
@@ -110,13 +113,13 @@ std::string sweep_config(const Options& o) {
     << "[[strategy]]\ntype = \"uniform\"\nformat = \"int{bits}-asym-g32\"\n[strategy.vars]\nbits = [2, 3, 4, 8]\n"
     << "[[strategy]]\ntype = \"uniform\"\nname = \"kivi2\"\nkey_format = \"int2-asym-ch32\"\n"
     << "value_format = \"int2-asym-tok\"\n"
-    << "[calibration]\nstride = 8\noffset = 7\n"
+    << "[calibration]\nstride = " << kCalibrationStride << "\noffset = " << kCalibrationOffset << "\n"
     << "[metrics]\ntopk = 8\npositions = [";
   // Spread over the context up to its last token; a position on the calibration grid
-  // (7, 15, 23, ...) moves one back, since calibration queries are not evaluated.
+  // moves one back, since calibration queries are not evaluated.
   for (int64_t i = 0; i < o.positions; ++i) {
     const int64_t p = ((i + 1) * o.tokens) / o.positions - 1;
-    c << (i ? ", " : "") << (p % 8 == 7 ? p - 1 : p);
+    c << (i ? ", " : "") << (p % kCalibrationStride == kCalibrationOffset ? p - 1 : p);
   }
   c << "]\n";
   return c.str();
@@ -198,14 +201,13 @@ int run_bench(const Options& o, const cuda::DeviceInfo& dev, Report& r) {
   r.line("");
   r.line("| format | quantize GB/s | % | dequantize GB/s | % | round trip GB/s | % | exact |");
   r.line("|---|---|---|---|---|---|---|---|");
-  const std::vector<std::string> all_formats = {"int4-asym-g32", "int4-sym-g32",   "int2-asym-g64", "int8-sym-tok",
-                                            "int3-asym-tok", "int1-sym-g32",   "int2-asym-ch32", "int4-sym-ch128",
-                                            "int3-asym-ch",  "int1-sym-ch32",  "keep-fp16",     "keep-bf16",
-                                            "keep-fp32",     "q4_0",           "q4_1",          "q5_0",
-                                            "q5_1",          "q8_0",           "iq4_nl",        "iq4_nl-ntry7",
-                                            "fp8-e4m3",      "fp8-e5m2",       "fp8-e4m3-s0.25", "fp8-e4m3-cal64",
-                                            "fp8-e5m2-cal64", "fp8-e4m3-tok",  "mxfp4",         "nvfp4",
-                                            "nf4-g64",       "nf4-g32",        "nf4-g64-sfp32"};
+  const std::vector<std::string> all_formats = {
+      "int4-asym-g32", "int4-sym-g32",   "int2-asym-g64",  "int8-sym-tok",   "int3-asym-tok",  "int1-sym-g32",
+      "int2-asym-ch32", "int4-sym-ch128", "int3-asym-ch",   "int1-sym-ch32",  "keep-fp16",      "keep-bf16",
+      "keep-fp32",     "q4_0",           "q4_1",           "q5_0",           "q5_1",           "q8_0",
+      "iq4_nl",        "iq4_nl-ntry7",   "fp8-e4m3",       "fp8-e5m2",       "fp8-e4m3-s0.25", "fp8-e4m3-cal64",
+      "fp8-e5m2-cal64", "fp8-e4m3-tok",  "mxfp4",          "nvfp4",          "nf4-g64",        "nf4-g32",
+      "nf4-g64-sfp32"};
   for (const std::string& name : o.formats.empty() ? all_formats : o.formats) {
     const FormatPtr f = make_format(name);
     const std::unique_ptr<cuda::FormatTwin> twin = cuda::require_twin(*f);
