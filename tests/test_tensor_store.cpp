@@ -5,6 +5,7 @@
 
 #include "io_test_files.h"
 #include "sim/core/half.h"
+#include "sim/io/json_file.h"
 #include "sim/io/tensor_store.h"
 
 using namespace kvb;
@@ -234,6 +235,26 @@ TEST_CASE("safetensors: structural errors name the file and the tensor") {
   SUBCASE("the intact image opens") {
     write_bytes(dir / "good.safetensors", image);
     CHECK(TensorStore::open(dir / "good.safetensors")->read_f32("beta").data == std::vector<float>{7, 8});
+  }
+}
+
+TEST_CASE("JSON nesting: kMaxJsonDepth levels of arrays or objects parse, one more is refused") {
+  // `levels` containers one inside the other, `inner` in the deepest.
+  const auto nested_arrays = [](int levels, const std::string& inner) {
+    return std::string(levels, '[') + inner + std::string(levels, ']');
+  };
+  const auto nested_objects = [](int levels, const std::string& inner) {
+    std::string text;
+    for (int i = 0; i + 1 < levels; ++i) text += R"({"a":)";
+    return text + "{" + (inner.empty() ? "" : R"("b":)" + inner) + std::string(levels, '}');
+  };
+  const auto ignore = [](const std::string&, const std::string&) {};
+  using Nested = std::function<std::string(int, const std::string&)>;
+  for (const Nested& nested : {Nested(nested_arrays), Nested(nested_objects)}) {
+    CHECK_NOTHROW(parse_json_checking_duplicates(nested(kMaxJsonDepth, ""), ignore));
+    // A scalar inside the deepest container is not a level of its own.
+    CHECK_NOTHROW(parse_json_checking_duplicates(nested(kMaxJsonDepth, "1"), ignore));
+    CHECK_THROWS_AS(parse_json_checking_duplicates(nested(kMaxJsonDepth + 1, ""), ignore), JsonTooDeep);
   }
 }
 

@@ -34,7 +34,11 @@ nlohmann::json parse_json_checking_duplicates(
   std::vector<std::pair<std::string, std::set<std::string>>> open_objects;
   std::string last_key;
   const json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxJsonDepth) throw JsonTooDeep();
+    // `depth` counts the containers open around the event; a container's start event is
+    // given the depth outside it, so the one that opens nesting level kMaxJsonDepth + 1
+    // arrives with depth == kMaxJsonDepth.
+    const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+    if (depth + (opens ? 1 : 0) > kMaxJsonDepth) throw JsonTooDeep();
     switch (event) {
       case json::parse_event_t::object_start:
         open_objects.emplace_back(open_objects.empty() ? std::string() : last_key, std::set<std::string>());
