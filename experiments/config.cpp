@@ -24,6 +24,11 @@ std::string toml_type_name(const toml::node& n) {
   }
 }
 
+std::string toml_type_with_article(const toml::node& n) {
+  const std::string name = toml_type_name(n);
+  return (name == "integer" || name == "array" ? "an " : "a ") + name;
+}
+
 namespace {
 
 std::string location(const toml::source_region& src, const std::filesystem::path& file) {
@@ -130,7 +135,7 @@ void ConfigDoc::apply_override(const std::string& assignment) {
                           std::to_string(a->size()) + " entries");
       cur = a->get(std::stoul(parts[i]));
     } else {
-      throw ConfigError("--set " + key + ": '" + walked + "' is a " + toml_type_name(*cur) + ", not a table");
+      throw ConfigError("--set " + key + ": '" + walked + "' is " + toml_type_with_article(*cur) + ", not a table");
     }
   }
   if (toml::array* a = cur->as_array()) {  // an array element: budgets.queries.0=...
@@ -156,6 +161,17 @@ ConfigDoc::Seen& ConfigDoc::seen(const toml::table* t, const std::string& path) 
     if (s->table == t) return *s;
   seen_.push_back(std::make_unique<Seen>(Seen{t, path, {}}));
   return *seen_.back();
+}
+
+std::vector<std::string> ConfigDoc::overrides_under(const std::string& table_path) const {
+  std::vector<std::string> under;
+  for (const std::string& path : overridden_) {
+    const bool inside = table_path.empty() ||
+                        (path.size() > table_path.size() && path.compare(0, table_path.size(), table_path) == 0 &&
+                         (path[table_path.size()] == '.' || path[table_path.size()] == '['));
+    if (inside) under.push_back(path);
+  }
+  return under;
 }
 
 std::string ConfigDoc::where(const toml::node* node, const std::string& dotted) const {
@@ -206,11 +222,13 @@ const toml::node* ConfigTable::node(std::string_view key) const {
 }
 
 std::string ConfigTable::where(std::string_view key) const {
-  if (key.empty()) {
-    if (table_->source().begin.line > 0) return location(table_->source(), doc_->file()) + ": [" + path_ + "]";
-    return doc_->file().string() + (path_.empty() ? "" : ": [" + path_ + "]");
-  }
-  return doc_->where(table_->get(key), key_path(key));
+  if (!key.empty()) return doc_->where(table_->get(key), key_path(key));
+  std::string at = table_->source().begin.line > 0 ? location(table_->source(), doc_->file()) + ": [" + path_ + "]"
+                                                   : doc_->file().string() + (path_.empty() ? "" : ": [" + path_ + "]");
+  // A message about the whole table may come from a value --set put inside it.
+  const std::vector<std::string> overrides = path_.empty() ? std::vector<std::string>() : doc_->overrides_under(path_);
+  if (!overrides.empty()) at += " (with --set " + join(overrides, ", --set ") + ")";
+  return at;
 }
 
 void ConfigTable::fail(std::string_view key, const std::string& message) const {
@@ -221,7 +239,7 @@ std::optional<std::string> ConfigTable::opt_string(std::string_view key) const {
   const toml::node* n = node(key);
   if (!n) return std::nullopt;
   if (auto v = n->value<std::string>(); v && n->is_string()) return *v;
-  fail(key, "expected a string, got " + toml_type_name(*n));
+  fail(key, "expected a string, got " + toml_type_with_article(*n));
 }
 
 std::string ConfigTable::string(std::string_view key, const std::string& def) const {
@@ -237,7 +255,7 @@ std::optional<int64_t> ConfigTable::opt_int(std::string_view key) const {
   const toml::node* n = node(key);
   if (!n) return std::nullopt;
   if (n->is_integer()) return n->value<int64_t>();
-  fail(key, "expected an integer, got " + toml_type_name(*n));
+  fail(key, "expected an integer, got " + toml_type_with_article(*n));
 }
 
 int64_t ConfigTable::integer(std::string_view key, int64_t def) const { return opt_int(key).value_or(def); }
@@ -250,7 +268,7 @@ std::optional<double> ConfigTable::opt_real(std::string_view key) const {
     if (!std::isfinite(v)) fail(key, "expected a finite number, got " + std::string(n->is_floating_point() ? "nan or inf" : "?"));
     return v;
   }
-  fail(key, "expected a number, got " + toml_type_name(*n));
+  fail(key, "expected a number, got " + toml_type_with_article(*n));
 }
 
 double ConfigTable::real(std::string_view key, double def) const { return opt_real(key).value_or(def); }
@@ -259,7 +277,7 @@ bool ConfigTable::boolean(std::string_view key, bool def) const {
   const toml::node* n = node(key);
   if (!n) return def;
   if (n->is_boolean()) return *n->value<bool>();
-  fail(key, "expected true or false, got " + toml_type_name(*n));
+  fail(key, "expected true or false, got " + toml_type_with_article(*n));
 }
 
 std::vector<std::string> ConfigTable::string_list(std::string_view key, const std::vector<std::string>& def) const {
@@ -267,10 +285,10 @@ std::vector<std::string> ConfigTable::string_list(std::string_view key, const st
   if (!n) return def;
   if (n->is_string()) return {*n->value<std::string>()};
   const toml::array* a = n->as_array();
-  if (!a) fail(key, "expected a string or an array of strings, got " + toml_type_name(*n));
+  if (!a) fail(key, "expected a string or an array of strings, got " + toml_type_with_article(*n));
   std::vector<std::string> out;
   for (const toml::node& e : *a) {
-    if (!e.is_string()) fail(key, "expected an array of strings, found a " + toml_type_name(e));
+    if (!e.is_string()) fail(key, "expected an array of strings, found " + toml_type_with_article(e));
     out.push_back(*e.value<std::string>());
   }
   return out;
@@ -281,10 +299,10 @@ std::vector<int64_t> ConfigTable::int_list(std::string_view key) const {
   if (!n) return {};
   if (n->is_integer()) return {*n->value<int64_t>()};
   const toml::array* a = n->as_array();
-  if (!a) fail(key, "expected an integer or an array of integers, got " + toml_type_name(*n));
+  if (!a) fail(key, "expected an integer or an array of integers, got " + toml_type_with_article(*n));
   std::vector<int64_t> out;
   for (const toml::node& e : *a) {
-    if (!e.is_integer()) fail(key, "expected an array of integers, found a " + toml_type_name(e));
+    if (!e.is_integer()) fail(key, "expected an array of integers, found " + toml_type_with_article(e));
     out.push_back(*e.value<int64_t>());
   }
   return out;
@@ -294,7 +312,7 @@ std::optional<ConfigTable> ConfigTable::opt_table(std::string_view key) const {
   const toml::node* n = node(key);
   if (!n) return std::nullopt;
   if (const toml::table* t = n->as_table()) return ConfigTable(doc_, t, key_path(key));
-  fail(key, "expected a table, got " + toml_type_name(*n));
+  fail(key, "expected a table, got " + toml_type_with_article(*n));
 }
 
 std::vector<ConfigTable> ConfigTable::table_array(std::string_view key) const {
@@ -306,10 +324,10 @@ std::vector<ConfigTable> ConfigTable::table_array(std::string_view key) const {
     return out;
   }
   const toml::array* a = n->as_array();
-  if (!a) fail(key, "expected [[" + key_path(key) + "]] tables, got " + toml_type_name(*n));
+  if (!a) fail(key, "expected [[" + key_path(key) + "]] tables, got " + toml_type_with_article(*n));
   for (size_t i = 0; i < a->size(); ++i) {
     const toml::table* t = a->get(i)->as_table();
-    if (!t) fail(key, "entry " + std::to_string(i) + " is a " + toml_type_name(*a->get(i)) + ", expected a table");
+    if (!t) fail(key, "entry " + std::to_string(i) + " is " + toml_type_with_article(*a->get(i)) + ", expected a table");
     out.emplace_back(doc_, t, key_path(key) + "[" + std::to_string(i) + "]");
   }
   return out;

@@ -40,6 +40,8 @@ class ConfigDoc : public std::enable_shared_from_this<ConfigDoc> {
 
   // "file:line" of a node, or "--set key" for a value that came from the command line.
   std::string where(const toml::node* node, const std::string& dotted) const;
+  // The --set paths inside the table at table_path ("" = the root: every one), sorted.
+  std::vector<std::string> overrides_under(const std::string& table_path) const;
 
  private:
   friend class ConfigTable;
@@ -85,7 +87,9 @@ class ConfigTable {
   // Keys present in this table, sorted.
   std::vector<std::string> keys() const;
 
-  // "file:line: key" for messages about this key (or this table when key is empty).
+  // "file:line: key" for messages about this key; "file:line: [table]" for this table
+  // when key is empty, followed (below the root) by " (with --set a.b, --set a.c)" for
+  // the values that --set put inside it.
   std::string where(std::string_view key = {}) const;
   [[noreturn]] void fail(std::string_view key, const std::string& message) const;
 
@@ -100,5 +104,7 @@ class ConfigTable {
 
 // TOML type name of a node for messages ("string", "integer", "array", ...).
 std::string toml_type_name(const toml::node& n);
+// The same with its article: "an integer", "a string".
+std::string toml_type_with_article(const toml::node& n);
 
 }  // namespace kvb

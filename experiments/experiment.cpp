@@ -191,7 +191,7 @@ std::vector<ParamValue> values_of(const ConfigTable& t, const std::string& key, 
     if (v.is_integer()) return *v.value<int64_t>();
     if (v.is_floating_point()) return *v.value<double>();
     if (v.is_string()) return *v.value<std::string>();
-    t.fail(key, "expected a string, number or boolean (or an array of them), got " + toml_type_name(v));
+    t.fail(key, "expected a string, number or boolean (or an array of them), got " + toml_type_with_article(v));
   };
   if (const toml::array* a = n->as_array()) {
     std::vector<ParamValue> out;
@@ -219,7 +219,7 @@ std::vector<ParamValue> list_values_of(const ConfigTable& t, const std::string& 
   auto ints = [&](const toml::array& a) {
     IntList out;
     for (const toml::node& e : a) {
-      if (!e.is_integer()) t.fail(key, "expected integers, got " + toml_type_name(e));
+      if (!e.is_integer()) t.fail(key, "expected integers, got " + toml_type_with_article(e));
       out.push_back(*e.value<int64_t>());
     }
     return out;
@@ -246,7 +246,7 @@ std::vector<ParamValue> list_values_of(const ConfigTable& t, const std::string& 
     }
     return {ParamValue(out)};
   }
-  t.fail(key, "expected an array of integers (or an array of such arrays for a sweep), got " + toml_type_name(*n));
+  t.fail(key, "expected an array of integers (or an array of such arrays for a sweep), got " + toml_type_with_article(*n));
 }
 
 // Coerces a value to a parameter's type, or fails naming the key.

@@ -99,7 +99,7 @@ TEST_CASE("bad values are errors with their location") {
   CHECK(err.find("bits must be 1..8") != std::string::npos);
   CHECK(err.find("uniform(format=int9-asym-g32)") != std::string::npos);
   err = error_of(kData + "[metrics]\ntopk = \"eight\"\n[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n");
-  CHECK(err.find("test.toml:4: metrics.topk: expected an integer, got string") != std::string::npos);
+  CHECK(err.find("test.toml:4: metrics.topk: expected an integer, got a string") != std::string::npos);
   err = error_of(kData + "[metrics]\npareto = [\"attn_kl\"]\n[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n");
   CHECK(err.find("unknown metric 'attn_kl'") != std::string::npos);
   CHECK(err.find("test.toml:4") != std::string::npos);
@@ -155,6 +155,19 @@ TEST_CASE("--set overrides any key, including inside [[strategy]] arrays") {
   CHECK(e.budgets[1].text == "bpe <= 3");
   CHECK(error_of(with_queries, {"budgets.queries.2=bpe <= 3"}).find("not an index of an array with 2 entries") !=
         std::string::npos);
+}
+
+TEST_CASE("an error about a table names the --set values inside it, not only the file's line") {
+  const std::string text = kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int{bits}-asym-g32\"\n"
+                                   "[strategy.vars]\nbits = [2, 4]\n";
+  // The format made from the overridden axis is refused for the whole point.
+  const std::string err = error_of(text, {"strategy.0.vars.bits=[2, \"x\"]", "seed=3"});
+  CHECK(err.find("test.toml:3: [strategy[0]] (with --set strategy[0].vars.bits): ") != std::string::npos);
+  CHECK(err.find("unknown format 'intx-asym-g32'") != std::string::npos);
+  // Without an override inside the table, the table's line alone.
+  const std::string plain = error_of(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"intx-asym-g32\"\n", {"seed=3"});
+  CHECK(plain.find("test.toml:3: [strategy[0]]: ") != std::string::npos);
+  CHECK(plain.find("--set") == std::string::npos);
 }
 
 TEST_CASE("backend: cpu by default; cpu, cuda or auto; cuda needs a CUDA build") {
