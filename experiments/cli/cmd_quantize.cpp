@@ -122,11 +122,19 @@ void write_dequantized(const std::filesystem::path& path, const std::string& nam
   else throw ConfigError("--dequant " + path.string() + ": the extension must be .npy or .safetensors");
 }
 
+// What a tensor of that name holds when --kind does not say: "value" for a name whose
+// last part is value or values (layers.0.value in a recording, past_values), else "key".
+std::string kind_of_tensor_name(const std::string& name) {
+  const size_t cut = name.find_last_of("./");
+  const std::string last = cut == std::string::npos ? name : name.substr(cut + 1);
+  return last.ends_with("value") || last.ends_with("values") ? "value" : "key";
+}
+
 }  // namespace
 
 int cmd_quantize(const Args& args) {
   po::options_description opts("kvbudget quantize FILE --format NAME [options]");
-  std::string input, format, tensor, out_prefix, dequant_path, codes_path, kind = "key";
+  std::string input, format, tensor, out_prefix, dequant_path, codes_path, kind;
   int64_t rows_per_span = 0;
   uint64_t seed = 0;
   std::string pre_rope_tensor;
@@ -140,7 +148,9 @@ int cmd_quantize(const Args& args) {
       "rows-per-span", po::value(&rows_per_span),
       "rows per span, >= 1 (default: all rows are one span; with --pre-rope, the tensor's tokens axis, one span per "
       "head)")(
-      "kind", po::value(&kind), "key or value: what the spans are (QJL stores keys only)")(
+      "kind", po::value(&kind),
+      "key or value: what the spans are (QJL stores keys only; default: value for a tensor named *value or "
+      "*values, as layers.0.value of a recording, else key)")(
       "pre-rope", po::value(&pre_rope_tensor),
       "tensor of the same file holding the pre-RoPE keys (for prerope:<inner> formats, e.g. layers.0.key_pre_rope)")(
       "rope-theta", po::value(&rope_theta), "RoPE base with --pre-rope (default: the file's rope_theta, else 10000)")(
@@ -170,15 +180,10 @@ int cmd_quantize(const Args& args) {
     std::cerr << "kvbudget quantize: need FILE and --format\n\n" << opts;
     return kExitUsage;
   }
-  if (kind != "key" && kind != "value") throw ConfigError("--kind must be key or value, got '" + kind + "'");
+  if (!kind.empty() && kind != "key" && kind != "value")
+    throw ConfigError("--kind must be key or value, got '" + kind + "'");
 
   const FormatPtr f = make_format(format);
-  if (f->keys_only() && kind == "value")
-    throw ConfigError("format '" + f->name() + "' stores keys only (a sketch for attention logits); it cannot " +
-                      "quantize --kind value");
-  if (f->reads_pre_rope_keys() && kind == "key" && pre_rope_tensor.empty())
-    throw ConfigError("format '" + f->name() + "' quantizes keys before RoPE: give --pre-rope NAME, the tensor of " +
-                      "pre-RoPE keys (e.g. layers.0.key_pre_rope in a recording)");
   if (!out_prefix.empty()) {
     if (dequant_path.empty())
       dequant_path = out_prefix + (std::filesystem::path(input).extension() == ".safetensors" ? ".dequant.safetensors"
@@ -194,6 +199,15 @@ int cmd_quantize(const Args& args) {
   }
   const std::unique_ptr<TensorStore> store = TensorStore::open(input);
   const std::string name = pick_tensor(*store, tensor);
+  const bool kind_from_name = kind.empty();
+  if (kind_from_name) kind = kind_of_tensor_name(name);
+  const std::string kind_origin = kind_from_name ? " (from the tensor's name; --kind says otherwise)" : "";
+  if (f->keys_only() && kind == "value")
+    throw ConfigError("format '" + f->name() + "' stores keys only (a sketch for attention logits); it cannot " +
+                      "quantize values: tensor '" + name + "' is quantized as values" + kind_origin);
+  if (f->reads_pre_rope_keys() && kind == "key" && pre_rope_tensor.empty())
+    throw ConfigError("format '" + f->name() + "' quantizes keys before RoPE: give --pre-rope NAME, the tensor of " +
+                      "pre-RoPE keys (e.g. layers.0.key_pre_rope in a recording), or --kind value");
   const Tensor x = store->read_f32(name);
   if (x.rank() < 1)
     throw ConfigError(input + ": tensor '" + name + "' is a scalar (shape []); quantize needs at least one axis");
@@ -275,6 +289,7 @@ int cmd_quantize(const Args& args) {
               shape_str(x.shape).c_str(), static_cast<long long>(rows), static_cast<long long>(d),
               static_cast<long long>(spans));
   std::printf("format        %s\n", f->name().c_str());
+  std::printf("kind          %s%s\n", kind.c_str(), kind_origin.c_str());
   std::printf("bits/element  %.6f  (%llu bits = %.1f bytes, all metadata counted)\n",
               static_cast<double>(r.storage_bits) / static_cast<double>(x.numel()),
               static_cast<unsigned long long>(r.storage_bits), static_cast<double>(r.storage_bits) / 8.0);

@@ -59,7 +59,7 @@ check "keep-fp32 is lossless" "grep -q 'SNR           inf' '$DIR/keep.txt'"
 "$KVB" quantize "$DIR/k.npy" -f q4_O > /dev/null 2> "$DIR/err.txt"
 check "unknown format: usage error with a suggestion" "[ $? -eq 2 ] && grep -q \"did you mean 'q4_0'\" '$DIR/err.txt'"
 "$KVB" quantize "$DIR/k.npy" -f qjl-m64 --kind value > /dev/null 2> "$DIR/err.txt"
-check "QJL on values is refused" "[ $? -eq 2 ] && grep -q 'stores keys only (a sketch for attention logits); it cannot quantize --kind value' '$DIR/err.txt'"
+check "QJL on values is refused" "[ $? -eq 2 ] && grep -q 'stores keys only (a sketch for attention logits); it cannot quantize values' '$DIR/err.txt'"
 "$KVB" quantize "$DIR/missing.npy" -f q4_0 > /dev/null 2> "$DIR/err.txt"
 check "missing file: error naming it" "[ $? -eq 1 ] && grep -q 'missing.npy' '$DIR/err.txt'"
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --tensor nope > /dev/null 2> "$DIR/err.txt"
@@ -81,6 +81,17 @@ check "prerope:keep-fp32 re-applies RoPE (relative MSE < 1e-6, 2 spans of 512 to
 check "a pre-RoPE format without --pre-rope says what to give" "[ $? -eq 2 ] && grep -q 'quantizes keys before RoPE: give --pre-rope' '$DIR/err.txt'"
 "$KVB" quantize "$REC" -t layers.0.value -f prerope:int4-asym-g32 --kind value > /dev/null 2> "$DIR/err.txt"
 check "a pre-RoPE format on values needs no --pre-rope (values are not rotated)" "[ $? -eq 0 ]"
+# Without --kind, a tensor named *value(s) is quantized as values, anything else as keys.
+"$KVB" quantize "$REC" -t layers.0.value -f prerope:int4-asym-g32 > "$DIR/kind.txt" 2> "$DIR/err.txt"
+check "layers.0.value is values without --kind" \
+  "[ $? -eq 0 ] && grep -q \"kind          value (from the tensor's name\" '$DIR/kind.txt'"
+"$KVB" quantize "$REC" -t layers.0.value -f qjl-m64 > /dev/null 2> "$DIR/err.txt"
+check "QJL on a tensor named value: refused, saying where the kind came from" \
+  "[ $? -eq 2 ] && grep -q \"tensor 'layers.0.value' is quantized as values (from the tensor's name\" '$DIR/err.txt'"
+"$KVB" quantize "$REC" -t layers.0.value -f qjl-m64 --kind key --json > "$DIR/kind.json"
+check "--kind key overrides the name" "[ $? -eq 0 ] && grep -q '\"kind\": \"key\"' '$DIR/kind.json'"
+"$KVB" quantize "$REC" -t layers.0.key -f int4-asym-g32 > "$DIR/kind.txt"
+check "layers.0.key is keys" "[ $? -eq 0 ] && grep -q \"kind          key (from the tensor's name\" '$DIR/kind.txt'"
 "$KVB" quantize "$REC" -t layers.0.key -f prerope:int4-asym-g32 --pre-rope layers.0.key_pre_rope --rope-theta=-5 \
   > /dev/null 2> "$DIR/err.txt"
 check "a non-positive --rope-theta is refused" "[ $? -eq 2 ] && grep -q 'rope-theta must be a finite number > 0' '$DIR/err.txt'"
