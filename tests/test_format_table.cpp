@@ -3,7 +3,9 @@
 // behave the same from many threads, and the presets cost what methods.md §1 says.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -106,6 +108,61 @@ TEST_CASE("every format dumps exactly storage_bits() and reconstructs finite val
       CHECK(e / n < 2.0);  // sane reconstruction (1-bit min-max exceeds 1 on Gaussian data)
     }
   }
+}
+
+TEST_CASE("clipped_values: none on ordinary data; exactly the values beyond a saturated or too small range") {
+  const int64_t rows = 64, d = 64;
+  const std::vector<float> x = kvb::test::random_normal(static_cast<size_t>(rows * d), 31);
+  const ConstMatView view{x.data(), rows, d, d};
+  SpanInfo span;
+  std::vector<float> pre_rope = x;
+  span.key_pre_rope = pre_rope.data();
+  span.key_pre_rope_stride = d;
+  span.rope_applied = true;
+  // Calibrated fp8 scales come from the first N rows and may clip later ones by design.
+  for (const std::string& name : all_examples()) {
+    const FormatPtr f = make_format(name);
+    if (name.find("fp8") != std::string::npos && name.find("-cal") != std::string::npos) continue;
+    CHECK_MESSAGE(f->clipped_values(view, span) == 0, name);
+  }
+
+  // Values beyond what fp16 metadata reaches: x·1e6 saturates every int / nf4 scale.
+  std::vector<float> huge(x);
+  for (float& v : huge) v *= 1e6f;
+  const ConstMatView huge_view{huge.data(), rows, d, d};
+  const auto count = [&](const std::function<bool(float)>& beyond) {
+    return static_cast<int64_t>(std::count_if(huge.begin(), huge.end(), beyond));
+  };
+  // Every group of 32 has |x|max far above 65504·7, so its scale is 65504 exactly.
+  CHECK(make_format("int4-sym-g32")->clipped_values(huge_view, span) ==
+        count([](float v) { return std::fabs(v) > 7.0f * 65504.0f; }));
+  CHECK(make_format("nf4-g32")->clipped_values(huge_view, span) == count([](float v) { return std::fabs(v) > 65504.0f; }));
+  CHECK(make_format("int4-sym-g32-sfp32")->clipped_values(huge_view, span) == 0);
+  CHECK(make_format("nf4-g32-sfp32")->clipped_values(huge_view, span) == 0);
+  CHECK(make_format("q4_0")->clipped_values(huge_view, span) == 0);  // overflows to inf instead: not counted here
+  // Asymmetric: the zero (the group minimum) saturates at -65504 and the scale at 65504.
+  const int64_t asym = make_format("int2-asym-g32")->clipped_values(huge_view, span);
+  CHECK(asym == count([](float v) { return v < -65504.0f || v > -65504.0f + 3.0f * 65504.0f; }));
+  CHECK(make_format("int2-asym-g32-sfp32-zfp32")->clipped_values(huge_view, span) == 0);
+
+  // fp8-e4m3 with a static scale s: |x| / s beyond 448 + 16 (half of the last step, 32)
+  // saturates; 460 still rounds to 448.
+  std::vector<float> edge(static_cast<size_t>(d), 0.0f);
+  edge[0] = 460.0f;
+  edge[1] = -465.0f;
+  edge[2] = 1e4f;
+  edge[3] = 464.0f * 0.5f + 1.0f;  // beyond with s0.5 only
+  const ConstMatView edge_view{edge.data(), 1, d, d};
+  CHECK(make_format("fp8-e4m3")->clipped_values(edge_view, span) == 2);
+  CHECK(make_format("fp8-e4m3-s0.5")->clipped_values(edge_view, span) == 4);
+  CHECK(make_format("fp8-e5m2")->clipped_values(edge_view, span) == 0);
+  CHECK(make_format("fp8-e4m3-tok")->clipped_values(edge_view, span) == 0);
+  // Calibrated on the first row only: the later rows beyond its range are counted.
+  std::vector<float> calibrated(static_cast<size_t>(2 * d), 1.0f);
+  calibrated[static_cast<size_t>(d)] = 2.0f;
+  const ConstMatView calibrated_view{calibrated.data(), 2, d, d};
+  CHECK(make_format("fp8-e4m3-cal1")->clipped_values(calibrated_view, span) == 1);
+  CHECK(make_format("fp8-e4m3-cal2")->clipped_values(calibrated_view, span) == 0);
 }
 
 TEST_CASE("every format runs in the simulator, and the plan's bits are the formats' bits") {

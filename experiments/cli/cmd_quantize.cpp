@@ -45,6 +45,7 @@ struct QuantizeResult {
   uint64_t storage_bits = 0;
   double err2 = 0, norm2 = 0, max_abs = 0;
   int64_t nonfinite = 0;  // dequantized values that are NaN or ±inf (finite input overflowed the format)
+  int64_t clipped = 0;    // values clipped to the format's range (Format::clipped_values)
 
   double relative_mse() const { return nonfinite ? INFINITY : (norm2 > 0 ? err2 / norm2 : 0.0); }
   double snr_db() const { return nonfinite ? -INFINITY : (err2 > 0 ? 10.0 * std::log10(norm2 / err2) : INFINITY); }
@@ -78,6 +79,7 @@ QuantizeResult quantize_tensor(const Tensor& x, const Format& f, int64_t rows_pe
     const ConstMatView in{x.ptr() + r0 * d, n, d, d};
     f.roundtrip(in, MatView{r.dequantized.ptr() + r0 * d, n, d, d}, span);
     f.encode(in, span, r.codes);
+    r.clipped += f.clipped_values(in, span);
     r.storage_bits += f.storage_bits(n, d);
   }
   for (int64_t i = 0; i < x.numel(); ++i) {
@@ -263,7 +265,8 @@ int cmd_quantize(const Args& args) {
                                  {"relative_mse", r.relative_mse()},
                                  {"snr_db", r.snr_db()},
                                  {"max_abs_error", r.max_abs},
-                                 {"nonfinite_outputs", r.nonfinite}};
+                                 {"nonfinite_outputs", r.nonfinite},
+                                 {"clipped_values", r.clipped}};
   if (!codes_path.empty()) {
     write_bytes(codes_path, r.codes.bytes().data(), r.codes.bytes().size());
     nlohmann::ordered_json side = info;
@@ -274,6 +277,7 @@ int cmd_quantize(const Args& args) {
     side.erase("snr_db");
     side.erase("max_abs_error");
     side.erase("nonfinite_outputs");
+    side.erase("clipped_values");
     const std::string text = side.dump(2) + "\n";
     write_bytes(codes_path + ".json", text.data(), text.size());
   }
@@ -302,6 +306,10 @@ int cmd_quantize(const Args& args) {
     std::printf("warning       %lld of %lld dequantized values are NaN or infinite: the input overflows %s (e.g. fp16 "
                 "scales saturate beyond 65504)\n",
                 static_cast<long long>(r.nonfinite), static_cast<long long>(x.numel()), f->name().c_str());
+  if (r.clipped)
+    std::printf("warning       %lld of %lld values lie beyond the range of %s and come back clipped (a stored scale or "
+                "zero saturated at its dtype's largest value, or a static / calibrated fp8 scale is too small)\n",
+                static_cast<long long>(r.clipped), static_cast<long long>(x.numel()), f->name().c_str());
   if (f->keys_only())
     std::printf("note          %s keeps only a sketch: the error is that of its decoded direction; attention in the "
                 "simulator uses its inner-product estimator instead\n",

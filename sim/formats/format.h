@@ -156,6 +156,13 @@ class Format {
   // rotate the result, ignoring x (prerope:<format>), return true; no wrapper may hold
   // one, since what it passes in as x would not be what gets quantized.
   virtual bool reads_pre_rope_keys() const { return false; }
+  // How many values of the span roundtrip() clips instead of rounding, because the
+  // format's range could not reach them: a stored scale or zero saturated at its
+  // dtype's largest value (int, nf4 with fp16 metadata beyond ~6e4), or a value lies
+  // beyond ±max·scale of a static or calibrated fp8 scale by more than half a step. A
+  // diagnostic (kvbudget quantize warns); formats that cannot clip this way return 0.
+  // ggml's fp16 scales overflow to infinity instead, which shows as non-finite output.
+  virtual int64_t clipped_values(ConstMatView /*x*/, const SpanInfo& /*span*/) const { return 0; }
   // Builds the score estimator of a key span; nullptr (the default) means attention
   // uses the decoded keys from roundtrip().
   virtual std::unique_ptr<ScoreEstimator> score_estimator(ConstMatView /*keys*/, const SpanInfo& /*span*/) const {

@@ -85,6 +85,20 @@ void Fp8Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out)
   }
 }
 
+int64_t Fp8Format::clipped_values(ConstMatView x, const SpanInfo& /*span*/) const {
+  // A per-token scale covers its row; a static or calibrated one may not. Values whose
+  // x / scale lies beyond max by more than half the last step saturate at ±max.
+  if (spec_.scale == Fp8Scale::PerToken) return 0;
+  const MinifloatSpec s = fp8_minifloat(spec_.e5m2);
+  const float max = minifloat_max(s);
+  const float rounds_to_max = max + (max - minifloat_magnitude(s.max_code - 1, s)) / 2;
+  const ScaleDivisor scale = scale_divisor(span_scale(x));
+  int64_t clipped = 0;
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c = 0; c < x.cols; ++c) clipped += absf(divide(x.row(r)[c], scale)) > rounds_to_max;
+  return clipped;
+}
+
 std::string Fp8Format::code_layout() const {
   const std::string fp8 = spec_.e5m2 ? "OCP E5M2" : "OCP E4M3";
   switch (spec_.scale) {

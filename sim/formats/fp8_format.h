@@ -38,6 +38,7 @@ class Fp8Format final : public Format {
   double nominal_bits() const override { return 8; }
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
+  int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;
   bool supports(Backend) const override { return true; }  // CUDA twin: kernels/fp8_twin.cu
 
  private:

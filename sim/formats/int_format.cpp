@@ -147,18 +147,38 @@ IntCodes IntFormat::quantize(ConstMatView x) const {
   return out;
 }
 
-void IntFormat::dequantize(const IntCodes& in, MatView out) const {
-  const int64_t g = spec_.group_len(in.rows, in.cols);
+size_t IntFormat::group_of(int64_t r, int64_t c, int64_t rows, int64_t cols) const {
+  const int64_t g = spec_.group_len(rows, cols);
   const bool along_channels = spec_.grouping == IntGrouping::Channels || spec_.grouping == IntGrouping::PerToken;
-  const int64_t groups_per_row = (in.cols + g - 1) / g;
+  return static_cast<size_t>(along_channels ? r * ((cols + g - 1) / g) + c / g : (r / g) * cols + c);
+}
+
+void IntFormat::dequantize(const IntCodes& in, MatView out) const {
   for (int64_t r = 0; r < in.rows; ++r) {
     const uint8_t* codes = in.codes.data() + r * in.cols;
     float* orow = out.row(r);
-    for (int64_t c = 0; c < in.cols; ++c) {
-      const size_t group = static_cast<size_t>(along_channels ? r * groups_per_row + c / g : (r / g) * in.cols + c);
-      orow[c] = int_decode(int_code_of_stored(codes[c], spec_.bits, spec_.symmetric), in.params[group]);
-    }
+    for (int64_t c = 0; c < in.cols; ++c)
+      orow[c] = int_decode(int_code_of_stored(codes[c], spec_.bits, spec_.symmetric),
+                           in.params[group_of(r, c, in.rows, in.cols)]);
   }
+}
+
+int64_t IntFormat::clipped_values(ConstMatView x, const SpanInfo& /*span*/) const {
+  // Only a group whose stored scale or zero saturated can miss its values: then those
+  // beyond its grid (asymmetric: below the zero or above zero + levels·scale;
+  // symmetric: beyond ±qmax·scale) come back as the grid's end.
+  const IntCodes q = quantize(x);
+  const float scale_max = store_dtype_max(spec_.scale_dtype), zero_max = store_dtype_max(spec_.zero_dtype);
+  const float top = static_cast<float>(spec_.symmetric ? int_sym_qmax(spec_.bits) : (1 << spec_.bits) - 1);
+  int64_t clipped = 0;
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c = 0; c < x.cols; ++c) {
+      const IntGroupParams p = q.params[group_of(r, c, x.rows, x.cols)];
+      if (p.scale < scale_max && std::fabs(p.zero) < zero_max) continue;
+      const float v = x.row(r)[c];
+      clipped += spec_.symmetric ? std::fabs(v) > top * p.scale : (v < p.zero || v > p.zero + top * p.scale);
+    }
+  return clipped;
 }
 
 namespace {

@@ -58,11 +58,15 @@ class IntFormat final : public Format {
   bool supports(Backend) const override { return true; }  // CUDA twin: kernels/int_twin.cu
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
+  int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;
 
   IntCodes quantize(ConstMatView x) const;
   void dequantize(const IntCodes& codes, MatView out) const;
 
  private:
+  // Index into IntCodes::params of element (r, c) of a [rows, cols] span.
+  size_t group_of(int64_t r, int64_t c, int64_t rows, int64_t cols) const;
+
   IntFormatSpec spec_;
 };
 

@@ -86,6 +86,17 @@ void Nf4Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out)
   });
 }
 
+int64_t Nf4Format::clipped_values(ConstMatView x, const SpanInfo& /*span*/) const {
+  // A group's absmax scale reaches its largest value only if it saturated; then the
+  // values beyond it come back as ±scale (the codebook's ±1).
+  int64_t clipped = 0;
+  for_each_group(x, [&](int64_t r, int64_t c, float s) {
+    if (s < store_dtype_max(scale_dtype_)) return;
+    for (int64_t i = 0; i < group_; ++i) clipped += absf(x.row(r)[c + i]) > s;
+  });
+  return clipped;
+}
+
 std::string Nf4Format::code_layout() const {
   return std::string("per row, per group of ") + std::to_string(group_) + " channels: " + store_dtype_name(scale_dtype_) +
          " absmax scale, then one 4-bit NF4 index per value (low nibble first)";

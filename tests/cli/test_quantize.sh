@@ -72,6 +72,17 @@ SPAN=4e30 write_npy "$DIR/huge.npy" 2 32
 check "overflowing format: warned, not lossless" \
   "[ $? -eq 0 ] && grep -q 'dequantized values are NaN or infinite' '$DIR/huge.txt' && ! grep -q lossless '$DIR/huge.txt'"
 
+# Finite input beyond what fp16 scales reach: clipped values are counted and warned
+# about; fp32 scales reach them.
+SPAN=1e7 write_npy "$DIR/big.npy" 4 64
+"$KVB" quantize "$DIR/big.npy" -f int4-sym-g32 > "$DIR/big.txt"
+check "saturated fp16 scales: warned about the clipped values" \
+  "[ $? -eq 0 ] && grep -q 'values lie beyond the range of int4-sym-g32 and come back clipped' '$DIR/big.txt'"
+"$KVB" quantize "$DIR/big.npy" -f int4-sym-g32-sfp32 --json > "$DIR/big.json"
+check "fp32 scales: no clipped values" "[ $? -eq 0 ] && grep -q '\"clipped_values\": 0' '$DIR/big.json'"
+"$KVB" quantize "$DIR/k.npy" -f int4-sym-g32 > "$DIR/small.txt"
+check "ordinary input: no warning" "[ $? -eq 0 ] && ! grep -q warning '$DIR/small.txt'"
+
 # Pre-RoPE formats on a recording's keys: RoPE re-applied from key_pre_rope.
 REC="$2/data/records/llama-bytes-record.safetensors"
 "$KVB" quantize "$REC" -t layers.0.key -f prerope:keep-fp32 --pre-rope layers.0.key_pre_rope > "$DIR/pr.txt"
