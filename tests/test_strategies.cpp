@@ -287,6 +287,27 @@ TEST_CASE("configuration errors name the parameter") {
   CHECK(make_error("uniform",
                    {{"format", std::string("int4-asym-g32")}, {"sink_heads", int64_t{2}}, {"sink_head_threshold", 1.0}})
             .find("not both") != std::string::npos);
+  CHECK(make_error("uniform", {{"format", std::string("int4-asym-g32")},
+                               {"value_sink_heads", int64_t{2}},
+                               {"value_sink_head_threshold", 1.0}})
+            .find("value_sink_heads and value_sink_head_threshold: give a count or a threshold, not both") !=
+        std::string::npos);
+  // A kind's own form wins over the generic alternative, as over the generic form of itself.
+  const auto protections_of = [](const Values& v) {
+    return Protections::from_params(test::params_of("uniform", v));
+  };
+  const Protections value_count = protections_of(
+      {{"format", int4}, {"sink_head_threshold", 1.5}, {"value_sink_heads", int64_t{2}}});
+  CHECK(*value_count.kind(Kind::Key).sink_head_threshold == 1.5);
+  CHECK(value_count.kind(Kind::Key).sink_heads == 0);
+  CHECK(value_count.kind(Kind::Value).sink_heads == 2);
+  CHECK(!value_count.kind(Kind::Value).sink_head_threshold);
+  const Protections key_threshold =
+      protections_of({{"format", int4}, {"sink_heads", int64_t{3}}, {"key_sink_head_threshold", 0.5}});
+  CHECK(*key_threshold.kind(Kind::Key).sink_head_threshold == 0.5);
+  CHECK(key_threshold.kind(Kind::Key).sink_heads == 0);
+  CHECK(key_threshold.kind(Kind::Value).sink_heads == 3);
+  CHECK(!key_threshold.kind(Kind::Value).sink_head_threshold);
   CHECK(make_error("uniform", {{"format", std::string("int4-asym-g32")}, {"window_mode", std::string("rolling")}})
             .find("window_mode: must be \"sliding\" or \"chunked\"") != std::string::npos);
   CHECK(make_error("taqg", {{"rule", std::string("sound")}, {"budget_bpe", 4.0}, {"family", kFamily}})

@@ -89,9 +89,17 @@ Protections Protections::from_params(const Params& p) {
     k.sink_heads = p.integer("sink_heads", kind);
     if (k.sink_heads < 0) throw ConfigError(p.kind_name("sink_heads", kind) + ": must be >= 0");
     if (p.has("sink_head_threshold", kind)) k.sink_head_threshold = p.real("sink_head_threshold", kind);
-    if (k.sink_heads > 0 && k.sink_head_threshold)
-      throw ConfigError(p.kind_name("sink_heads", kind) + " and " + p.kind_name("sink_head_threshold", kind) +
-                        ": give a count or a threshold, not both");
+    if (k.sink_heads > 0 && k.sink_head_threshold) {
+      // A kind's own form (value_sink_heads) wins over the generic alternative
+      // (sink_head_threshold), as it wins over the generic form of itself.
+      const bool count_own = p.kind_name("sink_heads", kind) != "sink_heads";
+      const bool threshold_own = p.kind_name("sink_head_threshold", kind) != "sink_head_threshold";
+      if (count_own && !threshold_own) k.sink_head_threshold.reset();
+      else if (threshold_own && !count_own) k.sink_heads = 0;
+      else
+        throw ConfigError(p.kind_name("sink_heads", kind) + " and " + p.kind_name("sink_head_threshold", kind) +
+                          ": give a count or a threshold, not both");
+    }
     k.sink_head_format = format_param(p, "sink_head_format", kind);
     k.sink_tokens = p.integer("sink_tokens", kind);
     if (k.sink_tokens < 0) throw ConfigError(p.kind_name("sink_tokens", kind) + ": must be >= 0");
