@@ -12,21 +12,16 @@
 
 namespace kvb {
 
-std::string toml_type_name(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "number";
-    case toml::node_type::boolean: return "boolean";
-    default: return "date/time";
-  }
-}
-
 std::string toml_type_with_article(const toml::node& n) {
-  const std::string name = toml_type_name(n);
-  return (name == "integer" || name == "array" ? "an " : "a ") + name;
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    default: return "a date/time";
+  }
 }
 
 namespace {
@@ -166,9 +161,8 @@ ConfigDoc::Seen& ConfigDoc::seen(const toml::table* t, const std::string& path) 
 std::vector<std::string> ConfigDoc::overrides_under(const std::string& table_path) const {
   std::vector<std::string> under;
   for (const std::string& path : overridden_) {
-    const bool inside = table_path.empty() ||
-                        (path.size() > table_path.size() && path.compare(0, table_path.size(), table_path) == 0 &&
-                         (path[table_path.size()] == '.' || path[table_path.size()] == '['));
+    const bool inside = path.size() > table_path.size() && path.compare(0, table_path.size(), table_path) == 0 &&
+                        (path[table_path.size()] == '.' || path[table_path.size()] == '[');
     if (inside) under.push_back(path);
   }
   return under;

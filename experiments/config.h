@@ -40,7 +40,7 @@ class ConfigDoc : public std::enable_shared_from_this<ConfigDoc> {
 
   // "file:line" of a node, or "--set key" for a value that came from the command line.
   std::string where(const toml::node* node, const std::string& dotted) const;
-  // The --set paths inside the table at table_path ("" = the root: every one), sorted.
+  // The --set paths inside the (non-root) table at table_path, sorted.
   std::vector<std::string> overrides_under(const std::string& table_path) const;
 
  private:
@@ -102,9 +102,7 @@ class ConfigTable {
   std::string path_;
 };
 
-// TOML type name of a node for messages ("string", "integer", "array", ...).
-std::string toml_type_name(const toml::node& n);
-// The same with its article: "an integer", "a string".
+// TOML type of a node with its article, for messages ("a string", "an integer", ...).
 std::string toml_type_with_article(const toml::node& n);
 
 }  // namespace kvb
