@@ -147,19 +147,19 @@ IntCodes IntFormat::quantize(ConstMatView x) const {
   return out;
 }
 
-size_t IntFormat::group_of(int64_t r, int64_t c, int64_t rows, int64_t cols) const {
+IntFormat::GroupLayout IntFormat::group_layout(int64_t rows, int64_t cols) const {
   const int64_t g = spec_.group_len(rows, cols);
-  const bool along_channels = spec_.grouping == IntGrouping::Channels || spec_.grouping == IntGrouping::PerToken;
-  return static_cast<size_t>(along_channels ? r * ((cols + g - 1) / g) + c / g : (r / g) * cols + c);
+  return {g, cols, (cols + g - 1) / g,
+          spec_.grouping == IntGrouping::Channels || spec_.grouping == IntGrouping::PerToken};
 }
 
 void IntFormat::dequantize(const IntCodes& in, MatView out) const {
+  const GroupLayout groups = group_layout(in.rows, in.cols);
   for (int64_t r = 0; r < in.rows; ++r) {
     const uint8_t* codes = in.codes.data() + r * in.cols;
     float* orow = out.row(r);
     for (int64_t c = 0; c < in.cols; ++c)
-      orow[c] = int_decode(int_code_of_stored(codes[c], spec_.bits, spec_.symmetric),
-                           in.params[group_of(r, c, in.rows, in.cols)]);
+      orow[c] = int_decode(int_code_of_stored(codes[c], spec_.bits, spec_.symmetric), in.params[groups.of(r, c)]);
   }
 }
 
@@ -170,10 +170,11 @@ int64_t IntFormat::clipped_values(ConstMatView x, const SpanInfo& /*span*/) cons
   const IntCodes q = quantize(x);
   const float scale_max = store_dtype_max(spec_.scale_dtype), zero_max = store_dtype_max(spec_.zero_dtype);
   const float top = static_cast<float>(spec_.symmetric ? int_sym_qmax(spec_.bits) : (1 << spec_.bits) - 1);
+  const GroupLayout groups = group_layout(x.rows, x.cols);
   int64_t clipped = 0;
   for (int64_t r = 0; r < x.rows; ++r)
     for (int64_t c = 0; c < x.cols; ++c) {
-      const IntGroupParams p = q.params[group_of(r, c, x.rows, x.cols)];
+      const IntGroupParams p = q.params[groups.of(r, c)];
       if (p.scale < scale_max && std::fabs(p.zero) < zero_max) continue;
       const float v = x.row(r)[c];
       clipped += spec_.symmetric ? std::fabs(v) > top * p.scale : (v < p.zero || v > p.zero + top * p.scale);

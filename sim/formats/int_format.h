@@ -64,8 +64,16 @@ class IntFormat final : public Format {
   void dequantize(const IntCodes& codes, MatView out) const;
 
  private:
-  // Index into IntCodes::params of element (r, c) of a [rows, cols] span.
-  size_t group_of(int64_t r, int64_t c, int64_t rows, int64_t cols) const;
+  // Where the groups of a [rows, cols] span lie: of(r, c) is the index into
+  // IntCodes::params of element (r, c). Built once per span.
+  struct GroupLayout {
+    int64_t group, cols, groups_per_row;
+    bool along_channels;
+    size_t of(int64_t r, int64_t c) const {
+      return static_cast<size_t>(along_channels ? r * groups_per_row + c / group : (r / group) * cols + c);
+    }
+  };
+  GroupLayout group_layout(int64_t rows, int64_t cols) const;
 
   IntFormatSpec spec_;
 };
