@@ -11,6 +11,7 @@
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/exact_attention.h"
 #include "sim/simulator.h"
 #include "sim/strategies/presets.h"
 #include "sim/strategies/statistics.h"
@@ -21,6 +22,9 @@
 namespace kvb {
 
 namespace {
+
+// Memory the CPU backend may spend on the run's exact attention pass (ExactAttentionCache).
+constexpr size_t kExactCacheBytes = size_t(1) << 30;
 
 std::string substitute(std::string s, const std::vector<std::pair<std::string, std::string>>& vars) {
   for (const auto& [name, value] : vars) s = replace_all(std::move(s), name, value);
@@ -415,6 +419,15 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     return out;
   }
 #endif
+
+  // The exact pass (reference attention, its top-k, ‖o‖²) is the same for every point:
+  // computed once for as many heads as fit in kExactCacheBytes, reused by every
+  // point's layer tasks (results are identical with or without it).
+  std::unique_ptr<ExactAttentionCache> exact;
+  if (std::any_of(layer_tasks.begin(), layer_tasks.end(), [](size_t t) { return t > 0; }) && !stopped()) {
+    exact = std::make_unique<ExactAttentionCache>(rec, opt, kExactCacheBytes);
+    opt.exact = exact.get();
+  }
 
   const long ntasks = static_cast<long>(tasks.size());
 #pragma omp parallel for schedule(dynamic, 1)

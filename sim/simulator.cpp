@@ -1,225 +1,22 @@
 #include "sim/simulator.h"
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <numeric>
 #include <utility>
 
+#include "sim/attention_error.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
-#include "sim/metrics/attention_shift.h"
+#include "sim/metrics/row_simd.h"
 
 namespace kvb {
 
 namespace {
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstRowMap = Eigen::Map<const RowMat>;
-
-// |topk(a) ∩ topk(b)| / k over the first n entries; ties broken by lower index.
-float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::vector<int32_t>& ia,
-                   std::vector<int32_t>& ib) {
-  k = std::min(k, n);
-  if (k <= 0) return 1.0f;
-  ia.resize(static_cast<size_t>(n));
-  ib.resize(static_cast<size_t>(n));
-  std::iota(ia.begin(), ia.end(), 0);
-  std::iota(ib.begin(), ib.end(), 0);
-  auto by = [](const double* v) {
-    return [v](int32_t x, int32_t y) { return v[x] > v[y] || (v[x] == v[y] && x < y); };
-  };
-  std::partial_sort(ia.begin(), ia.begin() + k, ia.end(), by(a));
-  std::partial_sort(ib.begin(), ib.begin() + k, ib.end(), by(b));
-  std::sort(ia.begin(), ia.begin() + k);
-  std::sort(ib.begin(), ib.begin() + k);
-  int64_t common = 0;
-  for (int64_t i = 0, j = 0; i < k && j < k;) {
-    if (ia[i] == ib[j]) {
-      ++common;
-      ++i;
-      ++j;
-    } else if (ia[i] < ib[j]) {
-      ++i;
-    } else {
-      ++j;
-    }
-  }
-  return static_cast<float>(common) / static_cast<float>(k);
-}
-
-// One unit's reconstruction error as the attention of each query sees it.
-// stored: x̂ - x of the segment version [T, d]; window: x̂ - x of the window version
-// [T, d] (empty when the unit has no window).
-struct UnitDelta {
-  std::vector<float> stored, window;
-  const RecentWindow* win = nullptr;
-  // Key segments whose logits come from their format's estimator (QJL), not from a
-  // decoded key: for those, Δs = estimate - exact in the stored version, on columns
-  // [keep_begin, keep_end) (the segment, less what an attribution region leaves out:
-  // there Δs stays the zeroed stored error's 0).
-  struct Estimated {
-    int64_t begin = 0, end = 0;
-    std::unique_ptr<ScoreEstimator> estimator;
-    int64_t keep_begin = 0, keep_end = 0;
-  };
-  std::vector<Estimated> estimated;
-  bool has_window() const { return !window.empty(); }
-};
-
-// Which version of token j the query at t sees (Plan's time semantics).
-inline Seen seen_version(const UnitDelta& u, int64_t t, int64_t j, int64_t prefill) {
-  static const RecentWindow kNoWindow;
-  return kvb::seen_version(u.has_window() ? *u.win : kNoWindow, prefill, t, j);
-}
-
-// Per-thread scratch for one query head.
-struct HeadScratch {
-  RowMat scores, dscores, dscores_win, probs, dprobs, phat_stored, phat_win, out, dout, est;
-  std::vector<double> p, phat, dp;  // p, p̂ and p̂ - p of one row
-  std::vector<float> ds;            // Δs of one row as the query sees the cache
-  std::vector<int32_t> ia, ib;
-};
-
-// Causal attention of one row: p from the reference scores s[0..n), and p̂ from
-// s + Δs. Fills p, dp = p̂ - p and p̂; returns KL(p || p̂) in nats. The formulas are
-// in sim/metrics/attention_shift.h, shared with the CUDA row kernel.
-double row_attention(const float* s, const float* ds, int64_t n, HeadScratch& h) {
-  double mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, static_cast<double>(s[j]));
-  double z = 0;
-  for (int64_t j = 0; j < n; ++j) z += (h.p[j] = std::exp(static_cast<double>(s[j]) - mx));
-  for (int64_t j = 0; j < n; ++j) h.p[j] /= z;
-  double max_abs_ds = 0, mean_ds = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    max_abs_ds = std::max(max_abs_ds, std::fabs(static_cast<double>(ds[j])));
-    mean_ds += h.p[j] * ds[j];
-  }
-  double kl;
-  if (!attn_large_shift(max_abs_ds)) {
-    double a = 0;
-    for (int64_t j = 0; j < n; ++j) a += h.p[j] * std::expm1(static_cast<double>(ds[j]));
-    for (int64_t j = 0; j < n; ++j) h.dp[j] = attn_dprob_small_shift(h.p[j], static_cast<double>(ds[j]), a);
-    kl = attn_kl_small_shift(a, mean_ds);
-  } else {
-    double mhat = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) mhat = std::max(mhat, static_cast<double>(s[j]) + ds[j]);
-    double zhat = 0;
-    for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = std::exp(static_cast<double>(s[j]) + ds[j] - mhat));
-    for (int64_t j = 0; j < n; ++j) h.dp[j] = h.phat[j] / zhat - h.p[j];
-    kl = attn_kl_large_shift(zhat, mhat, z, mx, mean_ds);
-  }
-  for (int64_t j = 0; j < n; ++j) h.phat[j] = h.p[j] + h.dp[j];
-  return std::max(0.0, kl);
-}
-
-// Adds the rows of query head h (positions `pos`) to stats.
-//   o  = P·V
-//   Δo = (P̂ - P)·V + P̂_stored·ΔV_stored + P̂_window·ΔV_window
-// where P̂_stored / P̂_window keep the entries whose value the query sees in that
-// version (entries of exact versions drop out).
-void simulate_head(const Recording& rec, const Plan& plan, int64_t layer, int64_t h, const UnitDelta& dk,
-                   const UnitDelta& dv, const std::vector<int64_t>& pos, const SimOptions& opt, HeadScratch& s,
-                   ErrorStats& stats) {
-  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
-  const int64_t T = rec.tokens, d = rec.head_dim, prefill = plan.prefill();
-  const int64_t g = rec.kv_head_of(h);
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
-  const bool mixed_k = dk.has_window() || prefill > 0;  // Δs needs per-(t, j) selection
-  const bool mixed_v = dv.has_window() || prefill > 0;
-  ConstRowMap Q(L.query.slice(h), T, d);
-  ConstRowMap K(L.key.slice(g), T, d);
-  ConstRowMap V(L.value.slice(g), T, d);
-  ConstRowMap dK(dk.stored.data(), T, d);
-  ConstRowMap dV(dv.stored.data(), T, d);
-  s.p.resize(static_cast<size_t>(T));
-  s.phat.resize(static_cast<size_t>(T));
-  s.dp.resize(static_cast<size_t>(T));
-  s.ds.resize(static_cast<size_t>(T));
-
-  for (size_t b0 = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block)) {
-    const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
-    const int64_t rows = static_cast<int64_t>(b1 - b0);
-    const int64_t cols = pos[b1 - 1] + 1;  // keys needed by the last row of the block
-    RowMat Qb(rows, d);
-    for (int64_t r = 0; r < rows; ++r) Qb.row(r) = Q.row(pos[b0 + static_cast<size_t>(r)]);
-    s.scores.noalias() = (Qb * K.topRows(cols).transpose()) * inv_sqrt_d;
-    s.dscores.noalias() = (Qb * dK.topRows(cols).transpose()) * inv_sqrt_d;
-    for (const UnitDelta::Estimated& e : dk.estimated) {  // estimated logits replace decoded-key ones
-      if (e.begin >= cols) continue;
-      const int64_t n = std::min(e.end, cols) - e.begin;
-      s.est.resize(rows, n);
-      e.estimator->estimate(ConstMatView{Qb.data(), rows, d, d}, n, MatView{s.est.data(), rows, n, n});
-      const int64_t j0 = std::max(e.keep_begin, e.begin) - e.begin, j1 = std::min(e.keep_end, e.begin + n) - e.begin;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = j0; j < j1; ++j) s.dscores(r, e.begin + j) = s.est(r, j) * inv_sqrt_d - s.scores(r, e.begin + j);
-    }
-    if (dk.has_window()) {
-      ConstRowMap dKw(dk.window.data(), T, d);
-      s.dscores_win.noalias() = (Qb * dKw.topRows(cols).transpose()) * inv_sqrt_d;
-    }
-    s.probs.setZero(rows, cols);
-    s.dprobs.setZero(rows, cols);
-    if (mixed_v) s.phat_stored.setZero(rows, cols);
-    if (dv.has_window()) s.phat_win.setZero(rows, cols);
-
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = pos[b0 + static_cast<size_t>(r)];
-      const int64_t n = t + 1;
-      const float* dsr = s.dscores.row(r).data();
-      if (mixed_k) {
-        for (int64_t j = 0; j < n; ++j) {
-          const Seen v = seen_version(dk, t, j, prefill);
-          s.ds[j] = v == Seen::Exact ? 0.0f : (v == Seen::Window ? s.dscores_win(r, j) : dsr[j]);
-        }
-        dsr = s.ds.data();
-      }
-      AttentionRow row;
-      row.layer = static_cast<int32_t>(layer);
-      row.q_head = static_cast<int32_t>(h);
-      row.position = static_cast<int32_t>(t);
-      row.kl = static_cast<float>(row_attention(s.scores.row(r).data(), dsr, n, s));
-      double err2 = 0, errmax = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        err2 += static_cast<double>(dsr[j]) * dsr[j];
-        errmax = std::max(errmax, std::fabs(static_cast<double>(dsr[j])));
-      }
-      row.logit_err2 = static_cast<float>(err2);
-      row.logit_err_max = static_cast<float>(errmax);
-      row.topk_overlap = topk_overlap(s.p.data(), s.phat.data(), n, opt.topk, s.ia, s.ib);
-      for (int64_t j = 0; j < n; ++j) {
-        s.probs(r, j) = static_cast<float>(s.p[j]);
-        s.dprobs(r, j) = static_cast<float>(s.dp[j]);
-      }
-      if (mixed_v) {
-        for (int64_t j = 0; j < n; ++j) {
-          const Seen v = seen_version(dv, t, j, prefill);
-          if (v == Seen::Stored) s.phat_stored(r, j) = static_cast<float>(s.phat[j]);
-          else if (v == Seen::Window) s.phat_win(r, j) = static_cast<float>(s.phat[j]);
-        }
-      }
-      stats.rows.push_back(row);
-      stats.logit_pairs += n;
-    }
-    s.out.noalias() = s.probs * V.topRows(cols);
-    s.dout.noalias() = s.dprobs * V.topRows(cols);
-    if (mixed_v) {
-      s.dout.noalias() += s.phat_stored * dV.topRows(cols);
-      if (dv.has_window()) {
-        ConstRowMap dVw(dv.window.data(), T, d);
-        s.dout.noalias() += s.phat_win * dVw.topRows(cols);
-      }
-    } else {
-      s.dout.noalias() += (s.probs + s.dprobs) * dV.topRows(cols);
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      AttentionRow& row = stats.rows[stats.rows.size() - static_cast<size_t>(rows - r)];
-      row.out_norm2 = s.out.row(r).squaredNorm();
-      row.out_err2 = s.dout.row(r).squaredNorm();
-    }
-  }
-}
+using detail::HeadScratch;
+using detail::UnitDelta;
 
 // Zeroes the reconstruction error of every row outside `region` (attribution), in
 // the decoded versions and in the score estimators' columns alike.
@@ -277,21 +74,36 @@ void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int
 
 // Reconstructs one unit and returns its errors (stored and window versions), adding
 // the tensor-level error of the stored version to stats.
-UnitDelta unit_delta_of(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
-                        const SimOptions& opt, double& err2, double& norm2) {
+// x̂ - x into xhat [n], adding Σ (x̂ - x)² to err2 and Σ x² to norm2 (fp64, lane order fixed).
+void subtract_and_sum(float* xhat, const float* x, int64_t n, double& err2, double& norm2) {
+  using namespace simd;
+  f64x16 e = splat64(0.0), s = splat64(0.0);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t cnt = std::min(kLanes, n - j);
+    const f32x16 xj = load(x + j, cnt), delta = load(xhat + j, cnt) - xj;
+    store(xhat + j, delta, cnt);
+    const f64x16 dw = widen(delta), xw = widen(xj);
+    e += dw * dw;
+    s += xw * xw;
+  }
+  err2 += hsum(e);
+  norm2 += hsum(s);
+}
+
+// Fills u (its buffers reused from an earlier unit of the same size).
+void unit_delta_of(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
+                   const SimOptions& opt, double& err2, double& norm2, UnitDelta& u) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
   const int64_t T = rec.tokens, d = rec.head_dim, n = T * d;
   const float* x = (kind == Kind::Key ? L.key : L.value).slice(g);
   const UnitPlan& unit = plan.unit(layer, g, kind);
   const SpanInfo span = make_span_info(rec, layer, g, kind, 0, opt.seed);
-  UnitDelta u;
+  u.estimated.clear();
+  u.win = nullptr;
+  u.window.clear();
   u.stored.resize(static_cast<size_t>(n));
   reconstruct_unit(unit, x, T, d, span, u.stored.data());
-  for (int64_t i = 0; i < n; ++i) {
-    u.stored[i] -= x[i];
-    err2 += static_cast<double>(u.stored[i]) * u.stored[i];
-    norm2 += static_cast<double>(x[i]) * x[i];
-  }
+  subtract_and_sum(u.stored.data(), x, n, err2, norm2);
   if (kind == Kind::Key)
     for (const Segment& seg : unit.segments) {
       auto est = seg.format->score_estimator(ConstMatView{x + seg.begin * d, seg.end - seg.begin, d, d},
@@ -305,16 +117,17 @@ UnitDelta unit_delta_of(const Recording& rec, const Plan& plan, int64_t layer, i
     for (int64_t i = 0; i < n; ++i) u.window[i] -= x[i];
   }
   if (opt.region) keep_region(*opt.region, unit, rec.tokens, rec.head_dim, u);
-  return u;
 }
 
 // unit_delta_of with errors naming the unit's KV head and kind (the sweep names the
 // layer), keeping the error's type.
-UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind,
-                     const SimOptions& opt, double& err2, double& norm2) {
+// unit_delta_of with errors naming the unit's KV head and kind (the sweep names the
+// layer), keeping the error's type.
+void unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind, const SimOptions& opt,
+                double& err2, double& norm2, UnitDelta& u) {
   const std::string unit = "kv_head " + std::to_string(g) + " " + kind_name(kind) + ": ";
   try {
-    return unit_delta_of(rec, plan, layer, g, kind, opt, err2, norm2);
+    unit_delta_of(rec, plan, layer, g, kind, opt, err2, norm2, u);
   } catch (const ConfigError& e) {
     throw ConfigError(unit + e.what());
   } catch (const NonFiniteReconstruction& e) {
@@ -327,10 +140,19 @@ UnitDelta unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int6
 // The query heads of KV head g: both units reconstructed once, then every head.
 void simulate_group(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, const std::vector<int64_t>& pos,
                     const SimOptions& opt, HeadScratch& scratch, ErrorStats& stats) {
-  const UnitDelta dk = unit_delta(rec, plan, layer, g, Kind::Key, opt, stats.k_err2, stats.k_norm2);
-  const UnitDelta dv = unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2);
+  unit_delta(rec, plan, layer, g, Kind::Key, opt, stats.k_err2, stats.k_norm2, scratch.dk);
+  unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2, scratch.dv);
   for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-    simulate_head(rec, plan, layer, h, dk, dv, pos, opt, scratch, stats);
+    (opt.reference ? detail::measure_head_reference : detail::measure_head_fast)(
+        rec, plan, layer, h, scratch.dk, scratch.dv, pos, opt, scratch, stats);
+}
+
+// One scratch per thread, kept between calls: its buffers (the block matrices
+// [row_block, T], a unit's errors [T, head_dim]) are allocated and faulted in once per
+// thread instead of once per layer. It holds what the largest measurement so far needed.
+HeadScratch& thread_scratch() {
+  thread_local HeadScratch scratch;
+  return scratch;
 }
 
 std::vector<int64_t> evaluated_positions(const Recording& rec, const SimOptions& opt) {
@@ -414,7 +236,7 @@ void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {
   const std::vector<int64_t> pos = evaluated_positions(rec, opt);
   ErrorStats stats;
-  HeadScratch scratch;
+  HeadScratch& scratch = thread_scratch();
   for (int64_t g = 0; g < rec.kv_heads; ++g) simulate_group(rec, plan, layer, g, pos, opt, scratch, stats);
   // Rows are in (q_head, position) order within the layer.
   return stats;
@@ -423,7 +245,7 @@ ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer,
 ErrorStats simulate_kv_head(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head,
                             const SimOptions& opt) {
   ErrorStats stats;
-  HeadScratch scratch;
+  HeadScratch& scratch = thread_scratch();
   simulate_group(rec, plan, layer, kv_head, evaluated_positions(rec, opt), opt, scratch, stats);
   return stats;
 }

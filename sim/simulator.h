@@ -34,12 +34,21 @@ struct ErrorRegion {
   int64_t begin = 0, end = 0;  // Part::Tokens only
 };
 
+class ExactAttentionCache;  // sim/exact_attention.h
+
 struct SimOptions {
   int64_t topk = 8;                 // k of the top-k overlap
   std::vector<int64_t> positions;   // evaluated query positions, sorted; empty = all
   uint64_t seed = 0;                // handed to formats through SpanInfo
   int64_t row_block = 128;          // query rows per GEMM block
   const ErrorRegion* region = nullptr;  // keep only this region's errors (attribution)
+  // true: the plain fp64 measurement (sim/attention_error_reference.cpp), the
+  // yardstick the fast fp32 path (the default) is tested against; both give the same
+  // metrics within 1e-5 relative (tests/test_attention_fast.cpp).
+  bool reference = false;
+  // The run's exact pass (fast path only): used for the heads it holds when it was
+  // built for these positions, row_block and topk; results are identical without it.
+  const ExactAttentionCache* exact = nullptr;
 };
 
 // Thrown when a format turns finite keys or values into Inf or NaN (a value beyond its

@@ -1,0 +1,334 @@
+// The fast attention-error measurement (attention_error.h): the reference's
+// quantities with vectorised fp32 row arithmetic.
+//
+// Per row (query t, n = t + 1 causal keys, scores s, logit errors Δs):
+//   exact pass:  p_j = e^{s_j - max s} / Σ, W = Σ_j p_j (fp64, ≈ 1), top-k of p by s;
+//   shift:       m = Σ p_j Δs_j / W, c_j = Δs_j - m (KL and p̂ do not change when every
+//                Δs_j moves by the same constant; centred, no term cancels);
+//   KL:          with R = Σ p_j c_j (≈ 0) and B = Σ p_j φ(c_j), φ(x) = e^x - 1 - x ≥ 0,
+//                Σ p_j e^{c_j} = W + R + B, so KL(p || p̂) = log1p((R + B) / W) - R / W:
+//                B, the second-order part, is summed from positive terms;
+//   p̂:          p̂_j - p_j = p_j (expm1(c_j) - A) / (1 + A), A = (R + B) / W;
+//   top-k of p̂ by p̂ (fp32).
+// Rows whose largest |Δs| reaches kLargeLogitShift take the reference's fp64 row
+// (attention_error_reference.cpp), as the reference itself switches form there.
+// The exact pass is the same for every plan: ExactAttentionCache keeps it per run.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "sim/attention_error.h"
+#include "sim/metrics/attention_shift.h"
+#include "sim/metrics/row_simd.h"
+
+namespace kvb::detail {
+
+namespace {
+
+using namespace kvb::simd;
+
+// The k best entries of key(j), j in [0, n): larger keys first, ties to the lower
+// index (an order independent of the scan); returns their indices sorted ascending in
+// idx[0..count). `seed` [seed_count] are candidates offered first (the exact row's top-k:
+// p̂'s top-k is mostly there), so the threshold is near its final value before the scan;
+// `chunk_may_enter(j0, cnt, thr)` says whether any key of [j0, j0 + cnt) is >= thr, so
+// most chunks cost one vector comparison. NaN never enters.
+template <class Key, class ChunkMayEnter>
+int64_t select_topk(int64_t n, int64_t k, Key key, ChunkMayEnter chunk_may_enter, const int32_t* seed,
+                    int64_t seed_count, int32_t* idx, std::vector<double>& val) {
+  val.resize(static_cast<size_t>(k));
+  int64_t count = 0;
+  auto before = [&](double v, int64_t j, int64_t i) {  // (v, j) ranks before entry i
+    const double w = val[static_cast<size_t>(i)];
+    return v > w || (v == w && j < idx[i]);
+  };
+  auto offer = [&](int64_t j) {
+    const double v = key(j);
+    if (std::isnan(v) || (count == k && !before(v, j, k - 1))) return;
+    for (int64_t i = 0; i < count; ++i)
+      if (idx[i] == j) return;  // a seed met again in the scan
+    int64_t i = count < k ? count++ : k - 1;
+    while (i > 0 && before(v, j, i - 1)) {
+      val[static_cast<size_t>(i)] = val[static_cast<size_t>(i - 1)];
+      idx[i] = idx[i - 1];
+      --i;
+    }
+    val[static_cast<size_t>(i)] = v;
+    idx[i] = static_cast<int32_t>(j);
+  };
+  for (int64_t i = 0; i < seed_count; ++i)
+    if (seed[i] < n) offer(seed[i]);
+  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+    const int64_t cnt = std::min(kLanes, n - j0);
+    if (count == k && !chunk_may_enter(j0, cnt, val[static_cast<size_t>(k - 1)])) continue;
+    for (int64_t j = j0; j < j0 + cnt; ++j) offer(j);
+  }
+  std::sort(idx, idx + count);
+  return count;
+}
+
+// Whether any of the cnt floats from p is >= thr.
+bool any_at_least(const float* p, int64_t cnt, double thr) {
+  if (thr < -3.0e38) return true;
+  const float t = thr > 3.0e38 ? 3.0e38f : static_cast<float>(thr);
+  // A float >= thr is >= thr rounded down to float, which never excludes one.
+  const float tf = static_cast<double>(t) > thr ? std::nextafter(t, -INFINITY) : t;
+  return any(load(p, cnt, -INFINITY) >= splat(tf));
+}
+
+int64_t common_count(const int32_t* a, int64_t na, const int32_t* b, int64_t nb) {
+  int64_t common = 0;
+  for (int64_t i = 0, j = 0; i < na && j < nb;) {
+    if (a[i] == b[j]) {
+      ++common;
+      ++i;
+      ++j;
+    } else if (a[i] < b[j]) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return common;
+}
+
+struct RowResult {
+  double kl = 0;
+  double err2 = 0;
+  float err_max = 0;
+  float topk_overlap = 1;
+};
+
+// Fills p̂ - p (dp) and p̂ (phat) of a row whose exact pass is `ex` (p [n], its top-k
+// indices topk_p), from its logit errors ds [n]; returns the row's metrics. `scores`
+// gives the row's exact scores, needed only by the large-shift form.
+template <class Scores>
+RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Scores scores, const float* ds,
+                   int64_t n, int64_t k, HeadScratch& h, float* dp, float* phat) {
+  RowResult out;
+  f32x16 abs_max = splat(0.0f);
+  f64x16 err2 = splat64(0.0), r0 = splat64(0.0);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t cnt = std::min(kLanes, n - j);
+    const f32x16 d = load(ds + j, cnt), pj = load(p + j, cnt);
+    abs_max = vmax(abs_max, vabs(d));
+    const f64x16 dw = widen(d);
+    err2 += dw * dw;
+    r0 += widen(pj) * dw;
+  }
+  out.err2 = hsum(err2);
+  out.err_max = hmax(abs_max);
+  if (attn_large_shift(out.err_max) || !std::isfinite(out.err_max)) {
+    // The reference's fp64 row (the large-shift form needs the scores).
+    h.p.resize(static_cast<size_t>(n));
+    h.dp.resize(static_cast<size_t>(n));
+    h.phat.resize(static_cast<size_t>(n));
+    out.kl = row_attention_reference(scores(), ds, n, h);
+    for (int64_t j = 0; j < n; ++j) {
+      dp[j] = static_cast<float>(h.phat[j]) - p[j];
+      phat[j] = static_cast<float>(h.phat[j]);
+    }
+  } else {
+    const float shift = static_cast<float>(hsum(r0) / ex.mass);
+    f64x16 rs = splat64(0.0), bs = splat64(0.0);
+    h.e.resize(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const int64_t cnt = std::min(kLanes, n - j);
+      const f32x16 c = load(ds + j, cnt) - shift, pj = load(p + j, cnt);
+      const f32x16 phi = expm1_minus_x(c);
+      store(h.e.data() + j, c + phi, cnt);
+      const f64x16 pw = widen(pj);
+      rs += pw * widen(c);
+      bs += pw * widen(phi);
+    }
+    const double r = hsum(rs), a = (r + hsum(bs)) / ex.mass;
+    out.kl = std::max(0.0, std::log1p(a) - r / ex.mass);
+    const float af = static_cast<float>(a), inv = static_cast<float>(1.0 / (1.0 + a));
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const int64_t cnt = std::min(kLanes, n - j);
+      const f32x16 pj = load(p + j, cnt);
+      const f32x16 d = pj * (load(h.e.data() + j, cnt) - af) * inv;
+      store(dp + j, d, cnt);
+      store(phat + j, pj + d, cnt);
+    }
+  }
+  if (k > 0) {
+    const int64_t kk = std::min(k, n);
+    h.ib.resize(static_cast<size_t>(kk));
+    const int64_t got = select_topk(
+        n, kk, [&](int64_t j) { return static_cast<double>(phat[j]); },
+        [&](int64_t j0, int64_t cnt, double thr) { return any_at_least(phat + j0, cnt, thr); }, topk_p,
+        ex.topk_count, h.ib.data(), h.val);
+    out.topk_overlap =
+        static_cast<float>(common_count(topk_p, ex.topk_count, h.ib.data(), got)) / static_cast<float>(kk);
+  }
+  return out;
+}
+
+}  // namespace
+
+ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk, std::vector<double>& val) {
+  ExactRow ex;
+  f32x16 mx = splat(-INFINITY);
+  for (int64_t j = 0; j < n; j += kLanes) mx = vmax(mx, load(s + j, std::min(kLanes, n - j), -INFINITY));
+  const float m = hmax(mx);
+  f64x16 z = splat64(0.0);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t cnt = std::min(kLanes, n - j);
+    // s - m rounds to fp32 (an error up to 2e-6 for logits 40 apart); TwoSum gives the
+    // rounding error e exactly, and e^{x + e} = e^x (1 + e) to first order.
+    const f32x16 sj = load(s + j, cnt, -INFINITY), x = sj - m, back = x - sj;
+    const f32x16 e = (sj - (x - back)) + (-m - back);
+    const f32x16 ex = exp(x);
+    const f32x16 w = ex > 0.0f ? ex * (e + 1.0f) : ex;  // no correction where e^x is 0 (padding: -Inf - m)
+    store(p + j, w, cnt);
+    z += widen(w);
+  }
+  const float inv = static_cast<float>(1.0 / hsum(z));
+  f64x16 mass = splat64(0.0);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t cnt = std::min(kLanes, n - j);
+    const f32x16 pj = load(p + j, cnt) * inv;
+    store(p + j, pj, cnt);
+    mass += widen(pj);
+  }
+  ex.mass = hsum(mass);
+  if (k > 0)
+    ex.topk_count = select_topk(
+        n, std::min(k, n), [&](int64_t j) { return static_cast<double>(s[j]); },
+        [&](int64_t j0, int64_t cnt, double thr) { return any_at_least(s + j0, cnt, thr); }, nullptr, 0, topk, val);
+  return ex;
+}
+
+void exact_block(const Eigen::Ref<const RowMat>& scores, const Eigen::Ref<const RowMat>& Vtop, const int64_t* pos,
+                 int64_t rows, int64_t k, HeadScratch& s, ExactBlock& out) {
+  const int64_t cols = scores.cols(), d = Vtop.cols();
+  out.k = std::max<int64_t>(k, 0);
+  out.probs.setZero(rows, cols);
+  out.topk.assign(static_cast<size_t>(rows * out.k), 0);
+  out.rows.assign(static_cast<size_t>(rows), ExactRow{});
+  for (int64_t r = 0; r < rows; ++r)
+    out.rows[static_cast<size_t>(r)] =
+        exact_row(scores.row(r).data(), pos[r] + 1, out.k, out.probs.row(r).data(), out.topk.data() + r * out.k, s.val);
+  auto o = HeadScratch::blk(s.out, rows, d);
+  o.noalias() = out.probs * Vtop;
+  for (int64_t r = 0; r < rows; ++r) out.rows[static_cast<size_t>(r)].out_norm2 = o.row(r).squaredNorm();
+}
+
+ExactHead exact_head(const Recording& rec, int64_t layer, int64_t h, const std::vector<int64_t>& pos,
+                     const SimOptions& opt, HeadScratch& s) {
+  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
+  const int64_t T = rec.tokens, d = rec.head_dim, g = rec.kv_head_of(h);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
+  ConstRowMap Q(L.query.slice(h), T, d);
+  ConstRowMap K(L.key.slice(g), T, d);
+  ConstRowMap V(L.value.slice(g), T, d);
+  ExactHead head;
+  RowMat Qb, Qs;
+  for (size_t b0 = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block)) {
+    const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
+    const int64_t rows = static_cast<int64_t>(b1 - b0);
+    const int64_t cols = pos[b1 - 1] + 1;
+    s.reserve(rows, T, d);
+    block_queries(Q, pos.data() + b0, rows, inv_sqrt_d, Qb, Qs);
+    exact_scores(Qs, K, cols, s);
+    head.blocks.emplace_back();
+    exact_block(HeadScratch::blk(s.scores, rows, cols), V.topRows(cols), pos.data() + b0, rows, opt.topk, s,
+                head.blocks.back());
+  }
+  return head;
+}
+
+void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, int64_t h, const UnitDelta& dk,
+                       const UnitDelta& dv, const std::vector<int64_t>& pos, const SimOptions& opt, HeadScratch& s,
+                       ErrorStats& stats) {
+  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
+  const int64_t T = rec.tokens, d = rec.head_dim, prefill = plan.prefill();
+  const int64_t g = rec.kv_head_of(h);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
+  const bool mixed_k = dk.has_window() || prefill > 0;  // Δs needs per-(t, j) selection
+  const bool mixed_v = dv.has_window() || prefill > 0;
+  ConstRowMap Q(L.query.slice(h), T, d);
+  ConstRowMap K(L.key.slice(g), T, d);
+  ConstRowMap V(L.value.slice(g), T, d);
+  ConstRowMap dV(dv.stored.data(), T, d);
+  s.ds.resize(static_cast<size_t>(T));
+  const ExactHead* cached = opt.exact ? opt.exact->head(layer, h, opt) : nullptr;
+  ExactHead computed;
+  RowMat Qb, Qs;
+
+  for (size_t b0 = 0, block = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block), ++block) {
+    const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
+    const int64_t rows = static_cast<int64_t>(b1 - b0);
+    const int64_t cols = pos[b1 - 1] + 1;  // keys needed by the last row of the block
+    s.reserve(rows, T, d);
+    block_queries(Q, pos.data() + b0, rows, inv_sqrt_d, Qb, Qs);
+    block_scores(Qb, Qs, K, dk, cols, T, inv_sqrt_d, s, cached == nullptr);
+    bool have_scores = cached == nullptr || !dk.estimated.empty();  // s.scores holds this block's
+    const ExactBlock* ex = cached ? &cached->blocks[block] : nullptr;
+    if (!ex) {  // the exact pass of this block, as the cache would hold it
+      computed.blocks.resize(1);
+      exact_block(HeadScratch::blk(s.scores, rows, cols), V.topRows(cols), pos.data() + b0, rows, opt.topk, s,
+                  computed.blocks[0]);
+      ex = &computed.blocks[0];
+    }
+    auto dprobs = HeadScratch::blk(s.dprobs, rows, cols), phat_stored = HeadScratch::blk(s.phat_stored, rows, cols);
+    auto phat_win = HeadScratch::blk(s.phat_win, rows, cols), dout = HeadScratch::blk(s.dout, rows, d);
+    if (dv.has_window()) phat_win.setZero();
+
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = pos[b0 + static_cast<size_t>(r)];
+      const int64_t n = t + 1;
+      const float* dsr = s.dscores.row(r).data();
+      if (mixed_k) {
+        float* sel = s.ds.data();
+        if (t < prefill) {
+          std::fill(sel, sel + n, 0.0f);
+        } else {
+          const int64_t w0 = std::min(n, dk.window_begin(t, prefill, T));
+          std::copy(dsr, dsr + w0, sel);
+          if (w0 < n) std::copy(s.dscores_win.row(r).data() + w0, s.dscores_win.row(r).data() + n, sel + w0);
+        }
+        dsr = sel;
+      }
+      float* phat = phat_stored.row(r).data();
+      float* dp = dprobs.row(r).data();
+      std::fill(dp + n, dp + cols, 0.0f);  // the GEMMs read whole block rows
+      std::fill(phat + n, phat + cols, 0.0f);
+      auto row_scores = [&]() -> const float* {  // the block's scores, computed when a row first needs them
+        if (!have_scores) exact_scores(Qs, K, cols, s);
+        have_scores = true;
+        return s.scores.row(r).data();
+      };
+      const RowResult res =
+          fast_row(ex->rows[static_cast<size_t>(r)], ex->probs.row(r).data(), ex->topk_of(r), row_scores, dsr, n,
+                   opt.topk, s, dp, phat);
+      if (mixed_v) {  // p̂ goes to the version of V each entry reads: exact ones drop out
+        const int64_t v0 = t < prefill ? 0 : std::min(n, dv.window_begin(t, prefill, T));
+        if (dv.has_window() && t >= prefill) std::copy(phat + v0, phat + n, phat_win.row(r).data() + v0);
+        std::fill(phat + v0, phat + n, 0.0f);
+      }
+      AttentionRow row;
+      row.layer = static_cast<int32_t>(layer);
+      row.q_head = static_cast<int32_t>(h);
+      row.position = static_cast<int32_t>(t);
+      row.kl = static_cast<float>(res.kl);
+      row.logit_err2 = static_cast<float>(res.err2);
+      row.logit_err_max = res.err_max;
+      row.topk_overlap = res.topk_overlap;
+      row.out_norm2 = ex->rows[static_cast<size_t>(r)].out_norm2;
+      stats.rows.push_back(row);
+      stats.logit_pairs += n;
+    }
+    dout.noalias() = dprobs * V.topRows(cols);
+    dout.noalias() += phat_stored * dV.topRows(cols);
+    if (dv.has_window()) {
+      ConstRowMap dVw(dv.window.data(), T, d);
+      dout.noalias() += phat_win * dVw.topRows(cols);
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      stats.rows[stats.rows.size() - static_cast<size_t>(rows - r)].out_err2 = dout.row(r).squaredNorm();
+  }
+}
+
+}  // namespace kvb::detail
