@@ -106,15 +106,17 @@ template <class Scores>
 RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Scores scores, const float* ds,
                    int64_t n, int64_t k, HeadScratch& h, float* dp, float* phat) {
   RowResult out;
-  f32x16 abs_max = splat(0.0f);
-  f64x16 err2 = splat64(0.0), r0 = splat64(0.0);
+  // The shift only needs to be near the p-mean (any constant gives the same KL and p̂):
+  // summed in fp32; err2 is a reported sum: fp64.
+  f32x16 abs_max = splat(0.0f), r0 = splat(0.0f);
+  f64x16 err2 = splat64(0.0);
   for (int64_t j = 0; j < n; j += kLanes) {
     const int64_t cnt = std::min(kLanes, n - j);
     const f32x16 d = load(ds + j, cnt), pj = load(p + j, cnt);
     abs_max = vmax(abs_max, vabs(d));
     const f64x16 dw = widen(d);
     err2 += dw * dw;
-    r0 += widen(pj) * dw;
+    r0 += pj * d;
   }
   out.err2 = hsum(err2);
   out.err_max = hmax(abs_max);
@@ -129,19 +131,21 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
       phat[j] = static_cast<float>(h.phat[j]);
     }
   } else {
-    const float shift = static_cast<float>(hsum(r0) / ex.mass);
-    f64x16 rs = splat64(0.0), bs = splat64(0.0);
+    const float shift = static_cast<float>(hsum(widen(r0)) / ex.mass);
+    // R enters KL twice with opposite signs (its rounding cancels to first order): fp32;
+    // B is KL's own second-order sum: fp64.
+    f32x16 rs = splat(0.0f);
+    f64x16 bs = splat64(0.0);
     h.e.resize(static_cast<size_t>(n));
     for (int64_t j = 0; j < n; j += kLanes) {
       const int64_t cnt = std::min(kLanes, n - j);
       const f32x16 c = load(ds + j, cnt) - shift, pj = load(p + j, cnt);
       const f32x16 phi = expm1_minus_x(c);
       store(h.e.data() + j, c + phi, cnt);
-      const f64x16 pw = widen(pj);
-      rs += pw * widen(c);
-      bs += pw * widen(phi);
+      rs += pj * c;
+      bs += widen(pj * phi);
     }
-    const double r = hsum(rs), a = (r + hsum(bs)) / ex.mass;
+    const double r = hsum(widen(rs)), a = (r + hsum(bs)) / ex.mass;
     out.kl = std::max(0.0, std::log1p(a) - r / ex.mass);
     const float af = static_cast<float>(a), inv = static_cast<float>(1.0 / (1.0 + a));
     for (int64_t j = 0; j < n; j += kLanes) {
