@@ -1,0 +1,271 @@
+// bench_metrics: the attention-metric path against the NumPy peer a researcher would
+// write (experiments/bench/peer_numpy.py), side by side in one run, and against the
+// machine's sgemm rate.
+//
+//   build/bench/bench_metrics [--recording PATH] [--repeats N] [--python PY] [--no-peer] [--markdown]
+//
+// 1. gpt2-bytes, every position, every attention metric (top-k 8): one sweep point per
+//    uniform format, on 1 thread and on all threads (a point's layers in parallel, as a
+//    sweep runs them), the exact pass computed once beforehand (ExactAttentionCache)
+//    and timed on its own; the plain fp64 reference path timed too. The NumPy peer
+//    runs the same points (quantizing in NumPy, exact pass once) with
+//    OPENBLAS_NUM_THREADS=1 and =2; the metrics of both are compared.
+// 2. A synthetic 4096-token, head_dim-128 recording: the metric path's rate in GFLOP/s
+//    (the GEMM work the fast path needs per point: Δs = Q·ΔKᵀ, (P̂ - P)·V and P̂·ΔV
+//    over the causal pairs, 3 · 2·d per pair) against Eigen's sgemm on 1024³ in the
+//    same process, one thread.
+// Times are best of N; wall and CPU seconds both (on a shared machine the CPU time of a
+// one-thread run is the steadier figure). Figures go to experiments/bench/RESULTS.md.
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "experiments/machine_info.h"
+#include "kvb/build_config.h"
+#include "sim/exact_attention.h"
+#include "sim/formats/registry.h"
+#include "sim/metrics/metric_table.h"
+#include "sim/simulator.h"
+#include "sim/strategies/uniform.h"
+#include "sim/synthetic.h"
+
+using namespace kvb;
+
+namespace {
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+struct Timing {
+  double wall = 1e30, cpu = 1e30;
+};
+
+// Best wall and CPU seconds of `repeats` calls of f.
+template <class F>
+Timing best_of(int repeats, F f) {
+  Timing t;
+  for (int r = 0; r < repeats; ++r) {
+    const double c0 = process_cpu_seconds();
+    const auto w0 = std::chrono::steady_clock::now();
+    f();
+    t.wall = std::min(t.wall, std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count());
+    t.cpu = std::min(t.cpu, process_cpu_seconds() - c0);
+  }
+  return t;
+}
+
+// One point: every layer, in parallel over layers when threads > 1 (as a sweep's
+// (point, layer) tasks), merged in order.
+ErrorStats measure_point(const Recording& rec, const Plan& plan, const SimOptions& opt) {
+  std::vector<ErrorStats> per_layer(static_cast<size_t>(rec.num_layers()));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t l = 0; l < rec.num_layers(); ++l) per_layer[static_cast<size_t>(l)] = simulate_layer(rec, plan, l, opt);
+  ErrorStats all;
+  for (const ErrorStats& s : per_layer) all.merge(s);
+  return all;
+}
+
+const std::vector<std::string> kAttentionMetrics = {
+    "k_rel_mse",    "v_rel_mse",        "logit_rmse",           "logit_err_max",   "attn_kl_mean", "attn_kl_p99",
+    "attn_kl_max",  "topk_overlap",     "attn_out_rel_err",     "attn_out_rel_err_p99", "attn_out_rel_fro"};
+
+double load_average() {
+  std::ifstream f("/proc/loadavg");
+  double a = 0;
+  f >> a;
+  return a;
+}
+
+std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
+
+// Runs the NumPy peer; empty json on failure (reported).
+nlohmann::json run_peer(const std::string& python, const std::string& recording, const std::string& formats,
+                        int threads, int repeats, const std::string& blas_env) {
+  const std::string script = std::string(KVB_SOURCE_DIR) + "/experiments/bench/peer_numpy.py";
+  const std::string cmd = blas_env + " OPENBLAS_NUM_THREADS=" + std::to_string(threads) +
+                          " OMP_NUM_THREADS=" + std::to_string(threads) + " " + python + " " + shell_quote(script) +
+                          " " + shell_quote(recording) + " --formats " + formats + " --repeats " +
+                          std::to_string(repeats);
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  if (!pipe) return {};
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe.get())) out.append(buf.data(), n);
+  try {
+    return nlohmann::json::parse(out);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_metrics: the NumPy peer failed (%s): %s\n", cmd.c_str(), e.what());
+    return {};
+  }
+}
+
+// Eigen's sgemm on 1024³, one thread: GFLOP/s by wall and by CPU time.
+std::pair<double, double> eigen_sgemm_gflops(int repeats) {
+  const int n = 1024;
+  Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n), c(n, n);
+  const Timing t = best_of(repeats, [&] { c.noalias() = a * b; });
+  const double flops = 2.0 * n * n * static_cast<double>(n);
+  return {flops / t.wall * 1e-9, flops / t.cpu * 1e-9};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path = std::string(KVB_SOURCE_DIR) + "/data/records/gpt2-bytes-record.safetensors";
+  std::string python = "/usr/bin/python3";
+  int repeats = 3;
+  bool markdown = false, peer = true;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--recording") && i + 1 < argc) path = argv[++i];
+    else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--python") && i + 1 < argc) python = argv[++i];
+    else if (!std::strcmp(argv[i], "--no-peer")) peer = false;
+    else if (!std::strcmp(argv[i], "--markdown")) markdown = true;
+    else {
+      std::fprintf(stderr, "usage: bench_metrics [--recording PATH] [--repeats N] [--python PY] [--no-peer] [--markdown]\n");
+      return 2;
+    }
+  }
+  const int max_threads = omp_get_num_procs();
+  std::printf("CPU: %s, %d threads; load average %.2f at the start\n", cpu_model().c_str(), max_threads, load_average());
+
+  // 1. gpt2-bytes, every position.
+  RecordingSpec rs;
+  rs.path = path;
+  const Recording rec = load_recording(rs);
+  std::printf("recording: %s (%s)\n\n", rec.name.c_str(), rec.summary().c_str());
+  const std::vector<std::string> formats = {"int4-asym-g32", "int2-sym-g64", "int2-asym-ch32", "int8-sym-g32"};
+  SimOptions opt;
+  opt.topk = 8;
+  omp_set_num_threads(max_threads);
+  Timing exact_time;
+  std::unique_ptr<ExactAttentionCache> cache;
+  exact_time = best_of(1, [&] { cache = std::make_unique<ExactAttentionCache>(rec, opt, size_t(1) << 30); });
+  std::printf("exact pass (once per run, %d threads): %.3f s wall, %.1f MB cached\n", max_threads, exact_time.wall,
+              static_cast<double>(cache->bytes()) / 1e6);
+  SimOptions cached = opt;
+  cached.exact = cache.get();
+  SimOptions reference = opt;
+  reference.reference = true;
+
+  struct Row {
+    std::string format;
+    Timing fast1, fastn, ref1;
+    std::vector<double> metrics;
+  };
+  std::vector<Row> rows;
+  for (const std::string& f : formats) {
+    const Plan plan = UniformStrategy(make_format(f), make_format(f)).build({rec, 0});
+    Row row;
+    row.format = f;
+    ErrorStats s;
+    omp_set_num_threads(1);
+    row.fast1 = best_of(repeats, [&] { s = measure_point(rec, plan, cached); });
+    row.ref1 = best_of(1, [&] { (void)measure_point(rec, plan, reference); });
+    omp_set_num_threads(max_threads);
+    row.fastn = best_of(repeats, [&] { (void)measure_point(rec, plan, cached); });
+    for (const std::string& m : kAttentionMetrics) row.metrics.push_back(find_metric(m)->compute(s));
+    rows.push_back(row);
+  }
+  auto mean_of = [&](auto get) {
+    double sum = 0;
+    for (const Row& r : rows) sum += get(r);
+    return sum / static_cast<double>(rows.size());
+  };
+  std::printf("%-16s %12s %12s %12s %14s\n", "point (uniform)", "fast 1 thr", "fast all", "fp64 ref 1", "(CPU s, 1 thr)");
+  for (const Row& r : rows)
+    std::printf("%-16s %10.1f ms %10.1f ms %10.1f ms %11.1f ms\n", r.format.c_str(), r.fast1.wall * 1e3,
+                r.fastn.wall * 1e3, r.ref1.wall * 1e3, r.fast1.cpu * 1e3);
+  const double fast1 = mean_of([](const Row& r) { return r.fast1.wall; });
+  const double fast1_cpu = mean_of([](const Row& r) { return r.fast1.cpu; });
+  const double fastn = mean_of([](const Row& r) { return r.fastn.wall; });
+  const double ref1 = mean_of([](const Row& r) { return r.ref1.wall; });
+  std::printf("%-16s %10.1f ms %10.1f ms %10.1f ms %11.1f ms\n\n", "mean", fast1 * 1e3, fastn * 1e3, ref1 * 1e3,
+              fast1_cpu * 1e3);
+
+  if (peer) {
+    // OpenBLAS's core type as this machine's environment sets it (see RESULTS.md).
+    std::string fmts;
+    for (const std::string& f : formats) fmts += (fmts.empty() ? "" : ",") + f;
+    const nlohmann::json p1 = run_peer(python, path, fmts, 1, repeats, "");
+    const nlohmann::json p2 = run_peer(python, path, fmts, 2, repeats, "");
+    if (!p1.is_null() && !p2.is_null()) {
+      std::printf("NumPy peer (float64, %s): exact pass %.3f s (1 thread)\n", p1["blas"].dump().c_str(),
+                  p1["exact_seconds"].get<double>());
+      double peer1 = 0, peer2 = 0, peer1_cpu = 0, worst = 0;
+      std::string worst_what;
+      for (const Row& r : rows) {
+        const nlohmann::json& a = p1["points"][r.format];
+        peer1 += a["seconds"].get<double>() / static_cast<double>(rows.size());
+        peer1_cpu += a["cpu_seconds"].get<double>() / static_cast<double>(rows.size());
+        peer2 += p2["points"][r.format]["seconds"].get<double>() / static_cast<double>(rows.size());
+        for (size_t m = 0; m < kAttentionMetrics.size(); ++m) {
+          const double theirs = a["metrics"][kAttentionMetrics[m]].get<double>(), ours = r.metrics[m];
+          const double rel = std::fabs(theirs - ours) / std::max(std::fabs(theirs), 1e-30);
+          if (rel > worst) {
+            worst = rel;
+            worst_what = r.format + " " + kAttentionMetrics[m] + ": " + std::to_string(ours) + " vs " + std::to_string(theirs);
+          }
+        }
+      }
+      std::printf("NumPy per point: %.1f ms on 1 thread, %.1f ms on 2 threads (wall, best of %d)\n", peer1 * 1e3,
+                  peer2 * 1e3, repeats);
+      std::printf("NumPy per point, CPU seconds on 1 thread: %.1f ms (kvbudget: %.1f ms)\n", peer1_cpu * 1e3,
+                  fast1_cpu * 1e3);
+      std::printf("kvbudget / NumPy speed-up: %.1fx on 1 thread (%.1fx in CPU time), %.1fx on %d threads against "
+                  "NumPy on 2; kvbudget 1 -> %d threads: %.2fx\n",
+                  peer1 / fast1, peer1_cpu / fast1_cpu, peer2 / fastn, max_threads, max_threads, fast1 / fastn);
+      std::printf("largest metric difference against the peer: %.2e relative (%s)\n\n", worst, worst_what.c_str());
+      if (markdown)
+        std::printf("| kvbudget 1 thr | kvbudget %d thr | NumPy 1 thr | NumPy 2 thr | speed-up 1 thr | speed-up %d thr |\n"
+                    "|---:|---:|---:|---:|---:|---:|\n| %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.1fx | %.1fx |\n\n",
+                    max_threads, max_threads, fast1 * 1e3, fastn * 1e3, peer1 * 1e3, peer2 * 1e3, peer1 / fast1,
+                    peer2 / fastn);
+    }
+  }
+
+  // 2. The metric path's GEMM rate on a 4096-token, head_dim-128 recording.
+  SyntheticSpec spec;
+  spec.layers = 1;
+  spec.q_heads = 2;
+  spec.kv_heads = 2;
+  spec.head_dim = 128;
+  spec.tokens = 4096;
+  spec.calibration_queries = 64;
+  const Recording big = generate_synthetic(spec);
+  SimOptions big_opt;
+  big_opt.topk = 8;
+  omp_set_num_threads(1);
+  const ExactAttentionCache big_cache(big, big_opt, size_t(4) << 30);
+  big_opt.exact = &big_cache;
+  const Plan big_plan = UniformStrategy(make_format("int4-asym-g32"), make_format("int4-asym-g32")).build({big, 0});
+  const Timing t = best_of(repeats, [&] { (void)simulate(big, big_plan, big_opt); });
+  const double pairs = static_cast<double>(big.q_heads) * static_cast<double>(big.tokens) *
+                       static_cast<double>(big.tokens + 1) / 2.0;
+  const double flops = 3.0 * 2.0 * static_cast<double>(big.head_dim) * pairs;
+  const auto [sgemm_wall, sgemm_cpu] = eigen_sgemm_gflops(repeats);
+  std::printf("4096 tokens x head_dim 128, %lld heads, int4-asym-g32, 1 thread: %.3f s per point (%.3f CPU s) = %.1f "
+              "GFLOP/s (%.1f by CPU time); Eigen sgemm 1024^3: %.1f GFLOP/s (%.1f by CPU time); metric path at %.0f%% "
+              "of sgemm (%.0f%% by CPU time)\n",
+              static_cast<long long>(big.q_heads), t.wall, t.cpu, flops / t.wall * 1e-9, flops / t.cpu * 1e-9,
+              sgemm_wall, sgemm_cpu, 100.0 * flops / t.wall * 1e-9 / sgemm_wall,
+              100.0 * flops / t.cpu * 1e-9 / sgemm_cpu);
+  std::printf("load average %.2f at the end\n", load_average());
+  return 0;
+}
