@@ -719,6 +719,7 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   if (data.source != DataSpec::Source::Model) throw Error("internal: build_model_evaluator without a model source");
   const ModelDataSpec& m = data.model;
   std::shared_ptr<const Transformer> model = Transformer::load(m.checkpoint);
+  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
   std::vector<int64_t> tokens = load_tokens(m.tokens, model->config());
   // A learned position table (GPT-2) ends at n_positions: say so before the model runs,
   // naming the key that sets the length.
