@@ -128,6 +128,7 @@ int cmd_run(const Args& args) {
 
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
   check_model_metric_positions(spec, positions, rec.tokens);
+  check_attention_rows(spec, positions, rec.tokens);
   Report report(spec, points, make_run_dir(spec.output.dir, spec.name));
   RunInfo info;
   info.command_line = "kvbudget run " + join(args, " ");

@@ -100,12 +100,42 @@ touch "$tmp/a_file"
 [ $? -eq 2 ] || fail "--out naming a file: expected exit 2"
 expect "$tmp/f.out" "--out: cannot create directory $tmp/a_file/quickstart: $tmp/a_file is not a directory" "--out a file"
 
+# Input that would measure nothing: one token; position 0 alone; a top-k that covers
+# every key. Exit 2 naming the key and the value, before any results are written.
+"$kvb" run "$src/configs/quickstart.toml" --set data.max_tokens=1 --out "$tmp/r3n" >"$tmp/one.out" 2>&1
+[ $? -eq 2 ] || fail "max_tokens = 1: expected exit 2"
+expect "$tmp/one.out" "--set data.max_tokens: 1 keeps a single token, whose query attends to itself alone" "max_tokens = 1"
+"$kvb" run "$src/configs/quickstart.toml" --set data.max_tokens=4 --out "$tmp/r3n" >"$tmp/topk.out" 2>&1
+[ $? -eq 2 ] || fail "topk above the context: expected exit 2"
+expect "$tmp/topk.out" "quickstart.toml:33: metrics.topk = 8, but the context has 4 tokens" "topk above the context"
+"$kvb" run "$src/configs/quickstart.toml" --set data.max_tokens=2 --set 'metrics.positions=[0]' \
+  --set 'metrics.report=["attn_kl_mean"]' --set 'metrics.pareto=["attn_kl_mean"]' --out "$tmp/r3n" >"$tmp/pos0.out" 2>&1
+[ $? -eq 2 ] || fail "position 0 alone: expected exit 2"
+expect "$tmp/pos0.out" "--set metrics.positions: the evaluated positions (list) of the 2-token context are position 0 alone" \
+  "position 0 alone"
+[ ! -e "$tmp/r3n" ] || fail "input that measures nothing created results"
+# A config or a recording that is a FIFO is refused, not waited on.
+mkfifo "$tmp/fifo.toml" "$tmp/fifo.safetensors"
+"$kvb" run "$tmp/fifo.toml" --out "$tmp/r3n" >"$tmp/fifo.out" 2>&1
+[ $? -eq 2 ] || fail "a FIFO config: expected exit 2"
+expect "$tmp/fifo.out" "fifo.toml: is a FIFO (named pipe), not a regular file; a config must be a regular file" "a FIFO config"
+"$kvb" run "$src/configs/quickstart.toml" --set "data.path=$tmp/fifo.safetensors" --out "$tmp/r3n" >"$tmp/fifo.out" 2>&1
+[ $? -eq 1 ] || fail "a FIFO recording: expected exit 1"
+expect "$tmp/fifo.out" "fifo.safetensors: is a FIFO (named pipe), not a regular file" "a FIFO recording"
+# Seeds: -1 is refused at every level, not wrapped to 2^64 - 1.
+"$kvb" run "$src/configs/quickstart.toml" --set seed=-1 --out "$tmp/r3n" >"$tmp/seed.out" 2>&1
+[ $? -eq 2 ] || fail "seed = -1: expected exit 2"
+expect "$tmp/seed.out" "--set seed: must be >= 0" "seed = -1"
+
 # Synthetic targets the generator cannot reach are warned about and kept in the manifest.
 printf '%s\n' 'name = "unreachable"' '[data.synthetic]' 'layers = 1' 'q_heads = 2' 'kv_heads = 2' 'head_dim = 16' \
   'tokens = 64' 'entropy_mean = 100' '[[strategy]]' 'type = "uniform"' 'format = "int4-asym-g16"' >"$tmp/unreachable.toml"
 "$kvb" run "$tmp/unreachable.toml" --out "$tmp/ru" --no-plots >"$tmp/u.out" 2>&1 || fail "unreachable synthetic targets: exit $?"
 expect "$tmp/u.out" "warning: the synthetic data misses 2 of its targets" "unreachable synthetic targets"
 expect "$tmp/ru/unreachable/latest/manifest.json" "entropy target 98.5 bits exceeds the 4.698 bits" "manifest warnings"
+"$kvb" run "$tmp/unreachable.toml" --set data.synthetic.seed=-1 --out "$tmp/r3n" >"$tmp/sseed.out" 2>&1
+[ $? -eq 2 ] || fail "data.synthetic.seed = -1: expected exit 2"
+expect "$tmp/sseed.out" "--set data.synthetic.seed: must be >= 0" "data.synthetic.seed = -1"
 
 # 4. Bad data: exit 1 and a message naming the file / tensor and index.
 head -c 5000 "$rec" >"$tmp/truncated.safetensors"
