@@ -329,8 +329,23 @@ void simulate_group(const Recording& rec, const Plan& plan, int64_t layer, int64
                     const SimOptions& opt, HeadScratch& scratch, ErrorStats& stats) {
   const UnitDelta dk = unit_delta(rec, plan, layer, g, Kind::Key, opt, stats.k_err2, stats.k_norm2);
   const UnitDelta dv = unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2);
-  for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-    simulate_head(rec, plan, layer, h, dk, dv, pos, opt, scratch, stats);
+  // With a stop flag, each head's rows go in chunks of whole row blocks (the same
+  // blocks, so the same numbers), the flag checked before each chunk.
+  const size_t chunk = opt.stop ? static_cast<size_t>(opt.row_block * kStopCheckRowBlocks) : pos.size();
+  std::vector<int64_t> part;
+  for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h) {
+    for (size_t c0 = 0; c0 < pos.size(); c0 += chunk) {
+      if (opt.stop && opt.stop->load(std::memory_order_relaxed))
+        throw SimulationStopped("stopped in layer " + std::to_string(layer) + ", query head " + std::to_string(h));
+      if (chunk >= pos.size()) {
+        simulate_head(rec, plan, layer, h, dk, dv, pos, opt, scratch, stats);
+        break;
+      }
+      part.assign(pos.begin() + static_cast<std::ptrdiff_t>(c0),
+                  pos.begin() + static_cast<std::ptrdiff_t>(std::min(pos.size(), c0 + chunk)));
+      simulate_head(rec, plan, layer, h, dk, dv, part, opt, scratch, stats);
+    }
+  }
 }
 
 std::vector<int64_t> evaluated_positions(const Recording& rec, const SimOptions& opt) {

@@ -8,6 +8,7 @@
 // Score and output differences are computed directly (ΔS = Q·ΔKᵀ,
 // Δo = p̂·ΔV + (p̂ - p)·V) so that tiny errors are not lost to cancellation.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -40,6 +41,20 @@ struct SimOptions {
   uint64_t seed = 0;                // handed to formats through SpanInfo
   int64_t row_block = 128;          // query rows per GEMM block
   const ErrorRegion* region = nullptr;  // keep only this region's errors (attribution)
+  // When set, checked before each query head and each kStopCheckRowBlocks row blocks of
+  // its rows; once true the simulation throws SimulationStopped (a Ctrl-C of a sweep
+  // then waits for at most that many row blocks per thread, not for whole layers).
+  const std::atomic<bool>* stop = nullptr;
+};
+
+// Row blocks (SimOptions::row_block rows each) simulated between two looks at
+// SimOptions::stop. Whole blocks, so the rows are computed exactly as without a stop.
+inline constexpr int64_t kStopCheckRowBlocks = 4;
+
+// Thrown by the simulation when SimOptions::stop became true: the layer was not finished.
+class SimulationStopped : public Error {
+ public:
+  using Error::Error;
 };
 
 // Thrown when a format turns finite keys or values into Inf or NaN (a value beyond its

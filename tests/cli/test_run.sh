@@ -223,6 +223,39 @@ signal_run r6d HUP nohup
 [ $rc -eq 0 ] || fail "a nohup run sent SIGHUP: expected exit 0, got $rc"
 expect "$run_dir/manifest.json" '"status": "complete"' "manifest of a nohup run"
 
+# 6e. Ctrl-C while the data loads (a long synthetic generation; a background job
+# starts with SIGINT ignored): the run ends at once, exit 130, nothing written.
+printf '%s\n' 'name = "slow_load"' '[data.synthetic]' 'layers = 1' 'q_heads = 2' 'head_dim = 64' 'tokens = 60000' \
+  '[[strategy]]' 'type = "uniform"' 'format = "int4-asym-g32"' >"$tmp/slow_load.toml"
+"$kvb" run "$tmp/slow_load.toml" --out "$tmp/r6e" --no-plots >"$tmp/slow_load.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "loading data" "$tmp/slow_load.out" && break; sleep 0.1; done
+start=$(date +%s)
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "Ctrl-C while loading: expected exit 130, got $rc"
+[ $(($(date +%s) - start)) -le 5 ] || fail "Ctrl-C while loading took $(($(date +%s) - start)) s to stop the run"
+expect "$tmp/slow_load.out" "kvbudget run: interrupted while loading the data; nothing was written" "Ctrl-C while loading"
+[ ! -e "$tmp/r6e" ] || fail "a run interrupted while loading created results"
+
+# 6f. Ctrl-C during a long layer (8 heads of 12000 tokens take tens of seconds on one
+# thread): the sweep stops within a few blocks of query rows, not at the layer's end.
+printf '%s\n' 'name = "long_layer"' '[data.synthetic]' 'layers = 1' 'q_heads = 8' 'kv_heads = 1' 'head_dim = 64' \
+  'tokens = 12000' 'calibration_queries = 16' '[[strategy]]' 'type = "uniform"' 'format = "int4-asym-g32"' \
+  >"$tmp/long_layer.toml"
+"$kvb" run "$tmp/long_layer.toml" --out "$tmp/r6f" --no-plots --threads 1 >"$tmp/long_layer.out" 2>&1 &
+pid=$!
+for _ in $(seq 1200); do ls "$tmp"/r6f/long_layer/2*/manifest.json >/dev/null 2>&1 && break; sleep 0.1; done
+sleep 1
+start=$(date +%s)
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "Ctrl-C during a long layer: expected exit 130, got $rc"
+[ $(($(date +%s) - start)) -le 5 ] || fail "Ctrl-C during a long layer took $(($(date +%s) - start)) s to stop the run"
+expect "$(ls -d "$tmp"/r6f/long_layer/2*)/manifest.json" '"status": "interrupted"' "manifest of a run stopped mid-layer"
+
 # 7. Backends: auto says in the manifest what it chose and why; cuda runs on a device,
 # and without one (or in a build without nvcc) fails before writing any results.
 "$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --backend auto --out "$tmp/r7" --no-plots >"$tmp/a.out" 2>&1 \
