@@ -331,7 +331,8 @@ void simulate_group(const Recording& rec, const Plan& plan, int64_t layer, int64
   const UnitDelta dv = unit_delta(rec, plan, layer, g, Kind::Value, opt, stats.v_err2, stats.v_norm2);
   // With a stop flag, each head's rows go in chunks of whole row blocks (the same
   // blocks, so the same numbers), the flag checked before each chunk.
-  const size_t chunk = opt.stop ? static_cast<size_t>(opt.row_block * kStopCheckRowBlocks) : pos.size();
+  const size_t chunk =
+      opt.stop ? static_cast<size_t>(std::max<int64_t>(1, opt.row_block * kStopCheckRowBlocks)) : pos.size();
   std::vector<int64_t> part;
   for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h) {
     for (size_t c0 = 0; c0 < pos.size(); c0 += chunk) {
