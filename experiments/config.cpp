@@ -9,6 +9,7 @@
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/io/input_file.h"
 
 namespace kvb {
 
@@ -67,6 +68,11 @@ std::string canonical_path(const std::vector<std::string>& parts) {
 }  // namespace
 
 std::shared_ptr<ConfigDoc> ConfigDoc::load(const std::filesystem::path& file) {
+  try {
+    require_regular_file(file, "a config");
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
   std::ifstream in(file);
   if (!in) throw ConfigError(file.string() + ": cannot read config file");
   std::stringstream ss;

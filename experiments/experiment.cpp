@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <regex>
 #include <sstream>
 #include <tuple>
@@ -56,7 +57,9 @@ std::filesystem::path resolve_data_path(const std::string& raw, const std::files
 
 SyntheticSpec parse_synthetic(const ConfigTable& t, uint64_t seed) {
   SyntheticSpec s;
-  s.seed = static_cast<uint64_t>(t.integer("seed", static_cast<int64_t>(seed)));
+  const int64_t own_seed = t.integer("seed", static_cast<int64_t>(seed));
+  if (own_seed < 0) t.fail("seed", "must be >= 0");
+  s.seed = static_cast<uint64_t>(own_seed);
   s.layers = t.integer("layers", s.layers);
   s.q_heads = t.integer("q_heads", s.q_heads);
   s.kv_heads = t.integer("kv_heads", s.q_heads);  // default: one KV head per query head
@@ -90,6 +93,14 @@ SyntheticSpec parse_synthetic(const ConfigTable& t, uint64_t seed) {
   return s;
 }
 
+// Why a context needs 2 tokens (as synthetic data and `kvbudget eval` do). With 2, the
+// query at position 1 sees 2 keys and its attention can change; evaluated positions
+// that leave it out (position 0 alone) and a top-k that covers every key are refused
+// after the data is loaded, by check_attention_rows.
+constexpr const char* kOneTokenContext =
+    "1 keeps a single token, whose query attends to itself alone: attention KL would be 0 and top-k overlap 1 "
+    "whatever the cache holds, and no next token is left to predict; keep at least 2 tokens (0 keeps every token)";
+
 DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, uint64_t seed) {
   DataSpec d;
   d.where = t.where();
@@ -97,6 +108,7 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
   const std::string source = t.string("source", synth ? "synthetic" : "file");
   d.max_tokens = t.integer("max_tokens", 0);
   if (d.max_tokens < 0) t.fail("max_tokens", "must be >= 0 (0 keeps every token)");
+  if (d.max_tokens == 1) t.fail("max_tokens", kOneTokenContext);
   if (source == "synthetic") {
     if (!synth) t.fail("source", "source = \"synthetic\" needs a [data.synthetic] table");
     d.source = DataSpec::Source::Synthetic;
@@ -124,6 +136,7 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
     if (t.has("add_bos")) m.tokens.add_bos = t.boolean("add_bos", true);
     d.max_tokens = t.integer("max_tokens", 512);
     if (d.max_tokens < 0) t.fail("max_tokens", "must be >= 0 (0 keeps every token)");
+    if (d.max_tokens == 1) t.fail("max_tokens", kOneTokenContext);
     m.tokens.max_tokens = d.max_tokens;
     m.continuations.count = t.integer("continuations", 4);
     m.continuations.prompt = t.integer("continuation_prompt", m.continuations.prompt);
@@ -471,11 +484,13 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
   m.report = ordered;
   m.topk = t->integer("topk", m.topk);
   if (m.topk < 1) t->fail("topk", "must be >= 1");
+  if (t->has("topk")) m.topk_where = t->where("topk");
   if (const toml::node* n = t->node("positions")) {
     m.positions_where = t->where("positions");
     if (n->is_string()) {
       m.positions_text = *n->value<std::string>();
-      if (m.positions_text != "all") {
+      m.every_position = m.positions_text == "all";
+      if (!m.every_position) {
         auto r = parse_range_at(*t, "positions", m.positions_text);
         if (!r) t->fail("positions", "expected \"all\", a range \"a..b\" or an array of positions");
         if (r->empty())
@@ -719,6 +734,7 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   if (data.source != DataSpec::Source::Model) throw Error("internal: build_model_evaluator without a model source");
   const ModelDataSpec& m = data.model;
   std::shared_ptr<const Transformer> model = Transformer::load(m.checkpoint);
+  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
   std::vector<int64_t> tokens = load_tokens(m.tokens, model->config());
   // A learned position table (GPT-2) ends at n_positions: say so before the model runs,
   // naming the key that sets the length.
@@ -746,6 +762,32 @@ void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositio
                         "position t, but no evaluated position lies below " + std::to_string(T - 1) +
                         " (the last token has nothing to predict)");
   }
+}
+
+void check_attention_rows(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T) {
+  const auto& report = spec.metrics.report;
+  auto reported = [&](const std::string& name) { return std::find(report.begin(), report.end(), name) != report.end(); };
+  const int64_t keys = positions.evaluation.back() + 1;  // of the longest evaluated row
+  if (keys == 1) {  // position 0 alone: softmax over one key is 1 with any cache
+    for (const char* name : {"attn_kl_mean", "attn_kl_p99", "attn_kl_max", "topk_overlap"}) {
+      if (!reported(name)) continue;
+      throw ConfigError(spec.metrics.positions_where + ": the evaluated positions (" + positions.evaluation_text +
+                        ") of the " + std::to_string(T) + "-token context are position 0 alone, whose query sees one "
+                        "key: " + name + " would be " + (std::string(name) == "topk_overlap" ? "1" : "0") +
+                        " whatever the cache holds; evaluate a later position (more tokens with data.max_tokens, "
+                        "other metrics.positions or calibration positions)");
+    }
+    return;
+  }
+  if (!reported("topk_overlap") || spec.metrics.topk < keys) return;
+  const std::string longest = keys == T ? "the context has " + std::to_string(T) + " tokens"
+                                        : "the last evaluated position " + std::to_string(keys - 1) + " of the " +
+                                              std::to_string(T) + "-token context sees " + std::to_string(keys) + " keys";
+  throw ConfigError(spec.metrics.topk_where + " = " + std::to_string(spec.metrics.topk) + ", but " + longest +
+                    ": the top " + std::to_string(spec.metrics.topk) +
+                    " keys of every evaluated query are all its keys, so topk_overlap would be 1 whatever the cache "
+                    "holds; set metrics.topk below " + std::to_string(keys) + " (or leave topk_overlap out of "
+                    "metrics.report)");
 }
 
 bool AttributionSpec::selects(size_t id) const {
@@ -788,6 +830,12 @@ QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
     q.evaluation_text = spec.metrics.positions_text;
     return q;
   }
+  if (spec.metrics.every_position) {  // "all" says every position: the calibration ones too
+    q.evaluation.resize(static_cast<size_t>(T));
+    std::iota(q.evaluation.begin(), q.evaluation.end(), int64_t{0});
+    q.evaluation_text = q.calibration.empty() ? "all" : "all, calibration positions included";
+    return q;
+  }
   for (int64_t p = 0; p < T; ++p)
     if (c.overlap || !is_calibration(p)) q.evaluation.push_back(p);
   if (q.evaluation.empty())
@@ -806,6 +854,10 @@ Recording build_recording(const DataSpec& data) {
     if (data.max_tokens > 0) rec.truncate_tokens(data.max_tokens);
   } else {
     rec = load_recording(data.file);
+    if (rec.tokens < 2)  // a synthetic spec and a model's token count are checked before
+      throw Error(data.file.path.string() + ": the recording has " + std::to_string(rec.tokens) +
+                  " token: its one query attends to itself alone, so attention KL would be 0 and top-k overlap 1 "
+                  "whatever the cache holds; a recording needs at least 2 tokens");
   }
   return rec;
 }

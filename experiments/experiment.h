@@ -94,7 +94,9 @@ struct MetricsSpec {
   std::vector<std::string> report;  // metric names, table order
   std::vector<std::string> pareto;  // metrics that get a frontier and a plot
   int64_t topk = 8;
-  std::vector<int64_t> positions;   // evaluated query positions; empty = all
+  std::string topk_where = "metrics.topk";  // "file:line: metrics.topk" when given
+  std::vector<int64_t> positions;   // evaluated query positions; empty = every_position or the default
+  bool every_position = false;      // positions = "all": every position, calibration ones included
   std::string positions_text = "all";
   std::string positions_where = "metrics.positions";  // "file:line: metrics.positions" when given
   std::string report_where = "metrics.report";        // likewise for report
@@ -185,8 +187,9 @@ Recording build_recording(const DataSpec& data);
 std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data);
 
 // The calibration and evaluated query positions for a recording of T tokens.
-// Evaluated positions: metrics.positions when given, else every position not used
-// for calibration (every position with calibration.overlap). Throws ConfigError when
+// Evaluated positions: metrics.positions when given ("all": every position, the
+// calibration ones included), else every position not used for calibration (every
+// position with calibration.overlap). Throws ConfigError when
 // explicit evaluated positions overlap calibration ones without calibration.overlap,
 // or when no position lies below T.
 struct QueryPositions {
@@ -199,5 +202,12 @@ QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T);
 // metric (ppl, next_token_kl_*, same_top_rate: each position t predicts token t + 1)
 // has no evaluated position below T - 1 to average over.
 void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T);
+// Throws kvb::ConfigError where a reported attention distribution metric could only
+// say "exact" whatever the cache holds: at metrics.positions when position 0 alone is
+// evaluated (its query sees one key: attn_kl_* 0, topk_overlap 1), at metrics.topk when
+// topk_overlap is reported and topk reaches every key of every evaluated row (topk >=
+// the last evaluated position + 1, at most T). Logit, output and tensor metrics still
+// measure such rows and are not checked.
+void check_attention_rows(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T);
 
 }  // namespace kvb

@@ -233,6 +233,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
   opt.topk = spec.metrics.topk;
   opt.seed = spec.seed;
   opt.positions = positions.evaluation;
+  opt.stop = stop;  // a layer task stops within a few row blocks (SimulationStopped)
 
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
 
@@ -396,10 +397,15 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       const size_t t0 = first_task[i];
       const auto start = std::chrono::steady_clock::now();
       const std::string why = cuda::unsupported_reason(*plans[i], opt);
+      bool cut_short = false;
       if (!why.empty()) {
         task_error[t0] = points[i].key + ": " + why + " (backend = \"cuda\"; run this point with backend = \"cpu\")";
       } else {
         for (size_t l = 0; l < layer_tasks[i]; ++l) {
+          if (stopped()) {  // the point stays unfinished (below)
+            cut_short = true;
+            break;
+          }
           try {
             stats_of[t0 + l] = gpu.simulate_layer(*plans[i], static_cast<int64_t>(l), opt);
           } catch (const std::exception& e) {
@@ -408,6 +414,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
           }
         }
       }
+      if (cut_short) continue;  // stopped between its layers: not finished, not reported
       if (point_tasks[i] > layer_tasks[i]) run_model_task(i, t0 + layer_tasks[i]);  // the model runs on the CPU
       task_seconds[t0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       finalize(i);
@@ -443,6 +450,8 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
         SimOptions o = opt;
         if (task.variant > 0) o.region = &regions[i][task.variant - 1].region;
         stats_of[static_cast<size_t>(k)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(task.layer), o);
+      } catch (const SimulationStopped&) {
+        continue;  // the point stays unfinished, as one whose tasks a stop skipped
       } catch (const std::exception& e) {
         task_error[static_cast<size_t>(k)] = points[i].key + ": layer " + std::to_string(task.layer) + ": " + e.what();
       }

@@ -12,6 +12,7 @@
 #include <Eigen/Core>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "sim/exact_attention.h"
@@ -100,6 +101,13 @@ void exact_block(const Eigen::Ref<const RowMat>& scores, const Eigen::Ref<const 
 // The exact pass of query head h of `layer` at the positions, blocked as opt.row_block.
 ExactHead exact_head(const Recording& rec, int64_t layer, int64_t h, const std::vector<int64_t>& pos,
                      const SimOptions& opt, HeadScratch& s);
+
+// Throws SimulationStopped when opt.stop is set and true, looked at before every
+// kStopCheckRowBlocks-th row block (whole blocks: the same numbers as without a stop).
+inline void check_stop(const SimOptions& opt, size_t block, int64_t layer, int64_t h) {
+  if (opt.stop && block % static_cast<size_t>(kStopCheckRowBlocks) == 0 && opt.stop->load(std::memory_order_relaxed))
+    throw SimulationStopped("stopped in layer " + std::to_string(layer) + ", query head " + std::to_string(h));
+}
 
 // Causal attention of one row in fp64 (the reference): p from the scores s[0..n),
 // p̂ from s + Δs. Fills h.p, h.dp = p̂ - p and h.phat; returns KL(p || p̂) in nats.

@@ -8,6 +8,7 @@
 // Score and output differences are computed directly (ΔS = Q·ΔKᵀ,
 // Δo = p̂·ΔV + (p̂ - p)·V) so that tiny errors are not lost to cancellation.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -49,6 +50,19 @@ struct SimOptions {
   // The run's exact pass (fast path only): used for the heads it holds when it was
   // built for these positions, row_block and topk; results are identical without it.
   const ExactAttentionCache* exact = nullptr;
+  // When set, checked before each kStopCheckRowBlocks-th row block of every query head; once true the simulation throws SimulationStopped (a Ctrl-C of a sweep
+  // then waits for at most that many row blocks per thread, not for whole layers).
+  const std::atomic<bool>* stop = nullptr;
+};
+
+// Row blocks (SimOptions::row_block rows each) simulated between two looks at
+// SimOptions::stop. Whole blocks, so the rows are computed exactly as without a stop.
+inline constexpr int64_t kStopCheckRowBlocks = 4;
+
+// Thrown by the simulation when SimOptions::stop became true: the layer was not finished.
+class SimulationStopped : public Error {
+ public:
+  using Error::Error;
 };
 
 // Thrown when a format turns finite keys or values into Inf or NaN (a value beyond its

@@ -1,6 +1,8 @@
 // Experiment configs (experiments/config.*, experiment.*): exact error locations,
 // overrides, sweep expansion. Configs are parsed from strings; the data path points
 // at the bundled recording (not loaded here).
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -411,6 +413,72 @@ TEST_CASE("metrics.positions: empty ranges and lists are errors, not 'all'") {
   const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
   CHECK(error_of(kData + "[metrics]\npositions = \"10..5\"\n" + strat).find("is empty") != std::string::npos);
   CHECK(error_of(kData + "[metrics]\npositions = []\n" + strat).find("empty list of positions") != std::string::npos);
+}
+
+TEST_CASE("metrics.positions = \"all\" evaluates every position, the calibration ones included") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  QueryPositions q = resolve_positions(parse(kData + "[metrics]\npositions = \"all\"\n" + strat), 64);
+  CHECK(q.calibration == std::vector<int64_t>{7, 15, 23, 31, 39, 47, 55, 63});
+  REQUIRE(q.evaluation.size() == 64);
+  CHECK(q.evaluation.front() == 0);
+  CHECK(q.evaluation.back() == 63);
+  CHECK(q.evaluation_text == "all, calibration positions included");
+  // Without calibration positions below T, nothing is overlapped, and the rule says "all".
+  q = resolve_positions(parse(kData + "[calibration]\npositions = [100]\n[metrics]\npositions = \"all\"\n" + strat), 64);
+  CHECK(q.evaluation.size() == 64);
+  CHECK(q.evaluation_text == "all");
+  // Left out, the positions stay apart from the calibration ones.
+  q = resolve_positions(parse(kData + strat), 64);
+  CHECK(q.evaluation.size() == 56);
+  CHECK(q.evaluation_text == "all not used for calibration");
+}
+
+TEST_CASE("attention distribution metrics that could only say 'exact' are errors: position 0 alone, topk >= every row's keys") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  auto topk_error = [](const ExperimentSpec& e, int64_t T) -> std::string {
+    try {
+      check_attention_rows(e, resolve_positions(e, T), T);
+    } catch (const ConfigError& err) {
+      return err.what();
+    }
+    return "";
+  };
+  ExperimentSpec e = parse(kData + "[metrics]\ntopk = 601\n" + strat);
+  CHECK(topk_error(e, 601).find("test.toml:4: metrics.topk = 601, but the context has 601 tokens: the top 601 keys of "
+                                "every evaluated query are all its keys, so topk_overlap would be 1") == 0);
+  CHECK(topk_error(e, 602).empty());  // the last query has 602 keys: its top 601 are a choice
+  // The default topk (8) against a short context, named without a line.
+  CHECK(topk_error(parse(kData + strat), 7).find("metrics.topk = 8, but the context has 7 tokens") == 0);
+  // Evaluated positions that stop early bound the keys too.
+  e = parse(kData + "[calibration]\noverlap = true\n[metrics]\npositions = \"0..5\"\n" + strat);
+  CHECK(topk_error(e, 64).find("the last evaluated position 5 of the 64-token context sees 6 keys") != std::string::npos);
+  // Without topk_overlap in the report, topk measures nothing and is not checked.
+  CHECK(topk_error(parse(kData + "[metrics]\ntopk = 600\nreport = [\"attn_kl_mean\"]\n" + strat), 512).empty());
+  // Position 0 alone (a stride from 0 on a 2-token context, or calibration taking
+  // position 1): its query sees one key, KL is 0 and the overlap 1.
+  e = parse(kData + "[metrics]\npositions = \"0..3969:16\"\n" + strat);
+  CHECK(topk_error(e, 2).find("test.toml:4: metrics.positions: the evaluated positions (0..3969:16) of the 2-token "
+                              "context are position 0 alone, whose query sees one key: attn_kl_mean would be 0") == 0);
+  CHECK(topk_error(e, 17).empty());  // position 16 too
+  e = parse(kData + "[calibration]\npositions = [1]\n" + strat);
+  CHECK(topk_error(e, 2).find("metrics.positions: the evaluated positions (all not used for calibration) of the "
+                              "2-token context are position 0 alone") == 0);
+  // Logit, output and tensor metrics measure position 0 (the value and the key it reads).
+  e = parse(kData + "[metrics]\npositions = [0]\nreport = [\"attn_out_rel_err\", \"logit_rmse\", \"k_rel_mse\"]\n"
+                    "pareto = [\"attn_out_rel_err\"]\n" + strat);
+  CHECK(topk_error(e, 64).empty());
+  // One token is refused where it is asked for.
+  CHECK(error_of(kData + "max_tokens = 1\n" + strat).find("test.toml:3: data.max_tokens: 1 keeps a single token") == 0);
+  CHECK(error_of(kData + "max_tokens = 2\n" + strat).empty());
+}
+
+TEST_CASE("a config that is a FIFO or a device is a config error, not a hang") {
+  const std::filesystem::path dir = test::scratch_dir("config_fifo");
+  REQUIRE(::mkfifo((dir / "c.toml").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(ConfigDoc::load(dir / "c.toml"),
+                       doctest::Contains("c.toml: is a FIFO (named pipe), not a regular file; a config must be a regular file"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(ConfigDoc::load("/dev/null"), doctest::Contains("/dev/null: is a character device"), ConfigError);
 }
 
 TEST_CASE("sweeps larger than kMaxSweepPoints are refused before expanding") {

@@ -801,6 +801,52 @@ TEST_CASE("fixture checkpoints: sharded loading and configs") {
                        "RoPE theta 10000");
 }
 
+TEST_CASE("config.json: a null flag is false, as Hugging Face's truth tests read None") {
+  // The fixture's GPT-2 config, its shards linked, with scale_attn_weights null or absent.
+  const fs::path fixture = data_dir() / "models" / "gpt2-bytes";
+  auto with_config = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    const fs::path dir = scratch_dir(name);
+    for (const char* f : {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                          "model-00002-of-00002.safetensors"})
+      fs::create_symlink(fs::absolute(fixture / f), dir / f);
+    std::ifstream in(fixture / "config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    edit(config);
+    std::ofstream(dir / "config.json") << config.dump(2);
+    return load_model_config(dir);
+  };
+  CHECK(with_config("config_scale_null", [](nlohmann::json& c) { c["scale_attn_weights"] = nullptr; })
+            .scale_attn_weights == false);
+  CHECK(with_config("config_scale_absent", [](nlohmann::json& c) { c.erase("scale_attn_weights"); })
+            .scale_attn_weights == true);  // GPT2Config's default
+  CHECK(with_config("config_tie_null", [](nlohmann::json& c) { c["tie_word_embeddings"] = nullptr; })
+            .tied_embeddings == false);
+}
+
+TEST_CASE("a checkpoint with both model.safetensors and a shard index reads the single file, with a warning") {
+  TinyLlamaOptions o;
+  const TinyCheckpoint single = tiny_llama(o);
+  TinyCheckpoint other = single;  // the shards: the same tensors, other values
+  for (auto& [name, v] : other.values)
+    for (float& x : v) x *= 2.0f;
+  const fs::path shard_dir = other.write(scratch_dir("both_files_shard"));
+  const fs::path dir = single.write(scratch_dir("both_files"));
+  fs::copy_file(shard_dir / "model.safetensors", dir / "model-00001-of-00001.safetensors");
+  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  for (const auto& [name, v] : other.values) index["weight_map"][name] = "model-00001-of-00001.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump(2);
+
+  const auto model = Transformer::load(dir);
+  CHECK(model->weights().final_norm.weight(0) == single.at("model.norm.weight")[0]);  // the single file's values
+  REQUIRE(model->load_warnings().size() == 1);
+  CHECK(has(model->load_warnings()[0], dir.string() + " holds both model.safetensors and "
+                                       "model.safetensors.index.json; reading model.safetensors, as Hugging Face does"));
+  fs::remove(dir / "model.safetensors");  // the index alone: its shards, without a word
+  const auto sharded = Transformer::load(dir);
+  CHECK(sharded->weights().final_norm.weight(0) == other.at("model.norm.weight")[0]);
+  CHECK(sharded->load_warnings().empty());
+}
+
 TEST_CASE("RoPE models beyond max_position_embeddings get a warning; GPT-2 refuses instead") {
   const ModelConfig& llama = fixture_model("llama-bytes")->config();
   REQUIRE(llama.max_positions == 2048);

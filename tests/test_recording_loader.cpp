@@ -506,6 +506,22 @@ TEST_CASE("errors: shapes, GQA, dtypes and missing tensors are named") {
       if (t.name.rfind("layers.0.", 0) == 0) t.name = "layers.1." + t.name.substr(9);
     CHECK(has(load_error("gap0.safetensors", ts), "layer 0 is missing: the key pattern 'layers.{layer}.key' matches layers 1, 2"));
   }
+  SUBCASE("the last layer's key missing or misnamed is an error, not a recording with one layer less") {
+    auto ts = tiny_tensors(r);  // layers 0 and 1
+    find(ts, "layers.1.key")->name = "layers.1.keys";
+    std::string msg = load_error("misnamed_top.safetensors", ts);
+    CHECK(has(msg, "layer 1 has a query tensor 'layers.1.query' but no key tensor 'layers.1.key' "
+                   "(key pattern 'layers.{layer}.key', which matches layers 0)"));
+    CHECK(has(msg, "did you mean 'layers.1.keys'"));
+    remove_tensor(ts, "layers.1.keys");
+    remove_tensor(ts, "layers.1.query");  // the value alone still names the layer
+    msg = load_error("missing_top.safetensors", ts);
+    CHECK(has(msg, "layer 1 has a value tensor 'layers.1.value' but no key tensor 'layers.1.key'"));
+    RecordingSpec listed;  // listed explicitly, the layers that are whole load
+    listed.layers = {0};
+    listed.path = dir / "missing_top.safetensors";
+    CHECK(load_recording(listed).layer_ids == std::vector<int>{0});
+  }
   SUBCASE("a layer number with leading zeros or too many digits") {
     for (const std::string bad : {"layers.01.key", "layers.1234567890.key"}) {
       auto ts = tiny_tensors(r);  // layers 0 and 1, plus a key that would read as layer 1

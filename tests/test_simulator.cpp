@@ -161,6 +161,30 @@ TEST_CASE("evaluated positions restrict the rows; results are deterministic") {
   CHECK(metric(a, "topk_overlap") < 1);
 }
 
+TEST_CASE("a stop flag: the same numbers while it is false, SimulationStopped once it is true") {
+  // 3 * 4 row blocks of 16 rows and a bit more: several chunks between stop checks.
+  const Recording rec = tiny_recording(4, 2, 3 * 4 * 16 + 5, 16, 9);
+  Plan plan = UniformStrategy(make_format("int3-asym-g8"), make_format("int2-asym-g8")).build({rec, 0});
+  SimOptions opt;
+  opt.row_block = 16;
+  const ErrorStats plain = simulate_layer(rec, plan, 1, opt);
+  std::atomic<bool> stop{false};
+  opt.stop = &stop;
+  const ErrorStats checked = simulate_layer(rec, plan, 1, opt);
+  REQUIRE(checked.rows.size() == plain.rows.size());
+  for (size_t i = 0; i < plain.rows.size(); ++i) {  // bit for bit, in the same (q_head, position) order
+    CHECK(checked.rows[i].q_head == plain.rows[i].q_head);
+    CHECK(checked.rows[i].position == plain.rows[i].position);
+    CHECK(checked.rows[i].kl == plain.rows[i].kl);
+    CHECK(checked.rows[i].out_err2 == plain.rows[i].out_err2);
+    CHECK(checked.rows[i].topk_overlap == plain.rows[i].topk_overlap);
+  }
+  CHECK(checked.logit_pairs == plain.logit_pairs);
+  stop = true;
+  CHECK_THROWS_WITH_AS(simulate_layer(rec, plan, 1, opt), doctest::Contains("stopped in layer 1, query head 0"),
+                       SimulationStopped);
+}
+
 TEST_CASE("plans: memory is computed from formats; segments are checked") {
   const Recording rec = tiny_recording(2, 2, 64, 32, 2);
   Plan plan(rec.num_layers(), 2, 64, 32);

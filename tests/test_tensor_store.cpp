@@ -1,6 +1,8 @@
 // TensorStore over safetensors files and Hugging Face sharded checkpoints: every dtype,
 // metadata, every structural error, lazily opened shards, and values of the bundled
 // fixtures (expected values computed offline with numpy from the raw files).
+#include <sys/stat.h>
+
 #include <cmath>
 
 #include "io_test_files.h"
@@ -236,6 +238,30 @@ TEST_CASE("safetensors: structural errors name the file and the tensor") {
     write_bytes(dir / "good.safetensors", image);
     CHECK(TensorStore::open(dir / "good.safetensors")->read_f32("beta").data == std::vector<float>{7, 8});
   }
+}
+
+TEST_CASE("inputs that are not regular files are refused by name, without blocking on a FIFO") {
+  const fs::path dir = scratch_dir("st_not_regular");
+  // A FIFO with no writer: opening it for reading would block forever.
+  for (const std::string name : {"pipe.safetensors", "pipe.npy", "pipe", "model.safetensors.index.json"}) {
+    CAPTURE(name);
+    REQUIRE(::mkfifo((dir / name).c_str(), 0600) == 0);
+    CHECK(has(error_of([&] { TensorStore::open(dir / name); }),
+              (dir / name).string() + ": is a FIFO (named pipe), not a regular file; a "));
+    fs::remove(dir / name);
+  }
+  // A directory whose index or .npy file is a FIFO.
+  fs::create_directories(dir / "sharded");
+  REQUIRE(::mkfifo((dir / "sharded" / "model.safetensors.index.json").c_str(), 0600) == 0);
+  CHECK(has(error_of([&] { TensorStore::open(dir / "sharded"); }), "index.json: is a FIFO (named pipe)"));
+  fs::create_directories(dir / "npys");
+  REQUIRE(::mkfifo((dir / "npys" / "a.npy").c_str(), 0600) == 0);
+  CHECK(has(error_of([&] { TensorStore::open(dir / "npys")->list(); }), "a.npy: is a FIFO (named pipe)"));
+  // A device that never ends, and a JSON file that is a FIFO.
+  CHECK(has(error_of([&] { TensorStore::open("/dev/zero"); }), "/dev/zero: is a character device, not a regular file"));
+  REQUIRE(::mkfifo((dir / "config.json").c_str(), 0600) == 0);
+  CHECK(has(error_of([&] { read_json_object(dir / "config.json", "a checkpoint's config.json"); }),
+            "config.json: is a FIFO (named pipe), not a regular file; a checkpoint's config.json must be a regular file"));
 }
 
 TEST_CASE("JSON nesting: kMaxJsonDepth levels of arrays or objects parse, one more is refused") {

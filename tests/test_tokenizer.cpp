@@ -2,11 +2,14 @@
 // byte scheme, GPT-2 byte-level BPE from a small hand-written tokenizer.json whose
 // expected ids follow from GPT-2's pre-tokenization pattern and merge ranks, and
 // token id files.
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include <fstream>
 
 #include "io_test_files.h"
+#include "sim/io/input_file.h"
 #include "sim/io/tensor_writer.h"
 #include "sim/model/model_eval.h"
 #include "sim/model/tokenizer.h"
@@ -216,6 +219,69 @@ TEST_CASE("load_tokens: BOS from the model config, max_tokens, tokenizer choice"
   TokenSource folder;
   folder.text = dir;
   CHECK(has(error_of([&] { load_tokens(folder, cfg); }), dir.string() + ": is a directory, expected a text file"));
+}
+
+TEST_CASE("load_tokens: only as much text is read as max_tokens needs, with the tokens of the whole text") {
+  const fs::path dir = scratch_dir("load_tokens_bounded");
+  ModelConfig cfg;
+  cfg.vocab_size = 300;
+  cfg.bos_token_id = 256;
+  cfg.config_file = dir / "config.json";
+  // A long text of words, numbers, symbols, space runs and newlines (about 1 MB).
+  std::string text;
+  const char* words[] = {"the", "world's", "42", "!!", "Hello", "  ", "\n", "x", "caf\xC3\xA9", "\n\n "};
+  for (int i = 0; text.size() < (1u << 20); ++i) text += std::string(words[(i * 7) % 10]) + (i % 3 ? " " : "");
+  std::ofstream(dir / "long.txt") << text;
+  const fs::path tokenizer = write_tokenizer(dir, false, false);
+  const auto bpe = BpeTokenizer::load(tokenizer);
+  const std::vector<int64_t> whole = bpe->encode(text);
+  TokenSource src;
+  src.text = dir / "long.txt";
+  src.tokenizer = tokenizer.string();
+  REQUIRE(whole.size() > 100000);
+  for (int64_t n : {2, 7, 1000, 40000, 100000}) {
+    CAPTURE(n);
+    src.max_tokens = n;
+    CHECK(load_tokens(src, cfg) == std::vector<int64_t>(whole.begin(), whole.begin() + n));
+  }
+  // What lies beyond is never read: a byte the vocabulary lacks ('z' removed) after
+  // the first megabyte fails only a read of everything.
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(tokenizer));
+  j["model"]["vocab"].erase("z");
+  std::ofstream(dir / "no_z.json") << j.dump();
+  std::ofstream(dir / "long.txt", std::ios::app) << " z";
+  src.tokenizer = (dir / "no_z.json").string();
+  src.max_tokens = 1000;
+  CHECK(load_tokens(src, cfg) == std::vector<int64_t>(whole.begin(), whole.begin() + 1000));
+  src.max_tokens = 0;
+  CHECK(has(error_of([&] { load_tokens(src, cfg); }), "the vocabulary has no token 'z'"));
+  // The byte tokenizer reads max_tokens bytes (one fewer with BOS).
+  CHECK(read_file_prefix(dir / "long.txt", "a text", 5) == text.substr(0, 5));
+  bool at_end = true;
+  CHECK(read_file_prefix(dir / "long.txt", "a text", 5, &at_end).size() == 5);
+  CHECK(!at_end);
+  std::ofstream(dir / "five.txt") << "12345";
+  CHECK(read_file_prefix(dir / "five.txt", "a text", 5, &at_end) == "12345");
+  CHECK(at_end);
+  CHECK(has(error_of([&] { read_file_prefix(dir / "missing.txt", "a text", 5); }), "missing.txt: cannot open a text"));
+}
+
+TEST_CASE("load_tokens: a FIFO or a device as the text or the token ids is refused, not read") {
+  const fs::path dir = scratch_dir("load_tokens_fifo");
+  REQUIRE(::mkfifo((dir / "pipe.txt").c_str(), 0600) == 0);
+  ModelConfig cfg;
+  cfg.vocab_size = 257;
+  cfg.bos_token_id = 256;
+  TokenSource src;
+  src.text = dir / "pipe.txt";
+  CHECK(has(error_of([&] { load_tokens(src, cfg); }),
+            (dir / "pipe.txt").string() + ": is a FIFO (named pipe), not a regular file; a text file must be a regular file"));
+  src.text = "/dev/zero";  // would grow without end
+  CHECK(has(error_of([&] { load_tokens(src, cfg); }), "/dev/zero: is a character device, not a regular file"));
+  src.text.clear();
+  src.token_file = dir / "pipe.txt";
+  CHECK(has(error_of([&] { load_tokens(src, cfg); }), "pipe.txt: is a FIFO (named pipe), not a regular file; a token id file"));
+  CHECK(has(error_of([&] { BpeTokenizer::load(dir / "pipe.txt"); }), "pipe.txt: is a FIFO (named pipe)"));
 }
 
 TEST_CASE("load_tokens: token ids outside the vocabulary name the token file and the model") {

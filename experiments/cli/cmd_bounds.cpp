@@ -44,15 +44,11 @@ int cmd_bounds(const Args& args) {
     std::cout << opts << "\nWrites results/bounds/<timestamp>/: bounds.csv, bounds.md, manifest.json.\n";
     return kExitOk;
   }
-  if (seed < 0) {
-    std::cerr << "kvbudget bounds: --seed must be >= 0\n";
-    return kExitUsage;
-  }
   if (vm.count("samples") && b.samples < 1) {
     std::cerr << "kvbudget bounds: --samples must be >= 1 (Gaussian samples per sampled MSE)\n";
     return kExitUsage;
   }
-  b.seed = static_cast<uint64_t>(seed);
+  b.seed = checked_seed(seed, "--seed");
   b.quick = vm.count("quick") != 0;
   if (b.quick && !vm.count("samples")) b.samples = 1 << 16;
   if (!data_config.empty()) b.data = load_experiment(data_config, {}).data;

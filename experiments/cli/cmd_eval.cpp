@@ -112,7 +112,7 @@ int cmd_eval(const Args& args) {
   ModelInput in;
   std::string format, key_format, value_format, strategy, out, nll_out;
   std::vector<std::string> params;
-  uint64_t seed = 0;
+  int64_t seed_arg = 0;
   ContinuationSpec cont;
   opts.add_options()("help,h", "show this help")(
       "format", po::value(&format), "quantize keys and values with this format (e.g. int4-asym-g32)")(
@@ -120,7 +120,7 @@ int cmd_eval(const Args& args) {
       "value-format", po::value(&value_format), "format of values (with --key-format)")(
       "strategy", po::value(&strategy), "an allocation strategy or a preset (`kvbudget strategies`), with --param")(
       "param", po::value(&params)->composing(), "a strategy parameter: --param format=int4-asym-g32 (repeatable)")(
-      "seed", po::value(&seed)->default_value(0), "seed for seeded formats and strategies")(
+      "seed", po::value(&seed_arg)->default_value(0), "seed for seeded formats and strategies")(
       "continuations", po::value(&cont.count)->default_value(0), "greedy continuations to compare (token match, BLEU)")(
       "continuation-prompt", po::value(&cont.prompt)->default_value(64), "shortest continuation prompt, tokens")(
       "continuation-tokens", po::value(&cont.tokens)->default_value(20), "tokens generated per continuation")(
@@ -140,6 +140,7 @@ int cmd_eval(const Args& args) {
   const int quant_choices = (format.empty() ? 0 : 1) + (key_format.empty() && value_format.empty() ? 0 : 1) +
                             (strategy.empty() ? 0 : 1);
   if (quant_choices > 1) throw ConfigError("give one of --format, --key-format/--value-format and --strategy");
+  const uint64_t seed = checked_seed(seed_arg, "--seed");
   if (key_format.empty() != value_format.empty()) throw ConfigError("--key-format and --value-format go together");
   if (!params.empty() && strategy.empty()) throw ConfigError("--param needs --strategy");
   if (cont.count < 0 || cont.prompt < 1 || cont.tokens < 1)

@@ -138,7 +138,7 @@ int cmd_quantize(const Args& args) {
   po::options_description opts("kvbudget quantize FILE --format NAME [options]");
   std::string input, format, tensor, out_prefix, dequant_path, codes_path, kind;
   int64_t rows_per_span = 0;
-  uint64_t seed = 0;
+  int64_t seed_arg = 0;
   std::string pre_rope_tensor;
   double rope_theta = 0;
   opts.add_options()("help,h", "show this help")("format,f", po::value(&format), "format or preset (kvbudget formats)")(
@@ -156,7 +156,7 @@ int cmd_quantize(const Args& args) {
       "pre-rope", po::value(&pre_rope_tensor),
       "tensor of the same file holding the pre-RoPE keys (for prerope:<inner> formats, e.g. layers.0.key_pre_rope)")(
       "rope-theta", po::value(&rope_theta), "RoPE base with --pre-rope (default: the file's rope_theta, else 10000)")(
-      "seed", po::value(&seed), "seed of seeded formats (rotations, sketches)")("json", "print the result as JSON");
+      "seed", po::value(&seed_arg), "seed of seeded formats (rotations, sketches)")("json", "print the result as JSON");
   po::options_description hidden;
   hidden.add_options()("input", po::value(&input));
   po::options_description all;
@@ -184,6 +184,7 @@ int cmd_quantize(const Args& args) {
   }
   if (!kind.empty() && kind != "key" && kind != "value")
     throw ConfigError("--kind must be key or value, got '" + kind + "'");
+  const uint64_t seed = checked_seed(seed_arg, "--seed");
 
   const FormatPtr f = make_format(format);
   if (!out_prefix.empty()) {

@@ -1,5 +1,6 @@
 // `kvbudget run CONFIG`: the whole experiment, config to plots.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,10 +30,18 @@ namespace kvb::cli {
 namespace {
 
 // SIGINT, SIGTERM and SIGHUP stop the sweep; what finished is written and the run
-// exits 128 + the signal's number (130 for Ctrl-C).
+// exits 128 + the signal's number (130 for Ctrl-C). While the data loads (a file, a
+// synthetic generation, a model run) nothing has been written yet: a signal then ends
+// the process at once, with a message and the same exit code.
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_loading{false};
 extern "C" void on_signal(int sig) {
+  if (g_loading.load()) {  // only async-signal-safe calls here
+    static const char kMessage[] = "\nkvbudget run: interrupted while loading the data; nothing was written\n";
+    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+    ::_exit(128 + sig);
+  }
   g_stop_signal.store(sig);
   g_stop.store(true);
 }
@@ -115,6 +124,12 @@ int cmd_run(const Args& args) {
     std::string why;
     if (cuda_device(&why).empty()) throw Error("backend = \"cuda\": " + why);
   }
+  // Installed before the data loads, and kept until the end (the final writes too).
+  // SIGINT and SIGTERM always stop the run (a shell script starts background jobs with
+  // SIGINT ignored); a SIGHUP that nohup set to be ignored stays ignored.
+  g_loading.store(true);
+  const ScopedSignalHandlers stop_handlers({SIGINT, SIGTERM}, on_signal, false);
+  const ScopedSignalHandlers hangup_handler({SIGHUP}, on_signal, true);
   const auto t_start = std::chrono::steady_clock::now();
   if (!quiet) std::fprintf(stderr, "kvbudget: %s: %zu points; loading data\n", spec.name.c_str(), points.size());
   // A model source runs the exact model once: its recording is what strategies see,
@@ -128,6 +143,9 @@ int cmd_run(const Args& args) {
 
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
   check_model_metric_positions(spec, positions, rec.tokens);
+  check_attention_rows(spec, positions, rec.tokens);
+  // From the results directory on, a stop is graceful: what finished is written.
+  g_loading.store(false);
   Report report(spec, points, make_run_dir(spec.output.dir, spec.name));
   RunInfo info;
   info.command_line = "kvbudget run " + join(args, " ");
@@ -145,12 +163,6 @@ int cmd_run(const Args& args) {
     crashed.signal = signal;
     return report.manifest_text(crashed);
   });
-  // Installed before the manifest says "running": a stop from then on is graceful.
-  // Kept until the end (the final writes too). SIGINT and SIGTERM always stop the
-  // sweep (a shell script starts background jobs with SIGINT ignored); a SIGHUP that
-  // nohup set to be ignored stays ignored.
-  const ScopedSignalHandlers stop_handlers({SIGINT, SIGTERM}, on_signal, false);
-  const ScopedSignalHandlers hangup_handler({SIGHUP}, on_signal, true);
   report.write_config();
   report.write_manifest(info);
 

@@ -18,6 +18,11 @@ void check_threads(long long threads, const std::string& option) {
                       std::to_string(threads));
 }
 
+uint64_t checked_seed(int64_t seed, const std::string& option) {
+  if (seed < 0) throw ConfigError(option + " must be >= 0, got " + std::to_string(seed));
+  return static_cast<uint64_t>(seed);
+}
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -2,6 +2,7 @@
 // Each receives the arguments after the command name and returns the exit code
 // (kvb::kExitOk, kExitError, kExitUsage, kExitInterrupted).
 #pragma once
+#include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <string>
@@ -14,6 +15,11 @@ using Args = std::vector<std::string>;
 // Throws kvb::ConfigError naming `option` unless 0 <= threads <= kMaxThreads
 // (experiments/experiment.h; 0 = all cores).
 void check_threads(long long threads, const std::string& option);
+
+// The seed given as `option` (an int64 on the command line, as the config's `seed`
+// key is read), refused as the config refuses it: kvb::ConfigError naming the option
+// unless seed >= 0. (An unsigned option would wrap -1 to 2^64 - 1 without a word.)
+uint64_t checked_seed(int64_t seed, const std::string& option);
 
 // Prints a bad command line's error (an unknown option, a value that does not parse)
 // and where to find the options, "kvbudget COMMAND: error: ... (kvbudget COMMAND

@@ -51,7 +51,9 @@ std::shared_ptr<const Transformer> ModelInput::load_model() const {
   if (max_tokens < 0) throw ConfigError("--max-tokens must be >= 0");
   check_threads(threads, "--threads");
   if (threads > 0) omp_set_num_threads(threads);
-  return Transformer::load(checkpoint);
+  std::shared_ptr<const Transformer> model = Transformer::load(checkpoint);
+  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
+  return model;
 }
 
 std::vector<int64_t> ModelInput::load_tokens(const ModelConfig& config) const {

@@ -6,10 +6,12 @@
 #include <vector>
 
 #include "sim/core/error.h"
+#include "sim/io/input_file.h"
 
 namespace kvb {
 
 nlohmann::json read_json_object(const std::filesystem::path& file, const std::string& what) {
+  require_regular_file(file, what);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw Error(file.string() + ": cannot open (" + what + ")");
   std::stringstream text;

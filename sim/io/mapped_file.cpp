@@ -9,11 +9,13 @@
 #include <cstring>
 
 #include "sim/core/error.h"
+#include "sim/io/input_file.h"
 
 namespace kvb {
 
 std::shared_ptr<const MappedFile> MappedFile::open(const std::filesystem::path& path) {
   const std::string where = path.string();
+  require_regular_file(path, "a tensor file");  // before open(), which blocks on a FIFO
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(where, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};

@@ -257,6 +257,23 @@ std::vector<int> select_layers(const LayerReader& reader, const RecordingSpec& s
   std::vector<std::string> have;
   for (int f : found) have.push_back(std::to_string(f));
   if (spec.layers.empty()) {
+    // The key pattern alone decides which layers there are; a layer whose query or
+    // value is there but whose key is not (misnamed, say 'layers.5.keys') would
+    // otherwise be left out without a word when it is the last one.
+    for (const auto& [role, pattern] : {std::pair{"query", &spec.query}, std::pair{"value", &spec.value}}) {
+      for (const std::string& n : reader.names()) {
+        const int l = match_layer(*pattern, n);
+        if (l < 0 || found.count(l)) continue;
+        const std::string key = layer_name(spec.key, l);
+        std::vector<std::string> others;  // what the key may have been named instead: not another layer's key
+        for (const std::string& m : reader.names())
+          if (match_layer(spec.key, m) == kNoMatch) others.push_back(m);
+        fail(where, "layer " + std::to_string(l) + " has a " + role + " tensor '" + n + "' but no key tensor '" + key +
+                        "' (key pattern '" + spec.key + "', which matches layers " + join(have, ", ") + ")" +
+                        nearest_names_hint(key, others));
+      }
+    }
+
     // Discovered by pattern, the layers must be 0..N-1: a gap is a layer the file lost
     // (or a misnamed tensor), not one to skip silently. A subset is loaded by listing it.
     int expected = 0;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "sim/core/error.h"
+#include "sim/io/input_file.h"
 #include "sim/io/json_file.h"
 #include "sim/io/store_common.h"
 
@@ -49,6 +50,7 @@ class ShardedSafetensorsStore final : public TensorStore {
 
 ShardedSafetensorsStore::ShardedSafetensorsStore(const fs::path& index_file) : index_file_(index_file) {
   const std::string where = index_file.string();
+  require_regular_file(index_file, "a sharded checkpoint index");
   std::ifstream in(index_file, std::ios::binary);
   if (!in) fail(where, "cannot open sharded checkpoint index");
   std::stringstream text;

@@ -8,6 +8,7 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/io/dtype_convert.h"
+#include "sim/io/input_file.h"
 #include "sim/io/store_common.h"
 
 namespace kvb {
@@ -86,6 +87,7 @@ std::unique_ptr<TensorStore> TensorStore::open(const fs::path& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) fail(path.string(), "no such file or directory");
+  require_regular_file(path, "a tensor file", true);
   if (fs::is_directory(st)) {
     if (fs::exists(path / kHfIndexName)) return open_sharded_safetensors(path / kHfIndexName);
     for (const auto& entry : fs::directory_iterator(path))

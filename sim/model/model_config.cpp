@@ -53,9 +53,12 @@ class JsonKeys {
     return v.get<double>();
   }
   double real(const std::string& key, double def) const { return has(key) ? real(key) : def; }
+  // An absent flag takes its default; a null one is false, as in Hugging Face, which
+  // tests these flags for truth (`if config.scale_attn_weights:`) and None is false.
   bool boolean(const std::string& key, bool def) const {
-    if (!has(key)) return def;
+    if (!j_.contains(key)) return def;
     const json& v = j_.at(key);
+    if (v.is_null()) return false;
     if (!v.is_boolean()) fail(key, "expected true or false, got " + v.dump());
     return v.get<bool>();
   }

@@ -1,11 +1,15 @@
 #include "sim/model/model_eval.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <sstream>
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/io/input_file.h"
 #include "sim/model/rope_scaling.h"
 #include "sim/model/tokenizer.h"
 
@@ -28,22 +32,38 @@ std::vector<int64_t> load_tokens(const TokenSource& src, const ModelConfig& conf
   } else if (!src.text.empty()) {
     where = src.text.string();
     if (fs::is_directory(src.text)) throw Error(where + ": is a directory, expected a text file");
-    std::ifstream in(src.text, std::ios::binary);
-    if (!in) throw Error(where + ": cannot open text file");
-    std::stringstream text;
-    text << in.rdbuf();
     const bool bytes = src.tokenizer == "bytes";
     const bool add_bos = src.add_bos.value_or(bytes);
     if (add_bos && !config.bos_token_id)
       throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
                         " has no bos_token_id");
+    // Only as much of the text as max_tokens needs is read (a text may be far longer).
+    const size_t wanted = src.max_tokens > 0 ? static_cast<size_t>(src.max_tokens) - (add_bos ? 1 : 0) : SIZE_MAX;
     if (bytes) {
       if (config.vocab_size < 256)
         throw ConfigError(where + ": the byte tokenizer needs a vocabulary of at least 256 ids, but " +
                           config.config_file.string() + " has vocab_size " + std::to_string(config.vocab_size));
-      ids = ByteTokenizer(add_bos ? config.bos_token_id : std::nullopt).encode(text.str());
+      ids = ByteTokenizer(add_bos ? config.bos_token_id : std::nullopt)
+                .encode(read_file_prefix(src.text, "a text file", wanted));  // one token per byte
     } else {
-      ids = BpeTokenizer::load(src.tokenizer)->encode(text.str());
+      const std::unique_ptr<BpeTokenizer> bpe = BpeTokenizer::load(src.tokenizer);
+      // Doubling prefixes until the tokens of a stable prefix (one whose tokens no
+      // later text changes) are enough, or the file ends.
+      size_t read = std::max<size_t>(size_t{1} << 16, wanted < SIZE_MAX / 64 ? wanted * 16 : SIZE_MAX);
+      for (;;) {
+        bool at_end = false;
+        const std::string text = read_file_prefix(src.text, "a text file", read, &at_end);
+        if (at_end) {
+          ids = bpe->encode(text);
+          break;
+        }
+        const size_t stable = bpe->stable_prefix_length(text);
+        if (stable > 0) {
+          ids = bpe->encode(std::string_view(text).substr(0, stable));
+          if (ids.size() >= wanted) break;
+        }
+        read = read < SIZE_MAX / 2 ? read * 2 : SIZE_MAX;
+      }
       if (add_bos) ids.insert(ids.begin(), *config.bos_token_id);
     }
   } else {

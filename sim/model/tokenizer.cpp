@@ -12,6 +12,7 @@
 
 #include "sim/core/error.h"
 #include "sim/io/dtype_convert.h"
+#include "sim/io/input_file.h"
 #include "sim/io/json_file.h"
 #include "sim/io/tensor_store.h"
 
@@ -377,6 +378,19 @@ std::vector<int64_t> BpeTokenizer::encode(std::string_view text) const {
   return ids;
 }
 
+size_t BpeTokenizer::stable_prefix_length(std::string_view text) const {
+  if (!use_regex_) return 0;  // the whole text is one piece
+  for (const auto& added : added_)
+    if (added.first.find(' ') != std::string::npos) return 0;
+  auto letter_or_digit = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
+  // Before " x": the piece before ends at the space (a run of letters, numbers or
+  // symbols stops there; a whitespace run leaves its last space to the next piece),
+  // and the space starts the next piece.
+  for (size_t c = text.size() >= 2 ? text.size() - 2 : 0; c > 0; --c)
+    if (text[c] == ' ' && letter_or_digit(text[c + 1])) return c;
+  return 0;
+}
+
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
   const ByteAlphabet& ab = alphabet();
   std::string out;
@@ -424,6 +438,7 @@ std::vector<int64_t> read_token_ids(const fs::path& file) {
       throw Error(file.string() + ": token ids must be a 1-D array [T] (or [1, T]), got shape " + shape_str(s));
     return store->read_i64(info.name);
   }
+  require_regular_file(file, "a token id file");
   std::ifstream in(file);
   if (!in) throw Error(file.string() + ": cannot open token id file");
   std::vector<int64_t> ids;

@@ -52,6 +52,12 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int64_t> encode(std::string_view text) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
   std::string name() const override { return path_.string(); }
+  // The longest prefix of `text` whose tokens are the first tokens of every text that
+  // starts with it: a cut just before an ASCII space followed by an ASCII letter or
+  // digit, which no piece of the pattern above crosses. 0 when there is no such cut,
+  // or when pieces could cross it (no pre-tokenization pattern, an added token that
+  // contains a space). Lets a reader stop reading a long text once it has enough tokens.
+  size_t stable_prefix_length(std::string_view text) const;
 
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_token_.size()); }
   std::optional<int64_t> token_id(const std::string& token) const;

@@ -46,9 +46,12 @@ Workspace& workspace() {
 
 std::shared_ptr<const Transformer> Transformer::load(const std::filesystem::path& dir) {
   ModelConfig config = load_model_config(dir);
-  const std::unique_ptr<TensorStore> store = open_checkpoint(dir);
+  std::string warning;
+  const std::unique_ptr<TensorStore> store = open_checkpoint(dir, &warning);
   ModelWeights weights = load_model_weights(config, *store);
-  return std::make_shared<const Transformer>(std::move(config), std::move(weights));
+  auto model = std::make_shared<Transformer>(std::move(config), std::move(weights));
+  if (!warning.empty()) model->load_warnings_.push_back(warning);
+  return model;
 }
 
 Transformer::Transformer(ModelConfig config, ModelWeights weights)

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "sim/model/kv_cache.h"
@@ -41,6 +42,9 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // What load() found questionable but read anyway (which of two weight files it
+  // used), for the caller to print; empty when constructed directly.
+  const std::vector<std::string>& load_warnings() const { return load_warnings_; }
 
   struct State {
     KvCache cache;
@@ -67,6 +71,7 @@ class Transformer {
 
   ModelConfig config_;
   ModelWeights weights_;
+  std::vector<std::string> load_warnings_;
   std::vector<float> inv_freq_;  // RoPE inverse frequencies, [head_dim / 2]
 };
 

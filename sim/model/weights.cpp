@@ -187,9 +187,15 @@ size_t ModelWeights::bytes() const {
   return n * sizeof(float);
 }
 
-std::unique_ptr<TensorStore> open_checkpoint(const fs::path& dir) {
-  if (fs::exists(dir / "model.safetensors.index.json")) return TensorStore::open(dir / "model.safetensors.index.json");
-  if (fs::exists(dir / "model.safetensors")) return TensorStore::open(dir / "model.safetensors");
+std::unique_ptr<TensorStore> open_checkpoint(const fs::path& dir, std::string* warning) {
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  if (fs::exists(single)) {
+    if (fs::exists(index) && warning)
+      *warning = dir.string() + " holds both model.safetensors and model.safetensors.index.json; reading " +
+                 "model.safetensors, as Hugging Face does (the shards of the index are ignored)";
+    return TensorStore::open(single);
+  }
+  if (fs::exists(index)) return TensorStore::open(index);
   throw Error(dir.string() + ": no model.safetensors or model.safetensors.index.json (a Hugging Face checkpoint "
                              "saved with safetensors)");
 }

@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "sim/io/tensor_store.h"
@@ -47,9 +48,11 @@ struct ModelWeights {
   size_t bytes() const;          // fp32 bytes held
 };
 
-// The tensors of a checkpoint directory: model.safetensors.index.json (sharded) or
-// model.safetensors. Throws kvb::Error naming the directory when neither exists.
-std::unique_ptr<TensorStore> open_checkpoint(const std::filesystem::path& dir);
+// The tensors of a checkpoint directory: model.safetensors, else the shards of
+// model.safetensors.index.json. With both, the single file is read, as Hugging Face
+// does, and *warning (when given) says so; otherwise it is left alone. Throws kvb::Error
+// naming the directory when neither exists.
+std::unique_ptr<TensorStore> open_checkpoint(const std::filesystem::path& dir, std::string* warning = nullptr);
 
 // Reads every weight the config's architecture needs. A missing weight, or one with
 // the wrong shape, is a kvb::Error naming the checkpoint file and the tensor key.

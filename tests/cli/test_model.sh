@@ -100,6 +100,22 @@ expect "$tmp/rdir.err" "$tmp: is a directory, expected a text file" "run with [d
 [ $? -eq 2 ] || fail "a GPT-2 model source longer than n_positions should exit 2"
 expect "$tmp/npos.err" "more than the 1024 positions of" "GPT-2 model source beyond n_positions"
 expect "$tmp/npos.err" "set data.max_tokens <= 1024" "GPT-2 model source beyond n_positions"
+# A FIFO or a device as the text is refused by name (it would block or grow without end).
+"$kvb" eval "$llama" --text /dev/zero >/dev/null 2>"$tmp/zero.err"
+[ $? -eq 1 ] || fail "eval --text /dev/zero should exit 1"
+expect "$tmp/zero.err" "/dev/zero: is a character device, not a regular file" "eval --text /dev/zero"
+mkfifo "$tmp/pipe.txt"
+"$kvb" run "$src/configs/llama_ppl.toml" --out "$tmp/results" -q --set "data.text=$tmp/pipe.txt" >/dev/null 2>"$tmp/pipe.err"
+[ $? -eq 1 ] || fail "run with [data] text = FIFO should exit 1"
+expect "$tmp/pipe.err" "pipe.txt: is a FIFO (named pipe), not a regular file" "run with [data] text = FIFO"
+# Seeds: -1 is refused as `--set seed=-1` is, not wrapped to 2^64 - 1.
+"$kvb" eval "$llama" --text "$text" --format int4-asym-g32 --seed -1 >/dev/null 2>"$tmp/seed.err"
+[ $? -eq 2 ] || fail "eval --seed -1 should exit 2"
+expect "$tmp/seed.err" "--seed must be >= 0, got -1" "eval --seed -1"
+# max_tokens 1: one query attending to itself alone measures nothing.
+"$kvb" run "$src/configs/llama_ppl.toml" --out "$tmp/results" -q --set data.max_tokens=1 >/dev/null 2>"$tmp/one.err"
+[ $? -eq 2 ] || fail "a model source with max_tokens = 1 should exit 2"
+expect "$tmp/one.err" "data.max_tokens: 1 keeps a single token" "model source with max_tokens = 1"
 # Outputs that cannot be written are refused before the model runs.
 "$kvb" record "$gpt2" --text "$text" --max-tokens 64 --out "$tmp/no_dir/r.safetensors" >/dev/null 2>"$tmp/wdir.err"
 [ $? -eq 2 ] || fail "record --out in a missing directory should exit 2"

@@ -107,6 +107,16 @@ check "layers.0.key is keys" "[ $? -eq 0 ] && grep -q \"kind          key (from 
   > /dev/null 2> "$DIR/err.txt"
 check "a non-positive --rope-theta is refused" "[ $? -eq 2 ] && grep -q 'rope-theta must be a finite number > 0' '$DIR/err.txt'"
 
+# Seeds follow the config's rule (`--set seed=-1` is refused): -1 is not 2^64 - 1.
+"$KVB" quantize "$DIR/k.npy" -f turboquant-3 --seed -1 > /dev/null 2> "$DIR/err.txt"
+check "--seed -1 is refused" "[ $? -eq 2 ] && grep -q -- '--seed must be >= 0, got -1' '$DIR/err.txt'"
+"$KVB" bounds --quick --seed -1 --out "$DIR/bounds" > /dev/null 2> "$DIR/err.txt"
+check "bounds --seed -1 is refused" "[ $? -eq 2 ] && grep -q -- '--seed must be >= 0, got -1' '$DIR/err.txt'"
+mkfifo "$DIR/pipe.npy"
+"$KVB" quantize "$DIR/pipe.npy" -f q4_0 > /dev/null 2> "$DIR/err.txt"
+check "a FIFO as the input is refused, not waited on" \
+  "[ $? -eq 1 ] && grep -q 'pipe.npy: is a FIFO (named pipe), not a regular file' '$DIR/err.txt'"
+
 "$KVB" quantize "$DIR/k.npy" -f q4_0 --rows-per-span 0 > /dev/null 2> "$DIR/err.txt"
 check "--rows-per-span 0 is refused" "[ $? -eq 2 ] && grep -q 'rows-per-span must be >= 1' '$DIR/err.txt'"
 

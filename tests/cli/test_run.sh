@@ -100,12 +100,42 @@ touch "$tmp/a_file"
 [ $? -eq 2 ] || fail "--out naming a file: expected exit 2"
 expect "$tmp/f.out" "--out: cannot create directory $tmp/a_file/quickstart: $tmp/a_file is not a directory" "--out a file"
 
+# Input that would measure nothing: one token; position 0 alone; a top-k that covers
+# every key. Exit 2 naming the key and the value, before any results are written.
+"$kvb" run "$src/configs/quickstart.toml" --set data.max_tokens=1 --out "$tmp/r3n" >"$tmp/one.out" 2>&1
+[ $? -eq 2 ] || fail "max_tokens = 1: expected exit 2"
+expect "$tmp/one.out" "--set data.max_tokens: 1 keeps a single token, whose query attends to itself alone" "max_tokens = 1"
+"$kvb" run "$src/configs/quickstart.toml" --set data.max_tokens=4 --out "$tmp/r3n" >"$tmp/topk.out" 2>&1
+[ $? -eq 2 ] || fail "topk above the context: expected exit 2"
+expect "$tmp/topk.out" "quickstart.toml:33: metrics.topk = 8, but the context has 4 tokens" "topk above the context"
+"$kvb" run "$src/configs/quickstart.toml" --set data.max_tokens=2 --set 'metrics.positions=[0]' \
+  --set 'metrics.report=["attn_kl_mean"]' --set 'metrics.pareto=["attn_kl_mean"]' --out "$tmp/r3n" >"$tmp/pos0.out" 2>&1
+[ $? -eq 2 ] || fail "position 0 alone: expected exit 2"
+expect "$tmp/pos0.out" "--set metrics.positions: the evaluated positions (list) of the 2-token context are position 0 alone" \
+  "position 0 alone"
+[ ! -e "$tmp/r3n" ] || fail "input that measures nothing created results"
+# A config or a recording that is a FIFO is refused, not waited on.
+mkfifo "$tmp/fifo.toml" "$tmp/fifo.safetensors"
+"$kvb" run "$tmp/fifo.toml" --out "$tmp/r3n" >"$tmp/fifo.out" 2>&1
+[ $? -eq 2 ] || fail "a FIFO config: expected exit 2"
+expect "$tmp/fifo.out" "fifo.toml: is a FIFO (named pipe), not a regular file; a config must be a regular file" "a FIFO config"
+"$kvb" run "$src/configs/quickstart.toml" --set "data.path=$tmp/fifo.safetensors" --out "$tmp/r3n" >"$tmp/fifo.out" 2>&1
+[ $? -eq 1 ] || fail "a FIFO recording: expected exit 1"
+expect "$tmp/fifo.out" "fifo.safetensors: is a FIFO (named pipe), not a regular file" "a FIFO recording"
+# Seeds: -1 is refused at every level, not wrapped to 2^64 - 1.
+"$kvb" run "$src/configs/quickstart.toml" --set seed=-1 --out "$tmp/r3n" >"$tmp/seed.out" 2>&1
+[ $? -eq 2 ] || fail "seed = -1: expected exit 2"
+expect "$tmp/seed.out" "--set seed: must be >= 0" "seed = -1"
+
 # Synthetic targets the generator cannot reach are warned about and kept in the manifest.
 printf '%s\n' 'name = "unreachable"' '[data.synthetic]' 'layers = 1' 'q_heads = 2' 'kv_heads = 2' 'head_dim = 16' \
   'tokens = 64' 'entropy_mean = 100' '[[strategy]]' 'type = "uniform"' 'format = "int4-asym-g16"' >"$tmp/unreachable.toml"
 "$kvb" run "$tmp/unreachable.toml" --out "$tmp/ru" --no-plots >"$tmp/u.out" 2>&1 || fail "unreachable synthetic targets: exit $?"
 expect "$tmp/u.out" "warning: the synthetic data misses 2 of its targets" "unreachable synthetic targets"
 expect "$tmp/ru/unreachable/latest/manifest.json" "entropy target 98.5 bits exceeds the 4.698 bits" "manifest warnings"
+"$kvb" run "$tmp/unreachable.toml" --set data.synthetic.seed=-1 --out "$tmp/r3n" >"$tmp/sseed.out" 2>&1
+[ $? -eq 2 ] || fail "data.synthetic.seed = -1: expected exit 2"
+expect "$tmp/sseed.out" "--set data.synthetic.seed: must be >= 0" "data.synthetic.seed = -1"
 
 # 4. Bad data: exit 1 and a message naming the file / tensor and index.
 head -c 5000 "$rec" >"$tmp/truncated.safetensors"
@@ -192,6 +222,39 @@ expect "$run_dir/manifest.json" '"status": "interrupted"' "manifest of a hung-up
 signal_run r6d HUP nohup
 [ $rc -eq 0 ] || fail "a nohup run sent SIGHUP: expected exit 0, got $rc"
 expect "$run_dir/manifest.json" '"status": "complete"' "manifest of a nohup run"
+
+# 6e. Ctrl-C while the data loads (a long synthetic generation; a background job
+# starts with SIGINT ignored): the run ends at once, exit 130, nothing written.
+printf '%s\n' 'name = "slow_load"' '[data.synthetic]' 'layers = 1' 'q_heads = 2' 'head_dim = 64' 'tokens = 60000' \
+  '[[strategy]]' 'type = "uniform"' 'format = "int4-asym-g32"' >"$tmp/slow_load.toml"
+"$kvb" run "$tmp/slow_load.toml" --out "$tmp/r6e" --no-plots >"$tmp/slow_load.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "loading data" "$tmp/slow_load.out" && break; sleep 0.1; done
+start=$(date +%s)
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "Ctrl-C while loading: expected exit 130, got $rc"
+[ $(($(date +%s) - start)) -le 5 ] || fail "Ctrl-C while loading took $(($(date +%s) - start)) s to stop the run"
+expect "$tmp/slow_load.out" "kvbudget run: interrupted while loading the data; nothing was written" "Ctrl-C while loading"
+[ ! -e "$tmp/r6e" ] || fail "a run interrupted while loading created results"
+
+# 6f. Ctrl-C during a long layer (8 heads of 12000 tokens take tens of seconds on one
+# thread): the sweep stops within a few blocks of query rows, not at the layer's end.
+printf '%s\n' 'name = "long_layer"' '[data.synthetic]' 'layers = 1' 'q_heads = 8' 'kv_heads = 1' 'head_dim = 64' \
+  'tokens = 12000' 'calibration_queries = 16' '[[strategy]]' 'type = "uniform"' 'format = "int4-asym-g32"' \
+  >"$tmp/long_layer.toml"
+"$kvb" run "$tmp/long_layer.toml" --out "$tmp/r6f" --no-plots --threads 1 >"$tmp/long_layer.out" 2>&1 &
+pid=$!
+for _ in $(seq 1200); do ls "$tmp"/r6f/long_layer/2*/manifest.json >/dev/null 2>&1 && break; sleep 0.1; done
+sleep 1
+start=$(date +%s)
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "Ctrl-C during a long layer: expected exit 130, got $rc"
+[ $(($(date +%s) - start)) -le 5 ] || fail "Ctrl-C during a long layer took $(($(date +%s) - start)) s to stop the run"
+expect "$(ls -d "$tmp"/r6f/long_layer/2*)/manifest.json" '"status": "interrupted"' "manifest of a run stopped mid-layer"
 
 # 7. Backends: auto says in the manifest what it chose and why; cuda runs on a device,
 # and without one (or in a build without nvcc) fails before writing any results.
