@@ -75,8 +75,9 @@ bool extrapolated_on(const PointResult& r, const std::string& memory);
 // "budget_context" (the allocation: every column), "target_context" (bpe_target and
 // bytes_target), or both joined by '+'.
 std::string extrapolated_label(const PointResult& r);
-// Why, for a console line or budgets.json: "memory at 32768 tokens, error measured on
-// 512" (empty when not extrapolated on `memory`); target_context is output.target_context.
+// Why, for a console line or budgets.json: "memory at target_context 32768 tokens,
+// error measured on 512", "allocated for budget_context 32768 tokens, ..." (empty when
+// not extrapolated on `memory`); target_context is output.target_context.
 std::string extrapolation_note(const PointResult& r, const std::string& memory, int64_t target_context);
 
 // Called (serialized) as each point finishes, with how many are done.

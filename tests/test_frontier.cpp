@@ -115,7 +115,8 @@ TEST_CASE("extrapolated: memory at a longer context than the error, per memory c
   CHECK(extrapolation_note(windowed, "bpe", 32768).empty());
   CHECK(extrapolation_note(windowed, "bpe_target", 32768) ==
         "memory at target_context 32768 tokens, error measured on 512");
-  CHECK(extrapolation_note(sized, "bytes", 32768) == "allocated for budget_context 32768 tokens, error measured on 512");
+  CHECK(extrapolation_note(sized, "bytes", 32768) ==
+        "allocated for budget_context 32768 tokens, error measured on 512");
   CHECK(extrapolation_note(sized, "bytes_target", 65536) ==
         "allocated for budget_context 32768 tokens, memory at target_context 65536 tokens, error measured on 512");
 }
