@@ -522,6 +522,14 @@ OutputSpec parse_output(const std::optional<ConfigTable>& t) {
   o.target_context = t->integer("target_context", o.target_context);
   if (o.target_context < 1 || o.target_context > (int64_t{1} << 40))
     t->fail("target_context", "must be between 1 and 2^40 tokens");
+  o.x = t->string("x", o.x);
+  if (t->has("x")) o.x_where = t->where("x");
+  const std::vector<std::string>& axes = memory_columns();
+  if (std::find(axes.begin(), axes.end(), o.x) == axes.end()) {
+    const std::string near = closest_match(o.x, axes);
+    t->fail("x", "'" + o.x + "' is not a memory column" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+                     "; one of " + join(axes, ", "));
+  }
   o.series = t->string("series", "");
   o.marker = t->string("marker", "");
   if (!o.series.empty()) o.series_where = t->where("series");
@@ -592,6 +600,11 @@ std::optional<std::vector<ParamValue>> parse_range(const std::string& text) {
   return out;
 }
 
+const std::vector<std::string>& memory_columns() {
+  static const std::vector<std::string> columns = {"bpe", "bpe_target", "bytes", "bytes_target"};
+  return columns;
+}
+
 BudgetQuery parse_budget_query(const std::string& text, const std::string& where) {
   static const std::regex re(R"(^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$)");
   std::smatch m;
@@ -613,7 +626,7 @@ BudgetQuery parse_budget_query(const std::string& text, const std::string& where
   if (end != number.c_str() + number.size() || !std::isfinite(q.bound)) {
     throw ConfigError(where + ": budget query '" + text + "': '" + number + "' is not a finite number");
   }
-  q.memory = q.lhs == "bpe" || q.lhs == "bytes" || q.lhs == "bpe_target" || q.lhs == "bytes_target";
+  q.memory = std::find(memory_columns().begin(), memory_columns().end(), q.lhs) != memory_columns().end();
   if (q.memory) {
     if (!q.upper) throw ConfigError(where + ": memory budget '" + text + "' must be an upper bound (<=)");
     if (!(q.bound > 0)) throw ConfigError(where + ": memory budget '" + text + "' must be > 0: no cache fits in it");

@@ -102,15 +102,25 @@ struct MetricsSpec {
   std::string report_where = "metrics.report";        // likewise for report
 };
 
+// The points.csv columns that hold a point's memory: bits per element and bytes at
+// the recording's length (bpe, bytes) and at output.target_context (bpe_target,
+// bytes_target). output.x picks one for the plots and frontiers.
+const std::vector<std::string>& memory_columns();
+
 struct OutputSpec {
   std::filesystem::path dir = "results";
   bool plots = true;
   int64_t target_context = 32768;
+  // The memory axis (one of memory_columns()): the plots' x axis, the cost of every
+  // Pareto frontier (pareto.csv, the console) and the memory an error budget's answer
+  // minimizes.
+  std::string x = "bpe";
   std::string series;  // points.csv column that colours plot points; "" = strategy label
   std::string marker;  // points.csv column that shapes plot points; "" = none
   std::string dir_where = "output.dir";        // "file:line: output.dir" when given
   std::string series_where = "output.series";  // "file:line: output.series" when given
   std::string marker_where = "output.marker";  // likewise for marker
+  std::string x_where = "output.x";            // likewise for x
 };
 
 struct BudgetQuery {

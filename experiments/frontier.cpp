@@ -10,8 +10,9 @@ namespace kvb {
 
 namespace {
 bool better_than(double a, double b, Better dir) { return dir == Better::Lower ? a < b : a > b; }
+}  // namespace
 
-const std::vector<double>& column(const FrontierInput& in, const std::string& name) {
+const std::vector<double>& frontier_column(const FrontierInput& in, const std::string& name) {
   if (name == "bpe") return in.bpe;
   if (name == "bytes") return in.bytes;
   if (name == "bpe_target") return in.bpe_target;
@@ -20,7 +21,6 @@ const std::vector<double>& column(const FrontierInput& in, const std::string& na
     if (in.metric_names[i] == name) return in.metric_values[i];
   throw ConfigError("budget query: metric '" + name + "' is not among the reported metrics (add it to metrics.report)");
 }
-}  // namespace
 
 std::vector<size_t> pareto_front(const std::vector<double>& cost, const std::vector<double>& value, Better better) {
   std::vector<size_t> idx;
@@ -42,7 +42,8 @@ std::vector<size_t> pareto_front(const std::vector<double>& cost, const std::vec
 BudgetAnswer answer_budget(const BudgetQuery& q, const FrontierInput& in) {
   BudgetAnswer ans;
   ans.query = q;
-  const std::vector<double>& lhs = column(in, q.lhs);
+  const std::vector<double>& lhs = frontier_column(in, q.lhs);
+  const std::vector<double>& memory = frontier_column(in, in.memory);
   auto meets = [&](size_t i) {
     return !std::isnan(lhs[i]) && (q.upper ? lhs[i] <= q.bound : lhs[i] >= q.bound);
   };
@@ -52,20 +53,20 @@ BudgetAnswer answer_budget(const BudgetQuery& q, const FrontierInput& in) {
     std::optional<size_t> best;
     for (size_t i = 0; i < lhs.size(); ++i) {
       if (!meets(i)) continue;
-      if (!best || in.bpe[i] < in.bpe[*best] ||
-          (in.bpe[i] == in.bpe[*best] && better_than(lhs[i], lhs[*best], def.better)))
+      if (!best || memory[i] < memory[*best] ||
+          (memory[i] == memory[*best] && better_than(lhs[i], lhs[*best], def.better)))
         best = i;
     }
     ans.picks.push_back({q.lhs, best});
     return ans;
   }
   for (const std::string& m : in.pareto_metrics) {
-    const std::vector<double>& v = column(in, m);
+    const std::vector<double>& v = frontier_column(in, m);
     const MetricDef& def = *find_metric(m);
     std::optional<size_t> best;
     for (size_t i = 0; i < v.size(); ++i) {
       if (!meets(i) || std::isnan(v[i])) continue;
-      if (!best || better_than(v[i], v[*best], def.better) || (v[i] == v[*best] && in.bpe[i] < in.bpe[*best]))
+      if (!best || better_than(v[i], v[*best], def.better) || (v[i] == v[*best] && memory[i] < memory[*best]))
         best = i;
     }
     ans.picks.push_back({m, best});

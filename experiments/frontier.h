@@ -21,8 +21,9 @@ std::vector<size_t> pareto_front(const std::vector<double>& cost, const std::vec
 // One answer to a budget query.
 struct BudgetAnswer {
   BudgetQuery query;
-  // Error budget: the point with the least memory (bpe) meeting it.
-  // Memory budget: for each Pareto metric, the point with the best value within it.
+  // Error budget: the point with the least memory (FrontierInput::memory) meeting it.
+  // Memory budget: for each Pareto metric, the point with the best value within it
+  // (ties: the least memory).
   struct Pick {
     std::string metric;             // the metric optimized (memory budget) or constrained
     std::optional<size_t> index;    // into the rows given; nullopt = nothing qualifies
@@ -37,7 +38,12 @@ struct FrontierInput {
   std::vector<std::string> metric_names;             // columns available
   std::vector<std::vector<double>> metric_values;    // [metric][row]
   std::vector<std::string> pareto_metrics;           // metrics a memory budget optimizes
+  std::string memory = "bpe";  // the memory column an error budget minimizes (output.x)
 };
+
+// The column of `in` named `name` (a memory column or a metric); throws ConfigError
+// naming metrics.report for a metric it lacks.
+const std::vector<double>& frontier_column(const FrontierInput& in, const std::string& name);
 
 BudgetAnswer answer_budget(const BudgetQuery& q, const FrontierInput& in);
 

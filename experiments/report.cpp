@@ -33,7 +33,10 @@ std::string num(double v) { return format_double(v); }
 
 // points.csv's fixed columns: before the coordinates, and between them and the metrics.
 const std::vector<std::string> kPointColumnsLead = {"id", "strategy", "type", "key"};
-const std::vector<std::string> kPointColumnsPlan = {"plan", "bpe", "bpe_target", "bytes", "bytes_target", "compression"};
+// `extrapolated`: which memory figures are taken at a longer context than the error
+// (extrapolated_label, methods.md §1).
+const std::vector<std::string> kPointColumnsPlan = {"plan",         "bpe",         "bpe_target",  "bytes",
+                                                    "bytes_target", "compression", "extrapolated"};
 constexpr const char* kPointColumnLast = "seconds";
 
 std::vector<std::string> coordinate_names(const std::vector<SweepPoint>& points) {
@@ -206,7 +209,7 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
       os << "," << v.value_or("");
     }
     os << "," << csv_field(r.plan) << "," << num(r.bpe) << "," << num(r.bpe_target) << "," << num(r.bytes) << ","
-       << num(r.bytes_target) << "," << num(16.0 / r.bpe);
+       << num(r.bytes_target) << "," << num(16.0 / r.bpe) << "," << extrapolated_label(r);
     for (double v : r.metrics) os << "," << num(v);
     for (const std::string& name : notes) {
       os << ",";
@@ -262,6 +265,7 @@ FrontierInput Report::frontier_input(const std::vector<const PointResult*>& ok) 
   in.metric_names = spec_.metrics.report;
   in.metric_values.resize(in.metric_names.size());
   in.pareto_metrics = spec_.metrics.pareto;
+  in.memory = spec_.output.x;
   for (const PointResult* r : ok) {
     in.bpe.push_back(r->bpe);
     in.bytes.push_back(r->bytes);
@@ -281,38 +285,55 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
   auto metric_index = [&](const std::string& m) {
     return static_cast<size_t>(std::find(in.metric_names.begin(), in.metric_names.end(), m) - in.metric_names.begin());
   };
+  // The frontiers' memory axis (output.x) and how the console names it.
+  const std::string& x = spec_.output.x;
+  const bool at_target = x == "bpe_target" || x == "bytes_target";
+  const std::string target = std::to_string(spec_.output.target_context);
+  const std::string x_words = (x.rfind("bpe", 0) == 0 ? std::string("bits per element") : std::string("bytes")) +
+                              (at_target ? " at target_context " + target + " tokens" : std::string());
+  const std::vector<double>& cost = frontier_column(in, x);
+  auto bpe_of = [&](const PointResult& r) { return at_target ? r.bpe_target : r.bpe; };
+  auto bytes_of = [&](const PointResult& r) { return at_target ? r.bytes_target : r.bytes; };
+  constexpr const char* kExtrapolatedMark = " (extrapolated)";
 
   std::ostringstream csv, console;
-  csv << "metric,rank,id,key,bpe,bytes,bpe_target,value\n";
+  csv << "metric,rank,id,key,bpe,bytes,bpe_target,bytes_target,value,memory,extrapolated\n";
   for (const std::string& m : spec_.metrics.pareto) {
     const MetricDef& def = *find_metric(m);
-    const std::vector<size_t> front = pareto_front(in.bpe, in.metric_values[metric_index(m)], def.better);
+    const std::vector<size_t> front = pareto_front(cost, in.metric_values[metric_index(m)], def.better);
     for (size_t k = 0; k < front.size(); ++k) {
       const PointResult& r = *ok[front[k]];
       csv << m << "," << k << "," << r.id << "," << csv_field(points_[r.id].key) << "," << num(r.bpe) << ","
-          << num(r.bytes) << "," << num(r.bpe_target) << "," << num(r.metrics[metric_index(m)]) << "\n";
+          << num(r.bytes) << "," << num(r.bpe_target) << "," << num(r.bytes_target) << ","
+          << num(r.metrics[metric_index(m)]) << "," << x << "," << (extrapolated_on(r, x) ? "true" : "false") << "\n";
     }
     // Console: the frontier of this metric with the other Pareto metrics beside it.
     console << "\nPareto frontier: " << m << " (" << (def.better == Better::Lower ? "lower" : "higher")
-            << " is better) vs bits per element, " << front.size() << " of " << ok.size() << " points\n";
+            << " is better) vs " << x_words << ", " << front.size() << " of " << ok.size() << " points\n";
     char line[512];
-    std::snprintf(line, sizeof line, "  %8s %7s %12s", "bpe", "x fp16", "bytes");
+    const int bpe_width = at_target ? 10 : 8;  // fits the column's name
+    std::snprintf(line, sizeof line, "  %*s %7s %12s", bpe_width, at_target ? "bpe_target" : "bpe", "x fp16",
+                  at_target ? "bytes_target" : "bytes");
     console << line;
     for (const std::string& o : spec_.metrics.pareto) {
       std::snprintf(line, sizeof line, " %20s", o.substr(0, 20).c_str());
       console << line;
     }
     console << "  point\n";
+    std::vector<std::string> notes;  // why the marked points are extrapolated, each once
     for (size_t i : front) {
       const PointResult& r = *ok[i];
-      std::snprintf(line, sizeof line, "  %8.4f %7.3f %12.0f", r.bpe, 16.0 / r.bpe, r.bytes);
+      std::snprintf(line, sizeof line, "  %*.4f %7.3f %12.0f", bpe_width, bpe_of(r), 16.0 / bpe_of(r), bytes_of(r));
       console << line;
       for (const std::string& o : spec_.metrics.pareto) {
         std::snprintf(line, sizeof line, " %20s", short_num(r.metrics[metric_index(o)]).c_str());
         console << line;
       }
-      console << "  " << points_[r.id].key << "\n";
+      const std::string note = extrapolation_note(r, x, spec_.output.target_context);
+      console << "  " << points_[r.id].key << (note.empty() ? "" : kExtrapolatedMark) << "\n";
+      if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
     }
+    for (const std::string& note : notes) console << "  extrapolated: " << note << " (docs/methods.md §1)\n";
   }
   nlohmann::json budgets = nlohmann::json::array();
   if (!spec_.budgets.empty()) console << "\nBudget queries:\n";
@@ -336,10 +357,19 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
         jp["bpe"] = r.bpe;
         jp["bytes"] = r.bytes;
         jp["bpe_target"] = r.bpe_target;
+        jp["bytes_target"] = r.bytes_target;
         jp["value"] = value;
+        // A memory budget reads its own column; an error budget minimizes output.x.
+        const std::string& memory = q.memory ? q.lhs : spec_.output.x;
+        const std::string note = extrapolation_note(r, memory, spec_.output.target_context);
+        jp["memory"] = memory;
+        jp["extrapolated"] = !note.empty();
+        if (!note.empty()) jp["extrapolation"] = note;
+        const double memory_value = frontier_column(in, memory)[*p.index];
         console << "  " << q.text << (q.memory ? " -> best " + p.metric : std::string(" -> least memory")) << ": "
-                << points_[r.id].key << "  (bpe " << short_num(r.bpe) << ", " << p.metric << " " << short_num(value)
-                << ")\n";
+                << points_[r.id].key << "  (bpe " << short_num(r.bpe)
+                << (memory == "bpe" ? "" : ", " + memory + " " + short_num(memory_value)) << ", " << p.metric << " "
+                << short_num(value) << ")" << (note.empty() ? "" : "  extrapolated: " + note) << "\n";
       }
       jq["answers"].push_back(jp);
     }
@@ -397,7 +427,8 @@ std::string Report::write_plots() const {
   if (!std::filesystem::exists(pareto)) return "plot script not found at " + pareto.string();
   const std::string python = plot_python();
   std::vector<std::string> argv = {python, pareto.string(), "--results", dir_.string(), "--metrics",
-                                   join(spec_.metrics.pareto, ","), "--title", spec_.name};
+                                   join(spec_.metrics.pareto, ","), "--title", spec_.name, "--x", spec_.output.x,
+                                   "--target-context", std::to_string(spec_.output.target_context)};
   std::vector<std::string> higher_is_better;  // the plot labels and scales each metric by its direction
   for (const std::string& m : spec_.metrics.pareto)
     if (const MetricDef* def = find_metric(m); def != nullptr && def->better == Better::Higher)

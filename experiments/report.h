@@ -4,14 +4,18 @@
 //                   --no-plots and --budget folded in)
 //   manifest.json   git commit, build type, CPU, threads, seed, wall time, status, backend,
 //                   calibration and evaluated positions
-//   points.csv      one row per point: key, coordinates, bpe, bytes, every metric,
-//                   then the strategies' annotations (rho_first, budget_bpe, ...)
+//   points.csv      one row per point: key, coordinates, bpe, bytes, extrapolated,
+//                   every metric, then the strategies' annotations (rho_first,
+//                   budget_bpe, ...)
 //   errors.csv      points that failed, with the reason (only when some failed)
 //   attribution.csv, concentration.csv   error-budget attribution of the selected
 //                   points (experiments/attribution.h)
-//   pareto.csv      the non-dominated points for each Pareto metric
-//   budgets.json    answers to the budget queries (also printed)
-//   plots/<metric>.png|svg   memory against each Pareto metric, frontier drawn
+//   pareto.csv      the non-dominated points for each Pareto metric, memory on
+//                   output.x, with whether each point is extrapolated there
+//   budgets.json    answers to the budget queries (also printed), each pick with
+//                   whether it is extrapolated (methods.md §1) and why
+//   plots/<metric>.png|svg   memory (output.x) against each Pareto metric, frontier
+//                   drawn, extrapolated points hollow
 //   plots/attribution_*.png|svg, plots/concentration.png|svg   attribution plots
 //
 // Every file is written atomically (experiments/atomic_file.h).
@@ -29,7 +33,7 @@ namespace kvb {
 
 // Every column points.csv can hold for this sweep, in file order: id, strategy, type,
 // key, the sweep coordinates, plan, bpe, bpe_target, bytes, bytes_target,
-// compression, the reported metrics, the columns the sweep's strategy types may add
+// compression, extrapolated, the reported metrics, the columns the sweep's strategy types may add
 // (StrategyType::columns), seconds.
 std::vector<std::string> points_csv_columns(const ExperimentSpec& spec, const std::vector<SweepPoint>& points);
 

@@ -134,6 +134,32 @@ void require_declared_columns(const Plan& plan, const std::string& type_name) {
                   "', which its entry in sim/strategies/registry.cpp does not list");
 }
 
+namespace {
+bool target_column(const std::string& memory) { return memory == "bpe_target" || memory == "bytes_target"; }
+bool sized_beyond_recording(const PointResult& r) { return r.sized_for_tokens > r.measured_tokens; }
+}  // namespace
+
+bool extrapolated_on(const PointResult& r, const std::string& memory) {
+  return sized_beyond_recording(r) || (target_column(memory) && r.target_extrapolated);
+}
+
+std::string extrapolated_label(const PointResult& r) {
+  std::vector<std::string> what;
+  if (sized_beyond_recording(r)) what.push_back("budget_context");
+  if (r.target_extrapolated) what.push_back("target_context");
+  return what.empty() ? "no" : join(what, "+");
+}
+
+std::string extrapolation_note(const PointResult& r, const std::string& memory, int64_t target_context) {
+  if (!extrapolated_on(r, memory)) return "";
+  std::vector<std::string> what;
+  if (sized_beyond_recording(r))
+    what.push_back("allocated for budget_context " + std::to_string(r.sized_for_tokens) + " tokens");
+  if (target_column(memory) && r.target_extrapolated)
+    what.push_back("memory at target_context " + std::to_string(target_context) + " tokens");
+  return join(what, ", ") + ", error measured on " + std::to_string(r.measured_tokens);
+}
+
 std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
   // The cartesian products are sized before anything is expanded: a sweep of millions
   // of points would exhaust memory long before it finished.
@@ -269,6 +295,9 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       results[i].bpe_target = plan.bpe_at(spec.output.target_context);
       results[i].bytes = plan.bytes_at(rec.tokens);
       results[i].bytes_target = plan.bytes_at(spec.output.target_context);
+      results[i].measured_tokens = rec.tokens;
+      results[i].sized_for_tokens = plan.sized_for_context().value_or(rec.tokens);
+      results[i].target_extrapolated = spec.output.target_context > rec.tokens && !plan.stores_tokens_alike();
       results[i].plan = plan.describe();
       results[i].annotations = plan.annotations();
       plans[i] = std::move(plan);

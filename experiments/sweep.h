@@ -52,12 +52,33 @@ struct PointResult {
   std::string error;  // when !ok: what failed, naming the point
   double bpe = 0, bpe_target = 0;
   double bytes = 0, bytes_target = 0;
+  // The contexts behind those figures (methods.md §1, "extrapolated"): the error is
+  // measured on the recording's measured_tokens; the plan was sized for
+  // sized_for_tokens (budget_context; = measured_tokens when sized there); and
+  // target_extrapolated says that bpe_target/bytes_target describe a cache at a longer
+  // context whose make-up differs from the measured one (windows, sink tokens, phases).
+  int64_t measured_tokens = 0;
+  int64_t sized_for_tokens = 0;
+  bool target_extrapolated = false;
   std::string plan;                        // Plan::describe()
   std::vector<Annotation> annotations;     // the strategy's extra results
   std::vector<double> metrics;             // aligned with spec.metrics.report
   std::optional<Attribution> attribution;  // when [attribution] selects the point
   double seconds = 0;                      // CPU seconds spent on the point (cuda: wall seconds on the device)
 };
+
+// Whether a point's memory on `memory` (one of memory_columns()) is taken at a longer
+// context than its error was measured on: a plan sized for more tokens than the
+// recording (any column), or bpe_target/bytes_target with target_extrapolated.
+bool extrapolated_on(const PointResult& r, const std::string& memory);
+// points.csv's `extrapolated` column: "no", or which memory figures are extrapolated,
+// "budget_context" (the allocation: every column), "target_context" (bpe_target and
+// bytes_target), or both joined by '+'.
+std::string extrapolated_label(const PointResult& r);
+// Why, for a console line or budgets.json: "memory at target_context 32768 tokens,
+// error measured on 512", "allocated for budget_context 32768 tokens, ..." (empty when
+// not extrapolated on `memory`); target_context is output.target_context.
+std::string extrapolation_note(const PointResult& r, const std::string& memory, int64_t target_context);
 
 // Called (serialized) as each point finishes, with how many are done.
 using PointCallback = std::function<void(const SweepPoint&, const PointResult&, size_t done, size_t total)>;

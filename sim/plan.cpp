@@ -97,6 +97,16 @@ UnitPlan Plan::unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t contex
   return out;
 }
 
+bool Plan::stores_tokens_alike() const {
+  for (const UnitPlan& u : units_) {
+    if (u.window.active()) return false;
+    for (const Segment& s : u.segments)
+      if (!s.format || !u.segments.front().format || s.format->name() != u.segments.front().format->name())
+        return false;
+  }
+  return true;
+}
+
 void Plan::set_annotation(const std::string& name, std::variant<double, std::string> value) {
   for (Annotation& a : annotations_)
     if (a.name == name) {

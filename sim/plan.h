@@ -137,6 +137,19 @@ class Plan {
   // Bytes of the cache at a context: bpe * elements / 8.
   double bytes_at(int64_t context) const { return static_cast<double>(storage_bits_at(context)) / 8.0; }
 
+  // Whether the cache has the same make-up at every context: each unit stores all its
+  // tokens in one format, without a recency window (no sink tokens, phases or
+  // windows, whose token counts do not grow with the context). Such a plan's bits per
+  // element are the same at any context (up to one partially filled group's metadata,
+  // for groups along tokens), so its memory at another context describes the cache
+  // its error was measured on (methods.md §1, "extrapolated").
+  bool stores_tokens_alike() const;
+
+  // The context (tokens) a strategy sized the plan for when not the plan's own T
+  // (budget_context: the budget is met there); nullopt = sized at T.
+  std::optional<int64_t> sized_for_context() const { return sized_for_context_; }
+  void set_sized_for_context(int64_t tokens) { sized_for_context_ = tokens; }
+
   // The unit for a sequence of `context` tokens (a cache that has grown to, or
   // beyond, a different length than the plan's T), by storage_bits_at's rule:
   // segments are cut at `context` (those starting at or beyond it are dropped), and
@@ -173,6 +186,7 @@ class Plan {
   int64_t prefill_ = 0;
   std::vector<UnitPlan> units_;
   std::optional<int64_t> phase_boundary_;
+  std::optional<int64_t> sized_for_context_;
   std::vector<Annotation> annotations_;
 };
 

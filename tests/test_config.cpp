@@ -126,6 +126,18 @@ TEST_CASE("bad values are errors with their location") {
   CHECK(err.find("should look like") != std::string::npos);
 }
 
+TEST_CASE("output.x: the memory axis, one of the memory columns, checked with its location") {
+  const std::string text = kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(parse(text).output.x == "bpe");
+  CHECK(parse(text + "[output]\nx = \"bytes_target\"\n").output.x == "bytes_target");
+  CHECK(parse(text, {"output.x=bpe_target"}).output.x == "bpe_target");
+  CHECK(error_of(text + "[output]\nx = \"bpe_traget\"\n") ==
+        "test.toml:7: output.x: 'bpe_traget' is not a memory column (did you mean 'bpe_target'?); one of bpe, "
+        "bpe_target, bytes, bytes_target");
+  CHECK(error_of(text, {"output.x=attn_kl_mean"}).find("--set output.x: 'attn_kl_mean' is not a memory column") == 0);
+  CHECK(error_of(text + "[output]\nx = 4\n").find("test.toml:7: output.x: expected a string") == 0);
+}
+
 TEST_CASE("--set overrides any key, including inside [[strategy]] arrays") {
   const std::string text = kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
   ExperimentSpec e = parse(text, {"seed=7", "data.max_tokens=64", "strategy.0.format=[\"q\", \"r\"]",

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "experiments/frontier.h"
+#include "experiments/sweep.h"
 #include "sim/core/error.h"
 #include "test_util.h"
 
@@ -72,6 +73,52 @@ TEST_CASE("budget queries: least memory meeting an error budget, least error wit
   CHECK(a.picks[1].index == std::optional<size_t>(1));
   a = answer_budget(parse_budget_query("bytes <= 29", "test"), in);
   CHECK(!a.picks[0].index);
+}
+
+TEST_CASE("budget queries minimize the memory column the experiment plots (output.x)") {
+  // A windowed point: dearer than the flat ones at the recorded length, cheapest at the target.
+  FrontierInput in;
+  in.bpe = {3.0, 4.0, 6.25};
+  in.bytes = {30, 40, 62.5};
+  in.bpe_target = {3.0, 4.0, 3.05};
+  in.bytes_target = {3000, 4000, 3050};
+  in.metric_names = {"attn_kl_mean"};
+  in.metric_values = {{1e-2, 2e-3, 1e-3}};
+  in.pareto_metrics = {"attn_kl_mean"};
+  const BudgetQuery error_budget = parse_budget_query("attn_kl_mean <= 5e-3", "test");
+  CHECK(answer_budget(error_budget, in).picks[0].index == std::optional<size_t>(1));
+  in.memory = "bpe_target";
+  CHECK(answer_budget(error_budget, in).picks[0].index == std::optional<size_t>(2));
+  // A memory budget reads its own column whatever output.x is.
+  CHECK(answer_budget(parse_budget_query("bpe <= 5", "test"), in).picks[0].index == std::optional<size_t>(1));
+  CHECK(answer_budget(parse_budget_query("bpe_target <= 3.5", "test"), in).picks[0].index == std::optional<size_t>(2));
+  CHECK(&frontier_column(in, "bytes_target") == &in.bytes_target);
+  CHECK_THROWS_AS(frontier_column(in, "topk_overlap"), ConfigError);
+}
+
+TEST_CASE("extrapolated: memory at a longer context than the error, per memory column") {
+  PointResult flat, windowed, sized;
+  for (PointResult* r : {&flat, &windowed, &sized}) r->measured_tokens = r->sized_for_tokens = 512;
+  windowed.target_extrapolated = true;  // its make-up at the target differs from the measured cache's
+  sized.sized_for_tokens = 32768;       // budget_context 32768
+  for (const std::string& memory : memory_columns()) {
+    CHECK(!extrapolated_on(flat, memory));
+    CHECK(extrapolated_on(windowed, memory) == (memory == "bpe_target" || memory == "bytes_target"));
+    CHECK(extrapolated_on(sized, memory));
+  }
+  CHECK(extrapolated_label(flat) == "no");
+  CHECK(extrapolated_label(windowed) == "target_context");
+  CHECK(extrapolated_label(sized) == "budget_context");
+  sized.target_extrapolated = true;
+  CHECK(extrapolated_label(sized) == "budget_context+target_context");
+  CHECK(extrapolation_note(flat, "bpe_target", 32768).empty());
+  CHECK(extrapolation_note(windowed, "bpe", 32768).empty());
+  CHECK(extrapolation_note(windowed, "bpe_target", 32768) ==
+        "memory at target_context 32768 tokens, error measured on 512");
+  CHECK(extrapolation_note(sized, "bytes", 32768) ==
+        "allocated for budget_context 32768 tokens, error measured on 512");
+  CHECK(extrapolation_note(sized, "bytes_target", 65536) ==
+        "allocated for budget_context 32768 tokens, memory at target_context 65536 tokens, error measured on 512");
 }
 
 TEST_CASE("budget query syntax errors are clear") {

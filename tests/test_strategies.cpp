@@ -207,6 +207,43 @@ TEST_CASE("separate key and value budgets are each met, and so is a budget at a 
   CHECK(plan.bpe() > 3.5);  // at the recorded 96 tokens the 32-token window dominates
 }
 
+TEST_CASE("a plan's make-up across contexts and the context it was sized for (methods.md §1, extrapolated)") {
+  const Recording& rec = strategy_recording();
+  RecordingStats stats(rec, test::calibration_of(rec));
+  // One format per unit without a window: the same make-up (and bpe) at any context.
+  const std::vector<Values> alike = {
+      {{"format", std::string("int4-asym-g32")}},
+      {{"key_format", std::string("int2-asym-ch32")}, {"value_format", std::string("int3-asym-g32")}},
+      {{"budget_bpe", 3.5}, {"family", kFamily}},
+      {{"budget_bpe", 7.25}, {"family", kFamily}, {"sink_heads", int64_t{1}}},
+  };
+  for (const Values& v : alike) {
+    const Plan plan = build_plan("uniform", v, rec, stats);
+    CHECK(plan.stores_tokens_alike());
+    CHECK(!plan.sized_for_context());
+    // Groups along tokens (ch32) may differ by a partial group's metadata.
+    if (!v.count("key_format")) CHECK(plan.bpe_at(32768) == doctest::Approx(plan.bpe()).epsilon(1e-12));
+  }
+  // Windows, sink tokens and phases keep their token counts as the rest grows.
+  const std::vector<Values> fixed_counts = {
+      {{"format", std::string("int4-asym-g32")}, {"window", int64_t{16}}},
+      {{"budget_bpe", 6.5}, {"family", kFamily}, {"sink_tokens", int64_t{2}}},
+  };
+  for (const Values& v : fixed_counts) {
+    const Plan plan = build_plan("uniform", v, rec, stats);
+    CHECK(!plan.stores_tokens_alike());
+    CHECK(plan.bpe_at(32768) < plan.bpe());
+  }
+  const Values two_phases = {{"first_format", std::string("int4-asym-g32")},
+                             {"second_format", std::string("int2-asym-g32")}};
+  CHECK(!build_plan("phase", two_phases, rec, stats).stores_tokens_alike());
+  // A budget met at another context records it; met at the recording's, nothing.
+  const Values sized = {
+      {"budget_bpe", 3.5}, {"family", kFamily}, {"window", int64_t{32}}, {"budget_context", int64_t{32768}}};
+  CHECK(build_plan("uniform", sized, rec, stats).sized_for_context() == std::optional<int64_t>(32768));
+  CHECK(!build_plan("entropy", {{"budget_bpe", 3.5}, {"family", kFamily}}, rec, stats).sized_for_context());
+}
+
 TEST_CASE("a budget below the cheapest or above the dearest allocation is a clear error") {
   const Recording& rec = strategy_recording();
   RecordingStats stats(rec, test::calibration_of(rec));

@@ -326,7 +326,10 @@ void BudgetedAllocation::apply(Plan& plan, const std::vector<size_t>& choice) co
     plan.annotate(prefix + "budget_step_bpe",
                   step == std::numeric_limits<uint64_t>::max() ? std::nan("") : static_cast<double>(step) / g.elements);
   }
-  if (budget_.context > 0) plan.annotate("budget_context", static_cast<double>(budget_.context));
+  if (budget_.context > 0) {
+    plan.annotate("budget_context", static_cast<double>(budget_.context));
+    plan.set_sized_for_context(budget_.context);
+  }
 }
 
 }  // namespace kvb

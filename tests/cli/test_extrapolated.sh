@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Memory at one context, error at another (docs/methods.md §1, "extrapolated"): points,
+# frontiers, budget answers and plots say when a point's memory is taken at a longer
+# context than its error was measured on, and never when it is not; output.x picks the
+# memory axis; configs/long_context.toml measures both on one cache.
+# $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
+kvb="$1"
+src="$2"
+source "$(dirname "$0")/lib.sh"
+
+rec="$src/data/records/gpt2-bytes-record.safetensors"
+# column CSV NAME KEY_SUBSTRING: the NAME field of the first row whose key contains KEY_SUBSTRING.
+column() {
+  /usr/bin/python3 -c 'import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    if sys.argv[3] in r["key"]:
+        print(r[sys.argv[2]]); break' "$1" "$2" "$3"
+}
+
+# gpt2-bytes (512 tokens): uniform int2..4 and KIVI-2 (a 128-token fp16 window).
+cat >"$tmp/kivi.toml" <<TOML
+name = "kivi"
+[data]
+path = "$rec"
+[[strategy]]
+type = "uniform"
+format = "int{bits}-asym-g32"
+[strategy.vars]
+bits = "2..4"
+[[strategy]]
+preset = "kivi-2"
+[metrics]
+pareto = ["attn_kl_mean"]
+TOML
+
+# 1. A memory budget at the 32K target context picks KIVI-2, whose 3.05 bpe there pairs
+# with an error measured at 512 tokens (where it is 6.25 bpe): it says so everywhere.
+"$kvb" run "$tmp/kivi.toml" --out "$tmp/r1" --quiet --budget 'bpe_target <= 4' --budget 'bpe <= 4' \
+  >"$tmp/r1.out" 2>&1 || fail "run 1 exited $?"
+d1="$tmp/r1/kivi/latest"
+has_column "$d1/points.csv" extrapolated || fail "points.csv has no extrapolated column"
+has_column "$d1/pareto.csv" extrapolated || fail "pareto.csv has no extrapolated column"
+[ "$(column "$d1/points.csv" extrapolated kivi-2)" = target_context ] || fail "kivi-2 not extrapolated in points.csv"
+[ "$(column "$d1/points.csv" extrapolated int3-asym-g32)" = no ] || fail "uniform int3 extrapolated in points.csv"
+[ "$(column "$d1/points.csv" bpe kivi-2)" = 6.25 ] || fail "kivi-2 is not 6.25 bpe at 512 tokens"
+grep -F 'bpe_target <= 4 -> best attn_kl_mean: kivi-2' "$tmp/r1.out" >"$tmp/r1.line" \
+  || fail "bpe_target <= 4 did not answer kivi-2"
+expect "$tmp/r1.line" "extrapolated: memory at target_context 32768 tokens, error measured on 512" "kivi-2's answer"
+# The same question at the recorded context is measured: no word of extrapolation.
+grep -F 'bpe <= 4 -> best attn_kl_mean:' "$tmp/r1.out" >"$tmp/r1b.line" || fail "bpe <= 4 not answered"
+grep -q extrapolated "$tmp/r1b.line" && fail "bpe <= 4's answer says extrapolated: $(cat "$tmp/r1b.line")"
+/usr/bin/python3 - "$d1/budgets.json" <<'PY' || fail "budgets.json does not carry the extrapolated flags"
+import json, sys
+target, recorded = json.load(open(sys.argv[1]))
+pick = target["answers"][0]
+assert pick["point"].startswith("kivi-2") and pick["extrapolated"] is True and pick["memory"] == "bpe_target", pick
+assert "error measured on 512" in pick["extrapolation"], pick
+assert recorded["answers"][0]["extrapolated"] is False and "extrapolation" not in recorded["answers"][0]
+PY
+# On the default axis (bpe) the frontier is measured: nothing marked.
+grep -q '(extrapolated)' "$tmp/r1.out" && fail "the bpe frontier marks a point extrapolated"
+grep -q ',true$' "$d1/pareto.csv" && fail "pareto.csv on bpe marks a point extrapolated"
+
+# 2. output.x = "bpe_target": the frontier is drawn on memory at 32K, KIVI-2 on it is
+# marked (pareto.csv, console, plot); the plot's axis says which memory.
+"$kvb" run "$tmp/kivi.toml" --out "$tmp/r2" --quiet --set output.x=bpe_target --budget 'attn_kl_mean <= 0.02' \
+  >"$tmp/r2.out" 2>&1 || fail "run 2 exited $?"
+d2="$tmp/r2/kivi/latest"
+expect "$tmp/r2.out" "vs bits per element at target_context 32768 tokens" "console frontier title"
+expect "$tmp/r2.out" "kivi-2() (extrapolated)" "console frontier row"
+expect "$tmp/r2.out" "  extrapolated: memory at target_context 32768 tokens, error measured on 512 (docs/methods.md §1)" \
+  "console frontier note"
+expect "$d2/pareto.csv" 'attn_kl_mean,0,' "pareto.csv"
+/usr/bin/python3 - "$d2/pareto.csv" <<'PY' || fail "pareto.csv on bpe_target: wrong flags or order"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert all(r["memory"] == "bpe_target" for r in rows)
+assert [float(r["bpe_target"]) for r in rows] == sorted(float(r["bpe_target"]) for r in rows)
+assert all((r["extrapolated"] == "true") == r["key"].startswith("kivi-2") for r in rows), rows
+assert any(r["key"].startswith("kivi-2") for r in rows), rows
+PY
+# An error budget minimizes output.x's memory: KIVI-2 (3.05 at 32K) beats int3 (4.0), marked.
+expect "$tmp/r2.out" "attn_kl_mean <= 0.02 -> least memory: kivi-2" "error budget on bpe_target"
+grep -F 'attn_kl_mean <= 0.02 -> least memory:' "$tmp/r2.out" | grep -q extrapolated \
+  || fail "the error budget's extrapolated answer does not say so"
+if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  expect "$d2/plots/attn_kl_mean.svg" "hollow: extrapolated" "plot legend"
+  expect "$d2/plots/attn_kl_mean.svg" "Hollow: 1 of 4 points extrapolated" "plot caption"
+  expect "$d2/plots/attn_kl_mean.svg" "bits per element at 32768 tokens" "plot x label"
+  grep -q "Hollow:" "$tmp/r1/kivi/latest/plots/attn_kl_mean.svg" && fail "the bpe plot has an extrapolation caption"
+fi
+
+# 3. A budget met at budget_context 32768 > 512 tokens: the allocation itself is for an
+# unmeasured cache, so every memory column is extrapolated for that point.
+cat >"$tmp/sized.toml" <<TOML
+name = "sized"
+[data]
+path = "$rec"
+max_tokens = 256
+[[strategy]]
+type = "uniform"
+budget_bpe = 4.0
+family = "int{b}-asym-g32"
+key_window = 32
+budget_context = 32768
+[[strategy]]
+name = "at the recording"
+type = "uniform"
+budget_bpe = 4.0
+family = "int{b}-asym-g32"
+key_window = 32
+[metrics]
+pareto = ["attn_kl_mean"]
+TOML
+"$kvb" run "$tmp/sized.toml" --out "$tmp/r3" --quiet --no-plots --budget 'bpe <= 16' \
+  --set output.target_context=256 >"$tmp/r3.out" 2>&1 || fail "run 3 exited $?"
+d3="$tmp/r3/sized/latest"
+[ "$(column "$d3/points.csv" extrapolated budget_context=32768)" = budget_context ] \
+  || fail "a budget at 32768 tokens is not extrapolated in points.csv"
+[ "$(/usr/bin/python3 -c 'import csv,sys; print([r["extrapolated"] for r in csv.DictReader(open(sys.argv[1]))][1])' \
+  "$d3/points.csv")" = no ] || fail "a budget met at the recording's length is extrapolated"
+expect "$tmp/r3.out" "allocated for budget_context 32768 tokens, error measured on 256" "console (budget_context)"
+
+# 4. output.x is validated like every key: file:line, the key, a suggestion; exit 2.
+printf '[output]\nx = "bpe_targt"\n' >>"$tmp/kivi.toml"
+"$kvb" run "$tmp/kivi.toml" --out "$tmp/r4" >"$tmp/r4.out" 2>&1
+[ $? -eq 2 ] || fail "output.x typo: expected exit 2"
+expect "$tmp/r4.out" "kivi.toml:14: output.x: 'bpe_targt' is not a memory column (did you mean 'bpe_target'?)" \
+  "output.x typo"
+[ ! -e "$tmp/r4" ] || fail "output.x typo created results"
+
+# 5. configs/long_context.toml: memory and error on one 32768-token cache, nothing
+# extrapolated, whole, quickly.
+"$kvb" run "$src/configs/long_context.toml" --out "$tmp/r5" --quiet --threads 2 >"$tmp/r5.out" 2>&1 \
+  || fail "long_context.toml exited $?"
+d5="$tmp/r5/long_context/latest"
+[ "$(wc -l <"$d5/points.csv")" -eq 4 ] || fail "long_context.toml: expected 3 points"
+/usr/bin/python3 - "$d5/points.csv" <<'PY' || fail "long_context.toml: a point is extrapolated or bpe_target != bpe"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert all(r["extrapolated"] == "no" and r["bpe"] == r["bpe_target"] for r in rows), rows
+PY
+grep -q extrapolated "$tmp/r5.out" && fail "long_context.toml's console mentions extrapolation"
+expect "$tmp/r5.out" "bpe_target <= 3.1 -> best attn_kl_mean:" "long_context.toml budget"
+
+exit $status
