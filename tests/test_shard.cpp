@@ -1,8 +1,14 @@
 // Shards, results.jsonl and merge checks (experiments/shard.*, point_log.*, merge.*,
 // run_state.*): every point in exactly one shard, balanced by cost; --shard parsing
 // with Slurm's variables; point results read back bit for bit; merge refusals.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <ctime>
+#include <thread>
 #include <fstream>
 #include <map>
 #include <set>
@@ -227,4 +233,44 @@ TEST_CASE("merge: refuses shards of different sweeps, lists missing and duplicat
   CHECK(gaps.find("ids 3, 5") != std::string::npos);         // missing
   CHECK(error_of([&] { read_shards({a}); }).find("ids 1, 3, 5") != std::string::npos);
   CHECK(id_ranges({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8");
+}
+
+TEST_CASE("heartbeat: beats while it lives, not after") {
+  std::atomic<int> beats{0};
+  {
+    Heartbeat heartbeat(0.02, [&] { ++beats; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  const int seen = beats.load();
+  CHECK(seen >= 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  CHECK(beats.load() == seen);
+}
+
+TEST_CASE("status: a running manifest whose process is gone is stale; one on another host by its heartbeat") {
+  const std::filesystem::path dir = test::scratch_dir("run_status");
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  auto write = [&](const std::string& on, int64_t pid, int64_t heartbeat_age) {
+    const nlohmann::json m = {{"status", "running"},
+                              {"points_total", 3},
+                              {"pid", pid},
+                              {"host", on},
+                              {"heartbeat_unix", static_cast<int64_t>(std::time(nullptr)) - heartbeat_age},
+                              {"heartbeat_interval_s", 10}};
+    std::ofstream(dir / "manifest.json") << m.dump(2);
+  };
+  // A pid no process has (above the kernel's pid_max of 4194304).
+  write(host, 99999999, 0);
+  RunStatus s = read_run_status(dir);
+  CHECK(s.stale);
+  CHECK(s.liveness.find("is gone") != std::string::npos);
+  CHECK(describe_run_status(dir, s).find("kvbudget run --resume") != std::string::npos);
+  write("another-host.invalid", 1234, 5);
+  CHECK_FALSE(read_run_status(dir).stale);
+  write("another-host.invalid", 1234, 3600);
+  s = read_run_status(dir);
+  CHECK(s.stale);
+  CHECK(s.done == 0);
+  CHECK(s.total == 3);
 }

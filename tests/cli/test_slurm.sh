@@ -76,6 +76,8 @@ for _ in $(seq 1 600); do  # up to 60 s
   if [ -n "$log" ] && [ "$(wc -l <"$log")" -ge 1 ]; then
     shard1=$(dirname "$log")
     "$kvb" status "$shard1" >"$tmp/status_alive.out" 2>&1
+    "$kvb" run --resume "$shard1" --quiet >"$tmp/resume_alive.out" 2>&1
+    echo "exit $?" >>"$tmp/resume_alive.out"
     kill -9 "$victim" && killed=yes
     break
   fi
@@ -88,6 +90,8 @@ if [ -z "$killed" ]; then
   cat "$tmp/env_1.out" >&2
 else
   expect "$tmp/status_alive.out" "(alive: process $victim on" "status of the running shard"
+  expect "$tmp/resume_alive.out" "the run is still going: process $victim on" "--resume of a running shard"
+  expect "$tmp/resume_alive.out" "exit 2" "--resume of a running shard"
   expect "$shard1/manifest.json" '"status": "running"' "the killed shard's manifest"
   done_before=$(wc -l <"$shard1/results.jsonl")
   [ "$done_before" -lt 4 ] || fail "shard 1 finished all its points before the kill"
@@ -144,18 +148,22 @@ expect "$tmp/resume_other.out" "not the same sweep" "--resume with another confi
 # 3. A real Slurm cluster on this machine.
 slurm_why=""
 slurm_dir="$tmp/slurm"
+# Stops the daemons this test started (by the ids in their pid files): scontrol
+# shutdown stops slurmctld and slurmd, munged gets SIGTERM; each is waited for.
 stop_slurm() {
   [ -d "$slurm_dir" ] || return 0
-  SLURM_CONF="$slurm_dir/slurm.conf" scontrol shutdown >/dev/null 2>&1
-  for pidfile in "$slurm_dir"/slurmd.pid "$slurm_dir"/slurmctld.pid "$slurm_dir"/munged.pid; do
-    [ -s "$pidfile" ] || continue
-    pid=$(cat "$pidfile")
+  [ -s "$slurm_dir/slurmctld.pid" ] && SLURM_CONF="$slurm_dir/slurm.conf" scontrol shutdown >/dev/null 2>&1
+  for daemon in slurmd slurmctld munged; do
+    [ -s "$slurm_dir/$daemon.pid" ] || continue
+    pid=$(cat "$slurm_dir/$daemon.pid")
+    [ "$daemon" = munged ] && kill "$pid" 2>/dev/null
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill "$pid" 2>/dev/null
+    kill -0 "$pid" 2>/dev/null && { kill "$pid"; sleep 0.5; kill -9 "$pid" 2>/dev/null; }
   done
   return 0
 }
 trap 'stop_slurm; rm -rf "$tmp"' EXIT
+trap 'exit 143' TERM INT  # a CTest timeout or Ctrl-C still stops the daemons
 start_slurm() {
   [ "$(id -u)" -eq 0 ] || { slurm_why="not root (slurmd runs the jobs as root here)"; return 1; }
   for b in mungekey munged slurmctld slurmd sbatch squeue scontrol sinfo; do
