@@ -43,7 +43,8 @@ MergeInput read_shards(const std::vector<std::filesystem::path>& dirs) {
   const ShardFolder& first = in.shards.front();
   for (size_t s = 1; s < in.shards.size(); ++s) {
     for (const MergeKey& k : kMergeKeys) {
-      const nlohmann::json a = first.manifest.value(k.key, nlohmann::json()), b = in.shards[s].manifest.value(k.key, nlohmann::json());
+      const nlohmann::json a = first.manifest.value(k.key, nlohmann::json()),
+                           b = in.shards[s].manifest.value(k.key, nlohmann::json());
       if (a != b)
         problems.push_back(std::string(k.key) + " differs (" + k.meaning + "): " + b.dump() + " in " +
                            in.shards[s].dir.string() + ", " + a.dump() + " in " + first.dir.string());
@@ -59,9 +60,9 @@ MergeInput read_shards(const std::vector<std::filesystem::path>& dirs) {
   for (size_t s = 0; s < logs.size(); ++s)
     for (const PointLogEntry& e : logs[s]) {
       if (e.result.id >= in.sweep_points) {
-        problems.push_back(in.shards[s].dir.string() + "/" + kPointLogFile + ":" + std::to_string(e.line) + ": point id " +
-                           std::to_string(e.result.id) + " is outside the sweep's " + std::to_string(in.sweep_points) +
-                           " points");
+        problems.push_back(in.shards[s].dir.string() + "/" + kPointLogFile + ":" + std::to_string(e.line) +
+                           ": point id " + std::to_string(e.result.id) + " is outside the sweep's " +
+                           std::to_string(in.sweep_points) + " points");
         continue;
       }
       where[e.result.id].push_back(s);
@@ -80,7 +81,8 @@ MergeInput read_shards(const std::vector<std::filesystem::path>& dirs) {
     }
   }
   if (!duplicated.empty())
-    problems.push_back(std::to_string(duplicated.size()) + " point(s) in more than one folder: " + join(duplicated, "; "));
+    problems.push_back(std::to_string(duplicated.size()) +
+                       " point(s) in more than one folder: " + join(duplicated, "; "));
   if (!missing.empty())
     problems.push_back(std::to_string(missing.size()) + " of " + std::to_string(in.sweep_points) +
                        " point(s) in no folder (a shard not given, or unfinished: see kvbudget status): ids " +
@@ -100,8 +102,8 @@ MergeInput read_shards(const std::vector<std::filesystem::path>& dirs) {
 
 void check_point_keys(const MergeInput& in, const std::vector<SweepPoint>& points) {
   if (points.size() != in.sweep_points)
-    throw Error("the shards' config.toml expands to " + std::to_string(points.size()) + " points, their manifests say " +
-                std::to_string(in.sweep_points));
+    throw Error("the shards' config.toml expands to " + std::to_string(points.size()) +
+                " points, their manifests say " + std::to_string(in.sweep_points));
   for (size_t i = 0; i < in.results.size(); ++i) {
     const size_t id = in.results[i].id;
     if (points[id].key != in.keys[i])

@@ -73,10 +73,12 @@ std::string point_result_json(const PointResult& r, const std::string& key) {
     for (const ErrorPair& p : a.head) heads.push_back(pair(p));
     json regions = json::array();
     for (const Attribution::Region& g : a.regions)
-      regions.push_back(
-          {{"partition", g.partition}, {"name", g.name}, {"kl", number(g.error.kl)}, {"out_err2", number(g.error.out_err2)}});
-    j["attribution"] = {{"layers", a.layers}, {"q_heads", a.q_heads}, {"total", pair(a.total)}, {"head", heads},
-                        {"regions", regions}};
+      regions.push_back({{"partition", g.partition},
+                         {"name", g.name},
+                         {"kl", number(g.error.kl)},
+                         {"out_err2", number(g.error.out_err2)}});
+    j["attribution"] = {
+        {"layers", a.layers}, {"q_heads", a.q_heads}, {"total", pair(a.total)}, {"head", heads}, {"regions", regions}};
   }
   j["seconds"] = number(r.seconds);
   return j.dump();
@@ -100,8 +102,10 @@ PointResult point_result_from_json(const std::string& line, const std::string& w
       Annotation note;
       note.name = a.at("name").get<std::string>();
       const json& v = a.at("value");
-      if (v.is_object()) note.value = v.at("text").get<std::string>();
-      else note.value = number_from(v, "annotation " + note.name);
+      if (v.is_object())
+        note.value = v.at("text").get<std::string>();
+      else
+        note.value = number_from(v, "annotation " + note.name);
       r.annotations.push_back(std::move(note));
     }
     for (const json& m : j.at("metrics")) r.metrics.push_back(number_from(m, "a metric"));
@@ -113,10 +117,11 @@ PointResult point_result_from_json(const std::string& line, const std::string& w
       a.total = pair_from(ja.at("total"), "attribution total");
       for (const json& h : ja.at("head")) a.head.push_back(pair_from(h, "attribution head"));
       if (static_cast<int64_t>(a.head.size()) != a.layers * a.q_heads)
-        throw Error("attribution has " + std::to_string(a.head.size()) + " head entries, not layers x q_heads = " +
-                    std::to_string(a.layers * a.q_heads));
+        throw Error("attribution has " + std::to_string(a.head.size()) +
+                    " head entries, not layers x q_heads = " + std::to_string(a.layers * a.q_heads));
       for (const json& g : ja.at("regions"))
-        a.regions.push_back({g.at("partition").get<std::string>(), g.at("name").get<std::string>(),
+        a.regions.push_back({g.at("partition").get<std::string>(),
+                             g.at("name").get<std::string>(),
                              {number_from(g.at("kl"), "region kl"), number_from(g.at("out_err2"), "region out_err2")}});
       r.attribution = std::move(a);
     }

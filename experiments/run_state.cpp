@@ -167,6 +167,10 @@ ResumeState prepare_resume(const std::filesystem::path& dir, const ExperimentSpe
     throw ConfigError(where + ": " + e.what());
   }
   const nlohmann::json& m = st.manifest;
+  if (!m.contains("config_hash"))
+    throw ConfigError(where +
+                      ": its manifest.json has no config_hash: written by a kvbudget that could not resume "
+                      "runs (run the experiment again)");
   std::vector<std::string> differences;
   auto differ = [&](const char* key, const std::string& now, const std::string& why) {
     const std::string then = json_text(m, key);
@@ -200,8 +204,10 @@ ResumeState prepare_resume(const std::filesystem::path& dir, const ExperimentSpe
     if (p == shard_points.end() || p->key != e.key)
       throw ConfigError(log.string() + ":" + std::to_string(e.line) + ": point " + std::to_string(e.result.id) + " (" +
                         e.key + ") is not a point of this shard of the sweep");
-    if (e.result.ok) st.kept.push_back(e.result);
-    else ++st.failed_before;
+    if (e.result.ok)
+      st.kept.push_back(e.result);
+    else
+      ++st.failed_before;
   }
   return st;
 }
@@ -209,8 +215,10 @@ ResumeState prepare_resume(const std::filesystem::path& dir, const ExperimentSpe
 void check_resume_data(const std::filesystem::path& dir, const ResumeState& state, const std::string& data_identity) {
   const std::string then = json_text(state.manifest, "data_identity");
   if (!then.empty() && then != data_identity)
-    throw ConfigError("--resume " + dir.string() + ": the data differs from the data its points were measured on "
-                      "(data_identity " + then + " there, " + data_identity + " now)");
+    throw ConfigError("--resume " + dir.string() +
+                      ": the data differs from the data its points were measured on "
+                      "(data_identity " +
+                      then + " there, " + data_identity + " now)");
 }
 
 }  // namespace kvb

@@ -56,14 +56,14 @@ nlohmann::json read_manifest(const std::filesystem::path& dir);
 Shard manifest_shard(const nlohmann::json& manifest);
 
 struct RunStatus {
-  std::string status;        // the manifest's: running, complete, interrupted, failed, crashed
-  bool running = false;      // status is "running"
-  bool stale = false;        // running, but its process is gone (or silent too long)
-  std::string liveness;      // why alive or stale: "process 123 on node1 is gone", ...
+  std::string status;          // the manifest's: running, complete, interrupted, failed, crashed
+  bool running = false;        // status is "running"
+  bool stale = false;          // running, but its process is gone (or silent too long)
+  std::string liveness;        // why alive or stale: "process 123 on node1 is gone", ...
   size_t done = 0, total = 0;  // points finished (measured or failed) of the run's points
   size_t failed = 0;
   Shard shard;
-  size_t sweep_total = 0;    // points of the whole sweep
+  size_t sweep_total = 0;  // points of the whole sweep
 };
 RunStatus read_run_status(const std::filesystem::path& dir);
 // The lines `kvbudget status` prints.
@@ -74,8 +74,8 @@ struct ResumeState {
   nlohmann::json manifest;
   Shard shard;
   std::vector<SweepPoint> points;  // the shard's points (all of them)
-  std::vector<PointResult> kept;  // measured points of the shard, kept as they are
-  size_t failed_before = 0;       // points that had failed: run again
+  std::vector<PointResult> kept;   // measured points of the shard, kept as they are
+  size_t failed_before = 0;        // points that had failed: run again
 };
 // Checks that DIR's run is the same sweep (config hash, program version, shard) and
 // not running (a live process on this host refuses), and reads its finished points.

@@ -1,11 +1,12 @@
 #include "experiments/shard.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "sim/core/error.h"
 #include "sim/metrics/metric_table.h"
@@ -65,7 +66,8 @@ Shard parse_shard(const std::string& text, const std::string& option,
     const char* count = env("SLURM_ARRAY_TASK_COUNT");
     const char* min = env("SLURM_ARRAY_TASK_MIN");
     if (!id || !count || !min)
-      throw ConfigError(option + " auto: not inside a Slurm job array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT and "
+      throw ConfigError(option +
+                        " auto: not inside a Slurm job array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT and "
                         "SLURM_ARRAY_TASK_MIN are not all set; submit with sbatch --array=0-N, or give --shard I/N)");
     const std::string where = option + " auto";
     const size_t task = parse_count(id, "SLURM_ARRAY_TASK_ID", where);
@@ -102,8 +104,10 @@ double point_cost(const ExperimentSpec& spec, const SweepPoint& point) {
   bool need_sim = false, need_model = false;
   for (const std::string& m : spec.metrics.report) {
     const MetricDef* def = find_metric(m);
-    if (def && def->level == MetricLevel::Model) need_model = true;
-    else need_sim = true;
+    if (def && def->level == MetricLevel::Model)
+      need_model = true;
+    else
+      need_sim = true;
   }
   const bool attributed = spec.attribution.selects(point.id);
   double cost = 0.05;

@@ -8,10 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
-#include <thread>
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "experiments/config.h"
 #include "experiments/merge.h"
@@ -25,7 +25,8 @@ using namespace kvb;
 
 namespace {
 
-const std::string kData = "[data]\npath = \"" + (test::data_dir() / "records/gpt2-bytes-record.safetensors").string() + "\"\n";
+const std::string kData =
+    "[data]\npath = \"" + (test::data_dir() / "records/gpt2-bytes-record.safetensors").string() + "\"\n";
 
 ExperimentSpec parse(const std::string& text) { return parse_experiment(ConfigDoc::parse(text, "test.toml")); }
 
@@ -62,7 +63,8 @@ TEST_CASE("shards: every point in exactly one shard, ids kept, balanced by estim
     double lightest = 1e300, heaviest = 0, largest_point = 0;
     for (size_t i = 0; i < n; ++i) {
       const std::vector<SweepPoint> mine = shard_points(spec, points, Shard{i, n});
-      CHECK(std::is_sorted(mine.begin(), mine.end(), [](const SweepPoint& a, const SweepPoint& b) { return a.id < b.id; }));
+      CHECK(std::is_sorted(mine.begin(), mine.end(),
+                           [](const SweepPoint& a, const SweepPoint& b) { return a.id < b.id; }));
       double load = 0;
       for (const SweepPoint& p : mine) {
         ++seen[p.id];
@@ -100,8 +102,10 @@ TEST_CASE("--shard: I/N, and auto from the Slurm job array's variables") {
   CHECK(error_of([] { parse_shard("3", "--shard"); }).find("expected I/N") != std::string::npos);
   // sbatch --array=1-4: ids 1..4, MIN 1, COUNT 4.
   const Shard a = parse_shard("auto", "--shard",
-                              env_of({{"SLURM_ARRAY_TASK_ID", "3"}, {"SLURM_ARRAY_TASK_COUNT", "4"},
-                                      {"SLURM_ARRAY_TASK_MIN", "1"}, {"SLURM_ARRAY_TASK_MAX", "4"}}));
+                              env_of({{"SLURM_ARRAY_TASK_ID", "3"},
+                                      {"SLURM_ARRAY_TASK_COUNT", "4"},
+                                      {"SLURM_ARRAY_TASK_MIN", "1"},
+                                      {"SLURM_ARRAY_TASK_MAX", "4"}}));
   CHECK(a.index == 2);
   CHECK(a.count == 4);
   CHECK(error_of([] { parse_shard("auto", "--shard", env_of({})); }).find("not inside a Slurm job array") !=
@@ -109,8 +113,10 @@ TEST_CASE("--shard: I/N, and auto from the Slurm job array's variables") {
   // --array=0-6:2 (ids 0, 2, 4, 6): ID - MIN is no shard index.
   CHECK(error_of([] {
           parse_shard("auto", "--shard",
-                      env_of({{"SLURM_ARRAY_TASK_ID", "2"}, {"SLURM_ARRAY_TASK_COUNT", "4"},
-                              {"SLURM_ARRAY_TASK_MIN", "0"}, {"SLURM_ARRAY_TASK_MAX", "6"}}));
+                      env_of({{"SLURM_ARRAY_TASK_ID", "2"},
+                              {"SLURM_ARRAY_TASK_COUNT", "4"},
+                              {"SLURM_ARRAY_TASK_MIN", "0"},
+                              {"SLURM_ARRAY_TASK_MAX", "6"}}));
         }).find("not consecutive") != std::string::npos);
 }
 
@@ -127,7 +133,8 @@ TEST_CASE("config hash: --out, --threads and plots aside, any change of the swee
   // The saved config.toml, loaded again (run --resume without CONFIG): the same hash.
   CHECK(sweep_config_hash(run_spec(b.resolved_toml, {})) == sweep_config_hash(a));
   CHECK(sweep_config_hash(a) != sweep_config_hash(run_spec("seed = 1\n" + kSweep, {})));
-  CHECK(sweep_config_hash(a) != sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "", false, {"bpe <= 4"}})));
+  CHECK(sweep_config_hash(a) !=
+        sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "", false, {"bpe <= 4"}})));
   CHECK(sweep_config_hash(a) != sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "cuda", false, {}})));
 }
 
@@ -206,9 +213,15 @@ TEST_CASE("merge: refuses shards of different sweeps, lists missing and duplicat
                    const std::vector<size_t>& ids) {
     const std::filesystem::path dir = root / name;
     std::filesystem::create_directories(dir);
-    nlohmann::json m = {{"status", "complete"},   {"config_hash", config_hash}, {"seed", 0},
-                        {"data_identity", "d1"},  {"git_commit", "c1"},         {"kvbudget_version", "v"},
-                        {"backend", "cpu"},       {"sweep_points_total", 6},     {"points_total", ids.size()},
+    nlohmann::json m = {{"status", "complete"},
+                        {"config_hash", config_hash},
+                        {"seed", 0},
+                        {"data_identity", "d1"},
+                        {"git_commit", "c1"},
+                        {"kvbudget_version", "v"},
+                        {"backend", "cpu"},
+                        {"sweep_points_total", 6},
+                        {"points_total", ids.size()},
                         {"shard", {{"index", index}, {"count", 2}}}};
     std::ofstream(dir / "manifest.json") << m.dump(2);
     PointLog log(dir / kPointLogFile);
@@ -229,8 +242,8 @@ TEST_CASE("merge: refuses shards of different sweeps, lists missing and duplicat
   CHECK(other_config.find("config_hash differs") != std::string::npos);
   CHECK(other_config.find("\"h2\"") != std::string::npos);
   const std::string gaps = error_of([&] { read_shards({a, shard("d", 1, "h1", {1, 2})}); });
-  CHECK(gaps.find("point 2 in") != std::string::npos);       // duplicated, with both folders
-  CHECK(gaps.find("ids 3, 5") != std::string::npos);         // missing
+  CHECK(gaps.find("point 2 in") != std::string::npos);  // duplicated, with both folders
+  CHECK(gaps.find("ids 3, 5") != std::string::npos);    // missing
   CHECK(error_of([&] { read_shards({a}); }).find("ids 1, 3, 5") != std::string::npos);
   CHECK(id_ranges({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8");
 }

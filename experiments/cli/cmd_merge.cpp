@@ -41,15 +41,17 @@ int cmd_merge(const Args& args) {
     return option_error("merge", e);
   }
   if (vm.count("help")) {
-    std::cout << opts
-              << "\nDIR...: the results folders of `kvbudget run --shard I/N` (every shard of one sweep). Writes what a "
-                 "single run writes\n(points.csv, pareto.csv, budgets.json, attribution, plots) from their "
-                 "results.jsonl. Refuses folders of different\nconfigs, seeds, data or program versions, and lists "
-                 "missing or duplicated points.\n";
+    std::cout
+        << opts
+        << "\nDIR...: the results folders of `kvbudget run --shard I/N` (every shard of one sweep). Writes what a "
+           "single run writes\n(points.csv, pareto.csv, budgets.json, attribution, plots) from their "
+           "results.jsonl. Refuses folders of different\nconfigs, seeds, data or program versions, and lists "
+           "missing or duplicated points.\n";
     return kExitOk;
   }
   if (dirs.empty() || out_dir.empty()) {
-    std::cerr << "kvbudget merge: " << (dirs.empty() ? "no shard folders given" : "missing --out DIR") << "\n\n" << opts;
+    std::cerr << "kvbudget merge: " << (dirs.empty() ? "no shard folders given" : "missing --out DIR") << "\n\n"
+              << opts;
     return kExitUsage;
   }
   const auto t_start = std::chrono::steady_clock::now();

@@ -137,10 +137,14 @@ int cmd_run(const Args& args) {
     if (cuda_device(&why).empty()) throw Error("backend = \"cuda\": " + why);
   }
   const auto t_start = std::chrono::steady_clock::now();
-  if (!quiet)
-    std::fprintf(stderr, "kvbudget: %s: %zu points%s%s; loading data\n", spec.name.c_str(), points.size(),
-                 shard.whole() ? "" : (" (shard " + shard.text() + " of " + std::to_string(all_points.size()) + ")").c_str(),
-                 resumed ? (", " + std::to_string(resumed->kept.size()) + " kept from " + resume_dir).c_str() : "");
+  if (!quiet) {
+    std::string which;  // "(shard 1/4 of 96), 10 kept from DIR (2 failed there: run again)"
+    if (!shard.whole()) which += " (shard " + shard.text() + " of " + std::to_string(all_points.size()) + ")";
+    if (resumed) which += ", " + std::to_string(resumed->kept.size()) + " kept from " + resume_dir;
+    if (resumed && resumed->failed_before)
+      which += " (" + std::to_string(resumed->failed_before) + " failed there: run again)";
+    std::fprintf(stderr, "kvbudget: %s: %zu points%s; loading data\n", spec.name.c_str(), points.size(), which.c_str());
+  }
   // A model source runs the exact model once: its recording is what strategies see,
   // and the evaluator compares every point's quantized forward pass against it.
   std::shared_ptr<const ModelEvaluator> model;
