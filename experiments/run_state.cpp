@@ -123,7 +123,7 @@ RunStatus read_run_status(const std::filesystem::path& dir) {
     s.liveness = "the manifest records no process id or heartbeat (written by an older kvbudget?)";
   } else if (host == this_host()) {
     s.stale = !kvbudget_process_alive(pid);
-    s.liveness = process + (s.stale ? " is gone (" : " is alive (") + age_text + ")";
+    s.liveness = process + (s.stale ? " is gone, " : ", ") + age_text;
   } else {
     s.stale = age > limit;
     s.liveness = process + ", another host: " + age_text + (s.stale ? ", more than " : ", within ") +
