@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "experiments/atomic_file.h"
+#include "experiments/point_log.h"
 #include "kvb/build_config.h"
 #include "kvb/git_info.h"
 #include "sim/core/error.h"
@@ -72,13 +73,14 @@ std::string plot_python() {
   return "python3";
 }
 
-std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name) {
+std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name,
+                                   const std::string& suffix) {
   const std::filesystem::path parent = base / name;
   std::filesystem::create_directories(parent);
-  const std::string stamp = time_now("%Y%m%d-%H%M%S");
+  const std::string stamp = time_now("%Y%m%d-%H%M%S") + suffix;
+  // create_directory is false when the folder exists: another process got it first.
   std::filesystem::path dir = parent / stamp;
-  for (int i = 2; std::filesystem::exists(dir); ++i) dir = parent / (stamp + "-" + std::to_string(i));
-  std::filesystem::create_directories(dir);
+  for (int i = 2; !std::filesystem::create_directory(dir); ++i) dir = parent / (stamp + "-" + std::to_string(i));
   // results/<name>/latest -> <timestamp> (best effort).
   const std::filesystem::path latest = parent / "latest";
   std::error_code ec;
@@ -122,6 +124,11 @@ std::string Report::manifest_text(const RunInfo& info) const {
   j["threads"] = spec_.threads > 0 ? spec_.threads : omp_get_max_threads();
   j["seed"] = spec_.seed;
   j["points_total"] = info.points_total;
+  j["sweep_points_total"] = info.sweep_points_total ? info.sweep_points_total : info.points_total;
+  j["shard"] = {{"index", info.shard.index}, {"count", info.shard.count}};
+  j["points_resumed"] = info.points_resumed;
+  if (!info.config_hash.empty()) j["config_hash"] = info.config_hash;
+  if (!info.data_identity.empty()) j["data_identity"] = info.data_identity;
   j["recording"] = info.recording_summary;
   j["warnings"] = info.warnings;
   j["calibration"] = {{"rule", spec_.calibration.text},
@@ -143,6 +150,10 @@ std::string Report::manifest_text(const RunInfo& info) const {
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   j["host"] = host;
+  j["pid"] = static_cast<int64_t>(::getpid());
+  j["heartbeat"] = time_now("%Y-%m-%dT%H:%M:%S%z");
+  j["heartbeat_unix"] = static_cast<int64_t>(std::time(nullptr));
+  if (info.heartbeat_interval_s > 0) j["heartbeat_interval_s"] = info.heartbeat_interval_s;
   return j.dump(2) + "\n";
 }
 
@@ -221,6 +232,15 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
     os << "," << secs << "\n";
   }
   return os.str();
+}
+
+void Report::write_point_log(const std::vector<PointResult>& results) const {
+  std::vector<const PointResult*> sorted;
+  for (const PointResult& r : results) sorted.push_back(&r);
+  std::sort(sorted.begin(), sorted.end(), [](const PointResult* a, const PointResult* b) { return a->id < b->id; });
+  std::string text;
+  for (const PointResult* r : sorted) text += point_result_json(*r, points_[r->id].key) + "\n";
+  write_file_atomic(dir_ / kPointLogFile, text);
 }
 
 void Report::write_points(const std::vector<PointResult>& results) const {

@@ -3,10 +3,13 @@
 //   config.toml     the resolved config (after --set, with run's --out, --threads, --backend,
 //                   --no-plots and --budget folded in)
 //   manifest.json   git commit, build type, CPU, threads, seed, wall time, status, backend,
-//                   calibration and evaluated positions
-//   points.csv      one row per point: key, coordinates, bpe, bytes, extrapolated,
-//                   every metric, then the strategies' annotations (rho_first,
-//                   budget_bpe, ...)
+//                   calibration and evaluated positions; the shard, the config hash and
+//                   the data's identity (what merge and --resume compare); process id,
+//                   host and heartbeat (experiments/run_state.h)
+//   results.jsonl   every finished point's result, read back by merge and --resume
+//                   (experiments/point_log.h)
+//   points.csv      one row per point: key, coordinates, bpe, bytes, extrapolated, every metric,
+//                   then the strategies' annotations (rho_first, budget_bpe, ...)
 //   errors.csv      points that failed, with the reason (only when some failed)
 //   attribution.csv, concentration.csv   error-budget attribution of the selected
 //                   points (experiments/attribution.h)
@@ -26,6 +29,7 @@
 
 #include "experiments/experiment.h"
 #include "experiments/frontier.h"
+#include "experiments/shard.h"
 #include "experiments/sweep.h"
 #include "sim/recording.h"
 
@@ -41,9 +45,11 @@ std::vector<std::string> points_csv_columns(const ExperimentSpec& spec, const st
 // points_csv_columns (a typo would otherwise surface only at the plot step).
 void check_plot_columns(const ExperimentSpec& spec, const std::vector<SweepPoint>& points);
 
-// Creates results/<name>/<timestamp>/ (a suffix -2, -3, ... if it exists) and
-// points results/<name>/latest at it.
-std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name);
+// Creates results/<name>/<timestamp><suffix>/ (then -2, -3, ... if it exists: runs
+// started in the same second, shards of a job array, each get their own) and points
+// results/<name>/latest at it.
+std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name,
+                                   const std::string& suffix = "");
 
 struct RunInfo {
   std::string command_line;
@@ -57,6 +63,14 @@ struct RunInfo {
   BackendChoice backend;  // requested, used and why (used/reason empty until the sweep decided)
   bool backend_decided = false;
   QueryPositions positions;  // calibration and evaluated query positions
+  // Sharded and resumed runs (experiments/shard.h, run_state.h); points_total above
+  // counts the shard's points.
+  Shard shard;
+  size_t sweep_points_total = 0;
+  size_t points_resumed = 0;  // finished points kept from the run --resume continued
+  std::string config_hash;    // sweep_config_hash
+  std::string data_identity;  // recording_identity
+  double heartbeat_interval_s = 0;
 };
 
 class Report {
@@ -68,9 +82,12 @@ class Report {
   void write_config() const;
   void write_manifest(const RunInfo& info) const;
   std::filesystem::path manifest_path() const { return dir_ / "manifest.json"; }
+  // Stamped with this process's id and the current time as its heartbeat.
   std::string manifest_text(const RunInfo& info) const;
   // points.csv (and errors.csv) for the results so far; safe to call repeatedly.
   void write_points(const std::vector<PointResult>& results) const;
+  // results.jsonl in id order (experiments/point_log.h), replacing what was appended.
+  void write_point_log(const std::vector<PointResult>& results) const;
   // attribution.csv and concentration.csv (when any point has an attribution).
   void write_attribution(const std::vector<PointResult>& results) const;
   // pareto.csv and budgets.json; returns the console text of the frontier table and

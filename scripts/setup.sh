@@ -11,11 +11,14 @@ BUILD_DIR=${BUILD_DIR:-build}
 CMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE:-Release}
 
 # Build tools and libraries (all Debian packages), plus Debian's python3 with numpy,
-# matplotlib (plots) and nbconvert/ipykernel (notebooks, executed by the tests).
+# matplotlib (plots) and nbconvert/ipykernel (notebooks, executed by the tests), and
+# Slurm with munge (tests/cli/test_slurm.sh starts a one-node cluster in a scratch
+# directory; no daemon is enabled or configured system-wide).
 packages=(
   build-essential cmake pkg-config git
   libeigen3-dev libboost-program-options-dev doctest-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   python3 python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel jupyter-nbconvert
+  slurm-wlm munge
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -17,8 +17,11 @@
 #include "experiments/crash_marker.h"
 #include "experiments/experiment.h"
 #include "experiments/machine_info.h"
+#include "experiments/point_log.h"
 #include "experiments/progress.h"
 #include "experiments/report.h"
+#include "experiments/run_state.h"
+#include "experiments/shard.h"
 #include "experiments/sweep.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
@@ -68,7 +71,7 @@ int cmd_run(const Args& args) {
   std::string config;
   std::vector<std::string> sets, budgets;
   int threads = 0;
-  std::string out_dir, backend;
+  std::string out_dir, backend, shard_text, resume_dir;
   opts.add_options()("help,h", "show this help")(
       "set", po::value(&sets)->composing(), "override a config key: --set data.max_tokens=256 (repeatable)")(
       "budget", po::value(&budgets)->composing(),
@@ -77,6 +80,12 @@ int cmd_run(const Args& args) {
       "out", po::value(&out_dir), "results base directory (default: config output.dir, else results/)")(
       "backend", po::value(&backend),
       "cpu, cuda or auto: what measures the points (default: config `backend`, else cpu)")(
+      "shard", po::value(&shard_text),
+      "run one part of the points: I/N (shard I of N, 0 <= I < N), or auto inside a Slurm job array; "
+      "`kvbudget merge` combines the shards' folders")(
+      "resume", po::value(&resume_dir),
+      "continue the interrupted or killed run (or shard) in results folder DIR: its finished points are kept "
+      "(CONFIG defaults to DIR/config.toml)")(
       "no-plots", "skip the matplotlib plots")("quiet,q", "no progress output");
   po::options_description hidden;
   hidden.add_options()("config", po::value(&config));
@@ -96,6 +105,7 @@ int cmd_run(const Args& args) {
                          "budgets.json, attribution.csv, concentration.csv and plots/. See configs/README.md for the config reference.\n";
     return kExitOk;
   }
+  if (config.empty() && !resume_dir.empty()) config = (std::filesystem::path(resume_dir) / "config.toml").string();
   if (config.empty()) {
     std::cerr << "kvbudget run: missing CONFIG (e.g. kvbudget run configs/quickstart.toml)\n\n" << opts;
     return kExitUsage;
@@ -103,6 +113,8 @@ int cmd_run(const Args& args) {
   const bool quiet = vm.count("quiet") != 0;
 
   check_threads(threads, "--threads");
+  std::optional<Shard> shard_option;
+  if (!shard_text.empty()) shard_option = parse_shard(shard_text, "--shard");
   ExperimentSpec spec = load_experiment(config, sets);
   for (const std::string& b : budgets) add_budget_query(spec, b, "--budget");
   if (threads > 0) spec.threads = threads;
@@ -115,11 +127,20 @@ int cmd_run(const Args& args) {
   record_run_options(spec, RunOptionsInConfig{threads, out_dir, backend, vm.count("no-plots") != 0, budgets});
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
 
-  const std::vector<SweepPoint> points = expand_sweep(spec);
-  check_plot_columns(spec, points);
+  const std::vector<SweepPoint> all_points = expand_sweep(spec);
+  check_plot_columns(spec, all_points);
+  // This run's points: a shard's (experiments/shard.h); with --resume, those of the
+  // folder's shard, less the finished ones kept (experiments/run_state.h).
+  const std::string config_hash = sweep_config_hash(spec);
+  std::optional<ResumeState> resumed;
+  if (!resume_dir.empty()) resumed = prepare_resume(resume_dir, spec, config_hash, shard_option, all_points);
+  const Shard shard = resumed ? resumed->shard : shard_option.value_or(Shard{});
+  const std::vector<SweepPoint> points = resumed ? resumed->points : shard_points(spec, all_points, shard);
+  const std::vector<SweepPoint> to_run = resumed ? points_not_in(points, resumed->kept) : points;
   // Before the data is loaded (or a model run): a results directory that cannot be
   // written is a config error, not a lost run.
-  require_writable_dir(spec.output.dir / spec.name, spec.output.dir_where);
+  if (resumed) require_writable_dir(resume_dir, "--resume");
+  else require_writable_dir(spec.output.dir / spec.name, spec.output.dir_where);
   if (spec.backend == BackendRequest::Cuda) {  // fail before any data is loaded or written
     std::string why;
     if (cuda_device(&why).empty()) throw Error("backend = \"cuda\": " + why);
@@ -131,7 +152,14 @@ int cmd_run(const Args& args) {
   const ScopedSignalHandlers stop_handlers({SIGINT, SIGTERM}, on_signal, false);
   const ScopedSignalHandlers hangup_handler({SIGHUP}, on_signal, true);
   const auto t_start = std::chrono::steady_clock::now();
-  if (!quiet) std::fprintf(stderr, "kvbudget: %s: %zu points; loading data\n", spec.name.c_str(), points.size());
+  if (!quiet) {
+    std::string which;  // "(shard 1/4 of 96), 10 kept from DIR (2 failed there: run again)"
+    if (!shard.whole()) which += " (shard " + shard.text() + " of " + std::to_string(all_points.size()) + ")";
+    if (resumed) which += ", " + std::to_string(resumed->kept.size()) + " kept from " + resume_dir;
+    if (resumed && resumed->failed_before)
+      which += " (" + std::to_string(resumed->failed_before) + " failed there: run again)";
+    std::fprintf(stderr, "kvbudget: %s: %zu points%s; loading data\n", spec.name.c_str(), points.size(), which.c_str());
+  }
   // A model source runs the exact model once: its recording is what strategies see,
   // and the evaluator compares every point's quantized forward pass against it.
   std::shared_ptr<const ModelEvaluator> model;
@@ -144,9 +172,14 @@ int cmd_run(const Args& args) {
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
   check_model_metric_positions(spec, positions, rec.tokens);
   check_attention_rows(spec, positions, rec.tokens);
+  const std::string data_identity = recording_identity(rec);
+  if (resumed) check_resume_data(resume_dir, *resumed, data_identity);
+  const std::string shard_suffix =
+      shard.whole() ? "" : "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count);
   // From the results directory on, a stop is graceful: what finished is written.
   g_loading.store(false);
-  Report report(spec, points, make_run_dir(spec.output.dir, spec.name));
+  Report report(spec, all_points,
+                resumed ? std::filesystem::path(resume_dir) : make_run_dir(spec.output.dir, spec.name, shard_suffix));
   RunInfo info;
   info.command_line = "kvbudget run " + join(args, " ");
   info.status = "running";
@@ -156,6 +189,12 @@ int cmd_run(const Args& args) {
   info.warnings = data_warnings(rec);
   info.backend.requested = spec.backend;
   info.positions = positions;
+  info.shard = shard;
+  info.sweep_points_total = all_points.size();
+  info.points_resumed = resumed ? resumed->kept.size() : 0;
+  info.config_hash = config_hash;
+  info.data_identity = data_identity;
+  info.heartbeat_interval_s = heartbeat_interval_seconds();
   // A fatal signal from here on leaves the manifest "crashed" rather than "running".
   auto crash_marker = std::make_unique<CrashMarker>(report.manifest_path(), [&](const char* signal) {
     RunInfo crashed = info;
@@ -164,13 +203,23 @@ int cmd_run(const Args& args) {
     return report.manifest_text(crashed);
   });
   report.write_config();
+  // Each finished point is appended to results.jsonl at once (what merge and --resume read).
+  PointLog point_log(report.dir() / kPointLogFile);
   report.write_manifest(info);
+  // While the sweep runs, the manifest's heartbeat is refreshed (kvbudget status tells
+  // a live run from one killed without a chance to write).
+  auto heartbeat = std::make_unique<Heartbeat>(info.heartbeat_interval_s, [&report, running = info] {
+    try {
+      report.write_manifest(running);
+    } catch (...) {  // the next beat tries again
+    }
+  });
 
   // Completed results are rewritten atomically at most once a second while the
   // sweep runs, so a crash loses at most the last second of points.
-  std::vector<PointResult> done_results;
+  std::vector<PointResult> done_results = resumed ? resumed->kept : std::vector<PointResult>{};
   auto last_write = std::chrono::steady_clock::now();
-  Progress progress(points.size(), quiet);
+  Progress progress(to_run.size(), quiet);
   // Failures outside any point (writing a file, a callback): each is reported, the
   // rest is still written, and the run exits non-zero.
   std::vector<std::string> run_errors;
@@ -197,10 +246,15 @@ int cmd_run(const Args& args) {
         if (failed_intermediate_writes++ == 0) first_intermediate_error = e.what();
       }
     }
+    point_log.append(r, p.key);  // a failure is a run error; the final results.jsonl retries
   };
   std::vector<std::string> sweep_errors;
   std::vector<PointResult> results =
-      run_sweep(spec, rec, points, on_point, &g_stop, &info.backend, model.get(), &sweep_errors);
+      run_sweep(spec, rec, to_run, on_point, &g_stop, &info.backend, model.get(), &sweep_errors);
+  if (resumed) {
+    results.insert(results.end(), resumed->kept.begin(), resumed->kept.end());
+    std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
+  }
   for (const std::string& e : sweep_errors) run_errors.push_back("while the sweep ran, " + e);
   info.backend_decided = true;
   progress.finish();
@@ -211,6 +265,7 @@ int cmd_run(const Args& args) {
   const size_t errors_before_final_write = run_errors.size();
   attempt("points.csv / errors.csv", [&] { report.write_points(results); });
   const bool points_lost = run_errors.size() > errors_before_final_write;
+  attempt("results.jsonl", [&] { report.write_point_log(results); });
   if (failed_intermediate_writes > 0) {
     const std::string what = std::to_string(failed_intermediate_writes) +
                              " intermediate write(s) of points.csv failed while the sweep ran (first: " +
@@ -234,6 +289,7 @@ int cmd_run(const Args& args) {
   if (spec.output.plots && results.size() > failed) plot_error = report.write_plots();
 
   info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  heartbeat.reset();
   crash_marker.reset();  // the final manifest below says how the run ended
   // "complete" only for a run that exits 0: every point measured and every file written.
   info.status =

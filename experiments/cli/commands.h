@@ -45,5 +45,7 @@ int cmd_formats(const Args& args);
 int cmd_metrics(const Args& args);
 int cmd_strategies(const Args& args);
 int cmd_bounds(const Args& args);
+int cmd_merge(const Args& args);
+int cmd_status(const Args& args);
 
 }  // namespace kvb::cli

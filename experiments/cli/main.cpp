@@ -21,6 +21,9 @@ struct Command {
 // The command table.
 const Command kCommands[] = {
     {"run", "run an experiment config: sweep, Pareto frontier, plots, budget answers", &kvb::cli::cmd_run},
+    {"merge", "merge the shard folders of one sweep (run --shard) into one results folder", &kvb::cli::cmd_merge},
+    {"status", "a results folder's status: points done, and whether a running run is alive or stale",
+     &kvb::cli::cmd_status},
     {"inspect", "print a tensor file's tensors, statistics and per-head attention entropy", &kvb::cli::cmd_inspect},
     {"record", "run a checkpoint on a text and write per-layer q/k/v and attention outputs", &kvb::cli::cmd_record},
     {"eval", "run a checkpoint with an exact or quantized KV cache: PPL, KL, logits/NLL files", &kvb::cli::cmd_eval},

@@ -1,0 +1,183 @@
+// `kvbudget merge DIR... --out DIR`: shard folders of one sweep (kvbudget run --shard)
+// into one results folder equal to a single run's (experiments/merge.h), and
+// `kvbudget status DIR...`: whether a run is going, finished or stale, and how far it got.
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "experiments/atomic_file.h"
+#include "experiments/cli/commands.h"
+#include "experiments/machine_info.h"
+#include "experiments/merge.h"
+#include "experiments/report.h"
+#include "experiments/run_state.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+
+namespace po = boost::program_options;
+
+namespace kvb::cli {
+
+int cmd_merge(const Args& args) {
+  po::options_description opts("kvbudget merge DIR... --out DIR [options]");
+  std::vector<std::string> dirs;
+  std::string out_dir;
+  opts.add_options()("help,h", "show this help")("out", po::value(&out_dir),
+                                                 "the merged results folder (created; must not hold files)")(
+      "no-plots", "skip the matplotlib plots")("quiet,q", "print only errors");
+  po::options_description hidden;
+  hidden.add_options()("dirs", po::value(&dirs)->composing());
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("dirs", -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return option_error("merge", e);
+  }
+  if (vm.count("help")) {
+    std::cout
+        << opts
+        << "\nDIR...: the results folders of `kvbudget run --shard I/N` (every shard of one sweep). Writes what a "
+           "single run writes\n(points.csv, pareto.csv, budgets.json, attribution, plots) from their "
+           "results.jsonl. Refuses folders of different\nconfigs, seeds, data or program versions, and lists "
+           "missing or duplicated points.\n";
+    return kExitOk;
+  }
+  if (dirs.empty() || out_dir.empty()) {
+    std::cerr << "kvbudget merge: " << (dirs.empty() ? "no shard folders given" : "missing --out DIR") << "\n\n"
+              << opts;
+    return kExitUsage;
+  }
+  const auto t_start = std::chrono::steady_clock::now();
+  const std::string started = time_now("%Y-%m-%dT%H:%M:%S%z");
+  std::vector<std::filesystem::path> paths(dirs.begin(), dirs.end());
+  const MergeInput in = read_shards(paths);
+  const ShardFolder& first = in.shards.front();
+  // The shards' config, as they ran it (after --set and run's options).
+  ExperimentSpec spec = load_experiment(first.dir / "config.toml", {});
+  if (first.manifest.contains("config")) spec.config_path = first.manifest["config"].get<std::string>();
+  if (vm.count("no-plots")) spec.output.plots = false;
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  check_point_keys(in, points);
+
+  const std::filesystem::path out(out_dir);
+  if (std::filesystem::exists(out) && !std::filesystem::is_empty(out))
+    throw ConfigError("--out " + out_dir + ": exists and is not empty (the merged folder must be a new one)");
+  require_writable_dir(out, "--out");
+  std::filesystem::create_directories(out);
+  Report report(spec, points, out);
+
+  // The merged manifest: the shards' (identical in what kMergeKeys compares), as one run.
+  nlohmann::json manifest = first.manifest;
+  for (const char* key : {"pid", "heartbeat", "heartbeat_unix", "heartbeat_interval_s", "points_resumed", "signal"})
+    manifest.erase(key);
+  manifest["command"] = "kvbudget merge " + join(args, " ");
+  manifest["started"] = started;
+  manifest["shard"] = {{"index", 0}, {"count", 1}};
+  manifest["points_total"] = in.sweep_points;
+  nlohmann::json shards = nlohmann::json::array();
+  double shard_seconds = 0;
+  for (const ShardFolder& s : in.shards) {
+    shards.push_back({{"dir", std::filesystem::absolute(s.dir).string()},
+                      {"shard", s.manifest.value("shard", nlohmann::json())},
+                      {"status", s.manifest.value("status", std::string())},
+                      {"host", s.manifest.value("host", std::string())},
+                      {"wall_seconds", s.manifest.value("wall_seconds", 0.0)}});
+    shard_seconds += s.manifest.value("wall_seconds", 0.0);
+  }
+  manifest["merged_from"] = shards;
+  manifest["shards_wall_seconds"] = shard_seconds;
+
+  std::vector<std::string> errors;
+  auto attempt = [&](const std::string& what, const std::function<void()>& write) {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      errors.push_back(what + ": " + e.what());
+    }
+  };
+  attempt("config.toml", [&] { report.write_config(); });
+  attempt("points.csv / errors.csv", [&] { report.write_points(in.results); });
+  attempt("results.jsonl", [&] { report.write_point_log(in.results); });
+  attempt("attribution.csv / concentration.csv", [&] { report.write_attribution(in.results); });
+  std::string frontier;
+  attempt("pareto.csv / budgets.json", [&] {
+    std::string write_error;
+    frontier = report.write_frontier(in.results, &write_error);
+    if (!write_error.empty()) throw Error(write_error);
+  });
+  size_t failed = 0;
+  for (const PointResult& r : in.results) failed += r.ok ? 0 : 1;
+  std::string plot_error;
+  if (spec.output.plots && in.results.size() > failed) plot_error = report.write_plots();
+  if (!plot_error.empty()) errors.push_back("plots not written: " + plot_error);
+  manifest["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  manifest["status"] = (failed || !errors.empty()) ? "failed" : "complete";
+  attempt("manifest.json", [&] { write_file_atomic(report.manifest_path(), manifest.dump(2) + "\n"); });
+
+  if (!vm.count("quiet")) {
+    std::printf("%s", frontier.c_str());
+    std::printf("\nmerged %zu shard folder(s): %zu of %zu points measured; results in %s\n", in.shards.size(),
+                in.results.size() - failed, in.sweep_points, out.string().c_str());
+    std::fflush(stdout);
+  }
+  if (failed) {
+    std::fprintf(stderr, "kvbudget merge: error: %zu point(s) failed in the shards (see %s):\n", failed,
+                 (out / "errors.csv").string().c_str());
+    size_t shown = 0;
+    for (const PointResult& r : in.results)
+      if (!r.ok && shown++ < 5) std::fprintf(stderr, "  %s\n", r.error.c_str());
+  }
+  for (const std::string& e : errors) std::fprintf(stderr, "kvbudget merge: error: %s\n", e.c_str());
+  return (failed || !errors.empty()) ? kExitError : kExitOk;
+}
+
+int cmd_status(const Args& args) {
+  po::options_description opts("kvbudget status DIR... [options]");
+  std::vector<std::string> dirs;
+  opts.add_options()("help,h", "show this help");
+  po::options_description hidden;
+  hidden.add_options()("dirs", po::value(&dirs)->composing());
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("dirs", -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return option_error("status", e);
+  }
+  if (vm.count("help")) {
+    std::cout << opts
+              << "\nFor each results folder: its status (running, complete, interrupted, failed, crashed), the points "
+                 "done of its\ntotal, and for a running one whether its process is alive or stale (died without a "
+                 "chance to write:\nkill -9, the out-of-memory killer), from manifest.json's process id, host and "
+                 "heartbeat.\n";
+    return kExitOk;
+  }
+  if (dirs.empty()) {
+    std::cerr << "kvbudget status: no results folder given\n\n" << opts;
+    return kExitUsage;
+  }
+  int rc = kExitOk;
+  for (const std::string& dir : dirs) {
+    try {
+      std::printf("%s", describe_run_status(dir, read_run_status(dir)).c_str());
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "kvbudget status: error: %s\n", e.what());
+      rc = kExitError;
+    }
+  }
+  return rc;
+}
+
+}  // namespace kvb::cli

@@ -1,0 +1,189 @@
+#include "experiments/point_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "sim/core/error.h"
+
+namespace kvb {
+
+namespace {
+
+using nlohmann::json;
+
+json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double number_from(const json& j, const std::string& what) {
+  if (j.is_number()) return j.get<double>();
+  if (j.is_string()) {
+    const std::string s = j.get<std::string>();
+    if (s == "nan") return std::nan("");
+    if (s == "inf") return HUGE_VAL;
+    if (s == "-inf") return -HUGE_VAL;
+  }
+  throw Error(what + " is not a number");
+}
+
+json pair(const ErrorPair& p) { return json::array({number(p.kl), number(p.out_err2)}); }
+
+ErrorPair pair_from(const json& j, const std::string& what) {
+  if (!j.is_array() || j.size() != 2) throw Error(what + " is not a [kl, out_err2] pair");
+  return {number_from(j[0], what), number_from(j[1], what)};
+}
+
+}  // namespace
+
+std::string point_result_json(const PointResult& r, const std::string& key) {
+  json j;
+  j["id"] = r.id;
+  j["key"] = key;
+  j["ok"] = r.ok;
+  j["error"] = r.error;
+  j["bpe"] = number(r.bpe);
+  j["bpe_target"] = number(r.bpe_target);
+  j["bytes"] = number(r.bytes);
+  j["bytes_target"] = number(r.bytes_target);
+  j["measured_tokens"] = r.measured_tokens;  // what the extrapolated marks compare
+  j["sized_for_tokens"] = r.sized_for_tokens;
+  j["target_extrapolated"] = r.target_extrapolated;
+  j["plan"] = r.plan;
+  json notes = json::array();
+  for (const Annotation& a : r.annotations) {
+    // Text is wrapped, {"text": ...}, so that a text "nan" does not read back as a number.
+    const json value = std::holds_alternative<double>(a.value) ? number(std::get<double>(a.value))
+                                                               : json{{"text", std::get<std::string>(a.value)}};
+    notes.push_back({{"name", a.name}, {"value", value}});
+  }
+  j["annotations"] = notes;
+  json metrics = json::array();
+  for (double m : r.metrics) metrics.push_back(number(m));
+  j["metrics"] = metrics;
+  if (r.attribution) {
+    const Attribution& a = *r.attribution;
+    json heads = json::array();
+    for (const ErrorPair& p : a.head) heads.push_back(pair(p));
+    json regions = json::array();
+    for (const Attribution::Region& g : a.regions)
+      regions.push_back({{"partition", g.partition},
+                         {"name", g.name},
+                         {"kl", number(g.error.kl)},
+                         {"out_err2", number(g.error.out_err2)}});
+    j["attribution"] = {
+        {"layers", a.layers}, {"q_heads", a.q_heads}, {"total", pair(a.total)}, {"head", heads}, {"regions", regions}};
+  }
+  j["seconds"] = number(r.seconds);
+  return j.dump();
+}
+
+PointResult point_result_from_json(const std::string& line, const std::string& where, std::string* key) {
+  PointResult r;
+  try {
+    const json j = json::parse(line);
+    if (!j.is_object()) throw Error("not a JSON object");
+    r.id = j.at("id").get<size_t>();
+    if (key) *key = j.at("key").get<std::string>();
+    r.ok = j.at("ok").get<bool>();
+    r.error = j.at("error").get<std::string>();
+    r.bpe = number_from(j.at("bpe"), "bpe");
+    r.bpe_target = number_from(j.at("bpe_target"), "bpe_target");
+    r.bytes = number_from(j.at("bytes"), "bytes");
+    r.bytes_target = number_from(j.at("bytes_target"), "bytes_target");
+    r.measured_tokens = j.at("measured_tokens").get<int64_t>();
+    r.sized_for_tokens = j.at("sized_for_tokens").get<int64_t>();
+    r.target_extrapolated = j.at("target_extrapolated").get<bool>();
+    r.plan = j.at("plan").get<std::string>();
+    for (const json& a : j.at("annotations")) {
+      Annotation note;
+      note.name = a.at("name").get<std::string>();
+      const json& v = a.at("value");
+      if (v.is_object())
+        note.value = v.at("text").get<std::string>();
+      else
+        note.value = number_from(v, "annotation " + note.name);
+      r.annotations.push_back(std::move(note));
+    }
+    for (const json& m : j.at("metrics")) r.metrics.push_back(number_from(m, "a metric"));
+    if (j.contains("attribution")) {
+      const json& ja = j["attribution"];
+      Attribution a;
+      a.layers = ja.at("layers").get<int64_t>();
+      a.q_heads = ja.at("q_heads").get<int64_t>();
+      a.total = pair_from(ja.at("total"), "attribution total");
+      for (const json& h : ja.at("head")) a.head.push_back(pair_from(h, "attribution head"));
+      if (static_cast<int64_t>(a.head.size()) != a.layers * a.q_heads)
+        throw Error("attribution has " + std::to_string(a.head.size()) +
+                    " head entries, not layers x q_heads = " + std::to_string(a.layers * a.q_heads));
+      for (const json& g : ja.at("regions"))
+        a.regions.push_back({g.at("partition").get<std::string>(),
+                             g.at("name").get<std::string>(),
+                             {number_from(g.at("kl"), "region kl"), number_from(g.at("out_err2"), "region out_err2")}});
+      r.attribution = std::move(a);
+    }
+    r.seconds = number_from(j.at("seconds"), "seconds");
+  } catch (const json::exception& e) {
+    throw Error(where + ": not a point result: " + e.what());
+  } catch (const Error& e) {
+    throw Error(where + ": not a point result: " + e.what());
+  }
+  return r;
+}
+
+std::vector<PointLogEntry> read_point_log(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(file.string() + ": cannot be read: " + std::strerror(errno));
+  std::map<size_t, PointLogEntry> by_id;
+  size_t number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    // A line that is not JSON at all is what a writer killed mid-line leaves (the
+    // next writer starts on a fresh line): skipped. Valid JSON that is not a point
+    // result is an error.
+    if (line.empty() || !json::accept(line)) continue;
+    PointLogEntry e;
+    e.line = number;
+    e.result = point_result_from_json(line, file.string() + ":" + std::to_string(number), &e.key);
+    by_id[e.result.id] = std::move(e);
+  }
+  std::vector<PointLogEntry> out;
+  for (auto& [id, e] : by_id) out.push_back(std::move(e));
+  return out;
+}
+
+PointLog::PointLog(std::filesystem::path file) : file_(std::move(file)) {
+  fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);  // read: the last byte
+  if (fd_ < 0) throw Error(file_.string() + ": cannot be opened for appending: " + std::strerror(errno));
+  // A line a killed writer left half-written must not swallow the next one.
+  const off_t end = ::lseek(fd_, 0, SEEK_END);
+  if (end > 0) {
+    char last = '\n';
+    if (::pread(fd_, &last, 1, end - 1) == 1 && last != '\n') {
+      const char nl = '\n';
+      if (::write(fd_, &nl, 1) != 1) throw Error(file_.string() + ": cannot be written: " + std::strerror(errno));
+    }
+  }
+}
+
+PointLog::~PointLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void PointLog::append(const PointResult& r, const std::string& key) {
+  const std::string line = point_result_json(r, key) + "\n";
+  const ssize_t n = ::write(fd_, line.data(), line.size());
+  if (n != static_cast<ssize_t>(line.size()))
+    throw Error(file_.string() + ": cannot be written: " + (n < 0 ? std::strerror(errno) : "short write"));
+}
+
+}  // namespace kvb

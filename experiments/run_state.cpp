@@ -1,0 +1,224 @@
+#include "experiments/run_state.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "kvb/build_config.h"
+#include "kvb/git_info.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+namespace {
+
+std::string this_host() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// Whether process `pid` on this host is a running kvbudget (not a reused id).
+bool kvbudget_process_alive(int64_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  if (!std::getline(comm, name)) return true;  // no /proc: trust the id
+  return name.rfind("kvbudget", 0) == 0;
+}
+
+std::string json_text(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key)) return "";
+  const nlohmann::json& v = j[key];
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+}  // namespace
+
+double heartbeat_interval_seconds() {
+  if (const char* s = std::getenv("KVB_HEARTBEAT_SECONDS"); s && *s) {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (end && *end == '\0' && v > 0 && std::isfinite(v)) return v;
+  }
+  return 10;
+}
+
+Heartbeat::Heartbeat(double interval_s, std::function<void()> beat) {
+  const auto interval = std::chrono::duration<double>(interval_s);
+  thread_ = std::thread([this, interval, beat = std::move(beat)] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!wake_.wait_for(lock, interval, [this] { return stop_; })) {
+      lock.unlock();
+      beat();
+      lock.lock();
+    }
+  });
+}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+nlohmann::json read_manifest(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "manifest.json";
+  std::ifstream in(file);
+  if (!in) throw Error(file.string() + ": missing: " + dir.string() + " is not a kvbudget results folder");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(file.string() + ": not JSON: " + e.what());
+  }
+}
+
+Shard manifest_shard(const nlohmann::json& manifest) {
+  Shard s;
+  if (manifest.contains("shard")) {
+    s.index = manifest["shard"].value("index", size_t{0});
+    s.count = manifest["shard"].value("count", size_t{1});
+  }
+  return s;
+}
+
+RunStatus read_run_status(const std::filesystem::path& dir) {
+  const nlohmann::json m = read_manifest(dir);
+  RunStatus s;
+  s.status = m.value("status", std::string("unknown"));
+  s.running = s.status == "running";
+  s.total = m.value("points_total", size_t{0});
+  s.sweep_total = m.value("sweep_points_total", s.total);
+  s.shard = manifest_shard(m);
+  if (std::filesystem::exists(dir / kPointLogFile))
+    for (const PointLogEntry& e : read_point_log(dir / kPointLogFile)) {
+      ++s.done;
+      s.failed += e.result.ok ? 0 : 1;
+    }
+  if (!s.running) return s;
+  const int64_t pid = m.value("pid", int64_t{0});
+  const std::string host = m.value("host", std::string());
+  const double interval = m.value("heartbeat_interval_s", 10.0);
+  const double beat = m.value("heartbeat_unix", 0.0);
+  const double age = static_cast<double>(std::time(nullptr)) - beat;
+  const double limit = std::max(kStaleMinSeconds, kStaleHeartbeats * interval);
+  char age_text[64];
+  std::snprintf(age_text, sizeof age_text, "last heartbeat %.0f s ago", age);
+  const std::string process = "process " + std::to_string(pid) + " on " + (host.empty() ? "?" : host);
+  if (pid <= 0 || beat <= 0) {
+    s.stale = true;
+    s.liveness = "the manifest records no process id or heartbeat (written by an older kvbudget?)";
+  } else if (host == this_host()) {
+    s.stale = !kvbudget_process_alive(pid);
+    s.liveness = process + (s.stale ? " is gone, " : ", ") + age_text;
+  } else {
+    s.stale = age > limit;
+    s.liveness = process + ", another host: " + age_text + (s.stale ? ", more than " : ", within ") +
+                 std::to_string(static_cast<int64_t>(limit)) + " s";
+  }
+  return s;
+}
+
+std::string describe_run_status(const std::filesystem::path& dir, const RunStatus& s) {
+  std::ostringstream os;
+  os << dir.string() << "\n";
+  os << "  status: " << s.status;
+  if (s.running) os << (s.stale ? " (stale: " : " (alive: ") << s.liveness << ")";
+  os << "\n  points: " << s.done << " of " << s.total << " done";
+  if (s.failed) os << " (" << s.failed << " failed)";
+  if (!s.shard.whole()) os << "; shard " << s.shard.text() << " of a " << s.sweep_total << "-point sweep";
+  os << "\n";
+  if (s.stale)
+    os << "  the run died without a chance to write (kill -9, the out-of-memory killer, a lost node); continue it "
+          "with: kvbudget run --resume "
+       << dir.string() << "\n";
+  else if (!s.running && s.done < s.total)
+    os << "  unfinished; continue it with: kvbudget run --resume " << dir.string() << "\n";
+  return os.str();
+}
+
+std::vector<SweepPoint> points_not_in(const std::vector<SweepPoint>& points, const std::vector<PointResult>& kept) {
+  std::vector<SweepPoint> out;
+  for (const SweepPoint& p : points)
+    if (std::none_of(kept.begin(), kept.end(), [&](const PointResult& r) { return r.id == p.id; })) out.push_back(p);
+  return out;
+}
+
+ResumeState prepare_resume(const std::filesystem::path& dir, const ExperimentSpec& spec, const std::string& config_hash,
+                           const std::optional<Shard>& shard, const std::vector<SweepPoint>& points) {
+  ResumeState st;
+  const std::string where = "--resume " + dir.string();
+  try {
+    st.manifest = read_manifest(dir);
+  } catch (const Error& e) {
+    throw ConfigError(where + ": " + e.what());
+  }
+  const nlohmann::json& m = st.manifest;
+  if (!m.contains("config_hash"))
+    throw ConfigError(where +
+                      ": its manifest.json has no config_hash: written by a kvbudget that could not resume "
+                      "runs (run the experiment again)");
+  std::vector<std::string> differences;
+  auto differ = [&](const char* key, const std::string& now, const std::string& why) {
+    const std::string then = json_text(m, key);
+    if (then != now) differences.push_back(std::string(key) + " " + then + " there, " + now + " now (" + why + ")");
+  };
+  differ("config_hash", config_hash, "a different config, --set, --budget or --backend");
+  differ("git_commit", KVB_GIT_COMMIT, "another program version");
+  differ("kvbudget_version", KVB_VERSION, "another program version");
+  if (!differences.empty())
+    throw ConfigError(where + ": not the same sweep as this command's: " + join(differences, "; "));
+  st.shard = manifest_shard(m);
+  if (shard && (shard->index != st.shard.index || shard->count != st.shard.count))
+    throw ConfigError(where + ": the folder holds shard " + st.shard.text() + ", not --shard " + shard->text());
+  st.points = shard_points(spec, points, st.shard);
+  const std::vector<SweepPoint>& shard_points = st.points;
+  if (m.value("status", std::string()) == "running") {
+    const RunStatus s = read_run_status(dir);
+    if (!s.stale) throw ConfigError(where + ": the run is still going: " + s.liveness);
+  }
+  const std::filesystem::path log = dir / kPointLogFile;
+  if (!std::filesystem::exists(log)) return st;  // killed before any point finished
+  std::vector<PointLogEntry> entries;
+  try {
+    entries = read_point_log(log);
+  } catch (const Error& e) {
+    throw ConfigError(where + ": " + e.what());
+  }
+  for (const PointLogEntry& e : entries) {
+    const auto p = std::find_if(shard_points.begin(), shard_points.end(),
+                                [&](const SweepPoint& sp) { return sp.id == e.result.id; });
+    if (p == shard_points.end() || p->key != e.key)
+      throw ConfigError(log.string() + ":" + std::to_string(e.line) + ": point " + std::to_string(e.result.id) + " (" +
+                        e.key + ") is not a point of this shard of the sweep");
+    if (e.result.ok)
+      st.kept.push_back(e.result);
+    else
+      ++st.failed_before;
+  }
+  return st;
+}
+
+void check_resume_data(const std::filesystem::path& dir, const ResumeState& state, const std::string& data_identity) {
+  const std::string then = json_text(state.manifest, "data_identity");
+  if (!then.empty() && then != data_identity)
+    throw ConfigError("--resume " + dir.string() +
+                      ": the data differs from the data its points were measured on "
+                      "(data_identity " +
+                      then + " there, " + data_identity + " now)");
+}
+
+}  // namespace kvb

@@ -1,0 +1,92 @@
+// A results folder's life beyond one process: the heartbeat of a running run, what
+// `kvbudget status` reports (alive, finished, or stale: left "running" by a process
+// that died without a chance to write, kill -9 or the out-of-memory killer), and
+// what `kvbudget run --resume` keeps.
+//
+// manifest.json of a run records, for this: "pid" and "host" of the process, and
+// "heartbeat" (local time), "heartbeat_unix" (seconds since the epoch) and
+// "heartbeat_interval_s": the manifest is rewritten that often while the run goes.
+// A "running" manifest is stale when its process is gone (same host: no process with
+// that id, or one that is not kvbudget) or, seen from another host, when its
+// heartbeat is older than kStaleHeartbeats intervals (at least kStaleMinSeconds).
+#pragma once
+#include <condition_variable>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "experiments/point_log.h"
+#include "experiments/shard.h"
+#include "experiments/sweep.h"
+
+namespace kvb {
+
+inline constexpr double kStaleHeartbeats = 3;
+inline constexpr double kStaleMinSeconds = 60;
+
+// Seconds between heartbeats: $KVB_HEARTBEAT_SECONDS when set (tests use 1), else 10.
+double heartbeat_interval_seconds();
+
+// Calls beat() every interval_s seconds on its own thread until destroyed (which
+// waits for a beat in progress). beat() must not throw.
+class Heartbeat {
+ public:
+  Heartbeat(double interval_s, std::function<void()> beat);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// manifest.json of a results folder; throws kvb::Error naming the file when it is
+// missing or not JSON.
+nlohmann::json read_manifest(const std::filesystem::path& dir);
+
+// The shard a manifest records ("shard": {"index", "count"}; a run without one is 0/1).
+Shard manifest_shard(const nlohmann::json& manifest);
+
+struct RunStatus {
+  std::string status;          // the manifest's: running, complete, interrupted, failed, crashed
+  bool running = false;        // status is "running"
+  bool stale = false;          // running, but its process is gone (or silent too long)
+  std::string liveness;        // why alive or stale: "process 123 on node1 is gone", ...
+  size_t done = 0, total = 0;  // points finished (measured or failed) of the run's points
+  size_t failed = 0;
+  Shard shard;
+  size_t sweep_total = 0;  // points of the whole sweep
+};
+RunStatus read_run_status(const std::filesystem::path& dir);
+// The lines `kvbudget status` prints.
+std::string describe_run_status(const std::filesystem::path& dir, const RunStatus& s);
+
+// What `kvbudget run --resume DIR` continues from.
+struct ResumeState {
+  nlohmann::json manifest;
+  Shard shard;
+  std::vector<SweepPoint> points;  // the shard's points (all of them)
+  std::vector<PointResult> kept;   // measured points of the shard, kept as they are
+  size_t failed_before = 0;        // points that had failed: run again
+};
+// Checks that DIR's run is the same sweep (config hash, program version, shard) and
+// not running (a live process on this host refuses), and reads its finished points.
+// `shard` is the --shard option when given (else the manifest's shard is resumed);
+// `points` is the whole sweep. Throws kvb::ConfigError naming what differs.
+ResumeState prepare_resume(const std::filesystem::path& dir, const ExperimentSpec& spec, const std::string& config_hash,
+                           const std::optional<Shard>& shard, const std::vector<SweepPoint>& points);
+// The points of `points` without a result in `kept`.
+std::vector<SweepPoint> points_not_in(const std::vector<SweepPoint>& points, const std::vector<PointResult>& kept);
+// After the data is loaded: throws kvb::ConfigError when it is not the data DIR's
+// points were measured on.
+void check_resume_data(const std::filesystem::path& dir, const ResumeState& state, const std::string& data_identity);
+
+}  // namespace kvb
