@@ -461,8 +461,11 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
   // point's layer tasks (results are identical with or without it).
   std::unique_ptr<ExactAttentionCache> exact;
   if (std::any_of(layer_tasks.begin(), layer_tasks.end(), [](size_t t) { return t > 0; }) && !stopped()) {
-    exact = std::make_unique<ExactAttentionCache>(rec, opt, kExactCacheBytes);
-    opt.exact = exact.get();
+    try {
+      exact = std::make_unique<ExactAttentionCache>(rec, opt, kExactCacheBytes);
+      opt.exact = exact.get();
+    } catch (const SimulationStopped&) {  // stopped while it was built: no task runs
+    }
   }
 
   const long ntasks = static_cast<long>(tasks.size());

@@ -229,7 +229,8 @@ ExactHead exact_head(const Recording& rec, int64_t layer, int64_t h, const std::
   ConstRowMap V(L.value.slice(g), T, d);
   ExactHead head;
   RowMat Qb, Qs;
-  for (size_t b0 = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block)) {
+  for (size_t b0 = 0, block = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block), ++block) {
+    check_stop(opt, block, layer, h);
     const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
     const int64_t rows = static_cast<int64_t>(b1 - b0);
     const int64_t cols = pos[b1 - 1] + 1;

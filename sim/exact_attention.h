@@ -39,7 +39,8 @@ struct ExactHead {
 
 // The exact pass of every (layer, query head) of a recording for one set of options
 // (positions, row_block, topk), built in parallel, head by head while the memory
-// stays within a budget (heads beyond it are measured without the cache).
+// stays within a budget (heads beyond it are measured without the cache). Throws
+// SimulationStopped when opt.stop becomes true while it is built.
 class ExactAttentionCache {
  public:
   ExactAttentionCache(const Recording& rec, const SimOptions& opt, size_t budget_bytes);

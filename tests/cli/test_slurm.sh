@@ -19,7 +19,7 @@ source "$(dirname "$0")/lib.sh"
 
 cfg="$src/configs/quickstart.toml"
 # 2 modes x 2 groups x 4 widths = 16 points, every one with its attribution.
-small=(--set data.max_tokens=256 --set 'strategy.0.vars.bits=[2, 3, 4, 8]' --quiet)
+small=(--set 'strategy.0.vars.bits=[2, 3, 4, 8]' --quiet)
 export KVB_HEARTBEAT_SECONDS=1
 
 # same_results A B WHAT: two results folders hold the same results: points.csv
@@ -71,9 +71,12 @@ env SLURM_ARRAY_TASK_ID=1 SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TASK_MAX=3 SLURM_AR
   KVBUDGET="$kvb" bash "$src/scripts/slurm/sweep.sbatch" "$cfg" "$out" "${small[@]}" >"$tmp/env_1.out" 2>&1 &
 victim=$!
 killed=""
-for _ in $(seq 1 600); do  # up to 60 s
+for _ in $(seq 1 6000); do  # up to a minute
   log=$(ls "$out"/shards/quickstart/*-shard1of4/results.jsonl 2>/dev/null || true)
   if [ -n "$log" ] && [ "$(wc -l <"$log")" -ge 1 ]; then
+    # Frozen at once (a point takes milliseconds): alive, but no further point finishes
+    # while status and --resume look at it; then killed without a chance to write.
+    kill -STOP "$victim"
     shard1=$(dirname "$log")
     "$kvb" status "$shard1" >"$tmp/status_alive.out" 2>&1
     "$kvb" run --resume "$shard1" --quiet >"$tmp/resume_alive.out" 2>&1
@@ -82,7 +85,7 @@ for _ in $(seq 1 600); do  # up to 60 s
     break
   fi
   kill -0 "$victim" 2>/dev/null || break
-  sleep 0.1
+  sleep 0.01
 done
 wait "$victim" 2>/dev/null
 if [ -z "$killed" ]; then
