@@ -35,6 +35,13 @@ for m in ppl_ratio next_token_kl_mean next_token_kl_median next_token_kl_p99 nex
   expect "$tmp/q.out" "  $m " "eval quantized"
 done
 expect "$tmp/q.out" "K:int4-asym-g32 V:int4-asym-g32, 5.0000 bits per element" "eval quantized"
+# Standard errors as llama.cpp prints them: "value ± se" for the metrics that have one.
+for m in ppl ppl_ratio next_token_kl_mean same_top_rate; do
+  grep -qE "^  $m +[-0-9.e]+ +± [0-9.e-]+ " "$tmp/q.out" || fail "eval: $m without '± se'"
+done
+grep -qE "^  next_token_kl_p99 +[-0-9.e]+ +±" "$tmp/q.out" && fail "eval: next_token_kl_p99 has a '±' but no standard error"
+expect "$tmp/exact.out" "exact cache: PPL" "eval exact"
+grep -qE "exact cache: PPL [0-9.e]+ ± [0-9.e]+ " "$tmp/exact.out" || fail "eval exact: PPL without '± se'"
 "$kvb" inspect "$tmp/e.safetensors" --no-stats >"$tmp/e.out" 2>&1 || fail "inspect eval output"
 grep -qE '^logits +F32 +\[128, 257\]' "$tmp/e.out" || fail "eval --out: logits"
 grep -qE '^nll_exact +F32 +\[127\]' "$tmp/e.out" || fail "eval --out: nll_exact"

@@ -40,7 +40,7 @@ assert "k_rel_mse_lo" not in head and "attn_kl_mean_se" not in head
 expect "$d1/manifest.json" '"attention_interval"' "manifest (uncertainty)"
 expect "$d1/manifest.json" '"level": 0.95' "manifest (uncertainty)"
 expect "$d1/manifest.json" '"resamples": 200' "manifest (uncertainty)"
-expect "$d1/manifest.json" '"block_positions": 4' "manifest (uncertainty: 4 = ceil(cbrt(63)) positions per block)"
+expect "$d1/manifest.json" '"block_positions": 4' "manifest (uncertainty: 4 = ceil(cbrt(56 evaluated positions)) per block)"
 expect "$d1/config.toml" 'max_tokens = 64' "resolved config"
 expect "$d1/config.toml" "dir = '$tmp/r1'" "resolved config (--out)"
 expect "$tmp/run1.out" "Pareto frontier: attn_kl_mean" "console"
