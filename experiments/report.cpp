@@ -249,7 +249,8 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
       os << "," << num(r.metrics[k]);
       const MetricDef& def = require_metric(spec_.metrics.report[k], "metrics.report");
       if (def.standard_error) os << "," << num(r.standard_errors[k]);
-      if (def.rows.kind != RowReduction::Kind::None) os << "," << num(r.intervals[k].lo) << "," << num(r.intervals[k].hi);
+      if (def.rows.kind != RowReduction::Kind::None)
+        os << "," << num(r.intervals[k].lo) << "," << num(r.intervals[k].hi);
     }
     for (const std::string& name : notes) {
       os << ",";
