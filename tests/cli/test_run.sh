@@ -52,6 +52,7 @@ if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   # Each axis says the metric table's direction (the SVG keeps the label as a comment).
   expect "$d1/plots/topk_overlap.svg" "topk_overlap (higher is better)" "plot label"
   expect "$d1/plots/attn_kl_mean.svg" "attn_kl_mean (lower is better)" "plot label"
+  expect "$d1/plots/attn_kl_mean.svg" "95 % interval" "plot legend (bootstrap interval bars)"
 fi
 
 # 2. Determinism: same config and seed, other thread count: identical numbers.
