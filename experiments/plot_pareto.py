@@ -9,7 +9,9 @@ passes its metric table's) are higher-is-better, every other metric lower-is-bet
 The x axis is the memory column --x (output.x: bpe, bpe_target, bytes, bytes_target).
 Points whose memory on it is taken at a longer context than their error was measured
 on (points.csv `extrapolated`, docs/methods.md §1) are drawn hollow, and a caption
-under the plot says so.
+under the plot says so. Grey bars show each point's 95 % interval where points.csv has
+one (docs/methods.md §4 "Uncertainty"): an attention metric's bootstrap `_lo`/`_hi`, or
+a model metric's value ± 1.96 `_se`.
 
 Runs under Debian's /usr/bin/python3 with python3-matplotlib.
 """
@@ -61,6 +63,19 @@ def extrapolated_on(point, x):
     return "budget_context" in what or (x.endswith("_target") and "target_context" in what)
 
 
+def interval(point, metric):
+    """The metric's 95 % interval (low, high) from points.csv: the bootstrap's `_lo` and
+    `_hi`, or value ± 1.96 standard errors `_se`; None when the metric has neither."""
+    lo, hi = point.get(metric + "_lo"), point.get(metric + "_hi")
+    if lo and hi:
+        return as_float(lo), as_float(hi)
+    se = point.get(metric + "_se")
+    if se:
+        value, error = as_float(point[metric]), as_float(se)
+        return value - 1.96 * error, value + 1.96 * error
+    return None
+
+
 def x_label(x, target_context):
     at = f" at {target_context} tokens (output.target_context)" if x.endswith("_target") else \
         " at the recorded context"
@@ -97,6 +112,18 @@ def plot_metric(points, front, metric, higher_is_better, series, marker, title, 
                            marker=MARKERS[si % len(MARKERS)], s=28, alpha=0.8, linewidths=1.0,
                            label=None if hollow and any(not extrapolated_on(p, x) for p in sel) else label,
                            zorder=3)
+    # 95 % intervals as grey bars behind the points (a maximum's bootstrap interval can
+    # end at the point itself: bar lengths are clipped at 0).
+    bars = []
+    for p in points:
+        iv = interval(p, metric)
+        bx, by = as_float(p[x]), as_float(p[metric])
+        if iv and all(math.isfinite(v) for v in (bx, by, *iv)):
+            bars.append((bx, by, max(by - iv[0], 0.0), max(iv[1] - by, 0.0)))
+    if bars:
+        ax.errorbar([b[0] for b in bars], [b[1] for b in bars],
+                    yerr=[[b[2] for b in bars], [b[3] for b in bars]], fmt="none", ecolor="grey",
+                    elinewidth=0.8, alpha=0.6, zorder=1, label="95 % interval (docs/methods.md §4)")
     fx = [as_float(r.get(x, "nan")) for r in front]
     fy = [as_float(r["value"]) for r in front]
     if fx:

@@ -40,6 +40,20 @@ const std::vector<std::string> kPointColumnsPlan = {"plan",         "bpe",      
                                                     "bytes_target", "compression", "extrapolated"};
 constexpr const char* kPointColumnLast = "seconds";
 
+// The points.csv columns of one metric: its value, then `<name>_se` when the metric has
+// a standard error (MetricDef::standard_error), or `<name>_lo`, `<name>_hi` when it
+// has a bootstrap interval (MetricDef::rows).
+std::vector<std::string> metric_columns(const std::string& name) {
+  std::vector<std::string> cols = {name};
+  const MetricDef& def = require_metric(name, "metrics.report");
+  if (def.standard_error) cols.push_back(name + "_se");
+  if (def.rows.kind != RowReduction::Kind::None) {
+    cols.push_back(name + "_lo");
+    cols.push_back(name + "_hi");
+  }
+  return cols;
+}
+
 std::vector<std::string> coordinate_names(const std::vector<SweepPoint>& points) {
   std::set<std::string> cols;
   for (const SweepPoint& p : points)
@@ -144,6 +158,25 @@ std::string Report::manifest_text(const RunInfo& info) const {
   // What was measured and asked, including what --budget and the budget queries added
   // (config.toml holds the config after --set, with the --budget queries appended).
   j["metrics_reported"] = spec_.metrics.report;
+  // How points.csv states the uncertainty of a metric (methods.md §4, "Uncertainty").
+  const BootstrapSettings bootstrap = bootstrap_settings(spec_);
+  const auto evaluated = static_cast<int64_t>(info.positions.evaluation.size());
+  j["uncertainty"] = {
+      {"attention_interval",
+       {{"columns", "<metric>_lo, <metric>_hi"},
+        {"method", "percentile bootstrap over blocks of consecutive evaluated query positions; a block holds "
+                   "every layer and query head of its positions; each resample draws as many blocks as there "
+                   "are, with replacement; the same draws for every point"},
+        {"level", bootstrap.level},
+        {"resamples", bootstrap.resamples},
+        {"block_positions", bootstrap_block_positions(evaluated)},
+        {"blocks", bootstrap_blocks(evaluated)},
+        {"seed", bootstrap.seed}}},
+      {"model_standard_error",
+       {{"columns", "<metric>_se"},
+        {"method", "as llama.cpp's perplexity tool: SE of a mean = sqrt((mean(x^2) - mean(x)^2) / (n - 1)) over "
+                   "evaluated positions; ppl: PPL * SE(mean NLL); ppl_ratio: ratio * SE(mean(nll - nll_base)), "
+                   "the SE of ln(ppl_ratio) times the ratio; same_top_rate: sqrt(p (1 - p) / (n - 1))"}}}};
   nlohmann::json budgets = nlohmann::json::array();
   for (const BudgetQuery& q : spec_.budgets) budgets.push_back(q.text);
   j["budget_queries"] = budgets;
@@ -164,7 +197,8 @@ std::vector<std::string> points_csv_columns(const ExperimentSpec& spec, const st
   };
   for (const std::string& c : coordinate_names(points)) add(c);
   for (const std::string& c : kPointColumnsPlan) add(c);
-  for (const std::string& m : spec.metrics.report) add(m);
+  for (const std::string& m : spec.metrics.report)
+    for (const std::string& c : metric_columns(m)) add(c);
   for (const SweepPoint& p : points)
     for (const std::string& c : require_strategy_type(p.type, "strategy").columns) add(c);
   add(kPointColumnLast);
@@ -204,7 +238,8 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
   os << join(kPointColumnsLead, ",");
   for (const std::string& c : coords) os << "," << csv_field(c);
   os << "," << join(kPointColumnsPlan, ",");
-  for (const std::string& m : spec_.metrics.report) os << "," << m;
+  for (const std::string& m : spec_.metrics.report)
+    for (const std::string& c : metric_columns(m)) os << "," << c;
   for (const std::string& a : notes) os << "," << csv_field(a);
   os << "," << kPointColumnLast << "\n";
   for (const PointResult& r : results) {
@@ -221,7 +256,13 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
     }
     os << "," << csv_field(r.plan) << "," << num(r.bpe) << "," << num(r.bpe_target) << "," << num(r.bytes) << ","
        << num(r.bytes_target) << "," << num(16.0 / r.bpe) << "," << extrapolated_label(r);
-    for (double v : r.metrics) os << "," << num(v);
+    for (size_t k = 0; k < r.metrics.size(); ++k) {
+      os << "," << num(r.metrics[k]);
+      const MetricDef& def = require_metric(spec_.metrics.report[k], "metrics.report");
+      if (def.standard_error) os << "," << num(r.standard_errors[k]);
+      if (def.rows.kind != RowReduction::Kind::None)
+        os << "," << num(r.intervals[k].lo) << "," << num(r.intervals[k].hi);
+    }
     for (const std::string& name : notes) {
       os << ",";
       for (const Annotation& a : r.annotations)

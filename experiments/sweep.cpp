@@ -139,6 +139,12 @@ bool target_column(const std::string& memory) { return memory == "bpe_target" ||
 bool sized_beyond_recording(const PointResult& r) { return r.sized_for_tokens > r.measured_tokens; }
 }  // namespace
 
+BootstrapSettings bootstrap_settings(const ExperimentSpec& spec) {
+  BootstrapSettings b;
+  b.seed = spec.seed;
+  return b;
+}
+
 bool extrapolated_on(const PointResult& r, const std::string& memory) {
   return sized_beyond_recording(r) || (target_column(memory) && r.target_extrapolated);
 }
@@ -376,7 +382,11 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
         // The CPU simulator refuses such a reconstruction itself (reconstruct_unit/
         // _window); this catches it on every backend (windows reach only the rows).
         require_finite_errors(merged[0], rec);
-        for (const MetricDef* m : metrics) r.metrics.push_back(m->compute(merged[0]));
+        for (const MetricDef* m : metrics) {
+          r.metrics.push_back(m->compute(merged[0]));
+          r.standard_errors.push_back(m->standard_error ? m->standard_error(merged[0]) : std::nan(""));
+        }
+        r.intervals = bootstrap_intervals(merged[0], metrics, bootstrap_settings(spec));
         if (spec.attribution.selects(points[i].id) && variants > 0)
           r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
                                     rec.num_layers(), rec.q_heads);
@@ -389,6 +399,8 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     } catch (...) {
       r.ok = false;
       r.metrics.clear();
+      r.standard_errors.clear();
+      r.intervals.clear();
       r.attribution.reset();
       if (r.error.empty()) r.error = points[i].key + ": " + describe_current_exception();
     }

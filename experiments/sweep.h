@@ -15,6 +15,7 @@
 
 #include "experiments/attribution.h"
 #include "experiments/experiment.h"
+#include "sim/metrics/bootstrap.h"
 #include "sim/model/model_eval.h"
 #include "sim/recording.h"
 
@@ -63,6 +64,11 @@ struct PointResult {
   std::string plan;                        // Plan::describe()
   std::vector<Annotation> annotations;     // the strategy's extra results
   std::vector<double> metrics;             // aligned with spec.metrics.report
+  // Aligned with metrics: MetricDef::standard_error's value, NaN for a metric without one.
+  std::vector<double> standard_errors;
+  // Aligned with metrics: the bootstrap interval (sim/metrics/bootstrap.h) of an
+  // attention metric, {NaN, NaN} for the others.
+  std::vector<Interval> intervals;
   std::optional<Attribution> attribution;  // when [attribution] selects the point
   double seconds = 0;                      // CPU seconds spent on the point (cuda: wall seconds on the device)
 };
@@ -79,6 +85,10 @@ std::string extrapolated_label(const PointResult& r);
 // error measured on 512", "allocated for budget_context 32768 tokens, ..." (empty when
 // not extrapolated on `memory`); target_context is output.target_context.
 std::string extrapolation_note(const PointResult& r, const std::string& memory, int64_t target_context);
+
+// The bootstrap behind PointResult::intervals: BootstrapSettings' defaults (200
+// resamples, 95 %) with the experiment's seed. manifest.json records them.
+BootstrapSettings bootstrap_settings(const ExperimentSpec& spec);
 
 // Called (serialized) as each point finishes, with how many are done.
 using PointCallback = std::function<void(const SweepPoint&, const PointResult&, size_t done, size_t total)>;

@@ -101,3 +101,43 @@ TEST_CASE("metric table: model metrics reduce ErrorStats::model") {
   }
   CHECK(model_metrics == 10);
 }
+
+TEST_CASE("metric table: standard errors of the model metrics, as llama.cpp's perplexity tool") {
+  ErrorStats s;
+  s.model.nll = {1, 2, 3};
+  s.model.nll_base = {1, 1, 1};
+  s.model.kl = {0.1, 0.4, 0.2};
+  s.model.same_top = {1, 0, 1};
+  auto se = [&](const char* name) { return require_metric(name, "test").standard_error(s); };
+  // Mean NLL 2, squared deviations 1 + 0 + 1 = 2: SE = sqrt(2 / 3 / 2) (population
+  // variance over n − 1); PPL's by the delta method, e² · SE.
+  CHECK(standard_error_of_mean(s.model.nll) == doctest::Approx(std::sqrt(1.0 / 3)));
+  CHECK(se("ppl") == doctest::Approx(std::exp(2.0) * std::sqrt(1.0 / 3)));
+  // nll − nll_base = {0, 1, 2}: ln(PPL ratio) = 1 ± sqrt(1/3); the ratio's SE is e · sqrt(1/3).
+  CHECK(se("ppl_ratio") == doctest::Approx(std::exp(1.0) * std::sqrt(1.0 / 3)));
+  CHECK(se("ppl_ratio") / metric(s, "ppl_ratio") == doctest::Approx(std::sqrt(1.0 / 3)));
+  // KL {0.1, 0.4, 0.2}: squared deviations from 0.7/3 sum to 0.14/3; over n(n − 1) = 6.
+  CHECK(se("next_token_kl_mean") == doctest::Approx(std::sqrt(0.14 / 18)));
+  // Same top 2 of 3: sqrt(p(1 − p) / (n − 1)) = sqrt(2/9 / 2) = 1/3.
+  CHECK(se("same_top_rate") == doctest::Approx(1.0 / 3));
+  // The one-pass form llama.cpp evaluates, sqrt((Σx²/n − mean²) / (n − 1)), agrees.
+  CHECK(standard_error_of_mean(s.model.kl) ==
+        doctest::Approx(std::sqrt(((0.01 + 0.16 + 0.04) / 3 - (0.7 / 3) * (0.7 / 3)) / 2)));
+  // Undefined without results, and for a single position.
+  ErrorStats none;
+  CHECK(std::isnan(require_metric("ppl", "test").standard_error(none)));
+  CHECK(std::isnan(require_metric("same_top_rate", "test").standard_error(none)));
+  ErrorStats one;
+  one.model.nll = {2};
+  one.model.nll_base = {1};
+  one.model.kl = {0.5};
+  one.model.same_top = {1};
+  CHECK(std::isnan(require_metric("ppl_ratio", "test").standard_error(one)));
+  CHECK(std::isnan(require_metric("same_top_rate", "test").standard_error(one)));
+  CHECK(std::isnan(standard_error_of_mean({})));
+  // Exactly these four metrics have one.
+  std::vector<std::string> with_se;
+  for (const MetricDef& m : metric_table())
+    if (m.standard_error) with_se.push_back(m.name);
+  CHECK(with_se == std::vector<std::string>{"ppl", "ppl_ratio", "next_token_kl_mean", "same_top_rate"});
+}

@@ -182,7 +182,8 @@ int cmd_eval(const Args& args) {
   const std::string source = "model " + in.checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
   const ModelEvaluator evaluator(model, tokens, cont, source);
   const double exact_ppl = perplexity(evaluator.base_nll());
-  std::printf("exact cache: PPL %.6g (mean NLL %.6g nats over %zu positions)\n", exact_ppl, std::log(exact_ppl),
+  std::printf("exact cache: PPL %.6g ± %.3g (mean NLL %.6g nats over %zu positions)\n", exact_ppl,
+              exact_ppl * standard_error_of_mean(evaluator.base_nll()), std::log(exact_ppl),
               evaluator.base_nll().size());
 
   RowMatrix quant_logits;
@@ -204,7 +205,10 @@ int cmd_eval(const Args& args) {
                 calibrated ? " (positions not used for the strategy's calibration, every 8th from 7)" : "");
     for (const MetricDef& m : metric_table()) {
       if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens)) continue;
-      std::printf("  %-22s %-12.6g %s\n", m.name.c_str(), m.compute(stats), m.description.c_str());
+      // ± the standard error where the metric has one (llama.cpp's perplexity tool).
+      char se[32] = "";
+      if (m.standard_error) std::snprintf(se, sizeof se, "± %.3g", m.standard_error(stats));
+      std::printf("  %-22s %-12.6g %-12s %s\n", m.name.c_str(), m.compute(stats), se, m.description.c_str());
     }
   } else if (cont.count > 0) {
     std::printf("(continuations are compared only with a quantized cache: give --format or --strategy)\n");

@@ -34,6 +34,25 @@ double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max
 double kl(const AttentionRow& r) { return r.kl; }
 double out_rel(const AttentionRow& r) { return r.out_norm2 > 0 ? std::sqrt(r.out_err2 / r.out_norm2) : 0.0; }
 
+// Row reductions of the attention metrics, for the bootstrap (RowReduction).
+double one(const AttentionRow&) { return 1.0; }
+double topk_of(const AttentionRow& r) { return r.topk_overlap; }
+double logit_err2_of(const AttentionRow& r) { return r.logit_err2; }
+double logit_pairs_of(const AttentionRow& r) { return static_cast<double>(r.position) + 1; }  // keys j <= t
+double logit_err_max_of(const AttentionRow& r) { return r.logit_err_max; }
+double out_err2_of(const AttentionRow& r) { return r.out_err2; }
+double out_norm2_of(const AttentionRow& r) { return r.out_norm2; }
+double square_root(double x) { return std::sqrt(x); }
+RowReduction mean_of(double (*value)(const AttentionRow&)) {
+  return {RowReduction::Kind::RatioOfSums, value, &one, nullptr, 0};
+}
+RowReduction quantile_of(double (*value)(const AttentionRow&), double q) {
+  return {RowReduction::Kind::Quantile, value, nullptr, nullptr, q};
+}
+RowReduction sqrt_ratio_of(double (*num)(const AttentionRow&), double (*den)(const AttentionRow&)) {
+  return {RowReduction::Kind::RatioOfSums, num, den, &square_root, 0};
+}
+
 double k_rel_mse(const ErrorStats& s) { return ratio(s.k_err2, s.k_norm2); }
 double v_rel_mse(const ErrorStats& s) { return ratio(s.v_err2, s.v_norm2); }
 double k_snr(const ErrorStats& s) { return snr_db(s.k_err2, s.k_norm2); }
@@ -83,6 +102,27 @@ double same_top(const ErrorStats& s) {
   for (uint8_t v : s.model.same_top) same += v;
   return same / static_cast<double>(s.model.same_top.size());
 }
+// Standard errors (llama.cpp's perplexity tool, methods.md §4 "Uncertainty"); NaN
+// without model results or with fewer than 2 positions.
+double ppl_se(const ErrorStats& s) {  // delta method: d exp(m) = exp(m) dm
+  return s.model.has_positions() ? ppl(s) * standard_error_of_mean(s.model.nll) : kNaN;
+}
+double ppl_ratio_se(const ErrorStats& s) {  // ratio · SE of ln(ratio) = mean(nll − nll_base)
+  const ModelStats& m = s.model;
+  if (!m.has_positions()) return kNaN;
+  std::vector<double> diff(m.nll.size());
+  for (size_t i = 0; i < m.nll.size(); ++i) diff[i] = m.nll[i] - m.nll_base[i];
+  return ppl_ratio(s) * standard_error_of_mean(diff);
+}
+double token_kl_mean_se(const ErrorStats& s) {
+  return s.model.has_positions() ? standard_error_of_mean(s.model.kl) : kNaN;
+}
+double same_top_se(const ErrorStats& s) {  // binomial, n − 1 as llama.cpp: sqrt(p(1 − p) / (n − 1))
+  const double n = static_cast<double>(s.model.same_top.size());
+  if (n < 2) return kNaN;
+  const double p = same_top(s);
+  return std::sqrt(p * (1 - p) / (n - 1));
+}
 double gen_match(const ErrorStats& s) {
   return s.model.has_continuations() ? token_match_rate(s.model.continuations, s.model.continuations_base) : kNaN;
 }
@@ -103,34 +143,41 @@ const std::vector<MetricDef>& metric_table() {
       {"v_rel_mse", "", "relative MSE of the stored values ||V - V̂||² / ||V||² (segment formats, all tokens; windows not included)", B::Lower, L::Tensor, &v_rel_mse},
       {"k_snr_db", "dB", "key signal-to-noise ratio 10 log10(||K||² / ||K - K̂||²) of the stored keys", B::Higher, L::Tensor, &k_snr},
       {"v_snr_db", "dB", "value signal-to-noise ratio of the stored values", B::Higher, L::Tensor, &v_snr},
-      {"logit_rmse", "", "RMS of ŝ - s over causal (t, j) of the evaluated rows, s = q·k/√d", B::Lower, L::Attention, &logit_rmse},
-      {"logit_err_max", "", "max |ŝ - s| over causal (t, j) of the evaluated rows", B::Lower, L::Attention, &logit_max},
-      {"attn_kl_mean", "nats", "mean over (layer, head, t) of KL(p || p̂)", B::Lower, L::Attention, &kl_mean},
-      {"attn_kl_p99", "nats", "99th percentile of KL(p || p̂)", B::Lower, L::Attention, &kl_p99},
-      {"attn_kl_max", "nats", "max of KL(p || p̂)", B::Lower, L::Attention, &kl_max},
-      {"topk_overlap", "", "mean |topk(p) ∩ topk(p̂)| / k over evaluated rows (k = metrics.topk, at most t + 1 keys)", B::Higher, L::Attention, &topk},
+      {"logit_rmse", "", "RMS of ŝ - s over causal (t, j) of the evaluated rows, s = q·k/√d", B::Lower, L::Attention,
+       &logit_rmse, nullptr, sqrt_ratio_of(&logit_err2_of, &logit_pairs_of)},
+      {"logit_err_max", "", "max |ŝ - s| over causal (t, j) of the evaluated rows", B::Lower, L::Attention,
+       &logit_max, nullptr, quantile_of(&logit_err_max_of, 1.0)},
+      {"attn_kl_mean", "nats", "mean over (layer, head, t) of KL(p || p̂)", B::Lower, L::Attention, &kl_mean,
+       nullptr, mean_of(&kl)},
+      {"attn_kl_p99", "nats", "99th percentile of KL(p || p̂)", B::Lower, L::Attention, &kl_p99, nullptr,
+       quantile_of(&kl, 0.99)},
+      {"attn_kl_max", "nats", "max of KL(p || p̂)", B::Lower, L::Attention, &kl_max, nullptr, quantile_of(&kl, 1.0)},
+      {"topk_overlap", "", "mean |topk(p) ∩ topk(p̂)| / k over evaluated rows (k = metrics.topk, at most t + 1 keys)",
+       B::Higher, L::Attention, &topk, nullptr, mean_of(&topk_of)},
       {"attn_out_rel_err", "", "mean over (layer, head, t) of ||o - ô|| / ||o||, o = softmax(s)·v", B::Lower,
-       L::Attention, &out_rel_mean},
-      {"attn_out_rel_err_p99", "", "99th percentile of ||o - ô|| / ||o||", B::Lower, L::Attention, &out_rel_p99},
+       L::Attention, &out_rel_mean, nullptr, mean_of(&out_rel)},
+      {"attn_out_rel_err_p99", "", "99th percentile of ||o - ô|| / ||o||", B::Lower, L::Attention, &out_rel_p99,
+       nullptr, quantile_of(&out_rel, 0.99)},
       {"attn_out_rel_fro", "", "sqrt(sum ||o - ô||² / sum ||o||²) over all rows", B::Lower, L::Attention,
-       &out_rel_total},
+       &out_rel_total, nullptr, sqrt_ratio_of(&out_err2_of, &out_norm2_of)},
       {"ppl", "", "perplexity exp(mean NLL) of the next token, teacher-forced, quantized cache", B::Lower, L::Model,
-       &ppl},
-      {"ppl_ratio", "", "PPL with the quantized cache / PPL with the exact cache", B::Lower, L::Model, &ppl_ratio},
+       &ppl, &ppl_se},
+      {"ppl_ratio", "", "PPL with the quantized cache / PPL with the exact cache", B::Lower, L::Model, &ppl_ratio,
+       &ppl_ratio_se},
       {"next_token_kl_mean", "nats", "mean over positions of KL(p_base || p_quantized) of the next token", B::Lower,
-       L::Model, &token_kl_mean},
+       L::Model, &token_kl_mean, &token_kl_mean_se},
       {"next_token_kl_median", "nats", "median of the next-token KL", B::Lower, L::Model, &token_kl_median},
       {"next_token_kl_p99", "nats", "99th percentile of the next-token KL", B::Lower, L::Model, &token_kl_p99},
       {"next_token_kl_max", "nats", "max of the next-token KL", B::Lower, L::Model, &token_kl_max},
       {"same_top_rate", "", "fraction of positions where the quantized and exact argmax tokens agree", B::Higher,
-       L::Model, &same_top},
+       L::Model, &same_top, &same_top_se},
       {"gen_token_match", "", "greedy continuations: fraction of tokens equal to the exact model's at the same index",
-       B::Higher, L::Model, &gen_match, true},
+       B::Higher, L::Model, &gen_match, nullptr, {}, true},
       {"gen_bleu4", "", "greedy continuations: corpus BLEU-4 on token ids against the exact model's", B::Higher,
-       L::Model, &gen_bleu, true, 4},
+       L::Model, &gen_bleu, nullptr, {}, true, 4},
       {"gen_bleu4_research", "",
        "greedy continuations: per-sequence BLEU-4, orders without matches dropped, averaged (the research's variant)",
-       B::Higher, L::Model, &gen_bleu_research, true},
+       B::Higher, L::Model, &gen_bleu_research, nullptr, {}, true},
   };
   return table;
 }
@@ -160,7 +207,18 @@ const char* level_name(MetricLevel l) {
   }
 }
 
-double quantile(std::vector<double> v, double q) {
+double standard_error_of_mean(const std::vector<double>& values) {
+  const size_t n = values.size();
+  if (n < 2) return kNaN;
+  const double m = mean(values);
+  double squares = 0;
+  for (double x : values) squares += (x - m) * (x - m);
+  return std::sqrt(squares / static_cast<double>(n) / static_cast<double>(n - 1));
+}
+
+double quantile(std::vector<double> v, double q) { return quantile_in_place(v, q); }
+
+double quantile_in_place(std::vector<double>& v, double q) {
   if (v.empty()) return 0.0;
   // NaN has no order: a quantile of values holding one is NaN, like their mean.
   if (std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); })) return std::nan("");

@@ -15,6 +15,21 @@ namespace kvb {
 enum class Better { Lower, Higher };
 enum class MetricLevel { Tensor, Attention, Model };
 
+// How an attention metric reduces the evaluated rows (ErrorStats::rows), for the
+// bootstrap over blocks of query positions (bootstrap.h, methods.md §4 "Uncertainty"):
+//  - RatioOfSums: finish(Σ numerator(row) / Σ denominator(row)) (0 when Σ denominator
+//    is 0): a mean (denominator 1), an RMS over pairs, a Frobenius ratio;
+//  - Quantile: quantile(numerator(row) over rows, q); q = 1 is the maximum.
+// Applied to all rows it gives the metric's value (up to summation order).
+struct RowReduction {
+  enum class Kind { None, RatioOfSums, Quantile };
+  Kind kind = Kind::None;
+  double (*numerator)(const AttentionRow&) = nullptr;
+  double (*denominator)(const AttentionRow&) = nullptr;
+  double (*finish)(double) = nullptr;  // nullptr: the ratio itself
+  double q = 0;
+};
+
 struct MetricDef {
   std::string name;
   std::string unit;
@@ -22,6 +37,13 @@ struct MetricDef {
   Better better = Better::Lower;
   MetricLevel level = MetricLevel::Attention;
   double (*compute)(const ErrorStats&) = nullptr;
+  // Standard error of the metric, as llama.cpp's perplexity tool reports it (methods.md
+  // §4, "Uncertainty"); nullptr when the metric has none. Written to points.csv as
+  // `<name>_se` right after the metric.
+  double (*standard_error)(const ErrorStats&) = nullptr;
+  // Attention level: the reduction the bootstrap repeats on resampled blocks of
+  // positions; its interval is written as `<name>_lo` and `<name>_hi` (Kind::None: none).
+  RowReduction rows = {};
   // Model level only: the metric reduces greedy continuations, so the data source
   // must generate some ([data] continuations > 0).
   bool needs_continuations = false;
@@ -42,8 +64,15 @@ const MetricDef& require_metric(std::string_view name, const std::string& where)
 
 const char* level_name(MetricLevel l);
 
+// Standard error of the mean of `values` as llama.cpp's perplexity tool computes it:
+// sqrt((mean(x²) − mean(x)²) / (n − 1)), i.e. the sample standard deviation over √n
+// (computed in two passes). NaN for fewer than 2 values.
+double standard_error_of_mean(const std::vector<double>& values);
+
 // Quantile with linear interpolation between order statistics (NumPy's default); NaN
 // when any value is NaN.
 double quantile(std::vector<double> values, double q);
+// The same, reordering `values` in place (no copy).
+double quantile_in_place(std::vector<double>& values, double q);
 
 }  // namespace kvb

@@ -113,5 +113,10 @@ for line in "${bad_command_lines[@]}"; do
   [ -s "$tmp/bad.err" ] || fail "kvbudget $line: no message"
 done
 "$kvb" metrics --help >/dev/null || fail "metrics --help"
+# The metric table says which points.csv columns carry each metric's uncertainty.
+"$kvb" metrics >"$tmp/metrics.out" 2>&1 || fail "metrics exited $?"
+grep -qE '^attn_kl_mean +attention +lower +_lo/_hi ' "$tmp/metrics.out" || fail "metrics: attn_kl_mean without _lo/_hi"
+grep -qE '^ppl_ratio +model +lower +_se ' "$tmp/metrics.out" || fail "metrics: ppl_ratio without _se"
+grep -qE '^k_rel_mse +tensor +lower +- ' "$tmp/metrics.out" || fail "metrics: k_rel_mse should have no uncertainty"
 
 exit $status

@@ -35,6 +35,13 @@ for m in ppl_ratio next_token_kl_mean next_token_kl_median next_token_kl_p99 nex
   expect "$tmp/q.out" "  $m " "eval quantized"
 done
 expect "$tmp/q.out" "K:int4-asym-g32 V:int4-asym-g32, 5.0000 bits per element" "eval quantized"
+# Standard errors as llama.cpp prints them: "value ± se" for the metrics that have one.
+for m in ppl ppl_ratio next_token_kl_mean same_top_rate; do
+  grep -qE "^  $m +[-0-9.e]+ +± [0-9.e-]+ " "$tmp/q.out" || fail "eval: $m without '± se'"
+done
+grep -qE "^  next_token_kl_p99 +[-0-9.e]+ +±" "$tmp/q.out" && fail "eval: next_token_kl_p99 has a '±' but no standard error"
+expect "$tmp/exact.out" "exact cache: PPL" "eval exact"
+grep -qE "exact cache: PPL [0-9.e]+ ± [0-9.e]+ " "$tmp/exact.out" || fail "eval exact: PPL without '± se'"
 "$kvb" inspect "$tmp/e.safetensors" --no-stats >"$tmp/e.out" 2>&1 || fail "inspect eval output"
 grep -qE '^logits +F32 +\[128, 257\]' "$tmp/e.out" || fail "eval --out: logits"
 grep -qE '^nll_exact +F32 +\[127\]' "$tmp/e.out" || fail "eval --out: nll_exact"
@@ -67,7 +74,20 @@ expect "$tmp/run.out" "8 of 8 points measured" "llama_ppl run"
 pareto="$tmp/results/llama_ppl/latest/pareto.csv"
 [ "$(grep -c '^ppl_ratio,' "$pareto")" -ge 2 ] || fail "pareto.csv has fewer than 2 ppl_ratio frontier points"
 grep -q '^ppl_ratio,.*int2-asym-g32' "$pareto" || fail "the cheapest point (int2) is not on the frontier"
-head -1 "$tmp/results/llama_ppl/latest/points.csv" | grep -q "ppl_ratio" || fail "points.csv has no ppl_ratio column"
+points="$tmp/results/llama_ppl/latest/points.csv"
+csv_ok "$points" || fail "points.csv has rows of unequal length"
+# Each metric with a standard error has `<metric>_se` right after it (llama.cpp's ±).
+/usr/bin/python3 -c 'import csv, math, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = rows[0]
+for m in ["ppl", "ppl_ratio", "next_token_kl_mean", "same_top_rate"]:
+    i = head.index(m)
+    assert head[i + 1] == m + "_se", (m, head[i + 1])
+    for r in rows[1:]:
+        se = float(r[i + 1])
+        assert math.isfinite(se) and se >= 0, (m, r[i + 1])
+assert "next_token_kl_p99_se" not in head and "gen_bleu4_se" not in head
+' "$points" || fail "points.csv: a model metric without its _se column right after it, or a bad value"
 if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
   [ -s "$tmp/results/llama_ppl/latest/plots/ppl_ratio.png" ] || fail "no ppl_ratio plot"
 fi

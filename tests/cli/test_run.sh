@@ -21,6 +21,26 @@ csv_ok "$d1/points.csv" || fail "points.csv rows have differing field counts"
 expect "$d1/manifest.json" '"status": "complete"' "manifest"
 expect "$d1/manifest.json" '"git_commit"' "manifest"
 expect "$d1/manifest.json" '"seed": 0' "manifest"
+# Uncertainty: each attention metric is followed by its bootstrap interval, lo <= hi,
+# around the mean metrics' values; the manifest says how it was computed.
+/usr/bin/python3 -c 'import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head = rows[0]
+for m in ["logit_rmse", "logit_err_max", "attn_kl_mean", "attn_kl_p99", "attn_kl_max", "topk_overlap",
+          "attn_out_rel_err", "attn_out_rel_err_p99", "attn_out_rel_fro"]:
+    i = head.index(m)
+    assert head[i + 1 : i + 3] == [m + "_lo", m + "_hi"], (m, head[i + 1 : i + 3])
+    for r in rows[1:]:
+        v, lo, hi = (float(x) for x in r[i : i + 3])
+        assert lo <= hi, (m, r[0], lo, hi)
+        if m in ("attn_kl_mean", "attn_out_rel_err", "topk_overlap"):
+            assert lo <= v <= hi, (m, r[0], lo, v, hi)
+assert "k_rel_mse_lo" not in head and "attn_kl_mean_se" not in head
+' "$d1/points.csv" || fail "points.csv: an attention metric without its _lo/_hi interval columns, or a bad interval"
+expect "$d1/manifest.json" '"attention_interval"' "manifest (uncertainty)"
+expect "$d1/manifest.json" '"level": 0.95' "manifest (uncertainty)"
+expect "$d1/manifest.json" '"resamples": 200' "manifest (uncertainty)"
+expect "$d1/manifest.json" '"block_positions": 4' "manifest (uncertainty: 4 = ceil(cbrt(56 evaluated positions)) per block)"
 expect "$d1/config.toml" 'max_tokens = 64' "resolved config"
 expect "$d1/config.toml" "dir = '$tmp/r1'" "resolved config (--out)"
 expect "$tmp/run1.out" "Pareto frontier: attn_kl_mean" "console"
@@ -32,6 +52,7 @@ if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   # Each axis says the metric table's direction (the SVG keeps the label as a comment).
   expect "$d1/plots/topk_overlap.svg" "topk_overlap (higher is better)" "plot label"
   expect "$d1/plots/attn_kl_mean.svg" "attn_kl_mean (lower is better)" "plot label"
+  expect "$d1/plots/attn_kl_mean.svg" "95 % interval" "plot legend (bootstrap interval bars)"
 fi
 
 # 2. Determinism: same config and seed, other thread count: identical numbers.

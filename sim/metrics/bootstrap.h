@@ -1,0 +1,48 @@
+// Confidence intervals of the attention metrics (methods.md §4, "Uncertainty"): a
+// percentile bootstrap over blocks of consecutive evaluated query positions. A block
+// holds every row (layer, query head) of its positions, so the correlation between
+// layers and heads at one position, and between neighbouring positions, stays inside
+// a block. Each resample draws as many blocks as there are, uniformly with
+// replacement, and repeats the metric's RowReduction on the rows they hold; the
+// interval is the (1 − level)/2 and (1 + level)/2 quantiles of the resampled values.
+//
+// Cost: the blocks' sums (ratio metrics) and maxima are computed once, so a resample
+// of those is O(blocks); a quantile below 1 (p99) gathers the chosen blocks' rows,
+// O(rows) per resample. Deterministic for a seed: the draws come from a fixed
+// generator (splitmix64), run on one thread, and are the same for every point with
+// the same positions (common random numbers, so points' intervals are comparable).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "sim/metrics/metric_table.h"
+
+namespace kvb {
+
+struct BootstrapSettings {
+  int resamples = 200;
+  double level = 0.95;  // two-sided coverage of the interval
+  uint64_t seed = 0;
+};
+
+struct Interval {
+  double lo = 0, hi = 0;
+};
+
+// Positions per block for `positions` evaluated positions: ⌈positions^(1/3)⌉ (at least
+// 1), the usual n^(1/3) rule for block length; the last block may be shorter.
+int64_t bootstrap_block_positions(int64_t positions);
+// Number of blocks of that length.
+int64_t bootstrap_blocks(int64_t positions);
+
+// One interval per metric, aligned with `metrics`; {NaN, NaN} for a metric whose
+// RowReduction is Kind::None, or when `stats` has no rows. Rows may come in any order
+// (they are grouped by the rank of their position among the distinct positions).
+std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::vector<const MetricDef*>& metrics,
+                                          const BootstrapSettings& settings);
+
+// A metric's RowReduction applied to `rows` (all of them, once): equals the metric's
+// value up to summation order; the bootstrap applies it to resampled rows.
+double reduce_rows(const RowReduction& reduction, const std::vector<AttentionRow>& rows);
+
+}  // namespace kvb

@@ -1,0 +1,158 @@
+// The bootstrap intervals of the attention metrics (sim/metrics/bootstrap.h): block
+// layout, determinism, agreement of the row reductions with the metrics, and coverage
+// on synthetic rows whose mean is known.
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "sim/metrics/bootstrap.h"
+#include "sim/metrics/metric_table.h"
+#include "test_util.h"
+
+using namespace kvb;
+
+namespace {
+
+// Rows of `layers` x `heads` x `positions` (positions 0, stride, 2·stride, ...), in
+// (layer, head, position) order like the simulator's. KL = mean + 0.5·a_t + 0.3·e: a_t
+// is a stationary AR(1) along positions (φ = 0.5, unit variance) shared by every layer
+// and head of a position, e independent per row; E[KL] = mean exactly. The other
+// fields are positive and vary by row.
+std::vector<AttentionRow> synthetic_rows(uint64_t seed, double mean, int layers, int heads, int positions,
+                                         int stride = 1) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> shared(static_cast<size_t>(positions));
+  double a = normal(rng);
+  for (double& s : shared) {
+    s = a;
+    a = 0.5 * a + std::sqrt(0.75) * normal(rng);
+  }
+  std::vector<AttentionRow> rows;
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < heads; ++h)
+      for (int p = 0; p < positions; ++p) {
+        AttentionRow r;
+        r.layer = l;
+        r.q_head = h;
+        r.position = p * stride;
+        r.kl = static_cast<float>(mean + 0.5 * shared[static_cast<size_t>(p)] + 0.3 * normal(rng));
+        r.topk_overlap = static_cast<float>(std::clamp(0.8 + 0.1 * normal(rng), 0.0, 1.0));
+        r.out_norm2 = static_cast<float>(1.0 + std::fabs(normal(rng)));
+        r.out_err2 = static_cast<float>(0.01 * r.out_norm2 * (1.0 + std::fabs(normal(rng))));
+        r.logit_err2 = static_cast<float>((r.position + 1) * 0.02 * (1.0 + std::fabs(normal(rng))));
+        r.logit_err_max = static_cast<float>(0.2 + std::fabs(normal(rng)));
+        rows.push_back(r);
+      }
+  return rows;
+}
+
+std::vector<const MetricDef*> attention_metrics() {
+  std::vector<const MetricDef*> out;
+  for (const MetricDef& m : metric_table())
+    if (m.level == MetricLevel::Attention) out.push_back(&m);
+  return out;
+}
+
+ErrorStats stats_of(std::vector<AttentionRow> rows) {
+  ErrorStats s;
+  for (const AttentionRow& r : rows) s.logit_pairs += r.position + 1;
+  s.rows = std::move(rows);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("bootstrap: blocks of ceil(cbrt(positions)) consecutive positions") {
+  CHECK(bootstrap_block_positions(1) == 1);
+  CHECK(bootstrap_block_positions(8) == 2);
+  CHECK(bootstrap_block_positions(9) == 3);
+  CHECK(bootstrap_block_positions(512) == 8);
+  CHECK(bootstrap_block_positions(513) == 9);
+  CHECK(bootstrap_blocks(0) == 0);
+  CHECK(bootstrap_blocks(1) == 1);
+  CHECK(bootstrap_blocks(10) == 4);  // 3 + 3 + 3 + 1
+  CHECK(bootstrap_blocks(512) == 64);
+}
+
+TEST_CASE("bootstrap: every attention metric has a row reduction that gives its value") {
+  const ErrorStats s = stats_of(synthetic_rows(1, 0.2, 2, 3, 50, 3));
+  for (const MetricDef* m : attention_metrics()) {
+    INFO(m->name);
+    REQUIRE(m->rows.kind != RowReduction::Kind::None);
+    CHECK(reduce_rows(m->rows, s.rows) == doctest::Approx(m->compute(s)).epsilon(1e-12));
+  }
+  // Tensor and model metrics have none: their intervals are not over query positions.
+  for (const MetricDef& m : metric_table())
+    if (m.level != MetricLevel::Attention) CHECK(m.rows.kind == RowReduction::Kind::None);
+}
+
+TEST_CASE("bootstrap: deterministic for a seed, independent of row order, NaN where undefined") {
+  const std::vector<const MetricDef*> metrics = attention_metrics();
+  const ErrorStats s = stats_of(synthetic_rows(2, 0.2, 2, 2, 100));
+  BootstrapSettings settings;
+  settings.seed = 7;
+  const std::vector<Interval> a = bootstrap_intervals(s, metrics, settings);
+  const std::vector<Interval> b = bootstrap_intervals(s, metrics, settings);
+  REQUIRE(a.size() == metrics.size());
+  for (size_t m = 0; m < metrics.size(); ++m) {
+    INFO(metrics[m]->name);
+    CHECK(a[m].lo == b[m].lo);
+    CHECK(a[m].hi == b[m].hi);
+    CHECK(a[m].lo <= a[m].hi);
+    CHECK(a[m].hi <= reduce_rows(metrics[m]->rows, s.rows) * 4 + 1);  // finite and of the metric's scale
+  }
+  // The max of resampled blocks never exceeds the max of all rows.
+  const auto max_at = std::find_if(metrics.begin(), metrics.end(), [](auto* m) { return m->name == "attn_kl_max"; });
+  CHECK(a[static_cast<size_t>(max_at - metrics.begin())].hi <= (*max_at)->compute(s));
+  // Rows in another order (position-major): the same blocks, so the same intervals up
+  // to summation order.
+  ErrorStats shuffled = s;
+  std::stable_sort(shuffled.rows.begin(), shuffled.rows.end(),
+                   [](const AttentionRow& x, const AttentionRow& y) { return x.position < y.position; });
+  const std::vector<Interval> c = bootstrap_intervals(shuffled, metrics, settings);
+  for (size_t m = 0; m < metrics.size(); ++m) {
+    CHECK(c[m].lo == doctest::Approx(a[m].lo).epsilon(1e-12));
+    CHECK(c[m].hi == doctest::Approx(a[m].hi).epsilon(1e-12));
+  }
+  // Another seed draws other blocks.
+  settings.seed = 8;
+  const std::vector<Interval> d = bootstrap_intervals(s, metrics, settings);
+  CHECK((d[2].lo != a[2].lo || d[2].hi != a[2].hi));
+  // One position is one block: every resample is the sample itself.
+  const ErrorStats single = stats_of(synthetic_rows(3, 0.2, 2, 2, 1));
+  for (const Interval& i : bootstrap_intervals(single, metrics, settings)) CHECK(i.lo == i.hi);
+  // No rows, or a metric without a row reduction: NaN.
+  const std::vector<Interval> none = bootstrap_intervals(ErrorStats{}, metrics, settings);
+  CHECK(std::isnan(none[0].lo));
+  const std::vector<Interval> tensor = bootstrap_intervals(s, {find_metric("k_rel_mse")}, settings);
+  CHECK(std::isnan(tensor[0].lo));
+  CHECK(std::isnan(tensor[0].hi));
+  settings.resamples = 0;
+  CHECK_THROWS(bootstrap_intervals(s, metrics, settings));
+}
+
+TEST_CASE("bootstrap: the 95 % interval of attn_kl_mean covers the known mean about 95 % of the time") {
+  const std::vector<const MetricDef*> metric = {find_metric("attn_kl_mean")};
+  constexpr double kMean = 0.25;
+  constexpr int kTrials = 200;
+  int covered = 0;
+  double width = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    const ErrorStats s = stats_of(synthetic_rows(100 + static_cast<uint64_t>(trial), kMean, 2, 2, 512));
+    BootstrapSettings settings;
+    settings.seed = static_cast<uint64_t>(trial);
+    const Interval i = bootstrap_intervals(s, metric, settings)[0];
+    covered += i.lo <= kMean && kMean <= i.hi;
+    width += (i.hi - i.lo) / kTrials;
+  }
+  // 200 trials: a binomial SE of 1.5 points around 95 %.
+  CHECK(covered >= static_cast<int>(0.88 * kTrials));
+  CHECK(covered <= static_cast<int>(0.99 * kTrials));
+  // The interval is about ±1.96 SE of the mean wide. With a_t shared by the 4 rows of a
+  // position and AR(1) along positions, Var(mean) ≈ 0.25·(1 + φ)/(1 − φ)/512 +
+  // 0.09/2048: SE ≈ 0.038, so a width of about 0.15 (blocks of 8 positions catch most
+  // of the autocorrelation: a bit less).
+  CHECK(width > 0.10);
+  CHECK(width < 0.18);
+}
