@@ -70,6 +70,11 @@ std::string point_result_json(const PointResult& r, const std::string& key) {
   json metrics = json::array();
   for (double m : r.metrics) metrics.push_back(number(m));
   j["metrics"] = metrics;
+  json ses = json::array(), intervals = json::array();
+  for (double se : r.standard_errors) ses.push_back(number(se));
+  for (const Interval& iv : r.intervals) intervals.push_back(json::array({number(iv.lo), number(iv.hi)}));
+  j["standard_errors"] = ses;
+  j["intervals"] = intervals;
   if (r.attribution) {
     const Attribution& a = *r.attribution;
     json heads = json::array();
@@ -115,6 +120,9 @@ PointResult point_result_from_json(const std::string& line, const std::string& w
       r.annotations.push_back(std::move(note));
     }
     for (const json& m : j.at("metrics")) r.metrics.push_back(number_from(m, "a metric"));
+    for (const json& m : j.at("standard_errors")) r.standard_errors.push_back(number_from(m, "a standard error"));
+    for (const json& m : j.at("intervals"))
+      r.intervals.push_back(Interval{number_from(m.at(0), "an interval"), number_from(m.at(1), "an interval")});
     if (j.contains("attribution")) {
       const json& ja = j["attribution"];
       Attribution a;

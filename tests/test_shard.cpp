@@ -152,6 +152,8 @@ TEST_CASE("results.jsonl: a point result reads back bit for bit, non-finite numb
   r.plan = "keys int4, \"values\" int2";
   r.annotations = {{"bits_mean", 3.25}, {"mode", std::string("nan")}, {"rho_first", std::nan("")}};
   r.metrics = {1e-7 / 3.0, HUGE_VAL, -HUGE_VAL, 0.0};
+  r.standard_errors = {0.1 / 3.0, std::nan(""), std::nan(""), 0.0};
+  r.intervals = {{1e-8, 2e-7 / 3.0}, {std::nan(""), std::nan("")}, {-1.0, 1.0}, {0.0, 0.0}};
   Attribution a;
   a.layers = 1;
   a.q_heads = 2;
@@ -168,6 +170,13 @@ TEST_CASE("results.jsonl: a point result reads back bit for bit, non-finite numb
   CHECK(back.bpe == r.bpe);
   CHECK(back.bpe_target == r.bpe_target);
   CHECK(back.bytes_target == r.bytes_target);
+  REQUIRE(back.standard_errors.size() == 4);  // uncertainty survives a merge
+  CHECK(back.standard_errors[0] == r.standard_errors[0]);
+  CHECK(std::isnan(back.standard_errors[1]));
+  REQUIRE(back.intervals.size() == 4);
+  CHECK(back.intervals[0].hi == r.intervals[0].hi);
+  CHECK(std::isnan(back.intervals[1].lo));
+  CHECK(back.intervals[2].lo == -1.0);
   CHECK(back.measured_tokens == 512);  // the extrapolated marks survive a merge
   CHECK(back.sized_for_tokens == 32768);
   CHECK(back.target_extrapolated);
