@@ -102,6 +102,9 @@ void exact_block(const Eigen::Ref<const RowMat>& scores, const Eigen::Ref<const 
 ExactHead exact_head(const Recording& rec, int64_t layer, int64_t h, const std::vector<int64_t>& pos,
                      const SimOptions& opt, HeadScratch& s);
 
+// The query positions a simulation evaluates: opt.positions, or every position when empty.
+std::vector<int64_t> evaluated_positions(const Recording& rec, const SimOptions& opt);
+
 // Throws SimulationStopped when opt.stop is set and true, looked at before every
 // kStopCheckRowBlocks-th row block (whole blocks: the same numbers as without a stop).
 inline void check_stop(const SimOptions& opt, size_t block, int64_t layer, int64_t h) {

@@ -1,7 +1,5 @@
 #include "sim/exact_attention.h"
 
-#include <numeric>
-
 #include "sim/attention_error.h"
 #include "sim/core/parallel.h"
 
@@ -26,15 +24,6 @@ size_t head_bytes(const std::vector<int64_t>& pos, int64_t row_block, int64_t k)
   return bytes;
 }
 
-std::vector<int64_t> all_positions(const Recording& rec, const SimOptions& opt) {
-  std::vector<int64_t> pos = opt.positions;
-  if (pos.empty()) {
-    pos.resize(static_cast<size_t>(rec.tokens));
-    std::iota(pos.begin(), pos.end(), 0);
-  }
-  return pos;
-}
-
 }  // namespace
 
 ExactAttentionCache::ExactAttentionCache(const Recording& rec, const SimOptions& opt, size_t budget_bytes)
@@ -42,7 +31,7 @@ ExactAttentionCache::ExactAttentionCache(const Recording& rec, const SimOptions&
   const int64_t heads = rec.num_layers() * rec.q_heads;
   heads_.resize(static_cast<size_t>(heads));
   cached_.assign(static_cast<size_t>(heads), 0);
-  const std::vector<int64_t> pos = all_positions(rec, opt);
+  const std::vector<int64_t> pos = detail::evaluated_positions(rec, opt);
   if (pos.empty()) return;
   const size_t per_head = head_bytes(pos, row_block_, topk_);
   heads_cached_ = per_head > 0 ? std::min<int64_t>(heads, static_cast<int64_t>(budget_bytes / per_head)) : 0;

@@ -155,7 +155,9 @@ HeadScratch& thread_scratch() {
   return scratch;
 }
 
-std::vector<int64_t> evaluated_positions(const Recording& rec, const SimOptions& opt) {
+}  // namespace
+
+std::vector<int64_t> detail::evaluated_positions(const Recording& rec, const SimOptions& opt) {
   std::vector<int64_t> pos = opt.positions;
   if (pos.empty()) {
     pos.resize(static_cast<size_t>(rec.tokens));
@@ -163,8 +165,6 @@ std::vector<int64_t> evaluated_positions(const Recording& rec, const SimOptions&
   }
   return pos;
 }
-
-}  // namespace
 
 SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Kind kind, int64_t first_token,
                         uint64_t seed) {
@@ -234,7 +234,7 @@ void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {
-  const std::vector<int64_t> pos = evaluated_positions(rec, opt);
+  const std::vector<int64_t> pos = detail::evaluated_positions(rec, opt);
   ErrorStats stats;
   HeadScratch& scratch = thread_scratch();
   for (int64_t g = 0; g < rec.kv_heads; ++g) simulate_group(rec, plan, layer, g, pos, opt, scratch, stats);
@@ -246,7 +246,7 @@ ErrorStats simulate_kv_head(const Recording& rec, const Plan& plan, int64_t laye
                             const SimOptions& opt) {
   ErrorStats stats;
   HeadScratch& scratch = thread_scratch();
-  simulate_group(rec, plan, layer, kv_head, evaluated_positions(rec, opt), opt, scratch, stats);
+  simulate_group(rec, plan, layer, kv_head, detail::evaluated_positions(rec, opt), opt, scratch, stats);
   return stats;
 }
 
