@@ -52,6 +52,24 @@ struct UnitDelta {
   }
 };
 
+// One block of evaluated rows: positions pos[begin, begin + rows), keys [0, cols)
+// (cols = the last row's position + 1); `index` counts blocks from 0.
+struct RowBlock {
+  size_t index = 0, begin = 0;
+  int64_t rows = 0, cols = 0;
+};
+// The blocks of `pos` (sorted), row_block rows each, the last one possibly shorter:
+// how every measurement, the exact pass and its cache walk the rows.
+std::vector<RowBlock> row_blocks(const std::vector<int64_t>& pos, int64_t row_block);
+
+// The tensors of query head h in `layer` and of its KV head, row-major [T, d], host.
+struct HeadTensors {
+  HeadTensors(const Recording& rec, int64_t layer, int64_t h);
+  int64_t T, d, kv_head;
+  float inv_sqrt_d;
+  ConstRowMap Q, K, V;
+};
+
 // Which version of token j the query at t sees (Plan's time semantics).
 inline Seen seen_version(const UnitDelta& u, int64_t t, int64_t j, int64_t prefill) {
   static const RecentWindow kNoWindow;

@@ -221,25 +221,17 @@ void exact_block(const Eigen::Ref<const RowMat>& scores, const Eigen::Ref<const 
 
 ExactHead exact_head(const Recording& rec, int64_t layer, int64_t h, const std::vector<int64_t>& pos,
                      const SimOptions& opt, HeadScratch& s) {
-  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
-  const int64_t T = rec.tokens, d = rec.head_dim, g = rec.kv_head_of(h);
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
-  ConstRowMap Q(L.query.slice(h), T, d);
-  ConstRowMap K(L.key.slice(g), T, d);
-  ConstRowMap V(L.value.slice(g), T, d);
+  const HeadTensors ht(rec, layer, h);
   ExactHead head;
   RowMat Qb, Qs;
-  for (size_t b0 = 0, block = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block), ++block) {
-    check_stop(opt, block, layer, h);
-    const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
-    const int64_t rows = static_cast<int64_t>(b1 - b0);
-    const int64_t cols = pos[b1 - 1] + 1;
-    s.reserve(rows, T, d);
-    block_queries(Q, pos.data() + b0, rows, inv_sqrt_d, Qb, Qs);
-    exact_scores(Qs, K, cols, s);
+  for (const RowBlock& b : row_blocks(pos, opt.row_block)) {
+    check_stop(opt, b.index, layer, h);
+    s.reserve(b.rows, ht.T, ht.d);
+    block_queries(ht.Q, pos.data() + b.begin, b.rows, ht.inv_sqrt_d, Qb, Qs);
+    exact_scores(Qs, ht.K, b.cols, s);
     head.blocks.emplace_back();
-    exact_block(HeadScratch::blk(s.scores, rows, cols), V.topRows(cols), pos.data() + b0, rows, opt.topk, s,
-                head.blocks.back());
+    exact_block(HeadScratch::blk(s.scores, b.rows, b.cols), ht.V.topRows(b.cols), pos.data() + b.begin, b.rows,
+                opt.topk, s, head.blocks.back());
   }
   return head;
 }
@@ -247,26 +239,22 @@ ExactHead exact_head(const Recording& rec, int64_t layer, int64_t h, const std::
 void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, int64_t h, const UnitDelta& dk,
                        const UnitDelta& dv, const std::vector<int64_t>& pos, const SimOptions& opt, HeadScratch& s,
                        ErrorStats& stats) {
-  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
-  const int64_t T = rec.tokens, d = rec.head_dim, prefill = plan.prefill();
-  const int64_t g = rec.kv_head_of(h);
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
+  const HeadTensors ht(rec, layer, h);
+  const int64_t T = ht.T, d = ht.d, prefill = plan.prefill();
+  const float inv_sqrt_d = ht.inv_sqrt_d;
   const bool mixed_k = dk.has_window() || prefill > 0;  // Δs needs per-(t, j) selection
   const bool mixed_v = dv.has_window() || prefill > 0;
-  ConstRowMap Q(L.query.slice(h), T, d);
-  ConstRowMap K(L.key.slice(g), T, d);
-  ConstRowMap V(L.value.slice(g), T, d);
+  const ConstRowMap &Q = ht.Q, &K = ht.K, &V = ht.V;
   ConstRowMap dV(dv.stored.data(), T, d);
   s.ds.resize(static_cast<size_t>(T));
   const ExactHead* cached = opt.exact ? opt.exact->head(layer, h, opt) : nullptr;
   ExactHead computed;
   RowMat Qb, Qs;
 
-  for (size_t b0 = 0, block = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block), ++block) {
-    check_stop(opt, block, layer, h);
-    const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
-    const int64_t rows = static_cast<int64_t>(b1 - b0);
-    const int64_t cols = pos[b1 - 1] + 1;  // keys needed by the last row of the block
+  for (const RowBlock& b : row_blocks(pos, opt.row_block)) {
+    check_stop(opt, b.index, layer, h);
+    const size_t b0 = b.begin, block = b.index;
+    const int64_t rows = b.rows, cols = b.cols;
     s.reserve(rows, T, d);
     block_queries(Q, pos.data() + b0, rows, inv_sqrt_d, Qb, Qs);
     block_scores(Qb, Qs, K, dk, cols, T, inv_sqrt_d, s, cached == nullptr);

@@ -44,6 +44,25 @@ float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::
 
 }  // namespace
 
+std::vector<RowBlock> row_blocks(const std::vector<int64_t>& pos, int64_t row_block) {
+  std::vector<RowBlock> blocks;
+  const size_t step = static_cast<size_t>(std::max<int64_t>(row_block, 1));
+  for (size_t b0 = 0; b0 < pos.size(); b0 += step) {
+    const size_t b1 = std::min(pos.size(), b0 + step);
+    blocks.push_back({blocks.size(), b0, static_cast<int64_t>(b1 - b0), pos[b1 - 1] + 1});
+  }
+  return blocks;
+}
+
+HeadTensors::HeadTensors(const Recording& rec, int64_t layer, int64_t h)
+    : T(rec.tokens),
+      d(rec.head_dim),
+      kv_head(rec.kv_head_of(h)),
+      inv_sqrt_d(1.0f / std::sqrt(static_cast<float>(rec.head_dim))),
+      Q(rec.layers[static_cast<size_t>(layer)].query.slice(h), T, d),
+      K(rec.layers[static_cast<size_t>(layer)].key.slice(kv_head), T, d),
+      V(rec.layers[static_cast<size_t>(layer)].value.slice(kv_head), T, d) {}
+
 void block_queries(const ConstRowMap& Q, const int64_t* pos, int64_t rows, float inv_sqrt_d, RowMat& Qb, RowMat& Qs) {
   Qb.resize(rows, Q.cols());
   for (int64_t r = 0; r < rows; ++r) Qb.row(r) = Q.row(pos[r]);
@@ -113,26 +132,22 @@ double row_attention_reference(const float* s, const float* ds, int64_t n, HeadS
 void measure_head_reference(const Recording& rec, const Plan& plan, int64_t layer, int64_t h, const UnitDelta& dk,
                             const UnitDelta& dv, const std::vector<int64_t>& pos, const SimOptions& opt,
                             HeadScratch& s, ErrorStats& stats) {
-  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
-  const int64_t T = rec.tokens, d = rec.head_dim, prefill = plan.prefill();
-  const int64_t g = rec.kv_head_of(h);
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(d));
+  const HeadTensors ht(rec, layer, h);
+  const int64_t T = ht.T, d = ht.d, prefill = plan.prefill();
+  const float inv_sqrt_d = ht.inv_sqrt_d;
   const bool mixed_k = dk.has_window() || prefill > 0;  // Δs needs per-(t, j) selection
   const bool mixed_v = dv.has_window() || prefill > 0;
-  ConstRowMap Q(L.query.slice(h), T, d);
-  ConstRowMap K(L.key.slice(g), T, d);
-  ConstRowMap V(L.value.slice(g), T, d);
+  const ConstRowMap &Q = ht.Q, &K = ht.K, &V = ht.V;
   ConstRowMap dV(dv.stored.data(), T, d);
   s.p.resize(static_cast<size_t>(T));
   s.phat.resize(static_cast<size_t>(T));
   s.dp.resize(static_cast<size_t>(T));
   s.ds.resize(static_cast<size_t>(T));
 
-  for (size_t b0 = 0, block = 0; b0 < pos.size(); b0 += static_cast<size_t>(opt.row_block), ++block) {
-    check_stop(opt, block, layer, h);
-    const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(opt.row_block));
-    const int64_t rows = static_cast<int64_t>(b1 - b0);
-    const int64_t cols = pos[b1 - 1] + 1;  // keys needed by the last row of the block
+  for (const RowBlock& b : row_blocks(pos, opt.row_block)) {
+    check_stop(opt, b.index, layer, h);
+    const size_t b0 = b.begin;
+    const int64_t rows = b.rows, cols = b.cols;
     RowMat Qb, Qs;
     block_queries(Q, pos.data() + b0, rows, inv_sqrt_d, Qb, Qs);
     s.reserve(rows, T, d);

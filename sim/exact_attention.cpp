@@ -15,9 +15,8 @@ namespace {
 // Bytes the exact pass of one head takes at these positions (probs dominate).
 size_t head_bytes(const std::vector<int64_t>& pos, int64_t row_block, int64_t k) {
   size_t bytes = 0;
-  for (size_t b0 = 0; b0 < pos.size(); b0 += static_cast<size_t>(row_block)) {
-    const size_t b1 = std::min(pos.size(), b0 + static_cast<size_t>(row_block));
-    const size_t rows = b1 - b0, cols = static_cast<size_t>(pos[b1 - 1] + 1);
+  for (const detail::RowBlock& b : detail::row_blocks(pos, row_block)) {
+    const size_t rows = static_cast<size_t>(b.rows), cols = static_cast<size_t>(b.cols);
     bytes += rows * cols * sizeof(float) + rows * static_cast<size_t>(std::max<int64_t>(k, 0)) * sizeof(int32_t) +
              rows * sizeof(ExactRow);
   }

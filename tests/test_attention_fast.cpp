@@ -12,32 +12,12 @@
 #include "sim/plan.h"
 #include "sim/simulator.h"
 #include "sim/strategies/uniform.h"
+#include "recording_test_util.h"
 #include "test_util.h"
 
 using namespace kvb;
 
 namespace {
-
-Recording random_recording(int64_t q_heads, int64_t kv_heads, int64_t T, int64_t d, uint64_t seed, float q_scale = 1) {
-  Recording r;
-  r.name = "random";
-  r.source = "test";
-  r.q_heads = q_heads;
-  r.kv_heads = kv_heads;
-  r.tokens = T;
-  r.head_dim = d;
-  LayerTensors L;
-  L.query = Tensor({q_heads, T, d});
-  L.key = Tensor({kv_heads, T, d});
-  L.value = Tensor({kv_heads, T, d});
-  L.query.data = test::random_normal(L.query.data.size(), seed, q_scale);
-  L.key.data = test::random_normal(L.key.data.size(), seed + 1);
-  L.value.data = test::random_normal(L.value.data.size(), seed + 2);
-  r.layers = {L, L};
-  r.layer_ids = {0, 1};
-  r.validate();
-  return r;
-}
 
 Plan uniform_plan(const Recording& rec, const std::string& key, const std::string& value) {
   return UniformStrategy(make_format(key), make_format(value)).build({rec, 0});
@@ -113,7 +93,7 @@ Plan windowed(const Recording& rec, RecentWindow::Mode mode, bool keys_only, int
 }  // namespace
 
 TEST_CASE("fast path: uniform formats, GQA, every position and subsets, the row blocks' edges") {
-  const Recording rec = random_recording(4, 2, 157, 32, 11);
+  const Recording rec = test::random_recording(4, 2, 157, 32, 11);
   for (const char* f : {"int2-asym-g32", "int4-sym-g16", "int8-sym-tok", "q4_0", "int2-asym-ch32", "keep-fp32"}) {
     INFO("format " << f);
     SimOptions opt;
@@ -131,7 +111,7 @@ TEST_CASE("fast path: uniform formats, GQA, every position and subsets, the row 
 }
 
 TEST_CASE("fast path: windows, prefill and keys-only windows follow the plan's time semantics") {
-  const Recording rec = random_recording(4, 2, 150, 32, 5);
+  const Recording rec = test::random_recording(4, 2, 150, 32, 5);
   for (auto mode : {RecentWindow::Mode::Sliding, RecentWindow::Mode::Chunked})
     for (bool keys_only : {false, true})
       for (int64_t prefill : {0, 7, 60}) {
@@ -145,11 +125,11 @@ TEST_CASE("fast path: windows, prefill and keys-only windows follow the plan's t
 
 TEST_CASE("fast path: tiny errors keep their precision, large shifts take the fp64 form") {
   // keep-fp16 gives Δs of ~1e-4 and KL of ~1e-9: nothing may cancel.
-  const Recording rec = random_recording(2, 1, 300, 64, 3);
+  const Recording rec = test::random_recording(2, 1, 300, 64, 3);
   check_against_reference(rec, uniform_plan(rec, "keep-fp16", "keep-fp16"), SimOptions{});
   check_against_reference(rec, uniform_plan(rec, "keep-bf16", "int8-sym-g32"), SimOptions{});
   // Queries scaled up: int1 keys shift logits by far more than kLargeLogitShift.
-  const Recording sharp = random_recording(2, 1, 120, 64, 9, 40.0f);
+  const Recording sharp = test::random_recording(2, 1, 120, 64, 9, 40.0f);
   const Plan plan = uniform_plan(sharp, "int1-sym-g32", "int2-asym-g32");
   check_against_reference(sharp, plan, SimOptions{});
   check_cache_changes_nothing(sharp, plan, SimOptions{});
@@ -158,7 +138,7 @@ TEST_CASE("fast path: tiny errors keep their precision, large shifts take the fp
 }
 
 TEST_CASE("fast path: estimated logits (QJL keys), sink heads and attribution regions") {
-  const Recording rec = random_recording(4, 2, 96, 64, 21);
+  const Recording rec = test::random_recording(4, 2, 96, 64, 21);
   check_against_reference(rec, uniform_plan(rec, "qjl-m128", "int4-asym-g32"), SimOptions{});
   Plan sink = uniform_plan(rec, "int2-asym-g32", "int2-asym-g32");
   for (Kind k : {Kind::Key, Kind::Value}) {
@@ -191,7 +171,7 @@ TEST_CASE("fast path: the bundled gpt2-bytes recording, every position") {
 }
 
 TEST_CASE("the exact-pass cache changes no bit, and is used only for the options it was built for") {
-  const Recording rec = random_recording(4, 2, 130, 32, 7);
+  const Recording rec = test::random_recording(4, 2, 130, 32, 7);
   SimOptions opt;
   opt.row_block = 24;
   check_cache_changes_nothing(rec, uniform_plan(rec, "int3-asym-g16", "int2-sym-g32"), opt);

@@ -10,6 +10,7 @@
 #include "sim/plan.h"
 #include "sim/simulator.h"
 #include "sim/strategies/uniform.h"
+#include "recording_test_util.h"
 #include "test_util.h"
 
 using namespace kvb;
@@ -32,33 +33,12 @@ class ScaleFormat final : public Format {
   float c_;
 };
 
-Recording tiny_recording(int64_t q_heads, int64_t kv_heads, int64_t T, int64_t d, uint64_t seed) {
-  Recording r;
-  r.name = "tiny";
-  r.source = "test";
-  r.q_heads = q_heads;
-  r.kv_heads = kv_heads;
-  r.tokens = T;
-  r.head_dim = d;
-  LayerTensors L;
-  L.query = Tensor({q_heads, T, d});
-  L.key = Tensor({kv_heads, T, d});
-  L.value = Tensor({kv_heads, T, d});
-  L.query.data = test::random_normal(L.query.data.size(), seed);
-  L.key.data = test::random_normal(L.key.data.size(), seed + 1);
-  L.value.data = test::random_normal(L.value.data.size(), seed + 2);
-  r.layers = {L, L};
-  r.layer_ids = {0, 1};
-  r.validate();
-  return r;
-}
-
 double metric(const ErrorStats& s, const char* name) { return find_metric(name)->compute(s); }
 
 }  // namespace
 
 TEST_CASE("an fp32 cache has zero error everywhere") {
-  const Recording rec = tiny_recording(4, 2, 33, 8, 1);
+  const Recording rec = test::random_recording(4, 2, 33, 8, 1);
   Plan plan = UniformStrategy(make_format("keep-fp32"), make_format("keep-fp32")).build({rec, 0});
   const ErrorStats s = simulate(rec, plan, SimOptions{});
   CHECK(s.rows.size() == 2u * 4u * 33u);
@@ -74,7 +54,7 @@ TEST_CASE("an fp32 cache has zero error everywhere") {
 
 TEST_CASE("attention KL, output error and logit error match a hand computation") {
   // One head, head_dim 1, two tokens: q = [1, 2], k = [0.5, 1], v = [1, 3].
-  Recording r = tiny_recording(1, 1, 2, 1, 3);
+  Recording r = test::random_recording(1, 1, 2, 1, 3);
   r.layers.resize(1);
   r.layer_ids = {0};
   r.layers[0].query.data = {1.0f, 2.0f};
@@ -107,7 +87,7 @@ TEST_CASE("attention KL, output error and logit error match a hand computation")
 }
 
 TEST_CASE("value error passes through attention weights: Δo = Σ p_j Δv_j") {
-  Recording r = tiny_recording(2, 1, 16, 4, 9);
+  Recording r = test::random_recording(2, 1, 16, 4, 9);
   Plan plan(r.num_layers(), 1, 16, 4);
   plan.assign_all(Kind::Key, make_format("keep-fp32"));
   plan.assign_all(Kind::Value, std::make_shared<ScaleFormat>(1.25f));  // ΔV = 0.25 V
@@ -122,7 +102,7 @@ TEST_CASE("value error passes through attention weights: Δo = Σ p_j Δv_j") {
 }
 
 TEST_CASE("GQA: query heads read their group's KV head") {
-  Recording r = tiny_recording(4, 2, 24, 8, 21);
+  Recording r = test::random_recording(4, 2, 24, 8, 21);
   // Corrupt only KV head 1's keys: only query heads 2 and 3 may see an error.
   Plan plan(r.num_layers(), 2, 24, 8);
   plan.assign_all(Kind::Key, make_format("keep-fp32"));
@@ -137,7 +117,7 @@ TEST_CASE("GQA: query heads read their group's KV head") {
 }
 
 TEST_CASE("evaluated positions restrict the rows; results are deterministic") {
-  const Recording rec = tiny_recording(4, 4, 200, 16, 5);
+  const Recording rec = test::random_recording(4, 4, 200, 16, 5);
   Plan plan = UniformStrategy(make_format("int3-asym-g8"), make_format("int2-asym-g8")).build({rec, 0});
   SimOptions opt;
   const ErrorStats a = simulate(rec, plan, opt), b = simulate(rec, plan, opt);
@@ -163,7 +143,7 @@ TEST_CASE("evaluated positions restrict the rows; results are deterministic") {
 
 TEST_CASE("a stop flag: the same numbers while it is false, SimulationStopped once it is true") {
   // 3 * 4 row blocks of 16 rows and a bit more: several chunks between stop checks.
-  const Recording rec = tiny_recording(4, 2, 3 * 4 * 16 + 5, 16, 9);
+  const Recording rec = test::random_recording(4, 2, 3 * 4 * 16 + 5, 16, 9);
   Plan plan = UniformStrategy(make_format("int3-asym-g8"), make_format("int2-asym-g8")).build({rec, 0});
   SimOptions opt;
   opt.row_block = 16;
@@ -186,7 +166,7 @@ TEST_CASE("a stop flag: the same numbers while it is false, SimulationStopped on
 }
 
 TEST_CASE("plans: memory is computed from formats; segments are checked") {
-  const Recording rec = tiny_recording(2, 2, 64, 32, 2);
+  const Recording rec = test::random_recording(2, 2, 64, 32, 2);
   Plan plan(rec.num_layers(), 2, 64, 32);
   plan.assign_all(Kind::Key, make_format("int4-asym-g32"));   // 5 bpe
   plan.assign_all(Kind::Value, make_format("int2-asym-g32"));  // 3 bpe
@@ -250,7 +230,7 @@ TEST_CASE("plans at a target context: only the allocated bulk stretches, sink to
 }
 
 TEST_CASE("more bits never hurt: error decreases with bit width") {
-  const Recording rec = tiny_recording(4, 4, 128, 32, 17);
+  const Recording rec = test::random_recording(4, 4, 128, 32, 17);
   double last_kl = INFINITY, last_out = INFINITY;
   for (int b = 2; b <= 8; ++b) {
     const std::string f = "int" + std::to_string(b) + "-asym-g32";
@@ -372,7 +352,7 @@ Plan windowed_plan(const Recording& rec, RecentWindow::Mode mode, bool keys_only
 }  // namespace
 
 TEST_CASE("recency windows are relative to each query: sliding, chunked, keys only, prefill") {
-  const Recording rec = tiny_recording(4, 2, 23, 8, 41);
+  const Recording rec = test::random_recording(4, 2, 23, 8, 41);
   check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0));
   check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Chunked, false, 0));
   check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Sliding, true, 0));
@@ -432,7 +412,7 @@ TEST_CASE("window membership: sliding and chunked (flushed) residuals") {
 }
 
 TEST_CASE("window memory: replacement W(p - b)/T, extra copy W p/T (methods.md 1)") {
-  const Recording rec = tiny_recording(2, 2, 64, 32, 2);
+  const Recording rec = test::random_recording(2, 2, 64, 32, 2);
   Plan plan(rec.num_layers(), 2, 64, 32);
   plan.assign_all(Kind::Key, make_format("int2-asym-g32"));   // 3 bpe
   plan.assign_all(Kind::Value, make_format("int2-asym-g32"));
@@ -456,7 +436,7 @@ namespace {
 
 // One layer, one head, head_dim 1, two tokens, queries 1: the scores are the keys.
 Recording two_token_recording(std::vector<float> keys, std::vector<float> values) {
-  Recording r = tiny_recording(1, 1, 2, 1, 3);
+  Recording r = test::random_recording(1, 1, 2, 1, 3);
   r.layers.resize(1);
   r.layer_ids = {0};
   r.layers[0].query.data = {1.0f, 1.0f};
