@@ -533,7 +533,8 @@ TEST_CASE("synthetic: spec validation names the field and the reason") {
   CHECK(config_error_of(small_spec()).empty());
 }
 
-TEST_CASE("synthetic: a 6x6x64x512 recording generates quickly") {
+// Its speed is measured by the benchmarks, not asserted here (no test depends on wall time).
+TEST_CASE("synthetic: a 6x6x64x512 recording with every feature generates") {
   kvb::SyntheticSpec s;
   s.layers = 6;
   s.q_heads = 6;
@@ -551,5 +552,6 @@ TEST_CASE("synthetic: a 6x6x64x512 recording generates quickly") {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   MESSAGE("6x6x64x512 generated in " << seconds << " s on " << omp_get_max_threads() << " threads");
   CHECK(rec.num_layers() == 6);
-  CHECK(seconds < 10.0);  // loose: shared CI machines; typically well under a second
+  CHECK(rec.tokens == 512);
+  rec.validate();
 }

@@ -12,7 +12,7 @@
 // angle pos · inv_freq, cos and sin are all float, and the rotated value is
 // (x · cos) + (rotate_half(x) · sin), each product rounded once. It reproduces Hugging
 // Face's post-RoPE tensors to a few fp32 ulps (cos/sin implementations may differ in
-// the last bit); tests/test_rope.cpp checks it against a recorded Llama.
+// the last bit); tests/core/test_rope.cpp checks it against a recorded Llama.
 //
 // Users: the synthetic generator (sim/synthetic.cpp), pre-RoPE key quantization
 // (quantize key_pre_rope, then re-apply RoPE), and the model forward pass.

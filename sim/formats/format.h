@@ -142,7 +142,7 @@ class Format {
   // The stored representation of a span (codes and every piece of metadata), appended
   // to `out` in the layout code_layout() describes. Exactly storage_bits() bits are
   // written. The ggml formats write ggml's own block bytes.
-  // Every format in the table implements it (tests/test_format_table.cpp checks that
+  // Every format in the table implements it (tests/formats/test_format_table.cpp checks that
   // exactly storage_bits() bits come out); the default is for ad-hoc test formats.
   virtual void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const;
   // One paragraph describing encode()'s layout (field order, widths, packing).

@@ -41,7 +41,7 @@ KVB_HD T table16_select(const T (&v)[16], int i) {
 // v[i] of a small constant table (NF4's values, ggml's iq4_nl grid), i in [0, 16): an
 // indexed load on the host; table16_select on the device, where CUDA would copy a
 // dynamically indexed local table to local memory at every call. Same values either
-// way (tests/test_codebook_formats.cpp checks table16_select on the host).
+// way (tests/formats/test_codebook_formats.cpp checks table16_select on the host).
 template <class T>
 KVB_HD T table16(const T (&v)[16], int i) {
 #if defined(__CUDA_ARCH__)

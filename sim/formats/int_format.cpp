@@ -186,7 +186,7 @@ namespace {
 
 // The fused round trip: dequantize(quantize(x)) without materializing codes, with
 // the statistics fed in the same order and the same KVB_HD arithmetic per element,
-// so the result is bit-identical (tests/test_int_format.cpp checks it). Template
+// so the result is bit-identical (tests/formats/test_int_format.cpp checks it). Template
 // parameters hoist the format's switches out of the per-element loops so that the
 // encode/decode loop vectorizes.
 template <bool Symmetric>

@@ -60,7 +60,7 @@ KVB_HD float minifloat_decode(uint8_t code, MinifloatSpec s) {
 // man_bits mantissa bits, rounded to nearest even on the bit pattern (the carry may bump
 // the exponent); values below the smallest normal are rounded to a multiple of the
 // subnormal step by adding and subtracting a power of two (exact RNE); then saturation.
-// Bit-identical to a nearest-even search over the codes (tests/test_minifloat_formats.cpp).
+// Bit-identical to a nearest-even search over the codes (tests/formats/test_minifloat_formats.cpp).
 KVB_HD float minifloat_round(float x, MinifloatSpec s) {
   const uint32_t sign = float_bits(x) & 0x80000000u;
   const float a = absf(x);
@@ -103,7 +103,7 @@ KVB_HD uint8_t minifloat_code(float r, MinifloatSpec s) {
 }
 
 // Encoding: round in the fp32 domain, then read the code off the rounded value (fewer
-// operations than rounding the scaled mantissa; tests/test_minifloat_formats.cpp checks
+// operations than rounding the scaled mantissa; tests/formats/test_minifloat_formats.cpp checks
 // it against a brute-force nearest-even search over every code).
 KVB_HD uint8_t minifloat_encode(float x, MinifloatSpec s) { return minifloat_code(minifloat_round(x, s), s); }
 

@@ -196,7 +196,11 @@ expect "$d5/manifest.json" '"status": "failed"' "manifest of a failed run"
 "$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6" \
   --no-plots --threads 1 >"$tmp/i.out" 2>&1 &
 pid=$!
-sleep 3
+# Wait for the first finished point (a header and one row), then interrupt.
+for _ in $(seq 1200); do
+  [ "$(cat "$tmp"/r6/quickstart/2*/points.csv 2>/dev/null | wc -l)" -ge 2 ] && break
+  sleep 0.1
+done
 kill -INT $pid
 wait $pid
 rc=$?
@@ -268,7 +272,6 @@ printf '%s\n' 'name = "long_layer"' '[data.synthetic]' 'layers = 1' 'q_heads = 8
 "$kvb" run "$tmp/long_layer.toml" --out "$tmp/r6f" --no-plots --threads 1 >"$tmp/long_layer.out" 2>&1 &
 pid=$!
 for _ in $(seq 1200); do ls "$tmp"/r6f/long_layer/2*/manifest.json >/dev/null 2>&1 && break; sleep 0.1; done
-sleep 1
 start=$(date +%s)
 kill -INT $pid
 wait $pid

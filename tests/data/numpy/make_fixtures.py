@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes the small NumPy fixtures of tests/test_numpy_store.cpp with NumPy itself
+"""Writes the small NumPy fixtures of tests/io/test_numpy_store.cpp with NumPy itself
 (numpy 1.24, Debian's python3-numpy), so the C++ readers are checked against files
 the real writer produced. Values are simple formulas the test recomputes:
   a = arange(24, dtype=float32).reshape(2, 3, 4) / 8 - 1

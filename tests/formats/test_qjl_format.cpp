@@ -11,6 +11,7 @@
 #include "sim/formats/registry.h"
 #include "sim/plan.h"
 #include "sim/simulator.h"
+#include "recording_test_util.h"
 #include "test_util.h"
 
 using namespace kvb;
@@ -106,36 +107,9 @@ TEST_CASE("qjl: the estimator is unbiased and its variance stays under pi/(2m) |
   }
 }
 
-namespace {
-
-// One layer, two query heads sharing one KV head.
-Recording tiny_recording(int64_t T, int64_t d, uint64_t seed) {
-  Recording rec;
-  rec.name = "tiny";
-  rec.source = "test";
-  rec.q_heads = 2;
-  rec.kv_heads = 1;
-  rec.head_dim = d;
-  rec.tokens = T;
-  rec.layer_ids = {0};
-  LayerTensors L;
-  L.query = Tensor({2, T, d});
-  L.key = Tensor({1, T, d});
-  L.value = Tensor({1, T, d});
-  L.query.data = kvb::test::random_normal(static_cast<size_t>(2 * T * d), seed, 0.5f);
-  L.key.data = kvb::test::random_normal(static_cast<size_t>(T * d), seed + 1);
-  L.value.data = kvb::test::random_normal(static_cast<size_t>(T * d), seed + 2);
-  rec.layers.push_back(std::move(L));
-  rec.positions.resize(static_cast<size_t>(T));
-  std::iota(rec.positions.begin(), rec.positions.end(), 0);
-  return rec;
-}
-
-}  // namespace
-
 TEST_CASE("simulator: QJL keys take their logits from the estimator, not from decoded keys") {
   const int64_t T = 24, d = 32, split = 10;
-  const Recording rec = tiny_recording(T, d, 60);
+  const Recording rec = test::random_layers({1, 2, 1, T, d, 60, 0.5f});
   Plan plan(1, 1, T, d);
   // Keys: the first tokens kept exactly, the rest sketched; values exact.
   plan.unit(0, 0, Kind::Key).segments = {{0, split, make_format("keep-fp32")}, {split, T, make_format("qjl-m64")}};
@@ -178,7 +152,7 @@ TEST_CASE("simulator: QJL keys take their logits from the estimator, not from de
 }
 
 TEST_CASE("QJL on values is an error with a clear message") {
-  const Recording rec = tiny_recording(8, 16, 70);
+  const Recording rec = test::random_layers({1, 2, 1, 8, 16, 70, 0.5f});
   Plan plan(1, 1, 8, 16);
   plan.assign_all(Kind::Key, make_format("qjl-m16"));
   plan.assign_all(Kind::Value, make_format("qjl-m16"));

@@ -16,6 +16,7 @@
 #include "sim/formats/registry.h"
 #include "sim/plan.h"
 #include "sim/simulator.h"
+#include "recording_test_util.h"
 #include "test_util.h"
 
 using namespace kvb;
@@ -26,35 +27,6 @@ std::vector<std::string> all_examples() {
   std::vector<std::string> names;
   for (const FormatFamily& f : format_families()) names.insert(names.end(), f.examples.begin(), f.examples.end());
   return names;
-}
-
-// Two layers, GQA 4:2, post-RoPE keys with their pre-RoPE keys, so that every format,
-// prerope: included, has what it needs.
-Recording table_recording(int64_t T, int64_t d) {
-  Recording rec;
-  rec.name = "table-rec";
-  rec.source = "test";
-  rec.q_heads = 4;
-  rec.kv_heads = 2;
-  rec.head_dim = d;
-  rec.tokens = T;
-  rec.rope.applied = true;
-  rec.positions.resize(static_cast<size_t>(T));
-  std::iota(rec.positions.begin(), rec.positions.end(), 0);
-  for (int l = 0; l < 2; ++l) {
-    LayerTensors L;
-    L.query = Tensor({4, T, d});
-    L.query.data = kvb::test::random_normal(static_cast<size_t>(4 * T * d), 200 + l, 0.3f);
-    L.key_pre_rope = Tensor({2, T, d});
-    L.key_pre_rope.data = kvb::test::random_normal(static_cast<size_t>(2 * T * d), 210 + l);
-    L.key = L.key_pre_rope;
-    for (int64_t t = 0; t < 2 * T; ++t) rope_rotate_row(L.key.data.data() + t * d, d, static_cast<double>(t % T), 1e4);
-    L.value = Tensor({2, T, d});
-    L.value.data = kvb::test::random_normal(static_cast<size_t>(2 * T * d), 220 + l);
-    rec.layers.push_back(std::move(L));
-    rec.layer_ids.push_back(l);
-  }
-  return rec;
 }
 
 }  // namespace
@@ -83,7 +55,7 @@ TEST_CASE("every example and preset parses back to its canonical name") {
 }
 
 TEST_CASE("every format dumps exactly storage_bits() and reconstructs finite values") {
-  const Recording rec = table_recording(70, 64);
+  const Recording rec = test::random_layers({2, 4, 2, 70, 64, 200, 0.3f, true});
   const float* k = rec.layers[0].key.slice(1);
   for (const std::string& name : all_examples()) {
     INFO(name);
@@ -166,7 +138,7 @@ TEST_CASE("clipped_values: none on ordinary data; exactly the values beyond a sa
 }
 
 TEST_CASE("every format runs in the simulator, and the plan's bits are the formats' bits") {
-  const Recording rec = table_recording(64, 64);
+  const Recording rec = test::random_layers({2, 4, 2, 64, 64, 200, 0.3f, true});
   SimOptions opt;
   opt.positions = {0, 17, 40, 63};
   for (const std::string& name : all_examples()) {

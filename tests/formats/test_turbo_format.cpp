@@ -13,6 +13,7 @@
 #include "sim/formats/registry.h"
 #include "sim/formats/seeded.h"
 #include "sim/formats/turbo_format.h"
+#include "format_test_util.h"
 #include "test_util.h"
 
 using namespace kvb;
@@ -112,18 +113,6 @@ std::vector<float> ref_turbo(const std::vector<float>& x, int64_t rows, int64_t 
   return y;
 }
 
-std::vector<float> run(const std::string& name, const std::vector<float>& x, int64_t rows, int64_t d,
-                       const SpanInfo& span) {
-  std::vector<float> y(x.size());
-  FormatPtr f = make_format(name);
-  f->roundtrip(ConstMatView{x.data(), rows, d, d}, MatView{y.data(), rows, d, d}, span);
-  return y;
-}
-
-bool identical(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 double relative_mse(const std::vector<float>& x, const std::vector<float>& y) {
   double e = 0, n = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -166,7 +155,7 @@ TEST_CASE("turbo: measured MSE on N(0,1) vectors matches Lloyd-Max within 1%") {
   const std::vector<float> x = kvb::test::random_normal(static_cast<size_t>(rows * d), 7);
   for (int b = 1; b <= 4; ++b) {
     INFO("bits " << b);
-    const std::vector<float> y = run("turbo-" + std::to_string(b), x, rows, d, SpanInfo{});
+    const std::vector<float> y = test::roundtrip("turbo-" + std::to_string(b), x, rows, d, SpanInfo{});
     CHECK(relative_mse(x, y) == doctest::Approx(kLloydMaxMse[b]).epsilon(0.01));
   }
 }
@@ -184,7 +173,7 @@ TEST_CASE("turbo: TurboQuant's bound MSE <= (sqrt(3) pi / 2) 4^-b holds for unit
     }
     for (int b = 1; b <= 8; ++b) {
       INFO("head_dim " << d << " bits " << b);
-      const std::vector<float> y = run("turbo-" + std::to_string(b), x, rows, d, SpanInfo{});
+      const std::vector<float> y = test::roundtrip("turbo-" + std::to_string(b), x, rows, d, SpanInfo{});
       const double mse = relative_mse(x, y);  // = mean ||x - x̂||² for unit vectors
       CHECK(mse <= std::sqrt(3.0) * M_PI / 2 * std::pow(4.0, -b));
       CHECK(mse >= std::pow(4.0, -b));  // Shannon lower bound
@@ -202,22 +191,22 @@ TEST_CASE("turbo: the format matches the plain reference bit for bit") {
   for (int64_t c = 0; c < d; ++c) x[3 * d + c] = 1e4f;              // a norm above fp16's max
   for (int64_t c = 0; c < d; ++c) x[4 * d + c] *= 1e-7f;            // tiny
   SpanInfo span{3, 1, true, 0, 42};
-  CHECK(identical(run("turbo-3", x, rows, d, span), ref_turbo(x, rows, d, {3}, span)));
-  CHECK(identical(run("turbo-1", x, rows, d, span), ref_turbo(x, rows, d, {1}, span)));
-  CHECK(identical(run("turbo-8", x, rows, d, span), ref_turbo(x, rows, d, {8}, span)));
-  CHECK(identical(run("turbo-2-o64b3", x, rows, d, span), ref_turbo(x, rows, d, {2, 64, 3}, span)));
-  CHECK(identical(run("turbo-2-o50%b3", x, rows, d, span), ref_turbo(x, rows, d, {2, 64, 3}, span)));
-  CHECK(identical(run("turbo-1-o12.5%b4", x, rows, d, span), ref_turbo(x, rows, d, {1, 16, 4}, span)));
-  CHECK(identical(run("turbo-2-o32b4-cal8", x, rows, d, span), ref_turbo(x, rows, d, {2, 32, 4, 8}, span)));
+  CHECK(test::identical(test::roundtrip("turbo-3", x, rows, d, span), ref_turbo(x, rows, d, {3}, span)));
+  CHECK(test::identical(test::roundtrip("turbo-1", x, rows, d, span), ref_turbo(x, rows, d, {1}, span)));
+  CHECK(test::identical(test::roundtrip("turbo-8", x, rows, d, span), ref_turbo(x, rows, d, {8}, span)));
+  CHECK(test::identical(test::roundtrip("turbo-2-o64b3", x, rows, d, span), ref_turbo(x, rows, d, {2, 64, 3}, span)));
+  CHECK(test::identical(test::roundtrip("turbo-2-o50%b3", x, rows, d, span), ref_turbo(x, rows, d, {2, 64, 3}, span)));
+  CHECK(test::identical(test::roundtrip("turbo-1-o12.5%b4", x, rows, d, span), ref_turbo(x, rows, d, {1, 16, 4}, span)));
+  CHECK(test::identical(test::roundtrip("turbo-2-o32b4-cal8", x, rows, d, span), ref_turbo(x, rows, d, {2, 32, 4, 8}, span)));
   // head_dim 96 with a split: 32 outliers + parts of 64.
   const std::vector<float> x96 = kvb::test::random_normal(static_cast<size_t>(rows * 96), 22);
-  CHECK(identical(run("turbo-3-o32b5", x96, rows, 96, span), ref_turbo(x96, rows, 96, {3, 32, 5}, span)));
+  CHECK(test::identical(test::roundtrip("turbo-3-o32b5", x96, rows, 96, span), ref_turbo(x96, rows, 96, {3, 32, 5}, span)));
   // Units get their own rotation: another head, another seed or the values differ.
-  const std::vector<float> a = run("turbo-3", x, rows, d, span);
-  CHECK(!identical(a, run("turbo-3", x, rows, d, SpanInfo{3, 2, true, 0, 42})));
-  CHECK(!identical(a, run("turbo-3", x, rows, d, SpanInfo{3, 1, true, 0, 43})));
-  CHECK(!identical(a, run("turbo-3", x, rows, d, SpanInfo{3, 1, false, 0, 42})));
-  CHECK(identical(a, run("turbo-3", x, rows, d, SpanInfo{3, 1, true, 50, 42})));  // one rotation per unit
+  const std::vector<float> a = test::roundtrip("turbo-3", x, rows, d, span);
+  CHECK(!test::identical(a, test::roundtrip("turbo-3", x, rows, d, SpanInfo{3, 2, true, 0, 42})));
+  CHECK(!test::identical(a, test::roundtrip("turbo-3", x, rows, d, SpanInfo{3, 1, true, 0, 43})));
+  CHECK(!test::identical(a, test::roundtrip("turbo-3", x, rows, d, SpanInfo{3, 1, false, 0, 42})));
+  CHECK(test::identical(a, test::roundtrip("turbo-3", x, rows, d, SpanInfo{3, 1, true, 50, 42})));  // one rotation per unit
 }
 
 TEST_CASE("turbo: exact bits per element, names and shape errors") {

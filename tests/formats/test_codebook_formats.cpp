@@ -11,25 +11,12 @@
 #include "sim/formats/lloyd_max.h"
 #include "sim/formats/nuq_format.h"
 #include "sim/formats/registry.h"
+#include "format_test_util.h"
 #include "test_util.h"
 
 using namespace kvb;
 
 namespace {
-
-std::vector<float> run(const std::string& name, const std::vector<float>& x, int64_t rows, int64_t d) {
-  std::vector<float> y(x.size());
-  FormatPtr f = make_format(name);
-  f->roundtrip(ConstMatView{x.data(), rows, d, d}, MatView{y.data(), rows, d, d}, SpanInfo{});
-  BitWriter w;
-  f->encode(ConstMatView{x.data(), rows, d, d}, SpanInfo{}, w);
-  CHECK(w.bits() == f->storage_bits(rows, d));
-  return y;
-}
-
-bool identical(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 int count_below(const std::vector<float>& thresholds, float x) {
   int code = 0;
@@ -156,9 +143,9 @@ TEST_CASE("table16_select (the device's lookup of NF4 values and the iq4_nl grid
 TEST_CASE("nf4 matches the plain reference bit for bit") {
   const int64_t rows = 50, d = 128;
   const std::vector<float> x = test_span(rows, d, 31);
-  CHECK(identical(run("nf4-g64", x, rows, d), ref_nf4(x, 64, false)));
-  CHECK(identical(run("nf4-g32", x, rows, d), ref_nf4(x, 32, false)));
-  CHECK(identical(run("nf4-g64-sfp32", x, rows, d), ref_nf4(x, 64, true)));
+  CHECK(test::identical(test::roundtrip("nf4-g64", x, rows, d), ref_nf4(x, 64, false)));
+  CHECK(test::identical(test::roundtrip("nf4-g32", x, rows, d), ref_nf4(x, 32, false)));
+  CHECK(test::identical(test::roundtrip("nf4-g64-sfp32", x, rows, d), ref_nf4(x, 64, true)));
   CHECK(make_format("nf4")->name() == "nf4-g64");
   CHECK(make_format("nf4-g64")->bpe(4096, 128) == 4.25);
   CHECK(make_format("nf4-g64-sfp32")->bpe(4096, 128) == 4.5);
@@ -169,17 +156,17 @@ TEST_CASE("nf4 matches the plain reference bit for bit") {
 TEST_CASE("nuq matches the plain reference bit for bit") {
   const int64_t rows = 300, d = 16;
   const std::vector<float> x = test_span(rows, d, 32);
-  CHECK(identical(run("nuq4", x, rows, d), ref_nuq(x, rows, d, 4, 0, false)));
-  CHECK(identical(run("nuq3-cal64", x, rows, d), ref_nuq(x, rows, d, 3, 64, false)));
-  CHECK(identical(run("nuq2-cal100-wsq", x, rows, d), ref_nuq(x, rows, d, 2, 100, true)));
-  CHECK(identical(run("nuq5-cal20", x, rows, d), ref_nuq(x, rows, d, 5, 20, false)));  // fewer samples than levels
+  CHECK(test::identical(test::roundtrip("nuq4", x, rows, d), ref_nuq(x, rows, d, 4, 0, false)));
+  CHECK(test::identical(test::roundtrip("nuq3-cal64", x, rows, d), ref_nuq(x, rows, d, 3, 64, false)));
+  CHECK(test::identical(test::roundtrip("nuq2-cal100-wsq", x, rows, d), ref_nuq(x, rows, d, 2, 100, true)));
+  CHECK(test::identical(test::roundtrip("nuq5-cal20", x, rows, d), ref_nuq(x, rows, d, 5, 20, false)));  // fewer samples than levels
 }
 
 TEST_CASE("nuq: quality, exact bits per element, names") {
   // In-sample 4-bit per-channel codebooks on Gaussian channels approach Lloyd-Max.
   const int64_t rows = 4096, d = 8;
   const std::vector<float> x = kvb::test::random_normal(static_cast<size_t>(rows * d), 33);
-  const std::vector<float> y = run("nuq4", x, rows, d);
+  const std::vector<float> y = test::roundtrip("nuq4", x, rows, d);
   double e = 0, n = 0;
   for (size_t i = 0; i < x.size(); ++i) {
     e += (static_cast<double>(x[i]) - y[i]) * (static_cast<double>(x[i]) - y[i]);

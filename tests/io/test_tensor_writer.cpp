@@ -1,5 +1,5 @@
 // The tensor writers (sim/io/tensor_writer.h), checked by reading their files back with
-// the stores (which tests/test_tensor_store.cpp checks against the formats' specs).
+// the stores (which tests/io/test_tensor_store.cpp checks against the formats' specs).
 #include <cmath>
 #include <limits>
 

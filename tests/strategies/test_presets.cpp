@@ -6,33 +6,12 @@
 
 #include "sim/core/error.h"
 #include "sim/strategies/presets.h"
+#include "recording_test_util.h"
 #include "strategy_test_util.h"
 
 using namespace kvb;
 
 namespace {
-
-// A recording of the given shape with random tensors (no statistics needed).
-Recording shaped(int64_t layers, int64_t kv_heads, int64_t T, int64_t d) {
-  Recording r;
-  r.name = "shaped";
-  r.q_heads = kv_heads;
-  r.kv_heads = kv_heads;
-  r.head_dim = d;
-  r.tokens = T;
-  for (int64_t l = 0; l < layers; ++l) {
-    LayerTensors L;
-    L.query = Tensor({kv_heads, T, d});
-    L.key = Tensor({kv_heads, T, d});
-    L.value = Tensor({kv_heads, T, d});
-    L.key.data = test::random_normal(L.key.data.size(), 3 + static_cast<uint64_t>(l));
-    L.value.data = test::random_normal(L.value.data.size(), 5 + static_cast<uint64_t>(l));
-    r.layers.push_back(L);
-    r.layer_ids.push_back(static_cast<int>(l));
-  }
-  r.validate();
-  return r;
-}
 
 Plan preset_plan(const std::string& name, const Recording& rec, std::map<std::string, ParamValue> overrides = {}) {
   const StrategyPreset& p = require_strategy_preset(name, "test");
@@ -71,14 +50,14 @@ TEST_CASE("every preset names a type and only parameters of that type, with thei
 TEST_CASE("KIVI-2 G=32: 3.0 bpe plus the fp16 residual W·(16 − 3)/T, keys chunked, values sliding") {
   // T = 300: keys flush in chunks of 128 (44 left in the residual, 256 quantized in
   // 8 groups of 32 tokens), values slide (128 in the residual, 172 quantized).
-  const Recording rec = shaped(2, 2, 300, 64);
+  const Recording rec = test::random_layers({2, 2, 2, 300, 64, 3});
   const Plan p = preset_plan("kivi-2", rec);
   REQUIRE(p.check().empty());
   const double held = 44 + 128;  // residual tokens of K and of V
   CHECK(p.bpe() == doctest::Approx(3.0 + held * (16 - 3.0) / (2 * 300)));
   // At T = 512 the last query attends with a full key residual (flushed after it):
   // memory counts it, so keys and values both hold 128 fp16 tokens.
-  const Recording r512 = shaped(1, 2, 512, 64);
+  const Recording r512 = test::random_layers({1, 2, 2, 512, 64, 3});
   CHECK(preset_plan("kivi-2", r512).bpe() == doctest::Approx(3.0 + 256 * 13.0 / (2 * 512)));
   // At a 32K target the residual is W/32K of the cache, for keys and values.
   CHECK(p.bpe_at(32768) == doctest::Approx(3.0 + 256 * 13.0 / (2 * 32768)));
@@ -88,7 +67,7 @@ TEST_CASE("KIVI-2 G=32: 3.0 bpe plus the fp16 residual W·(16 − 3)/T, keys chu
 TEST_CASE("HF QuantizedCache (quanto): int4 g64 4.5 and int2 g64 2.5 bpe plus the chunked residual") {
   // T = 600, prompt = 150 (quantized whole); the last query (t = 599) attends with
   // (599 - 150) % 128 + 1 = 66 residual tokens, for keys and values alike.
-  const Recording rec = shaped(2, 2, 600, 64);
+  const Recording rec = test::random_layers({2, 2, 2, 600, 64, 3});
   const Plan p4 = preset_plan("hf-quanto-int4", rec);
   REQUIRE(p4.check().empty());
   CHECK(p4.prefill() == 150);
@@ -97,14 +76,14 @@ TEST_CASE("HF QuantizedCache (quanto): int4 g64 4.5 and int2 g64 2.5 bpe plus th
   CHECK(p2.bpe() == doctest::Approx(2.5 + 66 * (16 - 2.5) / 600));
   // T = 512, prompt 128: 384 decoded tokens, a multiple of W; the last query still
   // attends with a full residual of 128 tokens, flushed after it.
-  const Recording r = shaped(1, 1, 512, 64);
+  const Recording r = test::random_layers({1, 1, 1, 512, 64, 3});
   CHECK(preset_plan("hf-quanto-int4", r).bpe() == doctest::Approx(4.5 + 128 * (16 - 4.5) / 512));
   CHECK(preset_plan("hf-quanto-int2", r).bpe() == doctest::Approx(2.5 + 128 * (16 - 2.5) / 512));
 }
 
 TEST_CASE("quant.cpp --k-window: the fp32 key window is an extra copy costing W·32/T of the keys") {
   for (int64_t T : {957, 3970}) {
-    const Recording rec = shaped(1, 2, T, 64);
+    const Recording rec = test::random_layers({1, 2, 2, T, 64, 3});
     const Plan flat = preset_plan("quantcpp-k2", rec);
     const Plan win = preset_plan("quantcpp-k2-w512", rec);
     REQUIRE(win.check().empty());

@@ -8,6 +8,7 @@
 
 #include "sim/core/half.h"
 #include "sim/formats/registry.h"
+#include "format_test_util.h"
 #include "test_util.h"
 
 using namespace kvb;
@@ -72,20 +73,6 @@ std::vector<float> ref_int(const std::vector<float>& x, int64_t rows, int64_t d,
   return y;
 }
 
-std::vector<float> run(const std::string& name, const std::vector<float>& x, int64_t rows, int64_t d) {
-  std::vector<float> y(x.size());
-  FormatPtr f = make_format(name);
-  f->roundtrip(ConstMatView{x.data(), rows, d, d}, MatView{y.data(), rows, d, d}, SpanInfo{});
-  BitWriter w;
-  f->encode(ConstMatView{x.data(), rows, d, d}, SpanInfo{}, w);
-  CHECK(w.bits() == f->storage_bits(rows, d));
-  return y;
-}
-
-bool identical(const std::vector<float>& a, const std::vector<float>& b) {
-  return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 }  // namespace
 
 TEST_CASE("int formats match the plain definition for every grouping, mode and width") {
@@ -99,12 +86,12 @@ TEST_CASE("int formats match the plain definition for every grouping, mode and w
       for (const char* grouping : {"g16", "g64", "tok", "ch8", "ch"}) {
         const std::string name = "int" + std::to_string(bits) + "-" + mode + "-" + grouping;
         INFO(name);
-        CHECK(identical(run(name, x, rows, d),
+        CHECK(test::identical(test::roundtrip(name, x, rows, d),
                         ref_int(x, rows, d, bits, std::string(mode) == "sym", grouping, StoreDtype::F16, StoreDtype::F16)));
       }
-  CHECK(identical(run("int4-asym-g32-sbf16-zfp32", x, rows, d),
+  CHECK(test::identical(test::roundtrip("int4-asym-g32-sbf16-zfp32", x, rows, d),
                   ref_int(x, rows, d, 4, false, "g32", StoreDtype::BF16, StoreDtype::F32)));
-  CHECK(identical(run("int5-sym-g16-sfp32", x, rows, d),
+  CHECK(test::identical(test::roundtrip("int5-sym-g16-sfp32", x, rows, d),
                   ref_int(x, rows, d, 5, true, "g16", StoreDtype::F32, StoreDtype::F32)));
 }
 
@@ -115,7 +102,7 @@ TEST_CASE("keep formats store each value at their precision") {
     f16[i] = round_to_f16(x[i]);
     b16[i] = round_to_bf16(x[i]);
   }
-  CHECK(identical(run("keep-fp16", x, 10, 30), f16));
-  CHECK(identical(run("keep-bf16", x, 10, 30), b16));
-  CHECK(identical(run("keep-fp32", x, 10, 30), x));
+  CHECK(test::identical(test::roundtrip("keep-fp16", x, 10, 30), f16));
+  CHECK(test::identical(test::roundtrip("keep-bf16", x, 10, 30), b16));
+  CHECK(test::identical(test::roundtrip("keep-fp32", x, 10, 30), x));
 }

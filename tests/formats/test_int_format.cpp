@@ -190,7 +190,7 @@ TEST_CASE("per-channel grouping quantizes each channel along tokens") {
   }
 }
 
-TEST_CASE("every int and keep format round-trips finite values (tests/test_format_table.cpp covers the rest)") {
+TEST_CASE("every int and keep format round-trips finite values (tests/formats/test_format_table.cpp covers the rest)") {
   const int64_t T = 96, d = 64;
   const std::vector<float> x = test::random_normal(static_cast<size_t>(T * d), 5);
   double norm2 = 0;

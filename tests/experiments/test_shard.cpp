@@ -7,9 +7,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -264,15 +266,25 @@ TEST_CASE("merge: refuses shards of different sweeps, lists missing and duplicat
 }
 
 TEST_CASE("heartbeat: beats while it lives, not after") {
-  std::atomic<int> beats{0};
+  std::mutex mu;
+  std::condition_variable beat_seen;
+  int beats = 0;
   {
-    Heartbeat heartbeat(0.02, [&] { ++beats; });
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    Heartbeat heartbeat(0.02, [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      ++beats;
+      beat_seen.notify_all();
+    });
+    // Waits for the event (two beats), not for a time; the deadline only stops a hang.
+    std::unique_lock<std::mutex> lock(mu);
+    CHECK(beat_seen.wait_for(lock, std::chrono::seconds(60), [&] { return beats >= 2; }));
   }
-  const int seen = beats.load();
+  // The destructor has joined the beating thread: nothing can beat any more.
+  std::lock_guard<std::mutex> lock(mu);
+  const int seen = beats;
   CHECK(seen >= 2);
-  std::this_thread::sleep_for(std::chrono::milliseconds(60));
-  CHECK(beats.load() == seen);
+  std::this_thread::yield();
+  CHECK(beats == seen);
 }
 
 TEST_CASE("status: a running manifest whose process is gone is stale; one on another host by its heartbeat") {
