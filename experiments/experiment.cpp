@@ -439,12 +439,42 @@ AttributionSpec parse_attribution(const std::optional<ConfigTable>& t) {
 }
 
 
-// Model-level metrics need a model data source, and those of greedy continuations
-// need continuations.
+// [task]: an answer task for the model of [data] (configs/README.md).
+void parse_task(const ConfigTable& t, const std::filesystem::path& config, DataSpec& data) {
+  if (data.source != DataSpec::Source::Model)
+    throw ConfigError(t.where() + ": an answer task runs a model; it needs [data] source = \"model\"");
+  ModelDataSpec& m = data.model;
+  AnswerTaskSpec task;
+  task.file = resolve_data_path(t.required_string("file"), config, t.where("file"));
+  if (!std::filesystem::exists(task.file)) t.fail("file", task.file.string() + ": no such task file");
+  task.answer_regex = t.required_string("answer_regex");
+  if (task.answer_regex.empty()) t.fail("answer_regex", "is empty: give the pattern that finds the answer");
+  try {
+    const std::regex check(task.answer_regex, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    t.fail("answer_regex", "/" + task.answer_regex + "/ does not compile: " + e.what());
+  }
+  if (t.has("answer_after")) task.answer_after = t.integer("answer_after", 0);
+  if (task.answer_after && *task.answer_after < 0) t.fail("answer_after", "must be a token id >= 0");
+  task.max_new_tokens = t.integer("max_new_tokens", task.max_new_tokens);
+  if (task.max_new_tokens < 1) t.fail("max_new_tokens", "must be >= 1");
+  task.max_problems = t.integer("max_problems", 0);
+  if (task.max_problems < 0) t.fail("max_problems", "must be >= 0 (0 = all)");
+  task.problem_prefix = t.string("problem_prefix", "");
+  task.tokenizer = m.tokens.tokenizer;
+  task.add_bos = m.tokens.add_bos;
+  m.task = task;
+  m.task_where = t.where("file");
+}
+
+// Model-level metrics need a model data source, those of greedy continuations need
+// continuations, and those of an answer task a [task].
 void check_metric_source(const MetricDef& def, const DataSpec& data, const std::string& where) {
   if (def.level != MetricLevel::Model) return;
   if (data.source != DataSpec::Source::Model)
     throw ConfigError(where + ": '" + def.name + "' is a model-level metric; it needs [data] source = \"model\"");
+  if (def.needs_task && !data.model.task)
+    throw ConfigError(where + ": '" + def.name + "' scores an answer task's answers; name one in [task] (file, answer_regex)");
   if (def.needs_continuations && data.model.continuations.count == 0)
     throw ConfigError(where + ": '" + def.name + "' compares greedy continuations, but [data] continuations = 0");
   if (!def.defined_for(data.model.continuations.count, data.model.continuations.tokens))
@@ -458,6 +488,7 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
   std::vector<std::string> all;
   for (const MetricDef& d : metric_table()) {
     if (d.level == MetricLevel::Model && data.source != DataSpec::Source::Model) continue;
+    if (d.needs_task && !data.model.task) continue;
     if (!d.defined_for(data.model.continuations.count, data.model.continuations.tokens)) continue;
     all.push_back(d.name);
   }
@@ -713,6 +744,7 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
   auto data = root.opt_table("data");
   if (!data) throw ConfigError(doc->file().string() + ": missing [data] table (a recording path or [data.synthetic])");
   e.data = parse_data(*data, doc->file(), e.seed);
+  if (auto task = root.opt_table("task")) parse_task(*task, doc->file(), e.data);
 
   const std::vector<ConfigTable> blocks = root.table_array("strategy");
   if (blocks.empty())
@@ -762,7 +794,16 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   const std::filesystem::path& from = m.tokens.text.empty() ? m.tokens.token_file : m.tokens.text;
   const std::string source = "model " + m.checkpoint.string() + " on " + std::to_string(tokens.size()) +
                              " tokens of " + from.string();
-  return std::make_shared<const ModelEvaluator>(std::move(model), std::move(tokens), m.continuations, source);
+  std::shared_ptr<const AnswerTask> task;
+  if (m.task) {
+    try {
+      task = std::make_shared<const AnswerTask>(*m.task, model->config());
+    } catch (const ConfigError& e) {
+      throw ConfigError(m.task_where + ": " + e.what());
+    }
+  }
+  return std::make_shared<const ModelEvaluator>(std::move(model), std::move(tokens), m.continuations, source,
+                                                std::move(task));
 }
 
 void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T) {

@@ -5,6 +5,7 @@
 //   [data]          a recording file (path + tensor name patterns + layout), or
 //   [data.synthetic] a seeded synthetic recording, or
 //   [data] source = "model": a checkpoint run on a text (model-level metrics too)
+//   [task]          with a model: prompts and expected answers (answer_accuracy)
 //   [[strategy]]    type + parameters; any parameter may be a sweep axis: an array
 //                   ([32, 64]) or a numeric range string ("2..8", "0.1..0.5:0.1").
 //                   [strategy.vars] declares template variables used as {name}
@@ -40,6 +41,10 @@ struct ModelDataSpec {
   std::filesystem::path checkpoint;  // Hugging Face checkpoint directory
   TokenSource tokens;                // text or token ids, tokenizer, BOS, max_tokens
   ContinuationSpec continuations;    // greedy continuations for token match and BLEU
+  // [task]: an answer task for answer_accuracy and the flips (sim/model/answer_task.h);
+  // its tokenizer and BOS setting are [data]'s.
+  std::optional<AnswerTaskSpec> task;
+  std::string task_where;            // "file:line: task.file", for messages about the task
 };
 
 struct DataSpec {

@@ -42,12 +42,12 @@ constexpr const char* kPointColumnLast = "seconds";
 
 // The points.csv columns of one metric: its value, then `<name>_se` when the metric has
 // a standard error (MetricDef::standard_error), or `<name>_lo`, `<name>_hi` when it
-// has a bootstrap interval (MetricDef::rows).
+// has an interval (MetricDef::has_interval: the bootstrap's, or a closed form).
 std::vector<std::string> metric_columns(const std::string& name) {
   std::vector<std::string> cols = {name};
   const MetricDef& def = require_metric(name, "metrics.report");
   if (def.standard_error) cols.push_back(name + "_se");
-  if (def.rows.kind != RowReduction::Kind::None) {
+  if (def.has_interval()) {
     cols.push_back(name + "_lo");
     cols.push_back(name + "_hi");
   }
@@ -144,6 +144,14 @@ std::string Report::manifest_text(const RunInfo& info) const {
   if (!info.config_hash.empty()) j["config_hash"] = info.config_hash;
   if (!info.data_identity.empty()) j["data_identity"] = info.data_identity;
   j["recording"] = info.recording_summary;
+  if (const auto& task = spec_.data.model.task) {  // [task], as configured
+    j["task"] = {{"file", task->file.string()},
+                 {"answer_regex", task->answer_regex},
+                 {"max_new_tokens", task->max_new_tokens},
+                 {"max_problems", task->max_problems},
+                 {"problem_prefix", task->problem_prefix}};
+    if (task->answer_after) j["task"]["answer_after"] = *task->answer_after;
+  }
   j["warnings"] = info.warnings;
   j["calibration"] = {{"rule", spec_.calibration.text},
                       {"overlap_allowed", spec_.calibration.overlap},
@@ -176,7 +184,12 @@ std::string Report::manifest_text(const RunInfo& info) const {
        {{"columns", "<metric>_se"},
         {"method", "as llama.cpp's perplexity tool: SE of a mean = sqrt((mean(x^2) - mean(x)^2) / (n - 1)) over "
                    "evaluated positions; ppl: PPL * SE(mean NLL); ppl_ratio: ratio * SE(mean(nll - nll_base)), "
-                   "the SE of ln(ppl_ratio) times the ratio; same_top_rate: sqrt(p (1 - p) / (n - 1))"}}}};
+                   "the SE of ln(ppl_ratio) times the ratio; same_top_rate: sqrt(p (1 - p) / (n - 1))"}}},
+      {"answer_interval",
+       {{"columns", "answer_accuracy_lo, answer_accuracy_hi"},
+        {"method", "Wilson score interval of the proportion of the task's problems answered right (each problem "
+                   "one Bernoulli trial)"},
+        {"level", 0.95}}}};
   nlohmann::json budgets = nlohmann::json::array();
   for (const BudgetQuery& q : spec_.budgets) budgets.push_back(q.text);
   j["budget_queries"] = budgets;
@@ -260,7 +273,7 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
       os << "," << num(r.metrics[k]);
       const MetricDef& def = require_metric(spec_.metrics.report[k], "metrics.report");
       if (def.standard_error) os << "," << num(r.standard_errors[k]);
-      if (def.rows.kind != RowReduction::Kind::None)
+      if (def.has_interval())
         os << "," << num(r.intervals[k].lo) << "," << num(r.intervals[k].hi);
     }
     for (const std::string& name : notes) {

@@ -387,6 +387,8 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
           r.standard_errors.push_back(m->standard_error ? m->standard_error(merged[0]) : std::nan(""));
         }
         r.intervals = bootstrap_intervals(merged[0], metrics, bootstrap_settings(spec));
+        for (size_t k = 0; k < metrics.size(); ++k)  // closed-form intervals (answer_accuracy)
+          if (metrics[k]->interval) r.intervals[k] = metrics[k]->interval(merged[0]);
         if (spec.attribution.selects(points[i].id) && variants > 0)
           r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
                                     rec.num_layers(), rec.q_heads);

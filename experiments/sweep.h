@@ -67,7 +67,8 @@ struct PointResult {
   // Aligned with metrics: MetricDef::standard_error's value, NaN for a metric without one.
   std::vector<double> standard_errors;
   // Aligned with metrics: the bootstrap interval (sim/metrics/bootstrap.h) of an
-  // attention metric, {NaN, NaN} for the others.
+  // attention metric, the closed-form one of a metric with MetricDef::interval
+  // (answer_accuracy's Wilson interval), {NaN, NaN} for the others.
   std::vector<Interval> intervals;
   std::optional<Attribution> attribution;  // when [attribution] selects the point
   double seconds = 0;                      // CPU seconds spent on the point (cuda: wall seconds on the device)

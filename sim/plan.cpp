@@ -34,10 +34,10 @@ namespace {
 // protected sink token (the allocator's bulk, a second phase, a whole sink head).
 // Sink tokens keep their token counts at any context. A unit made only of sink
 // tokens stretches its last one. Returns segments.size() for a unit without segments.
-size_t stretching_segment(const UnitPlan& u) {
-  for (size_t i = u.segments.size(); i-- > 0;)
-    if (u.segments[i].role != SegmentRole::SinkToken) return i;
-  return u.segments.empty() ? 0 : u.segments.size() - 1;
+size_t stretching_segment(const std::vector<Segment>& segments) {
+  for (size_t i = segments.size(); i-- > 0;)
+    if (segments[i].role != SegmentRole::SinkToken) return i;
+  return segments.empty() ? 0 : segments.size() - 1;
 }
 
 int64_t overlap(int64_t b0, int64_t e0, int64_t b1, int64_t e1) {
@@ -56,7 +56,7 @@ uint64_t Plan::segment_bits(const UnitPlan& u, int64_t seg_begin, int64_t seg_en
   const int64_t held = u.window.held_at(context, prefill_);
   const int64_t stored_end = u.window.extra_copy ? context : context - held;
   int64_t tokens = overlap(seg_begin, std::min(seg_end, context), 0, stored_end);
-  const size_t stretch = stretching_segment(u);
+  const size_t stretch = stretching_segment(u.segments);
   if (context > tokens_ && stretch < u.segments.size() && u.segments[stretch].begin == seg_begin)
     tokens += overlap(tokens_, context, 0, stored_end);
   return tokens > 0 ? format.storage_bits(tokens, head_dim_) : 0;
@@ -76,23 +76,64 @@ uint64_t Plan::storage_bits_at(int64_t context) const {
   return bits;
 }
 
+namespace {
+
+// Segments of a part of a unit that holds `part_tokens` tokens, fitted to `length`
+// tokens by storage_bits_at's rule: cut at `length`, or, beyond `part_tokens`, the
+// tokens [part_tokens, length) join the stretching segment (its end is extended when
+// it is the last segment, else they form a segment of their own).
+std::vector<Segment> fit_segments(const std::vector<Segment>& segments, int64_t part_tokens, int64_t length) {
+  std::vector<Segment> out;
+  for (const Segment& s : segments) {
+    Segment at = s;
+    at.end = std::min(s.end, length);
+    at.begin = std::min(s.begin, length);
+    if (at.end > at.begin) out.push_back(at);
+  }
+  if (length > part_tokens && !segments.empty()) {
+    const Segment& grow = segments[stretching_segment(segments)];
+    if (&grow == &segments.back())
+      out.back().end = length;
+    else
+      out.push_back(Segment{part_tokens, length, grow.format, grow.role});
+  }
+  return out;
+}
+
+// The segments of `u` within [begin, end), cut there and moved by `shift` tokens.
+std::vector<Segment> segments_within(const UnitPlan& u, int64_t begin, int64_t end, int64_t shift) {
+  std::vector<Segment> out;
+  for (const Segment& s : u.segments) {
+    const int64_t b = std::max(s.begin, begin), e = std::min(s.end, end);
+    if (e > b) out.push_back(Segment{b + shift, e + shift, s.format, s.role});
+  }
+  return out;
+}
+
+}  // namespace
+
 UnitPlan Plan::unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context) const {
   const UnitPlan& u = unit(layer, kv_head, kind);
   UnitPlan out;
   out.window = u.window;
-  for (const Segment& s : u.segments) {
-    Segment at = s;
-    at.end = std::min(s.end, context);
-    at.begin = std::min(s.begin, context);
-    if (at.end > at.begin) out.segments.push_back(at);
-  }
-  if (context > tokens_ && !u.segments.empty()) {
-    // Tokens beyond T belong to the stretching segment (storage_bits_at's rule).
-    const Segment& grow = u.segments[stretching_segment(u)];
-    if (&grow == &u.segments.back())
-      out.segments.back().end = context;
-    else
-      out.segments.push_back(Segment{tokens_, context, grow.format, grow.role});
+  out.segments = fit_segments(u.segments, tokens_, context);
+  return out;
+}
+
+UnitPlan Plan::unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context,
+                       std::optional<int64_t> second_phase) const {
+  if (!phase_boundary_ || second_phase == phase_boundary_) return unit_at(layer, kv_head, kind, context);
+  const int64_t b = *phase_boundary_;
+  const UnitPlan& u = unit(layer, kv_head, kind);
+  UnitPlan out;
+  out.window = u.window;
+  const int64_t first_end = second_phase ? std::min(*second_phase, context) : context;
+  out.segments = fit_segments(segments_within(u, 0, b, 0), b, first_end);
+  if (second_phase && *second_phase < context) {
+    const std::vector<Segment> second =
+        fit_segments(segments_within(u, b, tokens_, -b), tokens_ - b, context - *second_phase);
+    for (const Segment& s : second)
+      out.segments.push_back(Segment{s.begin + *second_phase, s.end + *second_phase, s.format, s.role});
   }
   return out;
 }

@@ -158,6 +158,18 @@ class Plan {
   // The segments cover [0, context); the window is the unit's (it is relative to the
   // query, not to T). The model's KV cache reconstructs through it.
   UnitPlan unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context) const;
+  // The unit for a sequence of `context` tokens whose second phase starts at
+  // `second_phase` (the position of the sequence's first phase marker), or has not
+  // started yet (nullopt: the marker has not been generated): the phases switch where
+  // this sequence's marker is, as a serving engine switches when it sees the marker,
+  // not at the plan's phase_boundary(). The first phase's segments cover [0, start)
+  // (start = second_phase, or context), cut there or stretched by their stretching
+  // segment; the second phase's segments, shifted from the plan's boundary to
+  // `second_phase`, cover [second_phase, context), cut or stretched likewise. Equals
+  // unit_at(context) when second_phase is the plan's boundary, or when the plan has no
+  // phase boundary.
+  UnitPlan unit_at(int64_t layer, int64_t kv_head, Kind kind, int64_t context,
+                   std::optional<int64_t> second_phase) const;
 
   // Empty when every unit's segments cover [0, T) in order with formats that accept
   // the shapes; otherwise the first problem, naming the unit.
@@ -170,6 +182,11 @@ class Plan {
   // bits, TAQG); error attribution splits token regions there.
   std::optional<int64_t> phase_boundary() const { return phase_boundary_; }
   void set_phase_boundary(int64_t token) { phase_boundary_ = token; }
+  // The token id that started the second phase (phase_marker, e.g. </think>), when the
+  // boundary came from one. A model's KV cache then switches phases where each
+  // sequence holds (or generates) that token (unit_at with second_phase).
+  std::optional<int64_t> phase_marker() const { return phase_marker_; }
+  void set_phase_marker(int64_t token) { phase_marker_ = token; }
 
   // Extra per-point results, in the order the strategy added them; a name added twice
   // keeps the last value.
@@ -186,6 +203,7 @@ class Plan {
   int64_t prefill_ = 0;
   std::vector<UnitPlan> units_;
   std::optional<int64_t> phase_boundary_;
+  std::optional<int64_t> phase_marker_;
   std::optional<int64_t> sized_for_context_;
   std::vector<Annotation> annotations_;
 };

@@ -2,7 +2,9 @@
 // token sequence with an exact KV cache and, when a format or strategy is given, with
 // the quantized cache beside it (every model-level metric of the metric table).
 // Per-position logits and NLL can be written to .safetensors or .npy, to check the
-// forward pass against another implementation.
+// forward pass against another implementation. With --task, the task's problems are
+// answered by greedy generation (exact cache, and the quantized one beside it):
+// answer_accuracy and the flips against the exact cache.
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <cmath>
@@ -114,6 +116,9 @@ int cmd_eval(const Args& args) {
   std::vector<std::string> params;
   int64_t seed_arg = 0;
   ContinuationSpec cont;
+  AnswerTaskSpec task_spec;
+  std::string task_file, answer_regex;
+  int64_t answer_after = -1;
   opts.add_options()("help,h", "show this help")(
       "format", po::value(&format), "quantize keys and values with this format (e.g. int4-asym-g32)")(
       "key-format", po::value(&key_format), "format of keys (with --value-format)")(
@@ -126,7 +131,14 @@ int cmd_eval(const Args& args) {
       "continuation-tokens", po::value(&cont.tokens)->default_value(20), "tokens generated per continuation")(
       "out,o", po::value(&out),
       ".safetensors: logits [T, vocab], nll [T-1], input_ids (and logits_exact, nll_exact when quantized); "
-      ".npy: the logits")("nll", po::value(&nll_out), "write the per-position NLL [T-1] (nats) to this .npy");
+      ".npy: the logits")("nll", po::value(&nll_out), "write the per-position NLL [T-1] (nats) to this .npy")(
+      "task", po::value(&task_file), "an answer task (.npz or .jsonl, configs/README.md [task]): answer_accuracy")(
+      "answer-regex", po::value(&answer_regex), "with --task: the regex that finds the answer (group 1, else the match)")(
+      "answer-after", po::value(&answer_after)->default_value(-1),
+      "with --task: search the answer after this generated token id (e.g. </think>); -1 = in all generated text")(
+      "max-new-tokens", po::value(&task_spec.max_new_tokens)->default_value(256), "with --task: tokens generated at most")(
+      "max-problems", po::value(&task_spec.max_problems)->default_value(0), "with --task: the first N problems (0 = all)")(
+      "problem-prefix", po::value(&task_spec.problem_prefix), "with --task: only problems whose name starts with this");
   in.add_options(opts);
   po::variables_map vm;
   if (!in.parse(args, opts, "eval", vm)) return kExitUsage;
@@ -150,6 +162,12 @@ int cmd_eval(const Args& args) {
     throw ConfigError("--out " + out + ": expected a .safetensors or .npy file");
   if (!nll_out.empty() && std::filesystem::path(nll_out).extension() != ".npy")
     throw ConfigError("--nll " + nll_out + ": expected a .npy file");
+  if (task_file.empty()) {
+    for (const char* o : {"answer-regex", "answer-after", "max-new-tokens", "max-problems", "problem-prefix"})
+      if (vm.count(o) && !vm[o].defaulted()) throw ConfigError(std::string("--") + o + " needs --task");
+  } else if (answer_regex.empty()) {
+    throw ConfigError("--task needs --answer-regex (the pattern that finds the answer in the generated text)");
+  }
   if (!out.empty()) require_writable_output(out, "--out");
   if (!nll_out.empty()) require_writable_output(nll_out, "--nll");
   // The strategy is built before any work so that a bad name fails fast.
@@ -180,11 +198,35 @@ int cmd_eval(const Args& args) {
               static_cast<double>(model->weights().bytes()) / (1024.0 * 1024.0), cfg.summary().c_str(), tokens.size(),
               in.token_origin().c_str());
   const std::string source = "model " + in.checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
-  const ModelEvaluator evaluator(model, tokens, cont, source);
+  std::shared_ptr<const AnswerTask> task;
+  if (!task_file.empty()) {
+    task_spec.file = task_file;
+    task_spec.answer_regex = answer_regex;
+    if (answer_after >= 0) task_spec.answer_after = answer_after;
+    task_spec.tokenizer = in.tokenizer;
+    if (in.bos) task_spec.add_bos = true;
+    if (in.no_bos) task_spec.add_bos = false;
+    try {
+      task = std::make_shared<const AnswerTask>(task_spec, cfg);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--task: ") + e.what());
+    }
+    std::printf("task: %s\n", task->describe().c_str());
+  }
+  const ModelEvaluator evaluator(model, tokens, cont, source, task);
   const double exact_ppl = perplexity(evaluator.base_nll());
   std::printf("exact cache: PPL %.6g ± %.3g (mean NLL %.6g nats over %zu positions)\n", exact_ppl,
               exact_ppl * standard_error_of_mean(evaluator.base_nll()), std::log(exact_ppl),
               evaluator.base_nll().size());
+  if (task) {
+    int64_t right = 0;
+    for (const AnswerTask::Run& r : evaluator.base_answers()) right += r.correct ? 1 : 0;
+    const int64_t n = static_cast<int64_t>(evaluator.base_answers().size());
+    const Interval ci = wilson_interval(right, n);
+    std::printf("exact cache: answer accuracy %.4g (%lld of %lld problems; 95 %% Wilson interval %.3g..%.3g)\n",
+                static_cast<double>(right) / static_cast<double>(n), static_cast<long long>(right),
+                static_cast<long long>(n), ci.lo, ci.hi);
+  }
 
   RowMatrix quant_logits;
   ErrorStats stats;
@@ -205,9 +247,15 @@ int cmd_eval(const Args& args) {
                 calibrated ? " (positions not used for the strategy's calibration, every 8th from 7)" : "");
     for (const MetricDef& m : metric_table()) {
       if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens)) continue;
-      // ± the standard error where the metric has one (llama.cpp's perplexity tool).
-      char se[32] = "";
+      if (m.needs_task && !task) continue;
+      // ± the standard error where the metric has one (llama.cpp's perplexity tool), or
+      // its interval.
+      char se[48] = "";
       if (m.standard_error) std::snprintf(se, sizeof se, "± %.3g", m.standard_error(stats));
+      if (m.interval) {
+        const Interval ci = m.interval(stats);
+        std::snprintf(se, sizeof se, "[%.3g, %.3g]", ci.lo, ci.hi);
+      }
       std::printf("  %-22s %-12.6g %-12s %s\n", m.name.c_str(), m.compute(stats), se, m.description.c_str());
     }
   } else if (cont.count > 0) {

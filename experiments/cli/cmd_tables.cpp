@@ -87,11 +87,10 @@ int cmd_formats(const Args& args) {
 int cmd_metrics(const Args& args) {
   if (int code = 0; !table_arguments_ok(args, "metrics", "the metric table", &code)) return code;
   // uncertainty: the points.csv columns after the metric (methods.md §4 "Uncertainty"):
-  // "_se" a standard error, "_lo/_hi" a bootstrap interval, "-" none.
+  // "_se" a standard error, "_lo/_hi" an interval (bootstrap or Wilson), "-" none.
   std::printf("%-22s %-10s %-7s %-11s %s\n", "metric", "level", "better", "uncertainty", "definition");
   for (const MetricDef& m : metric_table()) {
-    const char* uncertainty =
-        m.standard_error ? "_se" : (m.rows.kind != RowReduction::Kind::None ? "_lo/_hi" : "-");
+    const char* uncertainty = m.standard_error ? "_se" : (m.has_interval() ? "_lo/_hi" : "-");
     std::printf("%-22s %-10s %-7s %-11s %s%s%s\n", m.name.c_str(), level_name(m.level),
                 m.better == Better::Lower ? "lower" : "higher", uncertainty, m.description.c_str(),
                 m.unit.empty() ? "" : " [", m.unit.empty() ? "" : (m.unit + "]").c_str());

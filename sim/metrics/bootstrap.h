@@ -25,10 +25,6 @@ struct BootstrapSettings {
   uint64_t seed = 0;
 };
 
-struct Interval {
-  double lo = 0, hi = 0;
-};
-
 // Positions per block for `positions` evaluated positions: ⌈positions^(1/3)⌉ (at least
 // 1), the usual n^(1/3) rule for block length; the last block may be shorter.
 int64_t bootstrap_block_positions(int64_t positions);

@@ -133,6 +133,45 @@ double gen_bleu_research(const ErrorStats& s) {
   return s.model.has_continuations() ? research_bleu4(s.model.continuations, s.model.continuations_base) : kNaN;
 }
 
+// Answer task: NaN without one.
+double answer_accuracy(const ErrorStats& s) {
+  if (!s.model.has_answers()) return kNaN;
+  double right = 0;
+  for (uint8_t v : s.model.answers_correct) right += v;
+  return right / static_cast<double>(s.model.answers_correct.size());
+}
+Interval answer_accuracy_interval(const ErrorStats& s) {
+  int64_t right = 0;
+  for (uint8_t v : s.model.answers_correct) right += v;
+  return wilson_interval(right, static_cast<int64_t>(s.model.answers_correct.size()), 0.95);
+}
+// Problems answered right with the exact cache and wrong with the quantized one
+// (right_to_wrong), or the other way round.
+double answer_flips(const ErrorStats& s, bool right_to_wrong) {
+  const ModelStats& m = s.model;
+  if (!m.has_answers()) return kNaN;
+  if (m.answers_correct.size() != m.answers_correct_base.size())
+    throw Error("internal: " + std::to_string(m.answers_correct.size()) + " quantized answers but " +
+                std::to_string(m.answers_correct_base.size()) + " exact ones");
+  double flips = 0;
+  for (size_t i = 0; i < m.answers_correct.size(); ++i)
+    flips += (right_to_wrong ? m.answers_correct_base[i] && !m.answers_correct[i]
+                             : !m.answers_correct_base[i] && m.answers_correct[i])
+                 ? 1
+                 : 0;
+  return flips;
+}
+double flips_right_to_wrong(const ErrorStats& s) { return answer_flips(s, true); }
+double flips_wrong_to_right(const ErrorStats& s) { return answer_flips(s, false); }
+
+MetricDef task_metric(std::string name, std::string unit, std::string description, Better better,
+                      double (*compute)(const ErrorStats&), Interval (*interval)(const ErrorStats&) = nullptr) {
+  MetricDef m{std::move(name), std::move(unit), std::move(description), better, MetricLevel::Model, compute};
+  m.needs_task = true;
+  m.interval = interval;
+  return m;
+}
+
 }  // namespace
 
 const std::vector<MetricDef>& metric_table() {
@@ -178,6 +217,16 @@ const std::vector<MetricDef>& metric_table() {
       {"gen_bleu4_research", "",
        "greedy continuations: per-sequence BLEU-4, orders without matches dropped, averaged (the research's variant)",
        B::Higher, L::Model, &gen_bleu_research, nullptr, {}, true},
+      task_metric("answer_accuracy", "",
+                  "answer task: fraction of problems whose greedily generated answer equals the expected one "
+                  "(quantized cache); _lo/_hi: 95 % Wilson score interval over problems",
+                  B::Higher, &answer_accuracy, &answer_accuracy_interval),
+      task_metric("flips_right_to_wrong", "problems",
+                  "answer task: problems answered right with the exact cache and wrong with the quantized one",
+                  B::Lower, &flips_right_to_wrong),
+      task_metric("flips_wrong_to_right", "problems",
+                  "answer task: problems answered wrong with the exact cache and right with the quantized one",
+                  B::Higher, &flips_wrong_to_right),
   };
   return table;
 }

@@ -50,6 +50,14 @@ struct MetricDef {
   // Shortest continuation (tokens) the metric is defined on: corpus BLEU-4 needs
   // 4-grams, so continuations of fewer than 4 tokens give it nothing to count.
   int64_t min_continuation_tokens = 0;
+  // Model level only: the metric scores an answer task's generated answers, so the
+  // experiment must name one ([task], `kvbudget eval --task`).
+  bool needs_task = false;
+  // A closed-form confidence interval (answer_accuracy: Wilson score over problems),
+  // written as `<name>_lo` and `<name>_hi` like the bootstrap's; nullptr: none.
+  Interval (*interval)(const ErrorStats&) = nullptr;
+  // Whether points.csv has `<name>_lo` and `<name>_hi` (bootstrap or closed form).
+  bool has_interval() const { return rows.kind != RowReduction::Kind::None || interval != nullptr; }
   // Whether the metric is defined for continuations of `tokens` tokens.
   bool defined_for(int64_t continuations, int64_t tokens) const {
     return !needs_continuations || (continuations > 0 && tokens >= min_continuation_tokens);

@@ -18,12 +18,26 @@ struct ModelStats {
   // Greedy continuations of the same prompts, quantized and unquantized.
   std::vector<std::vector<int64_t>> continuations;
   std::vector<std::vector<int64_t>> continuations_base;
+  // Answer task (sim/model/answer_task.h), one entry per problem in task order: 1 when
+  // the answer generated with the quantized / the exact cache matched the expected one.
+  std::vector<uint8_t> answers_correct;
+  std::vector<uint8_t> answers_correct_base;
 
   bool has_positions() const { return !nll.empty(); }
   bool has_continuations() const { return !continuations.empty(); }
+  bool has_answers() const { return !answers_correct.empty(); }
   // Appends another result (e.g. another text): positions and continuations pooled.
   void merge(const ModelStats& other);
 };
+
+// A confidence interval [lo, hi] of a metric.
+struct Interval {
+  double lo = 0, hi = 0;
+};
+
+// Wilson score interval of a binomial proportion: `successes` of `n` trials at
+// two-sided coverage `level` (0.95). {NaN, NaN} for n = 0.
+Interval wilson_interval(int64_t successes, int64_t n, double level = 0.95);
 
 // exp(mean nll).
 double perplexity(const std::vector<double>& nll);

@@ -83,7 +83,8 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
     const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;
     KvUnitView& view = (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)];
     try {
-      const UnitPlan plan = q.plan->unit_at(layer, g, kind, length);
+      const UnitPlan plan = q.plan->phase_marker() ? q.plan->unit_at(layer, g, kind, length, q.second_phase)
+                                                   : q.plan->unit_at(layer, g, kind, length);
       const SpanInfo span = unit_span(layer, g, kind, q.seed);
       float* stored = scratch.data() + (2 * u) * unit_floats;
       reconstruct_unit(plan, view.exact, length, d, span, stored);

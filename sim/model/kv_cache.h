@@ -21,6 +21,7 @@
 //    values of earlier tokens are not recomputed.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,12 @@ struct CacheQuantization {
   // prefill. greedy_continuation() sets it to the continuation's own prompt when the
   // plan has a prompt, so that each continuation is quantized relative to its prompt.
   int64_t prefill = -1;
+  // Where the sequence's second phase starts: the position of its first
+  // plan->phase_marker() token, nullopt while it holds none. Used only for a plan with
+  // a phase marker (Plan::unit_at with second_phase); Transformer::extend sets it from
+  // the tokens the state holds, so the phases switch where the marker is given or
+  // generated.
+  std::optional<int64_t> second_phase = std::nullopt;
 
   int64_t effective_prefill() const { return prefill >= 0 ? prefill : (plan ? plan->prefill() : 0); }
 };

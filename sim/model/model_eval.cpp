@@ -127,8 +127,9 @@ Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTen
 }
 
 ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::vector<int64_t> tokens,
-                               ContinuationSpec continuations, std::string source_description)
-    : model_(std::move(model)), tokens_(std::move(tokens)), continuation_spec_(continuations) {
+                               ContinuationSpec continuations, std::string source_description,
+                               std::shared_ptr<const AnswerTask> task)
+    : model_(std::move(model)), tokens_(std::move(tokens)), continuation_spec_(continuations), task_(std::move(task)) {
   const int64_t T = static_cast<int64_t>(tokens_.size());
   check_full_causal_attention(model_->config(), T);  // before any forward pass
   const ContinuationSpec& c = continuation_spec_;
@@ -153,6 +154,8 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
   for (int64_t p : prompt_lengths_)
     base_continuations_.push_back(greedy_continuation(
         *model_, std::span<const int64_t>(tokens_.data(), static_cast<size_t>(p)), c.tokens, CacheQuantization{}));
+  if (task_)
+    for (const AnswerProblem& problem : task_->problems()) base_answers_.push_back(task_->run(*model_, problem, {}));
 }
 
 ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out,
@@ -185,6 +188,11 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
     s.continuations.push_back(greedy_continuation(
         *model_, std::span<const int64_t>(tokens_.data(), static_cast<size_t>(p)), continuation_spec_.tokens, cache));
   s.continuations_base = base_continuations_;
+  if (task_)
+    for (size_t i = 0; i < task_->problems().size(); ++i) {
+      s.answers_correct.push_back(task_->run(*model_, task_->problems()[i], cache).correct ? 1 : 0);
+      s.answers_correct_base.push_back(base_answers_[i].correct ? 1 : 0);
+    }
   if (logits_out) *logits_out = logits;
   return s;
 }

@@ -3,9 +3,10 @@
 // A ModelEvaluator runs the exact (unquantized) model once on a token sequence and
 // keeps what every plan is compared against: the logits, the recording of what
 // attention consumed (what strategies build plans from), and the greedy
-// continuations of a few prompts. evaluate(plan) then repeats both with the plan's
-// quantized cache and returns the raw model statistics (ModelStats) that the metric
-// table reduces to PPL, PPL ratio, next-token KL, same-top rate, token match and BLEU.
+// continuations of a few prompts, and, with an answer task, the exact cache's answers.
+// evaluate(plan) then repeats them with the plan's quantized cache and returns the
+// raw model statistics (ModelStats) that the metric table reduces to PPL, PPL ratio,
+// next-token KL, same-top rate, token match, BLEU and answer accuracy.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "sim/metrics/model_metrics.h"
+#include "sim/model/answer_task.h"
 #include "sim/model/transformer.h"
 #include "sim/plan.h"
 #include "sim/recording.h"
@@ -46,9 +48,10 @@ struct ContinuationSpec {
 class ModelEvaluator {
  public:
   // Runs the exact model on `tokens` (teacher forcing with capture, then the
-  // continuations). Throws kvb::ConfigError when the continuations do not fit.
+  // continuations, then every problem of `task` when given). Throws
+  // kvb::ConfigError when the continuations do not fit.
   ModelEvaluator(std::shared_ptr<const Transformer> model, std::vector<int64_t> tokens, ContinuationSpec continuations,
-                 std::string source_description);
+                 std::string source_description, std::shared_ptr<const AnswerTask> task = nullptr);
 
   const Transformer& model() const { return *model_; }
   const std::vector<int64_t>& tokens() const { return tokens_; }
@@ -57,9 +60,12 @@ class ModelEvaluator {
   const std::vector<double>& base_nll() const { return base_nll_; }  // [T - 1]
   const std::vector<int64_t>& prompt_lengths() const { return prompt_lengths_; }
   const std::vector<std::vector<int64_t>>& base_continuations() const { return base_continuations_; }
+  const AnswerTask* task() const { return task_.get(); }
+  // The exact cache's run of each task problem (empty without a task).
+  const std::vector<AnswerTask::Run>& base_answers() const { return base_answers_; }
 
-  // The quantized run: teacher forcing and the same continuations with the plan's
-  // cache, compared with the exact run. Const and thread-safe. `logits_out`, when
+  // The quantized run: teacher forcing, the same continuations and the task's
+  // problems with the plan's cache, compared with the exact run. Const and thread-safe. `logits_out`, when
   // given, receives the quantized logits [T, vocab]. `positions` (sorted), when given,
   // restricts the position-level statistics to those query positions t (each
   // predicting token t + 1; t = T - 1 has no target), e.g. to leave out the positions
@@ -76,6 +82,8 @@ class ModelEvaluator {
   std::vector<double> base_nll_;
   std::vector<int64_t> prompt_lengths_;
   std::vector<std::vector<int64_t>> base_continuations_;
+  std::shared_ptr<const AnswerTask> task_;
+  std::vector<AnswerTask::Run> base_answers_;
 };
 
 // -log softmax(logits[t])[tokens[t + 1]] for t = 0 .. T-2.

@@ -95,6 +95,12 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
   if (n == 0) throw Error("internal: extend() with no tokens");
   check_tokens(tokens, first);
   if (opt.cache.plan) check_plan_fits(*opt.cache.plan, c.layers, c.kv_heads, d);
+  state.tokens.insert(state.tokens.end(), tokens.begin(), tokens.end());
+  CacheQuantization cache = opt.cache;
+  if (cache.plan && cache.plan->phase_marker()) {
+    const auto marker = std::find(state.tokens.begin(), state.tokens.end(), *cache.plan->phase_marker());
+    if (marker != state.tokens.end()) cache.second_phase = marker - state.tokens.begin();
+  }
   if (opt.capture) opt.capture->assign(static_cast<size_t>(c.layers), LayerTensors{});
 
   Workspace& ws = workspace();
@@ -135,7 +141,7 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
       cap->value = heads_tensor(qkv.data(), qkv_width, v_col, c.kv_heads, n, d);
     }
     state.cache.append(l, qkv.data() + k_col, qkv.data() + v_col, qkv_width, n);
-    const KvLayerView kv = state.cache.view(l, opt.cache, ws.cache_scratch);
+    const KvLayerView kv = state.cache.view(l, cache, ws.cache_scratch);
     const AttentionGeometry geo{c.q_heads, c.kv_heads, d, c.score_scale(l), c.sliding_window[static_cast<size_t>(l)]};
     causal_attention(qkv.data(), qkv_width, n, context, kv, geo, attn.data());
     if (cap) {
@@ -176,6 +182,7 @@ RowMatrix Transformer::forward(std::span<const int64_t> tokens, const ExtendOpti
     state = new_state();
   state.cache.reset(cache_rope());
   state.length = 0;
+  state.tokens.clear();
   return extend(state, tokens, opt);
 }
 
@@ -190,8 +197,14 @@ double Transformer::flops_per_token(int64_t context) const {
 
 std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<const int64_t> prompt,
                                          int64_t new_tokens, const CacheQuantization& cache) {
+  return greedy_generate(model, prompt, new_tokens, cache, nullptr);
+}
+
+std::vector<int64_t> greedy_generate(const Transformer& model, std::span<const int64_t> prompt,
+                                     int64_t max_new_tokens, const CacheQuantization& cache,
+                                     const std::function<bool(const std::vector<int64_t>&)>& stop) {
   std::vector<int64_t> out;
-  if (new_tokens <= 0) return out;
+  if (max_new_tokens <= 0) return out;
   Transformer::State state = model.new_state();
   ExtendOptions opt;
   opt.cache = cache;
@@ -202,7 +215,7 @@ std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<con
   while (true) {
     const int64_t next = argmax(logits.data(), logits.cols());
     out.push_back(next);
-    if (static_cast<int64_t>(out.size()) == new_tokens) break;
+    if (static_cast<int64_t>(out.size()) == max_new_tokens || (stop && stop(out))) break;
     logits = model.extend(state, std::span<const int64_t>(&out.back(), 1), opt);
   }
   return out;

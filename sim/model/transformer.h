@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,12 +49,16 @@ class Transformer {
 
   struct State {
     KvCache cache;
-    int64_t length = 0;  // tokens processed so far (the next token's position)
+    int64_t length = 0;           // tokens processed so far (the next token's position)
+    std::vector<int64_t> tokens;  // their ids, [length]: where a plan's phase marker is
   };
   State new_state() const;
 
   // Runs `tokens` at positions state.length, state.length + 1, ... and appends them to
   // the state's cache. Returns logits [n, vocab] (or [1, vocab] without all_logits).
+  // With a plan that has a phase marker (Plan::phase_marker), the cache's phases switch
+  // at the first marker among the state's tokens, these included (given in a prompt or
+  // generated), and not before one is there.
   // Throws kvb::Error for a token id outside the vocabulary (naming the index) or a
   // position beyond a learned position table.
   RowMatrix extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt) const;
@@ -83,6 +88,11 @@ class Transformer {
 // A plan without a prompt quantizes what every query reads, the prompt's included.
 std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<const int64_t> prompt,
                                          int64_t new_tokens, const CacheQuantization& cache);
+// The same, stopping early: after each new token, `stop(generated)` (the new tokens so
+// far) ends the generation when it returns true; at most max_new_tokens tokens.
+std::vector<int64_t> greedy_generate(const Transformer& model, std::span<const int64_t> prompt,
+                                     int64_t max_new_tokens, const CacheQuantization& cache,
+                                     const std::function<bool(const std::vector<int64_t>&)>& stop);
 
 // Index of the largest value (the first one on ties).
 int64_t argmax(const float* values, int64_t n);

@@ -203,6 +203,7 @@ void PhaseStrategy::allocate(const StrategyInput& in, Plan& plan) const {
   const int64_t b = boundary_.resolve(rec);
   split_open_segments(plan, b);
   plan.set_phase_boundary(b);
+  if (boundary_.marker >= 0) plan.set_phase_marker(boundary_.marker);
   plan.annotate("phase_boundary", static_cast<double>(b));
   const PhaseRho rho = phase_rho(in, b, boundary_.rho_layers);
   plan.annotate("rho_first", rho.first);

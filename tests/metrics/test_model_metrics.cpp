@@ -95,11 +95,13 @@ TEST_CASE("metric table: model metrics reduce ErrorStats::model") {
     if (m.level != MetricLevel::Model) continue;
     ++model_metrics;
     CHECK(static_cast<bool>(m.compute));
-    const bool higher = m.name == "same_top_rate" || m.name.rfind("gen_", 0) == 0;
+    const bool higher = m.name == "same_top_rate" || m.name.rfind("gen_", 0) == 0 || m.name == "answer_accuracy" ||
+                        m.name == "flips_wrong_to_right";
     CHECK((m.better == Better::Higher) == higher);
     CHECK(m.needs_continuations == (m.name.rfind("gen_", 0) == 0));
+    CHECK(m.needs_task == (m.name == "answer_accuracy" || m.name.rfind("flips_", 0) == 0));
   }
-  CHECK(model_metrics == 10);
+  CHECK(model_metrics == 13);
 }
 
 TEST_CASE("metric table: standard errors of the model metrics, as llama.cpp's perplexity tool") {
