@@ -68,10 +68,50 @@ def quantize(x, format, kind="key", rows_per_span=None, seed=0, pre_rope=None, r
     Returns a Quantized: values (dequantized, x's shape and dtype), codes (uint8, the
     stored bit stream: codes with their scales, laid out as code_layout says;
     code_bits of it used), storage_bits, bpe (all metadata counted), relative_mse,
-    snr_db, max_abs_error, clipped, nonfinite. float32 C-contiguous input is read in
+    snr_db, max_abs_error, clipped, nonfinite; for the ggml formats also blocks (the
+    codes as ggml's block structs, no copy) and scales (their fp16 d). float32
+    C-contiguous input is read in
     place; other float dtypes are converted to float32 once."""
     pre = None if pre_rope is None else _as_numpy(pre_rope)
     return _core.quantize(_as_numpy(x), format, kind, rows_per_span or 0, seed, pre, rope_theta)
+
+
+# ggml's block structs (ggml-common.h), little-endian: what q.codes holds for the ggml
+# formats, 32 values per block, head_dim/32 blocks per row.
+_GGML_BLOCKS = {
+    "q4_0": [("d", "<f2"), ("qs", "u1", (16,))],
+    "q4_1": [("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))],
+    "q5_0": [("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))],
+    "q5_1": [("d", "<f2"), ("m", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))],
+    "q8_0": [("d", "<f2"), ("qs", "i1", (32,))],
+    "iq4_nl": [("d", "<f2"), ("qs", "u1", (16,))],
+}
+
+
+def _blocks(q):
+    """For a ggml format (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl): q.codes as ggml's block
+    structs, a structured array [rows, head_dim / 32] viewing the same bytes (no copy):
+    fields d (the fp16 scale), m (the fp16 minimum of q4_1 / q5_1), qh (the fifth bits
+    of q5_*), qs (the packed codes). None for other formats (q.code_layout describes
+    their bytes)."""
+    import numpy as np
+
+    fields = _GGML_BLOCKS.get(q.format.split("-")[0])
+    if fields is None:
+        return None
+    block = np.dtype(fields)
+    rows = q.values.size // q.values.shape[-1]
+    return q.codes.view(block).reshape(rows, -1)
+
+
+def _scales(q):
+    """The per-block fp16 scales of a ggml format (q.blocks["d"]); None for others."""
+    blocks = _blocks(q)
+    return None if blocks is None else blocks["d"]
+
+
+Quantized.blocks = property(_blocks)
+Quantized.scales = property(_scales)
 
 
 def load_recording(path, layout="heads,tokens,head_dim", query="layers.{layer}.query", key="layers.{layer}.key",

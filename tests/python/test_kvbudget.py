@@ -92,6 +92,19 @@ def test_quantize_keeps_dtype_and_matches_the_cli(tmp_path):
     assert (tmp_path / "x.codes").read_bytes() == q32.codes.tobytes()
 
 
+def test_ggml_codes_as_blocks():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    q = kvbudget.quantize(x, "q8_0")
+    blocks = q.blocks
+    assert blocks.shape == (8, 2) and np.shares_memory(blocks, q.codes)
+    # q8_0 dequantizes as d * qs: the stored scales and codes give the values back.
+    d = blocks["d"].astype(np.float32)[..., None]
+    assert np.array_equal((d * blocks["qs"].astype(np.float32)).reshape(8, 64), q.values)
+    assert np.array_equal(q.scales, blocks["d"])
+    assert kvbudget.quantize(x, "int4-asym-g32").blocks is None
+
+
 def test_quantize_errors_carry_the_cli_messages():
     x = np.zeros((4, 64), np.float32)
     with pytest.raises(kvbudget.ConfigError, match="did you mean"):
