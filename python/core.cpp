@@ -176,9 +176,12 @@ Quantized quantize(const py::array& x_in, const std::string& format, const std::
   q.relative_mse = q.nonfinite ? INFINITY : (norm2 > 0 ? err2 / norm2 : 0.0);
   q.snr_db = q.nonfinite ? -INFINITY : (err2 > 0 ? 10.0 * std::log10(norm2 / err2) : INFINITY);
   q.bpe = static_cast<double>(q.storage_bits) / static_cast<double>(x.size());
-  q.code_bits = codes.bits();
+  q.code_bits = codes.bits();  // before the writer moves into the array below
   q.code_layout = f->code_layout() + (q.spans > 1 ? "; spans follow each other in the bit stream" : "");
-  q.codes = py::array_t<uint8_t>(static_cast<py::ssize_t>(codes.bytes().size()), codes.bytes().data());
+  // The codes' bytes stay where the format wrote them: the array owns the writer.
+  auto* owned = new BitWriter(std::move(codes));
+  const py::capsule owner(owned, [](void* p) { delete static_cast<BitWriter*>(p); });
+  q.codes = py::array_t<uint8_t>(static_cast<py::ssize_t>(owned->bytes().size()), owned->bytes().data(), owner);
   // Same dtype as x: float32 is returned as computed, others converted back.
   const bool is_float32 = dtype.itemsize() == 4;
   q.values = is_float32 ? py::array(out) : py::array(out.attr("astype")(dtype));

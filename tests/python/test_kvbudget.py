@@ -267,6 +267,22 @@ def test_load_recording_and_arrays(tmp_path):
     for i in range(rec.num_layers):
         for part in ("query", "key", "value"):
             assert np.array_equal(again.layer(i)[part], rec.layer(i)[part])
+    # Anything with __dlpack__ (a torch tensor, say) is read through DLPack.
+    class DLPackOnly:
+        def __init__(self, a):
+            self._a = a
+
+        def __dlpack__(self, stream=None):
+            return self._a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    one = kvbudget.recording_from_arrays({f"layers.0.{p}": DLPackOnly(rec.layer(0)[p].copy())
+                                          for p in ("query", "key", "value")})
+    assert np.array_equal(one.layer(0)["key"], rec.layer(0)["key"])
+    assert np.array_equal(kvbudget.quantize(DLPackOnly(layer["key"].copy()), "q4_0").values,
+                          kvbudget.quantize(layer["key"], "q4_0").values)
     rec.save(tmp_path / "saved.safetensors")
     saved = kvbudget.load_recording(tmp_path / "saved.safetensors")
     assert np.array_equal(saved.layer(5)["value"], rec.layer(5)["value"])
