@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "experiments/output_paths.h"
+
 namespace kvb::cli {
 
 using Args = std::vector<std::string>;
@@ -26,15 +28,10 @@ uint64_t checked_seed(int64_t seed, const std::string& option);
 // --help lists the options)", and returns kExitUsage.
 int option_error(const std::string& command, const std::exception& e);
 
-// Throws kvb::ConfigError naming `option` unless `path` can be written: its directory
-// exists and is writable, and the path is not a directory. Called before the work
-// whose result goes there.
-void require_writable_output(const std::string& path, const std::string& option);
-
-// Throws kvb::ConfigError naming `where` (a config key or an option) unless directory
-// `dir` exists and is writable or could be created (its nearest existing ancestor is
-// a writable directory). Creates nothing.
-void require_writable_dir(const std::filesystem::path& dir, const std::string& where);
+// require_writable_output(path, option), require_writable_dir(dir, where):
+// experiments/output_paths.h.
+using kvb::require_writable_dir;
+using kvb::require_writable_output;
 
 int cmd_run(const Args& args);
 int cmd_inspect(const Args& args);

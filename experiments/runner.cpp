@@ -1,0 +1,235 @@
+// run_experiment(): one experiment run, config to results folder (experiments/runner.h).
+#include "experiments/runner.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+
+#include "experiments/crash_marker.h"
+#include "experiments/machine_info.h"
+#include "experiments/output_paths.h"
+#include "experiments/point_log.h"
+#include "experiments/progress.h"
+#include "experiments/report.h"
+#include "experiments/run_state.h"
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+namespace {
+
+// Targets the synthetic generator could not reach (an entropy above log2 of the
+// context, say): the data is not what the config asked for. Prints the first few on
+// stderr and returns all of them (for the manifest).
+std::vector<std::string> data_warnings(const Recording& rec) {
+  const auto it = rec.metadata.find("synthetic.warnings");
+  if (it == rec.metadata.end() || it->second.empty()) return {};
+  const std::vector<std::string> warnings = split(it->second, '\n');
+  constexpr size_t kShown = 3;
+  std::fprintf(stderr, "kvbudget run: warning: the synthetic data misses %zu of its targets (all in manifest.json):\n",
+               warnings.size());
+  for (size_t i = 0; i < warnings.size() && i < kShown; ++i) std::fprintf(stderr, "  %s\n", warnings[i].c_str());
+  if (warnings.size() > kShown) std::fprintf(stderr, "  ... and %zu more\n", warnings.size() - kShown);
+  return warnings;
+}
+
+}  // namespace
+
+RunOutcome run_experiment(const RunRequest& request) {
+  const ExperimentSpec& spec = request.spec;
+  const bool quiet = request.quiet;
+  const std::string resume_dir = request.resume_dir.string();
+  auto enter = [&](RunPhase phase) {
+    if (request.on_phase) request.on_phase(phase);
+  };
+  auto stopped = [&] { return request.stop != nullptr && request.stop->load(); };
+  if (spec.threads > 0) omp_set_num_threads(spec.threads);
+
+  const std::vector<SweepPoint> all_points = expand_sweep(spec);
+  check_plot_columns(spec, all_points);
+  // This run's points: a shard's (experiments/shard.h); with a resume folder, those of
+  // the folder's shard, less the finished ones kept (experiments/run_state.h).
+  const std::string config_hash = sweep_config_hash(spec);
+  std::optional<ResumeState> resumed;
+  if (!resume_dir.empty()) resumed = prepare_resume(resume_dir, spec, config_hash, request.shard, all_points);
+  const Shard shard = resumed ? resumed->shard : request.shard.value_or(Shard{});
+  const std::vector<SweepPoint> points = resumed ? resumed->points : shard_points(spec, all_points, shard);
+  const std::vector<SweepPoint> to_run = resumed ? points_not_in(points, resumed->kept) : points;
+  // Before the data is loaded (or a model run): a results directory that cannot be
+  // written is a config error, not a lost run.
+  if (resumed) require_writable_dir(resume_dir, "--resume");
+  else require_writable_dir(spec.output.dir / spec.name, spec.output.dir_where);
+  if (spec.backend == BackendRequest::Cuda) {  // fail before any data is loaded or written
+    std::string why;
+    if (cuda_device(&why).empty()) throw Error("backend = \"cuda\": " + why);
+  }
+  enter(RunPhase::Loading);
+  const auto t_start = std::chrono::steady_clock::now();
+  if (!quiet) {
+    std::string which;  // "(shard 1/4 of 96), 10 kept from DIR (2 failed there: run again)"
+    if (!shard.whole()) which += " (shard " + shard.text() + " of " + std::to_string(all_points.size()) + ")";
+    if (resumed) which += ", " + std::to_string(resumed->kept.size()) + " kept from " + resume_dir;
+    if (resumed && resumed->failed_before)
+      which += " (" + std::to_string(resumed->failed_before) + " failed there: run again)";
+    std::fprintf(stderr, "kvbudget: %s: %zu points%s; loading data\n", spec.name.c_str(), points.size(), which.c_str());
+  }
+  // A model source runs the exact model once: its recording is what strategies see,
+  // and the evaluator compares every point's quantized forward pass against it.
+  std::shared_ptr<const ModelEvaluator> model;
+  Recording loaded;
+  if (spec.data.source == DataSpec::Source::Model) model = build_model_evaluator(spec.data);
+  else loaded = build_recording(spec.data);
+  const Recording& rec = model ? model->recording() : loaded;
+  if (!quiet) std::fprintf(stderr, "kvbudget: recording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
+
+  const QueryPositions positions = resolve_positions(spec, rec.tokens);
+  check_model_metric_positions(spec, positions, rec.tokens);
+  check_attention_rows(spec, positions, rec.tokens);
+  const std::string data_identity = recording_identity(rec);
+  if (resumed) check_resume_data(resume_dir, *resumed, data_identity);
+  const std::string shard_suffix =
+      shard.whole() ? "" : "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count);
+  // A stop while the data loaded (a caller that does not end the process then) leaves
+  // nothing behind.
+  if (stopped()) throw RunInterrupted("interrupted while loading the data; nothing was written");
+  // From the results directory on, a stop is graceful: what finished is written.
+  enter(RunPhase::Writing);
+  RunOutcome out;
+  Report report(spec, all_points,
+                resumed ? std::filesystem::path(resume_dir) : make_run_dir(spec.output.dir, spec.name, shard_suffix));
+  out.dir = report.dir();
+  out.points = points.size();
+  RunInfo info;
+  info.command_line = request.command_line;
+  info.status = "running";
+  info.started_iso = time_now("%Y-%m-%dT%H:%M:%S%z");
+  info.points_total = points.size();
+  info.recording_summary = rec.name + ": " + rec.summary();
+  info.warnings = data_warnings(rec);
+  info.backend.requested = spec.backend;
+  info.positions = positions;
+  info.shard = shard;
+  info.sweep_points_total = all_points.size();
+  info.points_resumed = resumed ? resumed->kept.size() : 0;
+  info.config_hash = config_hash;
+  info.data_identity = data_identity;
+  info.heartbeat_interval_s = heartbeat_interval_seconds();
+  // A fatal signal from here on leaves the manifest "crashed" rather than "running".
+  auto crash_marker = std::make_unique<CrashMarker>(report.manifest_path(), [&](const char* signal) {
+    RunInfo crashed = info;
+    crashed.status = "crashed";
+    crashed.signal = signal;
+    return report.manifest_text(crashed);
+  });
+  report.write_config();
+  // Each finished point is appended to results.jsonl at once (what merge and --resume read).
+  PointLog point_log(report.dir() / kPointLogFile);
+  report.write_manifest(info);
+  // While the sweep runs, the manifest's heartbeat is refreshed (kvbudget status tells
+  // a live run from one killed without a chance to write).
+  auto heartbeat = std::make_unique<Heartbeat>(info.heartbeat_interval_s, [&report, running = info] {
+    try {
+      report.write_manifest(running);
+    } catch (...) {  // the next beat tries again
+    }
+  });
+
+  // Completed results are rewritten atomically at most once a second while the
+  // sweep runs, so a crash loses at most the last second of points.
+  std::vector<PointResult> done_results = resumed ? resumed->kept : std::vector<PointResult>{};
+  auto last_write = std::chrono::steady_clock::now();
+  Progress progress(to_run.size(), quiet);
+  // Failures outside any point (writing a file, a callback): each is reported, the
+  // rest is still written, and the run exits non-zero.
+  std::vector<std::string>& run_errors = out.run_errors;
+  auto attempt = [&](const std::string& what, const std::function<void()>& write) {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      run_errors.push_back(what + ": " + e.what());
+    }
+  };
+  // An intermediate write that fails is retried by the next one and by the final
+  // write; it is an error of the run only if the final write fails too.
+  size_t failed_intermediate_writes = 0;
+  std::string first_intermediate_error;
+  auto on_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t total) {
+    done_results.push_back(r);
+    progress.update(done, r.ok ? p.key : r.error, r.ok, r.seconds);
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - last_write).count() >= 1.0) {
+      last_write = now;
+      try {
+        report.write_points(done_results);
+      } catch (const std::exception& e) {
+        if (failed_intermediate_writes++ == 0) first_intermediate_error = e.what();
+      }
+    }
+    point_log.append(r, p.key);  // a failure is a run error; the final results.jsonl retries
+    if (request.on_point) request.on_point(p, r, done, total);
+  };
+  std::vector<std::string> sweep_errors;
+  std::vector<PointResult> results =
+      run_sweep(spec, rec, to_run, on_point, request.stop, &info.backend, model.get(), &sweep_errors);
+  if (resumed) {
+    results.insert(results.end(), resumed->kept.begin(), resumed->kept.end());
+    std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
+  }
+  for (const std::string& e : sweep_errors) run_errors.push_back("while the sweep ran, " + e);
+  info.backend_decided = true;
+  progress.finish();
+  if (!quiet)
+    std::fprintf(stderr, "kvbudget: backend %s (%s)%s%s\n", backend_name(info.backend.used), info.backend.reason.c_str(),
+                 info.backend.device.empty() ? "" : ": ", info.backend.device.c_str());
+
+  const size_t errors_before_final_write = run_errors.size();
+  attempt("points.csv / errors.csv", [&] { report.write_points(results); });
+  out.points_lost = run_errors.size() > errors_before_final_write;
+  attempt("results.jsonl", [&] { report.write_point_log(results); });
+  if (failed_intermediate_writes > 0) {
+    const std::string what = std::to_string(failed_intermediate_writes) +
+                             " intermediate write(s) of points.csv failed while the sweep ran (first: " +
+                             first_intermediate_error + ")";
+    if (run_errors.size() > errors_before_final_write)
+      run_errors.push_back(what);
+    else
+      std::fprintf(stderr, "kvbudget run: warning: %s; the final write succeeded\n", what.c_str());
+  }
+  attempt("attribution.csv / concentration.csv", [&] { report.write_attribution(results); });
+  size_t failed = 0;
+  for (const PointResult& r : results) failed += r.ok ? 0 : 1;
+  out.failed = failed;
+  out.interrupted = stopped();
+  attempt("pareto.csv / budgets.json", [&] {
+    std::string write_error;
+    out.frontier = report.write_frontier(results, &write_error);
+    if (!write_error.empty()) throw Error(write_error);
+  });
+  if (spec.output.plots && results.size() > failed) {
+    out.plot_error = report.write_plots();
+    out.plots_written = out.plot_error.empty();
+  }
+
+  info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  out.wall_seconds = info.wall_seconds;
+  heartbeat.reset();
+  crash_marker.reset();  // the final manifest below says how the run ended
+  // "complete" only for a run that exits 0: every point measured and every file written.
+  info.status = out.interrupted ? "interrupted"
+                                : ((failed || !run_errors.empty() || !out.plot_error.empty()) ? "failed" : "complete");
+  out.status = info.status;
+  attempt("manifest.json", [&] { report.write_manifest(info); });
+  if (out.points_lost) {  // the measurements must not be lost with the disk: the caller prints them
+    std::vector<PointResult> by_id = results;
+    std::sort(by_id.begin(), by_id.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
+    out.lost_points_csv = report.points_csv(by_id);
+  }
+  out.results = std::move(results);
+  return out;
+}
+
+}  // namespace kvb

@@ -1,0 +1,662 @@
+// kvbudget._core: the library for Python (pybind11). The pure-Python package
+// (python/kvbudget/__init__.py) wraps it: DataFrames, TOML from dicts, arrays from
+// torch. Errors are the library's exceptions with the CLI's messages:
+// kvbudget.ConfigError (a ValueError: bad config, option or input) and kvbudget.Error
+// (a RuntimeError: bad data, a failed run).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "experiments/crash_marker.h"
+#include "experiments/experiment.h"
+#include "experiments/frontier.h"
+#include "experiments/runner.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+#include "sim/formats/registry.h"
+#include "sim/io/dtype_convert.h"
+#include "sim/io/recording_writer.h"
+#include "sim/io/tensor_write.h"
+#include "sim/metrics/metric_table.h"
+#include "sim/metrics/model_metrics.h"
+#include "sim/strategies/presets.h"
+#include "sim/strategies/statistics.h"
+#include "sim/strategies/strategy.h"
+#include "sim/model/model_eval.h"
+#include "sim/model/transformer.h"
+#include "sim/recording.h"
+
+namespace py = pybind11;
+
+namespace kvb::python {
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// The format table
+// ---------------------------------------------------------------------------
+
+// One row per example name of each family, then one per preset: name, family, bpe of
+// one span of `tokens` x `head_dim` (all metadata counted; NaN where the shape does
+// not fit the format), cuda (has a CUDA twin), description (the family's, or what a
+// preset reproduces) and canonical (a preset's format; the name itself otherwise).
+py::list format_table(int64_t head_dim, int64_t tokens) {
+  if (head_dim < 1 || tokens < 1) throw ConfigError("head_dim and tokens must be >= 1");
+  py::list rows;
+  auto row = [&](const std::string& name, const std::string& family, const std::string& canonical,
+                 const std::string& description) {
+    const FormatPtr f = make_format(name);
+    const bool fits = f->check_shape(tokens, head_dim).empty();
+    py::dict r;
+    r["name"] = name;
+    r["family"] = family;
+    r["canonical"] = canonical;
+    r["bpe"] = fits ? f->bpe(tokens, head_dim) : NAN;
+    r["cuda"] = f->supports(Backend::Cuda);
+    r["keys_only"] = f->keys_only();
+    r["description"] = description;
+    rows.append(r);
+  };
+  for (const FormatFamily& fam : format_families())
+    for (const std::string& ex : fam.examples) row(ex, fam.name, ex, fam.description);
+  for (const FormatAlias& a : format_aliases()) {
+    std::string family;
+    for (const FormatFamily& fam : format_families())
+      if (fam.parse(a.canonical)) family = fam.name;
+    row(a.alias, family, a.canonical, a.reproduces);
+  }
+  return rows;
+}
+
+// ---------------------------------------------------------------------------
+// quantize
+// ---------------------------------------------------------------------------
+
+// A float array quantized and dequantized with one format, as `kvbudget quantize`
+// does: rows of the last axis (head_dim), rows_per_span rows per span.
+struct Quantized {
+  std::string format;
+  py::array values;           // dequantized, x's shape and dtype
+  py::array_t<uint8_t> codes;  // the stored bit stream (codes with their scales), code_layout describes it
+  uint64_t code_bits = 0;
+  std::string code_layout;
+  uint64_t storage_bits = 0;  // all metadata counted
+  double bpe = 0;
+  double relative_mse = 0, snr_db = 0, max_abs_error = 0;
+  int64_t nonfinite = 0, clipped = 0;
+  int64_t spans = 0, rows_per_span = 0;
+};
+
+Quantized quantize(const py::array& x_in, const std::string& format, const std::string& kind, int64_t rows_per_span,
+                   uint64_t seed, const std::optional<py::array>& pre_rope_in, double rope_theta) {
+  const FormatPtr f = make_format(format);
+  if (kind != "key" && kind != "value") throw ConfigError("kind must be 'key' or 'value', got '" + kind + "'");
+  const py::dtype dtype = x_in.dtype();
+  if (dtype.kind() != 'f')
+    throw ConfigError("quantize needs a float array (float16, float32 or float64), got dtype " +
+                      py::cast<std::string>(dtype.attr("name")));
+  if (f->keys_only() && kind == "value")
+    throw ConfigError("format '" + f->name() + "' stores keys only (a sketch for attention logits); it cannot " +
+                      "quantize values (kind = 'value')");
+  if (f->reads_pre_rope_keys() && kind == "key" && !pre_rope_in)
+    throw ConfigError("format '" + f->name() + "' quantizes keys before RoPE: give pre_rope=, the array of pre-RoPE " +
+                      "keys (x's shape), or kind='value'");
+  // float32 C-contiguous input is read in place; other dtypes are converted once.
+  const auto x = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(x_in);
+  if (!x) throw ConfigError("quantize: x cannot be read as a float32 array");
+  if (x.ndim() < 1) throw ConfigError("quantize needs at least one axis (x is a scalar)");
+  if (x.size() == 0) throw ConfigError("quantize: x is empty");
+  const int64_t d = x.shape(x.ndim() - 1), rows = x.size() / d;
+  const float* xp = x.data();
+  for (int64_t i = 0; i < x.size(); ++i)
+    if (!std::isfinite(xp[i])) throw Error("x[flat " + std::to_string(i) + "] is not finite (" + format_double(xp[i]) + ")");
+  py::array_t<float, py::array::c_style | py::array::forcecast> pre_rope;
+  if (pre_rope_in) {
+    pre_rope = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(*pre_rope_in);
+    if (!pre_rope || pre_rope.ndim() != x.ndim() ||
+        !std::equal(x.shape(), x.shape() + x.ndim(), pre_rope.shape()))
+      throw ConfigError("pre_rope must have x's shape");
+    if (!(std::isfinite(rope_theta) && rope_theta > 0))
+      throw ConfigError("rope_theta must be a finite number > 0, got " + format_double(rope_theta));
+    if (rows_per_span <= 0 && x.ndim() >= 2) rows_per_span = x.shape(x.ndim() - 2);
+  }
+  if (rows_per_span <= 0) rows_per_span = rows;
+
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+  py::array_t<float> out(shape);
+  float* outp = out.mutable_data();
+  BitWriter codes;
+  Quantized q;
+  q.format = f->name();
+  double err2 = 0, norm2 = 0;
+  {
+    py::gil_scoped_release release;
+    for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
+      const int64_t n = std::min(rows_per_span, rows - r0);
+      const std::string bad = f->check_shape(n, d);
+      if (!bad.empty()) throw ConfigError("format '" + f->name() + "': " + bad);
+      SpanInfo span{0, s, kind == "key", 0, seed};
+      span.recording = "kvbudget.quantize";
+      if (pre_rope_in) {
+        span.rope_applied = true;
+        span.rope_theta = rope_theta;
+        span.key_pre_rope = pre_rope.data() + r0 * d;
+        span.key_pre_rope_stride = d;
+      }
+      const ConstMatView in{xp + r0 * d, n, d, d};
+      f->roundtrip(in, MatView{outp + r0 * d, n, d, d}, span);
+      f->encode(in, span, codes);
+      q.clipped += f->clipped_values(in, span);
+      q.storage_bits += f->storage_bits(n, d);
+      ++q.spans;
+    }
+    for (int64_t i = 0; i < rows * d; ++i) {
+      const double a = xp[i], b = outp[i];
+      if (!std::isfinite(b)) {
+        ++q.nonfinite;
+        q.max_abs_error = INFINITY;
+        continue;
+      }
+      err2 += (a - b) * (a - b);
+      norm2 += a * a;
+      q.max_abs_error = std::max(q.max_abs_error, std::fabs(a - b));
+    }
+  }
+  q.rows_per_span = rows_per_span;
+  q.relative_mse = q.nonfinite ? INFINITY : (norm2 > 0 ? err2 / norm2 : 0.0);
+  q.snr_db = q.nonfinite ? -INFINITY : (err2 > 0 ? 10.0 * std::log10(norm2 / err2) : INFINITY);
+  q.bpe = static_cast<double>(q.storage_bits) / static_cast<double>(x.size());
+  q.code_bits = codes.bits();  // before the writer moves into the array below
+  q.code_layout = f->code_layout() + (q.spans > 1 ? "; spans follow each other in the bit stream" : "");
+  // The codes' bytes stay where the format wrote them: the array owns the writer.
+  auto* owned = new BitWriter(std::move(codes));
+  const py::capsule owner(owned, [](void* p) { delete static_cast<BitWriter*>(p); });
+  q.codes = py::array_t<uint8_t>(static_cast<py::ssize_t>(owned->bytes().size()), owned->bytes().data(), owner);
+  // Same dtype as x: float32 is returned as computed, others converted back.
+  const bool is_float32 = dtype.itemsize() == 4;
+  q.values = is_float32 ? py::array(out) : py::array(out.attr("astype")(dtype));
+  return q;
+}
+
+// ---------------------------------------------------------------------------
+// Recordings
+// ---------------------------------------------------------------------------
+
+using RecordingPtr = std::shared_ptr<Recording>;
+
+// A view of a recording's tensor as a NumPy array that keeps the recording alive.
+py::object tensor_view(const RecordingPtr& rec, const Tensor& t) {
+  if (t.empty()) return py::none();
+  std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
+  auto* keep = new RecordingPtr(rec);
+  py::capsule owner(keep, [](void* p) { delete static_cast<RecordingPtr*>(p); });
+  py::array a(py::dtype::of<float>(), shape, t.ptr(), owner);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
+RecordingPtr load(const std::filesystem::path& path, const std::string& layout, const std::string& query,
+                  const std::string& key, const std::string& value, const std::vector<int>& layers,
+                  int64_t max_tokens, std::optional<double> rope_theta) {
+  RecordingSpec spec;
+  spec.path = path;
+  spec.layout = layout;
+  spec.query = query;
+  spec.key = key;
+  spec.value = value;
+  spec.layers = layers;
+  spec.max_tokens = max_tokens;
+  spec.rope_theta = rope_theta;
+  py::gil_scoped_release release;
+  return std::make_shared<Recording>(load_recording(spec));
+}
+
+// Writes float32 tensors {name: array} as one safetensors file (the package's way of
+// handing arrays to the recording loader with its layouts and checks).
+void write_safetensors(const std::filesystem::path& path, const py::dict& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>> keep;
+  std::vector<NamedTensorF32> named;
+  for (const auto& [name, value] : tensors) {
+    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(value);
+    if (!a) throw ConfigError("tensor '" + py::cast<std::string>(name) + "' cannot be read as a float32 array");
+    named.push_back({py::cast<std::string>(name), std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), a.data()});
+    keep.push_back(std::move(a));
+  }
+  write_safetensors_f32(path, named, metadata);
+}
+
+// `kvbudget record`: runs checkpoint `checkpoint` on a text (or token ids) and returns
+// what attention consumed in every layer; metadata "nll_mean" is the exact run's mean
+// next-token NLL (nats).
+RecordingPtr record(const std::string& checkpoint, const std::string& text, const std::string& token_file,
+                    const std::string& tokenizer, std::optional<bool> bos, int64_t max_tokens) {
+  if (text.empty() == token_file.empty()) throw ConfigError("give exactly one of text and tokens");
+  if (!token_file.empty() && (tokenizer != "bytes" || bos.has_value()))
+    throw ConfigError("tokenizer and bos apply to text only");
+  if (max_tokens < 0) throw ConfigError("max_tokens must be >= 0");
+  py::gil_scoped_release release;
+  const std::shared_ptr<const Transformer> model = Transformer::load(checkpoint);
+  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
+  TokenSource src;
+  src.text = text;
+  src.token_file = token_file;
+  src.tokenizer = tokenizer;
+  src.add_bos = bos;
+  src.max_tokens = max_tokens;
+  const std::vector<int64_t> tokens = load_tokens(src, model->config());
+  const std::string warning = model->config().context_warning(static_cast<int64_t>(tokens.size()));
+  if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
+  check_full_causal_attention(model->config(), static_cast<int64_t>(tokens.size()));
+  std::vector<LayerTensors> capture;
+  ExtendOptions opt;
+  opt.capture = &capture;
+  const RowMatrix logits = model->forward(tokens, opt);
+  const std::vector<double> nll = next_token_nll(logits, tokens);
+  double mean_nll = 0;
+  for (double v : nll) mean_nll += v / static_cast<double>(nll.size());
+  const std::string origin = text.empty() ? token_file : text;
+  const std::string source =
+      "model " + checkpoint + " on " + std::to_string(tokens.size()) + " tokens of " + origin;
+  auto rec = std::make_shared<Recording>(recording_from_capture(model->config(), std::move(capture), tokens, source));
+  rec->metadata["text"] = origin;
+  rec->metadata["nll_mean"] = format_double(mean_nll);
+  if (model->config().bos_token_id) rec->metadata["bos"] = std::to_string(*model->config().bos_token_id);
+  return rec;
+}
+
+// A strategy's parameters from Python values {name: value}, over its defaults and
+// its preset's values, checked against the type's definitions (as `kvbudget eval
+// --param` reads them from text).
+Params strategy_params(const StrategyType& type, const StrategyPreset* preset, const py::dict& given) {
+  const std::vector<ParamDef> defs = type.all_params();
+  std::map<std::string, ParamValue> values;
+  for (const ParamDef& d : defs)
+    if (d.default_value) values[d.name] = *d.default_value;
+  std::set<std::string> assigned;
+  for (const auto& [k, v] : given) assigned.insert(py::cast<std::string>(k));
+  if (preset)
+    for (const auto& [name, value] : preset->params)
+      if (!preset_value_overridden(type, name, [&](const std::string& k) { return assigned.count(k) > 0; }))
+        values[name] = value;
+  std::vector<std::string> names;
+  for (const ParamDef& d : defs) names.push_back(d.name);
+  for (const auto& [k, v] : given) {
+    const std::string name = py::cast<std::string>(k);
+    const auto def = std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return d.name == name; });
+    if (def == defs.end()) {
+      std::string msg = "strategy '" + type.name + "' has no parameter '" + name + "'";
+      const std::string close = closest_match(name, names);
+      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      throw ConfigError(msg + "; parameters: " + join(names, ", "));
+    }
+    try {
+      switch (def->type) {
+        case ParamType::Bool: values[name] = py::cast<bool>(v); break;
+        case ParamType::Int: values[name] = py::cast<int64_t>(v); break;
+        case ParamType::Real: values[name] = py::cast<double>(v); break;
+        case ParamType::String: values[name] = py::cast<std::string>(v); break;
+        case ParamType::IntList: values[name] = py::cast<IntList>(v); break;
+      }
+    } catch (const py::cast_error&) {
+      throw ConfigError("params['" + name + "']: expected a " + std::string(param_type_name(def->type)) + ", got " +
+                        std::string(py::str(v)));
+    }
+  }
+  for (const ParamDef& d : defs)
+    if (!values.count(d.name) && !d.optional)
+      throw ConfigError("strategy '" + type.name + "' needs params['" + d.name + "']");
+  return Params(values);
+}
+
+py::array_t<float> matrix_array(const RowMatrix& m) {
+  py::array_t<float> a({static_cast<py::ssize_t>(m.rows()), static_cast<py::ssize_t>(m.cols())});
+  std::copy(m.data(), m.data() + m.size(), a.mutable_data());
+  return a;
+}
+
+// `kvbudget eval`: the exact run of a checkpoint on a text, and with a plan (one
+// format, a key and a value format, or a strategy with its parameters) the quantized
+// run compared with it: the model metrics of the metric table with their standard
+// errors, the logits and per-position NLL of both runs.
+py::dict evaluate(const std::string& checkpoint, const std::string& text, const std::string& token_file,
+                  const std::string& tokenizer, std::optional<bool> bos, int64_t max_tokens, const std::string& format,
+                  const std::string& key_format, const std::string& value_format, const std::string& strategy_in,
+                  const py::dict& params, uint64_t seed, const ContinuationSpec& cont) {
+  const int quant_choices = (format.empty() ? 0 : 1) + (key_format.empty() && value_format.empty() ? 0 : 1) +
+                            (strategy_in.empty() ? 0 : 1);
+  if (quant_choices > 1) throw ConfigError("give one of format, key_format/value_format and strategy");
+  if (key_format.empty() != value_format.empty()) throw ConfigError("key_format and value_format go together");
+  if (py::len(params) && strategy_in.empty()) throw ConfigError("params needs strategy");
+  if (cont.count < 0 || cont.prompt < 1 || cont.tokens < 1)
+    throw ConfigError("continuations must be >= 0, continuation_prompt and continuation_tokens >= 1");
+  if (text.empty() == token_file.empty()) throw ConfigError("give exactly one of text and tokens");
+  if (max_tokens < 0) throw ConfigError("max_tokens must be >= 0");
+  std::unique_ptr<Strategy> strat;
+  std::string plan_source = "exact";
+  py::dict given = params;
+  std::string strategy = strategy_in;
+  if (!format.empty()) {
+    strategy = "uniform";
+    given = py::dict(py::arg("format") = format);
+  } else if (!key_format.empty()) {
+    strategy = "uniform";
+    given = py::dict(py::arg("key_format") = key_format, py::arg("value_format") = value_format);
+  }
+  if (!strategy.empty()) {
+    const auto& types = strategy_types();
+    const bool is_type =
+        std::any_of(types.begin(), types.end(), [&](const StrategyType& t) { return t.name == strategy; });
+    const StrategyPreset* preset = is_type ? nullptr : find_strategy_preset(strategy);
+    const StrategyType& type = require_strategy_type(preset ? preset->type : strategy, "strategy");
+    strat = type.make(strategy_params(type, preset, given));
+    std::vector<std::string> parts;
+    for (const auto& [k, v] : given) parts.push_back(py::cast<std::string>(k) + "=" + std::string(py::str(v)));
+    plan_source = strategy + "(" + join(parts, ",") + ")";
+  }
+  py::dict out;
+  py::gil_scoped_release release;
+  const std::shared_ptr<const Transformer> model = Transformer::load(checkpoint);
+  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
+  TokenSource src;
+  src.text = text;
+  src.token_file = token_file;
+  src.tokenizer = tokenizer;
+  src.add_bos = bos;
+  src.max_tokens = max_tokens;
+  const std::vector<int64_t> tokens = load_tokens(src, model->config());
+  const std::string source = "model " + checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
+  const ModelEvaluator evaluator(model, tokens, cont, source);
+  RowMatrix quant_logits;
+  ErrorStats stats;
+  std::string plan_text;
+  double plan_bpe = 16;
+  if (strat) {
+    const QueryPositions positions = resolve_positions(ExperimentSpec{}, static_cast<int64_t>(tokens.size()));
+    RecordingStats calibration(evaluator.recording(), positions.calibration);
+    const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed, &calibration});
+    const std::string bad = plan.check();
+    if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
+    plan_text = plan.describe();
+    plan_bpe = plan.bpe();
+    stats.model =
+        evaluator.evaluate(plan, seed, &quant_logits, strat->needs_statistics() ? &positions.evaluation : nullptr);
+  }
+  py::gil_scoped_acquire acquire;
+  const double exact_ppl = perplexity(evaluator.base_nll());
+  out["tokens"] = tokens;
+  out["exact_ppl"] = exact_ppl;
+  out["exact_ppl_se"] = exact_ppl * standard_error_of_mean(evaluator.base_nll());
+  out["exact_logits"] = matrix_array(evaluator.base_logits());
+  out["exact_nll"] = evaluator.base_nll();
+  out["plan"] = plan_source;
+  if (strat) {
+    out["plan_formats"] = plan_text;
+    out["bpe"] = plan_bpe;
+    py::dict metrics, errors;
+    for (const MetricDef& m : metric_table()) {
+      if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens)) continue;
+      metrics[m.name.c_str()] = m.compute(stats);
+      if (m.standard_error) errors[m.name.c_str()] = m.standard_error(stats);
+    }
+    out["metrics"] = metrics;
+    out["standard_errors"] = errors;
+    out["logits"] = matrix_array(quant_logits);
+    out["nll"] = next_token_nll(quant_logits, tokens);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Experiments
+// ---------------------------------------------------------------------------
+
+// The stop flag of the run in progress: SIGINT sets it while run() runs (the previous
+// handler, Python's, is restored afterwards), and run() then raises KeyboardInterrupt
+// once everything finished is written.
+std::atomic<bool> g_stop{false};
+extern "C" void on_interrupt(int) { g_stop.store(true); }
+
+struct RunOptions {
+  std::vector<std::string> overrides;  // "data.max_tokens=128", as --set
+  std::vector<std::string> budgets;    // as --budget
+  int threads = 0;
+  std::string out;
+  std::string backend;
+  std::optional<bool> plots;
+  bool quiet = false;
+  std::string shard;
+  std::string resume;
+  std::string command_line;
+};
+
+py::dict run(const std::string& config, bool config_is_text, const RunOptions& o) {
+  if (o.threads < 0 || o.threads > kMaxThreads)
+    throw ConfigError("threads must be between 0 (all cores) and " + std::to_string(kMaxThreads) + ", got " +
+                      std::to_string(o.threads));
+  std::string config_path = config;
+  if (!config_is_text && config_path.empty() && !o.resume.empty())
+    config_path = (std::filesystem::path(o.resume) / "config.toml").string();
+  RunRequest request;
+  {
+    std::shared_ptr<ConfigDoc> doc =
+        config_is_text ? ConfigDoc::parse(config, "<config>") : ConfigDoc::load(config_path);
+    for (const std::string& s : o.overrides) doc->apply_override(s);
+    request.spec = parse_experiment(doc);
+  }
+  ExperimentSpec& spec = request.spec;
+  for (const std::string& b : o.budgets) add_budget_query(spec, b, "budgets");
+  if (o.threads > 0) spec.threads = o.threads;
+  if (!o.out.empty()) {
+    spec.output.dir = o.out;
+    spec.output.dir_where = "out";
+  }
+  if (!o.backend.empty()) spec.backend = parse_backend_request(o.backend, "backend");
+  const bool no_plots = o.plots.has_value() && !*o.plots;
+  if (no_plots) spec.output.plots = false;
+  if (o.plots.has_value() && *o.plots) spec.output.plots = true;
+  record_run_options(spec, RunOptionsInConfig{o.threads, o.out, o.backend, no_plots, o.budgets});
+  if (!o.shard.empty()) request.shard = parse_shard(o.shard, "shard");
+  request.resume_dir = o.resume;
+  request.quiet = o.quiet;
+  request.command_line = o.command_line;
+  g_stop.store(false);
+  request.stop = &g_stop;
+  std::unique_ptr<ScopedSignalHandlers> interrupt;
+  request.on_phase = [&](RunPhase phase) {
+    if (phase == RunPhase::Loading)
+      interrupt = std::make_unique<ScopedSignalHandlers>(std::vector<int>{SIGINT}, on_interrupt, false);
+  };
+  RunOutcome outcome;
+  std::string interrupted_while_loading;
+  {
+    py::gil_scoped_release release;
+    try {
+      outcome = run_experiment(request);
+    } catch (const RunInterrupted& e) {
+      interrupted_while_loading = e.what();
+    }
+    interrupt.reset();  // Python's own SIGINT handler again
+  }
+  if (!interrupted_while_loading.empty()) {
+    PyErr_SetString(PyExc_KeyboardInterrupt, ("kvbudget.run " + interrupted_while_loading).c_str());
+    throw py::error_already_set();
+  }
+  size_t failed_shown = 0;
+  py::list point_errors;
+  for (const PointResult& r : outcome.results)
+    if (!r.ok && failed_shown++ < 5) point_errors.append(r.error);
+  py::dict out;
+  out["dir"] = outcome.dir;
+  out["status"] = outcome.status;
+  out["points"] = outcome.points;
+  out["measured"] = outcome.results.size() - outcome.failed;
+  out["failed"] = outcome.failed;
+  out["interrupted"] = outcome.interrupted;
+  out["run_errors"] = outcome.run_errors;
+  out["point_errors"] = point_errors;
+  out["plot_error"] = outcome.plot_error;
+  out["plots_written"] = outcome.plots_written;
+  out["frontier"] = outcome.frontier;
+  out["wall_seconds"] = outcome.wall_seconds;
+  out["lost_points_csv"] = outcome.lost_points_csv;
+  return out;
+}
+
+// Answers a budget query over rows given as columns {name: values} (a results
+// folder's points.csv): [(metric, row index or None)], as budgets.json picks.
+py::list budget_picks(const std::string& text, const std::map<std::string, std::vector<double>>& columns,
+                      const std::vector<std::string>& pareto, const std::string& memory) {
+  FrontierInput in;
+  in.memory = memory;
+  in.pareto_metrics = pareto;
+  for (const auto& [name, values] : columns) {
+    if (name == "bpe") in.bpe = values;
+    else if (name == "bytes") in.bytes = values;
+    else if (name == "bpe_target") in.bpe_target = values;
+    else if (name == "bytes_target") in.bytes_target = values;
+    else {
+      in.metric_names.push_back(name);
+      in.metric_values.push_back(values);
+    }
+  }
+  const BudgetAnswer answer = answer_budget(parse_budget_query(text, "budget"), in);
+  py::list picks;
+  for (const BudgetAnswer::Pick& p : answer.picks)
+    picks.append(py::make_tuple(p.metric, p.index ? py::cast(*p.index) : py::object(py::none())));
+  return picks;
+}
+
+}  // namespace
+
+}  // namespace kvb::python
+
+using namespace kvb;
+using namespace kvb::python;
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "kvbudget's library: formats, quantize, recordings, experiment runs";
+  static py::exception<ConfigError> config_error(m, "ConfigError", PyExc_ValueError);
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ConfigError& e) {
+      PyErr_SetString(config_error.ptr(), e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+
+  m.def("format_table", &format_table, py::arg("head_dim") = 128, py::arg("tokens") = 4096);
+
+  py::class_<Quantized>(m, "Quantized")
+      .def_readonly("format", &Quantized::format)
+      .def_readonly("values", &Quantized::values)
+      .def_readonly("codes", &Quantized::codes)
+      .def_readonly("code_bits", &Quantized::code_bits)
+      .def_readonly("code_layout", &Quantized::code_layout)
+      .def_readonly("storage_bits", &Quantized::storage_bits)
+      .def_readonly("bpe", &Quantized::bpe)
+      .def_readonly("relative_mse", &Quantized::relative_mse)
+      .def_readonly("snr_db", &Quantized::snr_db)
+      .def_readonly("max_abs_error", &Quantized::max_abs_error)
+      .def_readonly("nonfinite", &Quantized::nonfinite)
+      .def_readonly("clipped", &Quantized::clipped)
+      .def_readonly("spans", &Quantized::spans)
+      .def_readonly("rows_per_span", &Quantized::rows_per_span)
+      .def("__repr__", [](const Quantized& q) {
+        return "<Quantized " + q.format + ": " + format_double(q.bpe) + " bpe, relative_mse " +
+               format_double(q.relative_mse) + ">";
+      });
+  m.def("quantize", &quantize, py::arg("x"), py::arg("format"), py::arg("kind") = "key",
+        py::arg("rows_per_span") = 0, py::arg("seed") = 0, py::arg("pre_rope") = py::none(),
+        py::arg("rope_theta") = 10000.0);
+
+  py::class_<Recording, RecordingPtr>(m, "Recording")
+      .def_readonly("name", &Recording::name)
+      .def_readonly("source", &Recording::source)
+      .def_readonly("q_heads", &Recording::q_heads)
+      .def_readonly("kv_heads", &Recording::kv_heads)
+      .def_readonly("head_dim", &Recording::head_dim)
+      .def_readonly("tokens", &Recording::tokens)
+      .def_readonly("layer_ids", &Recording::layer_ids)
+      .def_readonly("token_ids", &Recording::token_ids)
+      .def_readonly("positions", &Recording::positions)
+      .def_readonly("metadata", &Recording::metadata)
+      .def_property_readonly("num_layers", &Recording::num_layers)
+      .def_property_readonly("rope_applied", [](const Recording& r) { return r.rope.applied; })
+      .def_property_readonly("rope_theta", [](const Recording& r) { return r.rope.theta; })
+      .def("summary", &Recording::summary)
+      .def(
+          "layer",
+          [](const RecordingPtr& r, int64_t i) {
+            if (i < 0 || i >= r->num_layers())
+              throw py::index_error("layer " + std::to_string(i) + " of " + std::to_string(r->num_layers()));
+            const LayerTensors& L = r->layers[static_cast<size_t>(i)];
+            py::dict d;
+            d["query"] = tensor_view(r, L.query);
+            d["key"] = tensor_view(r, L.key);
+            d["value"] = tensor_view(r, L.value);
+            d["key_pre_rope"] = tensor_view(r, L.key_pre_rope);
+            d["attn_output"] = tensor_view(r, L.attn_output);
+            return d;
+          },
+          py::arg("index"))
+      .def(
+          "save",
+          [](const Recording& r, const std::filesystem::path& path, const std::string& dtype) {
+            const auto d = dtype_from_name(dtype);
+            if (!d || (*d != DType::F32 && *d != DType::F16 && *d != DType::BF16))
+              throw ConfigError("dtype must be F32, F16 or BF16, got '" + dtype + "'");
+            py::gil_scoped_release release;
+            write_recording(path, r, *d);
+          },
+          py::arg("path"), py::arg("dtype") = "F32")
+      .def("__repr__", [](const Recording& r) { return "<Recording " + r.name + ": " + r.summary() + ">"; });
+  m.def("load_recording", &load, py::arg("path"), py::arg("layout") = "heads,tokens,head_dim",
+        py::arg("query") = "layers.{layer}.query", py::arg("key") = "layers.{layer}.key",
+        py::arg("value") = "layers.{layer}.value", py::arg("layers") = std::vector<int>{},
+        py::arg("max_tokens") = 0, py::arg("rope_theta") = py::none());
+  m.def("record", &record, py::arg("checkpoint"), py::arg("text") = "", py::arg("tokens") = "",
+        py::arg("tokenizer") = "bytes", py::arg("bos") = py::none(), py::arg("max_tokens") = 512);
+  m.def(
+      "evaluate",
+      [](const std::string& checkpoint, const std::string& text, const std::string& tokens, const std::string& tokenizer,
+         std::optional<bool> bos, int64_t max_tokens, const std::string& format, const std::string& key_format,
+         const std::string& value_format, const std::string& strategy, const py::dict& params, uint64_t seed,
+         int64_t continuations, int64_t continuation_prompt, int64_t continuation_tokens) {
+        return evaluate(checkpoint, text, tokens, tokenizer, bos, max_tokens, format, key_format, value_format,
+                        strategy, params, seed, ContinuationSpec{continuations, continuation_prompt, continuation_tokens});
+      },
+      py::arg("checkpoint"), py::arg("text"), py::arg("tokens"), py::arg("tokenizer"), py::arg("bos"),
+      py::arg("max_tokens"), py::arg("format"), py::arg("key_format"), py::arg("value_format"), py::arg("strategy"),
+      py::arg("params"), py::arg("seed"), py::arg("continuations"), py::arg("continuation_prompt"),
+      py::arg("continuation_tokens"));
+  m.def("write_safetensors", &write_safetensors, py::arg("path"), py::arg("tensors"),
+        py::arg("metadata") = std::map<std::string, std::string>{});
+
+  m.def(
+      "run",
+      [](const std::string& config, bool config_is_text, const std::vector<std::string>& overrides,
+         const std::vector<std::string>& budgets, int threads, const std::string& out, const std::string& backend,
+         std::optional<bool> plots, bool quiet, const std::string& shard, const std::string& resume,
+         const std::string& command_line) {
+        return run(config, config_is_text,
+                   RunOptions{overrides, budgets, threads, out, backend, plots, quiet, shard, resume, command_line});
+      },
+      py::arg("config"), py::arg("config_is_text"), py::arg("overrides"), py::arg("budgets"), py::arg("threads"),
+      py::arg("out"), py::arg("backend"), py::arg("plots"), py::arg("quiet"), py::arg("shard"), py::arg("resume"),
+      py::arg("command_line"));
+  m.def("budget_picks", &budget_picks, py::arg("query"), py::arg("columns"), py::arg("pareto"), py::arg("memory"));
+}

@@ -1,0 +1,371 @@
+"""kvbudget: KV-cache quantization error budgets, from Python.
+
+The library the `kvbudget` CLI is built on (the compiled module kvbudget._core), with
+results as pandas DataFrames:
+
+    import kvbudget
+    kvbudget.formats()                              # the format table (DataFrame)
+    q = kvbudget.quantize(x, "q4_0")                # q.values, q.codes, q.bpe, q.relative_mse
+    rec = kvbudget.load_recording("data/records/gpt2-bytes-record.safetensors")
+    rec = kvbudget.recording_from_arrays({"layers.0.query": q0, ...}, layout="heads,tokens,head_dim")
+    r = kvbudget.run("configs/quickstart.toml", overrides=["data.max_tokens=128"])
+    r.points, r.pareto, r.attribution               # DataFrames, each row with its strategy
+    r.budget("attn_kl_mean <= 1e-3")                # the budgets.json answer, as rows of r.points
+    r.plot("attn_kl_mean")                          # matplotlib axes
+
+run() writes the same results folder as `kvbudget run` (r.dir). Errors raise
+kvbudget.ConfigError (a ValueError: a bad config, option or input) or kvbudget.Error
+(a RuntimeError: bad data, a failed run) with the CLI's messages. Ctrl-C during run()
+stops the sweep, writes what finished (status "interrupted") and raises
+KeyboardInterrupt.
+"""
+
+import json
+import os
+import tempfile
+import tomllib
+from pathlib import Path
+
+from . import _core
+from ._core import ConfigError, Error, Quantized, Recording  # noqa: F401
+from ._toml import dumps as _toml_dumps
+
+__all__ = ["ConfigError", "Error", "Quantized", "Recording", "Result", "formats", "quantize", "load_recording",
+           "recording_from_arrays", "record", "evaluate", "run", "open_results"]
+
+
+def _as_numpy(x):
+    """A NumPy array of `x`: NumPy arrays as they are, torch tensors (and anything with
+    __dlpack__) through DLPack without a copy where the producer allows, else np.asarray."""
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor: NumPy reads CPU tensors in place
+        return x.detach().cpu().numpy()
+    if hasattr(x, "__dlpack__"):
+        return np.from_dlpack(x)
+    return np.asarray(x)
+
+
+def formats(head_dim=128, tokens=4096):
+    """The format table as a DataFrame, one row per format of each family and per
+    preset: name, family, canonical (a preset's format), bpe (one span of tokens x
+    head_dim, all metadata counted; NaN where the shape does not fit), cuda,
+    keys_only, description (as `kvbudget formats` prints it)."""
+    import pandas as pd
+
+    return pd.DataFrame(_core.format_table(head_dim, tokens))
+
+
+def quantize(x, format, kind="key", rows_per_span=None, seed=0, pre_rope=None, rope_theta=10000.0):
+    """Quantizes and dequantizes float array `x` with `format`, as `kvbudget quantize`
+    does: rows of the last axis (head_dim); rows_per_span rows form one span (default
+    all rows; with pre_rope, the second-to-last axis). kind: "key" or "value" (keys-only
+    formats refuse values). pre_rope: the pre-RoPE keys (x's shape) for prerope:<inner>
+    formats, with rope_theta.
+
+    Returns a Quantized: values (dequantized, x's shape and dtype), codes (uint8, the
+    stored bit stream: codes with their scales, laid out as code_layout says;
+    code_bits of it used), storage_bits, bpe (all metadata counted), relative_mse,
+    snr_db, max_abs_error, clipped, nonfinite; for the ggml formats also blocks (the
+    codes as ggml's block structs, no copy) and scales (their fp16 d). float32
+    C-contiguous input is read in
+    place; other float dtypes are converted to float32 once."""
+    pre = None if pre_rope is None else _as_numpy(pre_rope)
+    return _core.quantize(_as_numpy(x), format, kind, rows_per_span or 0, seed, pre, rope_theta)
+
+
+# ggml's block structs (ggml-common.h), little-endian: what q.codes holds for the ggml
+# formats, 32 values per block, head_dim/32 blocks per row.
+_GGML_BLOCKS = {
+    "q4_0": [("d", "<f2"), ("qs", "u1", (16,))],
+    "q4_1": [("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))],
+    "q5_0": [("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))],
+    "q5_1": [("d", "<f2"), ("m", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))],
+    "q8_0": [("d", "<f2"), ("qs", "i1", (32,))],
+    "iq4_nl": [("d", "<f2"), ("qs", "u1", (16,))],
+}
+
+
+def _blocks(q):
+    """For a ggml format (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl): q.codes as ggml's block
+    structs, a structured array [rows, head_dim / 32] viewing the same bytes (no copy):
+    fields d (the fp16 scale), m (the fp16 minimum of q4_1 / q5_1), qh (the fifth bits
+    of q5_*), qs (the packed codes). None for other formats (q.code_layout describes
+    their bytes)."""
+    import numpy as np
+
+    fields = _GGML_BLOCKS.get(q.format.split("-")[0])
+    if fields is None:
+        return None
+    block = np.dtype(fields)
+    rows = q.values.size // q.values.shape[-1]
+    return q.codes.view(block).reshape(rows, -1)
+
+
+def _scales(q):
+    """The per-block fp16 scales of a ggml format (q.blocks["d"]); None for others."""
+    blocks = _blocks(q)
+    return None if blocks is None else blocks["d"]
+
+
+Quantized.blocks = property(_blocks)
+Quantized.scales = property(_scales)
+
+
+def load_recording(path, layout="heads,tokens,head_dim", query="layers.{layer}.query", key="layers.{layer}.key",
+                   value="layers.{layer}.value", layers=(), max_tokens=0, rope_theta=None):
+    """Loads a recording file (safetensors, a sharded index or directory, .npz, a
+    directory of .npy) as a config's [data] section does; the arguments are its keys.
+    rec.layer(i) gives layer i's tensors as read-only float32 arrays
+    ([heads, tokens, head_dim]); rec.save(path) writes it as a recording file."""
+    return _core.load_recording(os.fspath(path), layout, query, key, value, list(layers), max_tokens, rope_theta)
+
+
+def recording_from_arrays(arrays, layout="heads,tokens,head_dim", name="arrays", rope_theta=None, max_tokens=0):
+    """A recording from arrays (NumPy, torch, anything DLPack): either a dict of tensor
+    names to arrays, named as in a recording file ("layers.0.query", "layers.0.key",
+    "layers.0.value", optionally "layers.0.key_pre_rope", "input_ids"), or a list with
+    one dict {"query", "key", "value"} per layer. `layout` names the arrays' axes
+    ("heads,tokens,head_dim", "batch,tokens,heads,head_dim", ...) as data.layout does;
+    the recording loader's checks apply (shapes, GQA, finite values). To run a config
+    on it, save it (rec.save("x.safetensors")) and point data.path there."""
+    import numpy as np
+
+    if isinstance(arrays, (list, tuple)):
+        named = {}
+        for i, layer in enumerate(arrays):
+            for part, value in layer.items():
+                named[f"layers.{i}.{part}"] = value
+        arrays = named
+    tensors = {}
+    for tensor_name, value in arrays.items():
+        a = _as_numpy(value)
+        if tensor_name == "input_ids":
+            raise ConfigError("recording_from_arrays: input_ids are not supported here; save a recording with "
+                              "`kvbudget record` to keep token ids")
+        tensors[tensor_name] = np.asarray(a, dtype=np.float32)
+    with tempfile.TemporaryDirectory(prefix="kvbudget-") as tmp:
+        path = Path(tmp) / f"{name}.safetensors"
+        _core.write_safetensors(str(path), tensors, {})
+        return _core.load_recording(str(path), layout, "layers.{layer}.query", "layers.{layer}.key",
+                                    "layers.{layer}.value", [], max_tokens, rope_theta)
+
+
+def record(checkpoint, text=None, tokens=None, tokenizer="bytes", bos=None, max_tokens=512):
+    """Runs a Hugging Face checkpoint on a text file (or a token-id file: .npy or
+    whitespace-separated ids) as `kvbudget record` does and returns the Recording:
+    per layer query, key, value (post-RoPE), key_pre_rope (RoPE models) and
+    attn_output; metadata["nll_mean"] is the exact run's mean next-token NLL.
+    rec.save(path, "F16") writes the file `kvbudget record` writes."""
+    return _core.record(os.fspath(checkpoint), os.fspath(text) if text else "", os.fspath(tokens) if tokens else "",
+                        tokenizer, bos, max_tokens)
+
+
+def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, value_format=None, strategy=None,
+             params=None, seed=0, continuations=0, continuation_prompt=64, continuation_tokens=20, tokenizer="bytes",
+             bos=None, max_tokens=512):
+    """Runs a checkpoint on a text (or token-id file) as `kvbudget eval` does: the exact
+    cache, and with a plan (format; key_format and value_format; or a strategy or
+    preset with params {name: value}) the quantized cache compared with it. Returns a
+    dict: tokens, exact_ppl, exact_ppl_se, exact_logits [T, vocab], exact_nll [T-1],
+    plan; with a plan also bpe, plan_formats, metrics and standard_errors (the metric
+    table's model metrics: ppl, ppl_ratio, next_token_kl_*, same_top_rate, and with
+    continuations > 0 the greedy continuations' token_match and bleu4), logits, nll."""
+    return _core.evaluate(os.fspath(checkpoint), os.fspath(text) if text else "", os.fspath(tokens) if tokens else "",
+                          tokenizer, bos, max_tokens, format or "", key_format or "", value_format or "",
+                          strategy or "", dict(params or {}), seed, continuations, continuation_prompt,
+                          continuation_tokens)
+
+
+def _config_argument(config):
+    """(text or path, is_text) for run(): a dict becomes TOML text; a str naming an
+    existing file, or any os.PathLike, is a path; another str is TOML text."""
+    if isinstance(config, dict):
+        return _toml_dumps(config), True
+    if isinstance(config, os.PathLike):
+        return os.fspath(config), False
+    if isinstance(config, str):
+        if "\n" not in config and (os.path.exists(config) or config.endswith(".toml")):
+            return config, False
+        return config, True
+    raise TypeError(f"config must be a path, a TOML string or a dict, got {type(config).__name__}")
+
+
+def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None, plots=None, quiet=False, shard=None,
+        resume=None):
+    """Runs an experiment as `kvbudget run` does and returns its Result.
+
+    config: a config file's path, a TOML string or a dict (the TOML's tables).
+    overrides: ["data.max_tokens=128", ...] as --set; budgets: queries as --budget;
+    threads, out, backend ("cpu", "cuda", "auto"), plots (False = --no-plots), quiet,
+    shard ("I/N"), resume (a results folder) as the options of the same names.
+    Writes the same results folder as the CLI (Result.dir). A run whose points failed
+    or whose files could not be written raises kvbudget.Error after writing what it
+    could (the message names the folder); Ctrl-C raises KeyboardInterrupt after
+    writing the finished points."""
+    if config is None:  # resume=DIR alone: DIR/config.toml
+        if resume is None:
+            raise TypeError("run() needs a config (or resume=DIR)")
+        text, is_text = "", False
+    else:
+        text, is_text = _config_argument(config)
+    command = ["kvbudget.run(" + (repr(text) if not is_text else "<config>")]
+    command += [f"--set {o}" for o in overrides] + [f"--budget {b!r}" for b in budgets]
+    outcome = _core.run(text, is_text, list(overrides), list(budgets), int(threads), os.fspath(out) if out else "",
+                        backend or "", plots, bool(quiet), shard or "", os.fspath(resume) if resume else "",
+                        " ".join(command) + ")")
+    result = Result(outcome["dir"], outcome)
+    if outcome["interrupted"]:
+        raise KeyboardInterrupt(f"kvbudget.run interrupted: {outcome['measured'] + outcome['failed']} of "
+                                f"{outcome['points']} points were finished and written to {outcome['dir']}")
+    problems = []
+    if outcome["failed"]:
+        problems.append(f"{outcome['failed']} point(s) failed (see {Path(outcome['dir']) / 'errors.csv'}): " +
+                        "; ".join(outcome["point_errors"]))
+    if outcome["plot_error"]:
+        problems.append("plots not written: " + outcome["plot_error"])
+    problems += outcome["run_errors"]
+    if problems:
+        error = Error(f"{outcome['dir']}: " + "\n".join(problems))
+        error.result = result
+        raise error
+    return result
+
+
+def open_results(path):
+    """The Result of a results folder written earlier (by the CLI or run())."""
+    return Result(path)
+
+
+class Result:
+    """A results folder: dir, manifest, config, points / pareto / attribution /
+    errors (DataFrames, read from the folder's CSV files, each row with its strategy),
+    budgets (budgets.json), frontier (the console summary, for a run of this process),
+    budget(query) and plot(...)."""
+
+    def __init__(self, path, outcome=None):
+        self.dir = Path(path)
+        self.outcome = outcome
+        self._frames = {}
+
+    def __repr__(self):
+        return f"<kvbudget.Result {self.dir} ({self.manifest.get('status')})>"
+
+    @property
+    def frontier(self):
+        return self.outcome["frontier"] if self.outcome else None
+
+    @property
+    def manifest(self):
+        return json.loads((self.dir / "manifest.json").read_text())
+
+    @property
+    def config(self):
+        return tomllib.loads((self.dir / "config.toml").read_text())
+
+    @property
+    def budgets(self):
+        p = self.dir / "budgets.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def _csv(self, name):
+        import pandas as pd
+
+        if name not in self._frames:
+            p = self.dir / name
+            self._frames[name] = (pd.read_csv(p, keep_default_na=False, na_values=[""])
+                                  if p.exists() and p.stat().st_size > 0 else pd.DataFrame())
+        return self._frames[name]
+
+    def _with_strategy(self, frame):
+        """`frame` with the strategy column of points.csv (by id) when it lacks one."""
+        if frame.empty or "strategy" in frame.columns or "id" not in frame.columns:
+            return frame
+        strategies = self.points[["id", "strategy"]]
+        merged = frame.merge(strategies, on="id", how="left")
+        cols = list(frame.columns)
+        return merged[cols[:1] + ["strategy"] + cols[1:]]
+
+    @property
+    def points(self):
+        return self._csv("points.csv")
+
+    @property
+    def errors(self):
+        return self._csv("errors.csv")
+
+    @property
+    def pareto(self):
+        return self._with_strategy(self._csv("pareto.csv"))
+
+    @property
+    def attribution(self):
+        return self._with_strategy(self._csv("attribution.csv"))
+
+    @property
+    def concentration(self):
+        return self._with_strategy(self._csv("concentration.csv"))
+
+    def budget(self, query):
+        """The answer to a budget query ("attn_kl_mean <= 1e-3", "bpe <= 4") over this
+        run's points, as budgets.json answers it: the rows of r.points picked, with a
+        column `budget_metric` (the metric constrained or, for a memory budget, the
+        Pareto metric optimized). An empty frame when nothing qualifies."""
+        import pandas as pd
+
+        points = self.points
+        config = self.config
+        memory = config.get("output", {}).get("x", "bpe")
+        pareto = config.get("metrics", {}).get("pareto", [])
+        columns = {}
+        for c in points.columns:
+            if c in ("id",) or points[c].dtype.kind not in "fi":
+                continue
+            columns[c] = [float(v) for v in points[c]]
+        picks = _core.budget_picks(query, columns, list(pareto), memory)
+        rows = []
+        for metric, index in picks:
+            if index is None:
+                continue
+            row = points.iloc[index].copy()
+            row["budget_metric"] = metric
+            rows.append(row)
+        return pd.DataFrame(rows).reset_index(drop=True) if rows else pd.DataFrame(columns=list(points.columns) +
+                                                                                     ["budget_metric"])
+
+    def plot(self, metric=None, x=None, ax=None, frontier=True, logy=None):
+        """Plots each point's `metric` (default: the first Pareto metric) against memory
+        `x` (default: output.x), one series per strategy, and its Pareto frontier;
+        returns the matplotlib axes. The results folder's plots/ holds the CLI's
+        plots."""
+        import matplotlib.pyplot as plt
+
+        config = self.config
+        x = x or config.get("output", {}).get("x", "bpe")
+        metric = metric or (config.get("metrics", {}).get("pareto") or ["attn_kl_mean"])[0]
+        points = self.points
+        if metric not in points.columns:
+            raise ConfigError(f"plot: points.csv has no column '{metric}'")
+        if ax is None:
+            _, ax = plt.subplots()
+        for strategy, group in points.groupby("strategy", sort=False):
+            ax.scatter(group[x], group[metric], label=strategy, s=16)
+        pareto = self.pareto
+        if frontier and not pareto.empty and "metric" in pareto.columns:
+            front = pareto[pareto["metric"] == metric]
+            value = "value" if "value" in front.columns else metric
+            if not front.empty and value in front.columns and x in front.columns:
+                ax.step(front[x], front[value], where="post", color="black", linewidth=1, label="Pareto frontier")
+        values = points[metric].dropna()
+        if logy is None:
+            logy = len(values) > 0 and (values > 0).all() and values.max() > 100 * max(values.min(), 1e-300)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(metric)
+        ax.legend(fontsize="small")
+        return ax
+
+

@@ -1,0 +1,57 @@
+"""A TOML writer for run()'s dict configs (Python's tomllib only reads): tables,
+arrays of tables ([[strategy]]), strings, numbers, booleans and arrays of them."""
+
+import json
+import math
+
+
+def _value(v, where):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a TOML basic string: JSON's escapes are TOML's
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x, where) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_value(x, where + '.' + str(k))}" for k, x in v.items()) + "}"
+    raise TypeError(f"config {where}: a {type(v).__name__} has no TOML form")
+
+
+def _key(k):
+    k = str(k)
+    return k if k and all(c.isalnum() or c in "-_" for c in k) else json.dumps(k)
+
+
+def _is_table_array(v):
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(x, dict) for x in v)
+
+
+def _table(d, path, out):
+    # Plain keys first, then sub-tables and arrays of tables (TOML's order).
+    for k, v in d.items():
+        if not isinstance(v, dict) and not _is_table_array(v):
+            out.append(f"{_key(k)} = {_value(v, path + str(k))}")
+    for k, v in d.items():
+        name = path + _key(k)
+        if isinstance(v, dict):
+            out.append(f"\n[{name}]")
+            _table(v, name + ".", out)
+        elif _is_table_array(v):
+            for item in v:
+                out.append(f"\n[[{name}]]")
+                _table(item, name + ".", out)
+
+
+def dumps(config):
+    """TOML text of dict `config`."""
+    out = []
+    _table(config, "", out)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,338 @@
+"""The Python package (python/kvbudget): every format of the table round-trips through
+quantize(); run() writes the CLI's results byte for byte (timing column aside) and
+reads them as DataFrames; recordings from files and arrays; errors carry the CLI's
+messages; Ctrl-C stops a run cleanly. Run by ctest (python_kvbudget) with
+PYTHONPATH=<build>/python and KVB_BINARY=<build>/kvbudget."""
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvbudget
+
+SOURCE = Path(__file__).resolve().parents[2]
+KVB = os.environ.get("KVB_BINARY", str(SOURCE / "build" / "kvbudget"))
+RECORD = SOURCE / "data" / "records" / "gpt2-bytes-record.safetensors"
+QUICKSTART = SOURCE / "configs" / "quickstart.toml"
+SMALL = ["data.max_tokens=64", "strategy.0.vars.bits=[3, 4]"]
+
+
+def without_column(path, column):
+    """The CSV text of `path` without `column` (the per-point timing)."""
+    rows = list(csv.reader(io.StringIO(Path(path).read_text())))
+    if not rows or column not in rows[0]:
+        return Path(path).read_text()
+    i = rows[0].index(column)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([r[:i] + r[i + 1:] for r in rows])
+    return out.getvalue()
+
+
+def only_run(base):
+    runs = [p for p in Path(base).glob("*/2*") if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+# ---------------------------------------------------------------------------
+# formats and quantize
+# ---------------------------------------------------------------------------
+
+def test_formats_is_the_cli_table():
+    table = kvbudget.formats()
+    listing = subprocess.run([KVB, "formats"], capture_output=True, text=True, check=True).stdout
+    assert {"name", "family", "canonical", "bpe", "cuda", "keys_only", "description"} <= set(table.columns)
+    assert len(table) > 50
+    for name in table["name"]:
+        assert name in listing, name
+    assert table.loc[table["name"] == "q4_0", "bpe"].item() == pytest.approx(4.5)
+
+
+def test_every_format_round_trips_through_quantize():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 64, 64)).astype(np.float32)
+    table = kvbudget.formats(head_dim=64, tokens=128)
+    for row in table.itertuples():
+        pre_rope = x if row.canonical.startswith("prerope:") else None
+        q = kvbudget.quantize(x, row.name, rows_per_span=128, pre_rope=pre_rope)
+        assert q.values.shape == x.shape and q.values.dtype == x.dtype, row.name
+        assert np.isfinite(q.values).all(), row.name
+        assert q.relative_mse < 2.0, (row.name, q.relative_mse)  # 1-bit min-max exceeds 1 on Gaussian data
+        assert q.bpe == pytest.approx(q.storage_bits / x.size), row.name
+        if not np.isnan(row.bpe):
+            assert q.bpe == pytest.approx(row.bpe), row.name  # one span of 128 rows, as the table's
+        assert q.codes.dtype == np.uint8 and q.codes.size == (q.code_bits + 7) // 8 > 0, row.name
+        again = kvbudget.quantize(x, row.name, rows_per_span=128, pre_rope=pre_rope)
+        assert np.array_equal(again.values, q.values) and np.array_equal(again.codes, q.codes), row.name
+
+
+def test_quantize_keeps_dtype_and_matches_the_cli(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 32, 64))
+    q64 = kvbudget.quantize(x, "q4_0")
+    assert q64.values.dtype == np.float64 and q64.values.shape == x.shape
+    q32 = kvbudget.quantize(x.astype(np.float32), "q4_0")
+    assert np.array_equal(q64.values.astype(np.float32), q32.values)
+    # The CLI on the same tensor: the same codes and the same numbers.
+    np.save(tmp_path / "x.npy", x.astype(np.float32))
+    out = subprocess.run([KVB, "quantize", str(tmp_path / "x.npy"), "--format", "q4_0", "--json", "--codes",
+                          str(tmp_path / "x.codes")], capture_output=True, text=True, check=True).stdout
+    cli = json.loads(out)
+    assert cli["bpe"] == q32.bpe and cli["storage_bits"] == q32.storage_bits
+    assert cli["relative_mse"] == pytest.approx(q32.relative_mse, rel=1e-12)
+    assert (tmp_path / "x.codes").read_bytes() == q32.codes.tobytes()
+
+
+def test_ggml_codes_as_blocks():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    q = kvbudget.quantize(x, "q8_0")
+    blocks = q.blocks
+    assert blocks.shape == (8, 2) and np.shares_memory(blocks, q.codes)
+    # q8_0 dequantizes as d * qs: the stored scales and codes give the values back.
+    d = blocks["d"].astype(np.float32)[..., None]
+    assert np.array_equal((d * blocks["qs"].astype(np.float32)).reshape(8, 64), q.values)
+    assert np.array_equal(q.scales, blocks["d"])
+    assert kvbudget.quantize(x, "int4-asym-g32").blocks is None
+
+
+def test_quantize_errors_carry_the_cli_messages():
+    x = np.zeros((4, 64), np.float32)
+    with pytest.raises(kvbudget.ConfigError, match="did you mean"):
+        kvbudget.quantize(x, "q4_O")
+    with pytest.raises(kvbudget.ConfigError, match="float array"):
+        kvbudget.quantize(np.zeros((4, 64), np.int32), "q4_0")
+    with pytest.raises(kvbudget.ConfigError, match="stores keys only"):
+        kvbudget.quantize(x, "qjl-m256", kind="value")
+
+
+# ---------------------------------------------------------------------------
+# run(): the CLI's results folder, DataFrames, budgets
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def quickstart_runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("runs")
+    cli_args = [KVB, "run", str(QUICKSTART), "--quiet", "--out", str(base / "cli")]
+    for s in SMALL:
+        cli_args += ["--set", s]
+    subprocess.run(cli_args, check=True, capture_output=True)
+    api = kvbudget.run(QUICKSTART, overrides=SMALL, out=base / "api", quiet=True)
+    return only_run(base / "cli"), api
+
+
+def test_run_writes_the_cli_results_byte_for_byte(quickstart_runs):
+    cli_dir, api = quickstart_runs
+    assert api.dir.parent.parent == cli_dir.parent.parent.parent / "api"
+    assert api.manifest["status"] == "complete"
+    assert without_column(api.dir / "points.csv", "seconds") == without_column(cli_dir / "points.csv", "seconds")
+    for name in ("pareto.csv", "attribution.csv", "concentration.csv", "budgets.json"):
+        assert (api.dir / name).read_bytes() == (cli_dir / name).read_bytes(), name
+    assert (api.dir / "config.toml").read_text() == (cli_dir / "config.toml").read_text().replace(
+        str(cli_dir.parent.parent), str(api.dir.parent.parent))
+    for plot in ("attn_kl_mean.png", "topk_overlap.svg"):
+        assert (api.dir / "plots" / plot).stat().st_size > 0
+
+
+def test_results_as_dataframes(quickstart_runs):
+    _, api = quickstart_runs
+    points = api.points
+    assert len(points) == 8 and "strategy" in points.columns
+    assert (points["strategy"] == "uniform").all()
+    for frame in (api.pareto, api.attribution):
+        assert len(frame) > 0 and "strategy" in frame.columns and frame["strategy"].notna().all()
+    assert "Pareto frontier: attn_kl_mean" in api.frontier
+
+
+def test_budget_answers_as_budgets_json(quickstart_runs):
+    _, api = quickstart_runs
+    for saved in api.budgets:  # the config's queries, answered by the run
+        answer = api.budget(saved["query"])
+        picked = [a for a in saved["answers"] if a["point"] is not None]
+        assert list(answer["id"]) == [a["id"] for a in picked], saved["query"]
+        assert list(answer["budget_metric"]) == [a["metric"] for a in picked], saved["query"]
+    answer = api.budget("attn_kl_mean <= 1e-2")
+    ok = api.points[api.points["attn_kl_mean"] <= 1e-2]
+    assert len(answer) == 1 and answer["bpe"].item() == ok["bpe"].min()
+    memory = api.budget("bpe <= 4")
+    assert set(memory["budget_metric"]) == {"attn_kl_mean", "attn_out_rel_err", "topk_overlap"}
+    assert (memory["bpe"] <= 4).all()
+    assert len(api.budget("attn_kl_mean <= 1e-30")) == 0
+    with pytest.raises(kvbudget.ConfigError):
+        api.budget("attn_kl_mean < 1e-3")
+
+
+def test_plot(quickstart_runs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _, api = quickstart_runs
+    ax = api.plot("attn_kl_mean")
+    assert ax.get_ylabel() == "attn_kl_mean" and ax.get_xlabel() == "bpe"
+    assert len(ax.collections) >= 1
+
+
+def test_config_as_toml_string_and_dict(tmp_path, quickstart_runs):
+    cli_dir, _ = quickstart_runs
+    config = {
+        "name": "quickstart",
+        "seed": 0,
+        "data": {"path": str(RECORD), "max_tokens": 64},
+        "strategy": [{"type": "uniform", "format": "int{bits}-{mode}-g{group}",
+                      "vars": {"bits": [3, 4], "mode": ["sym", "asym"], "group": [32, 64]}}],
+        "metrics": {"pareto": ["attn_kl_mean", "attn_out_rel_err", "topk_overlap"], "topk": 8},
+        "output": {"target_context": 32768, "series": "mode", "marker": "group"},
+        "budgets": {"queries": ["attn_kl_mean <= 1e-3", "attn_out_rel_err <= 0.05", "bpe <= 4.5"]},
+    }
+    from_dict = kvbudget.run(config, out=tmp_path / "dict", plots=False, quiet=True)
+    text = QUICKSTART.read_text()
+    from_text = kvbudget.run(text, overrides=SMALL, out=tmp_path / "text", plots=False, quiet=True)
+    expected = without_column(cli_dir / "points.csv", "seconds")
+    assert without_column(from_dict.dir / "points.csv", "seconds") == expected
+    assert without_column(from_text.dir / "points.csv", "seconds") == expected
+
+
+def test_run_errors_carry_the_cli_messages(tmp_path):
+    typo = tmp_path / "typo.toml"
+    typo.write_text(f'name = "typo"\n[data]\npath = "{RECORD}"\nmax_tokns = 64\n'
+                    '[[strategy]]\ntype = "uniform"\nformat = "int4-asym-g32"\n')
+    cli = subprocess.run([KVB, "run", str(typo), "--out", str(tmp_path / "r")], capture_output=True, text=True)
+    assert cli.returncode == 2
+    with pytest.raises(kvbudget.ConfigError) as e:
+        kvbudget.run(typo, out=tmp_path / "r")
+    assert f"kvbudget run: error: {e.value}" in cli.stderr
+    assert "unknown key 'data.max_tokns' (did you mean 'max_tokens'?)" in str(e.value)
+    assert not (tmp_path / "r").exists()
+    # Failing points beside good ones: the folder is written, the error names it.
+    with pytest.raises(kvbudget.Error, match="4 point\\(s\\) failed") as failed:
+        kvbudget.run(QUICKSTART, overrides=SMALL + ["strategy.0.vars.group=[32, 48]"], out=tmp_path / "f",
+                     plots=False, quiet=True)
+    assert len(failed.value.result.points) == 4 and len(failed.value.result.errors) == 4
+
+
+def test_ctrl_c_stops_a_run_cleanly(tmp_path):
+    script = (f"import kvbudget\n"
+              f"try:\n"
+              f"    kvbudget.run({str(QUICKSTART)!r}, overrides=['strategy.0.vars.group=[8, 16, 32, 64]'],\n"
+              f"                 out={str(tmp_path / 'r')!r}, plots=False, threads=1, quiet=True)\n"
+              f"except KeyboardInterrupt as e:\n"
+              f"    print('KeyboardInterrupt:', e)\n"
+              f"    raise SystemExit(130)\n")
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    deadline = time.time() + 120
+    manifest = None
+    while time.time() < deadline and proc.poll() is None:
+        found = list((tmp_path / "r").glob("quickstart/2*/manifest.json"))
+        if found:
+            manifest = found[0]
+            break
+        time.sleep(0.2)
+    assert manifest is not None, proc.communicate()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert "KeyboardInterrupt: kvbudget.run interrupted" in out
+    state = json.loads(manifest.read_text())
+    assert state["status"] == "interrupted"
+    finished = len(Path(manifest.parent / "points.csv").read_text().splitlines()) - 1
+    assert 0 <= finished < 56
+
+
+# ---------------------------------------------------------------------------
+# Recordings
+# ---------------------------------------------------------------------------
+
+def test_load_recording_and_arrays(tmp_path):
+    rec = kvbudget.load_recording(RECORD, max_tokens=32)
+    assert (rec.num_layers, rec.q_heads, rec.head_dim, rec.tokens) == (6, 6, 64, 32)
+    layer = rec.layer(0)
+    assert layer["key"].shape == (6, 32, 64) and layer["key"].dtype == np.float32
+    assert not layer["key"].flags.writeable
+    # The same tensors as arrays, one dict per layer, in another layout.
+    layers = [{part: np.ascontiguousarray(rec.layer(i)[part].transpose(1, 0, 2)) for part in ("query", "key", "value")}
+              for i in range(rec.num_layers)]
+    again = kvbudget.recording_from_arrays(layers, layout="tokens,heads,head_dim")
+    for i in range(rec.num_layers):
+        for part in ("query", "key", "value"):
+            assert np.array_equal(again.layer(i)[part], rec.layer(i)[part])
+    # Anything with __dlpack__ (a torch tensor, say) is read through DLPack.
+    class DLPackOnly:
+        def __init__(self, a):
+            self._a = a
+
+        def __dlpack__(self, stream=None):
+            return self._a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    one = kvbudget.recording_from_arrays({f"layers.0.{p}": DLPackOnly(rec.layer(0)[p].copy())
+                                          for p in ("query", "key", "value")})
+    assert np.array_equal(one.layer(0)["key"], rec.layer(0)["key"])
+    assert np.array_equal(kvbudget.quantize(DLPackOnly(layer["key"].copy()), "q4_0").values,
+                          kvbudget.quantize(layer["key"], "q4_0").values)
+    rec.save(tmp_path / "saved.safetensors")
+    saved = kvbudget.load_recording(tmp_path / "saved.safetensors")
+    assert np.array_equal(saved.layer(5)["value"], rec.layer(5)["value"])
+    bad = {"layers.0.query": np.zeros((2, 8, 4)), "layers.0.key": np.zeros((2, 8, 4)),
+           "layers.0.value": np.full((2, 8, 4), np.nan)}
+    with pytest.raises(kvbudget.Error, match="NaN"):
+        kvbudget.recording_from_arrays(bad)
+    with pytest.raises(kvbudget.Error):
+        kvbudget.load_recording(tmp_path / "missing.safetensors")
+
+
+# ---------------------------------------------------------------------------
+# Models: record and evaluate, as the CLI
+# ---------------------------------------------------------------------------
+
+GPT2 = SOURCE / "data" / "models" / "gpt2-bytes"
+LLAMA = SOURCE / "data" / "models" / "llama-bytes"
+TEXT = SOURCE / "data" / "text" / "eval_kjv_revelation.txt"
+
+
+def test_record_equals_the_cli(tmp_path):
+    subprocess.run([KVB, "record", str(GPT2), "--text", str(TEXT), "--max-tokens", "64", "--dtype", "f32", "--out",
+                    str(tmp_path / "cli.safetensors")], check=True, capture_output=True)
+    cli = kvbudget.load_recording(tmp_path / "cli.safetensors")
+    rec = kvbudget.record(GPT2, text=TEXT, max_tokens=64)
+    assert (rec.num_layers, rec.tokens) == (cli.num_layers, 64)
+    assert rec.token_ids == cli.token_ids
+    for i in range(rec.num_layers):
+        for part in ("query", "key", "value", "attn_output"):
+            assert np.array_equal(rec.layer(i)[part], cli.layer(i)[part]), (i, part)
+    assert float(rec.metadata["nll_mean"]) > 0
+    with pytest.raises(kvbudget.ConfigError, match="exactly one of text and tokens"):
+        kvbudget.record(GPT2)
+
+
+def test_evaluate_equals_the_cli(tmp_path):
+    out = subprocess.run([KVB, "eval", str(LLAMA), "--text", str(TEXT), "--max-tokens", "96", "--format",
+                          "int4-asym-g32", "--out", str(tmp_path / "e.safetensors")],
+                         check=True, capture_output=True, text=True).stdout
+    r = kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, format="int4-asym-g32")
+    assert r["bpe"] == 5.0
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in r["metrics"]:
+            assert float(parts[1]) == pytest.approx(r["metrics"][parts[0]], rel=1e-5), parts[0]
+    assert f"exact cache: PPL {r['exact_ppl']:.6g}" in out
+    assert r["logits"].shape == (96, 257) and len(r["nll"]) == 95
+    same = kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, strategy="uniform", params={"format": "int4-asym-g32"})
+    assert np.array_equal(same["logits"], r["logits"])
+    exact = kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96)
+    assert "metrics" not in exact and exact["exact_ppl"] == r["exact_ppl"]
+    with pytest.raises(kvbudget.ConfigError, match="has no parameter 'fromat'"):
+        kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, strategy="uniform", params={"fromat": "q4_0"})
