@@ -76,6 +76,14 @@ step gpu_test_attention "$out/attention.log" "$bin/tests/gpu_test_attention"
 quickstart_on_both_backends() {
   local runs
   runs=$(mktemp -d /tmp/kvb-gpu-quickstart.XXXXXX)
+  # data/records/ is made by the build (data/CMakeLists.txt), not carried in git: a copy of
+  # the repository without a build records gpt2-bytes here, as the build would.
+  if [ ! -f data/records/gpt2-bytes-record.safetensors ]; then
+    mkdir -p data/records
+    step "kvbudget record gpt2-bytes" "$out/record.log" "$bin/kvbudget" record data/models/gpt2-bytes \
+      --text data/text/eval_kjv_revelation.txt --max-tokens 512 --out data/records/gpt2-bytes-record.safetensors ||
+      return
+  fi
   for backend in cpu cuda; do
     step "kvbudget run --backend $backend" "$out/quickstart_$backend.log" \
       "$bin/kvbudget" run configs/quickstart.toml --backend "$backend" --out "$runs/$backend" --no-plots -q

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <boost/program_options.hpp>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -201,11 +202,24 @@ int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_
   return mismatched;
 }
 
+// "0,5" -> {0, 5}: the --layers option's layer indices.
+std::vector<int> parse_layer_list(const std::string& text) {
+  std::vector<int> layers;
+  for (const std::string& part : split(text, ',')) {
+    int v = -1;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size() || v < 0)
+      throw ConfigError("--layers " + text + ": '" + part + "' is not a layer index (give e.g. --layers 0,5)");
+    layers.push_back(v);
+  }
+  return layers;
+}
+
 }  // namespace
 
 int cmd_inspect(const Args& args) {
   po::options_description opts("kvbudget inspect FILE [options]");
-  std::string file, tensors_glob;
+  std::string file, tensors_glob, layers_text;
   RecordingSpec spec;
   int64_t positions = 256;
   opts.add_options()("help,h", "show this help")(
@@ -218,6 +232,9 @@ int cmd_inspect(const Args& args) {
       "layout", po::value(&spec.layout), "q/k/v axis order from {batch,heads,tokens,head_dim} (default heads,tokens,head_dim)")(
       "attn-output-layout", po::value(&spec.attn_output_layout), "attn_output axis order (default tokens,hidden)")(
       "max-tokens", po::value(&spec.max_tokens), "keep the first N tokens of the recording")(
+      "layers", po::value(&layers_text),
+      "read only these layers as the recording, e.g. 0,5 (needed for a file holding some layers, such as "
+      "data/reference/*-record-slice.safetensors)")(
       "positions", po::value(&positions), "at most N query positions per head for the entropy (default 256)")(
       "check-output", "recompute attention from q/k/v and compare with the recorded attn_output");
   po::options_description hidden;
@@ -286,6 +303,7 @@ int cmd_inspect(const Args& args) {
     }
   }
   spec.path = file;
+  if (!layers_text.empty()) spec.layers = parse_layer_list(layers_text);
   const Recording rec = load_recording(spec);
   const int64_t mismatched = print_recording(rec, positions, vm.count("check-output") != 0);
   if (mismatched > 0)

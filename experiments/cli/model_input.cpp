@@ -15,7 +15,7 @@ namespace kvb::cli {
 
 void ModelInput::add_options(po::options_description& opts) {
   opts.add_options()("text", po::value(&text), "text file to run on (tokenized by --tokenizer)")(
-      "tokens", po::value(&token_file), "token ids instead of text: .npy, or whitespace-separated integers")(
+      "tokens", po::value(&token_file), "token ids instead of text: .npy, .safetensors (its input_ids), or whitespace-separated integers")(
       "tokenizer", po::value(&tokenizer)->default_value("bytes"),
       "'bytes' (ids 0..255, the fixtures' scheme) or a tokenizer.json (GPT-2 byte-level BPE)")(
       "bos", po::bool_switch(&bos), "prepend the model's bos_token_id (default for --tokenizer bytes)")(

@@ -5,12 +5,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "sim/core/error.h"
+#include "sim/core/strings.h"
 #include "sim/io/dtype_convert.h"
 #include "sim/io/input_file.h"
 #include "sim/io/json_file.h"
@@ -425,10 +427,21 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
 
 std::vector<int64_t> read_token_ids(const fs::path& file) {
   if (fs::is_directory(file)) throw Error(file.string() + ": is a directory, expected a token id file");
-  if (file.extension() == ".npy") {
+  if (file.extension() == ".npy" || file.extension() == ".safetensors") {
     const std::unique_ptr<TensorStore> store = TensorStore::open(file);
     const std::vector<TensorInfo> list = store->list();
-    const TensorInfo& info = list.at(0);
+    // A .safetensors file holds many tensors: its `input_ids`, as Hugging Face's
+    // recordings and reference files (data/reference/) name the ids they ran on.
+    const auto ids_tensor = std::find_if(list.begin(), list.end(), [&](const TensorInfo& t) {
+      return file.extension() == ".npy" || t.name == "input_ids";
+    });
+    if (ids_tensor == list.end()) {
+      std::vector<std::string> names;
+      for (const TensorInfo& t : list) names.push_back(t.name);
+      throw Error(file.string() + ": no tensor 'input_ids' (a .safetensors token file holds its ids there; it has " +
+                  (names.empty() ? std::string("no tensors") : join(names, ", ")) + ")");
+    }
+    const TensorInfo& info = *ids_tensor;
     const DType d = info.dtype;
     if (dtype_is_float(d) || d == DType::BOOL)  // as recordings' token ids (recording_loader.cpp)
       throw Error(file.string() + ": token ids must be an integer array, got " + dtype_name(d));
@@ -448,7 +461,7 @@ std::vector<int64_t> read_token_ids(const fs::path& file) {
     const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), v);
     if (ec != std::errc() || end != word.data() + word.size())
       throw Error(file.string() + ": entry " + std::to_string(ids.size()) + " '" + word +
-                  "' is not an integer token id (expected whitespace-separated integers, or a .npy array)");
+                  "' is not an integer token id (expected whitespace-separated integers, a .npy array or a .safetensors file)");
     ids.push_back(v);
   }
   return ids;

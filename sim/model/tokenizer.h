@@ -75,8 +75,9 @@ class BpeTokenizer final : public Tokenizer {
   bool ignore_merges_ = false;
 };
 
-// Token ids from a file: .npy (an integer array of any shape, flattened) or text with
-// whitespace-separated integers. Errors name the file and the offending entry.
+// Token ids from a file: .npy (an integer array [T] or [1, T]), .safetensors (its tensor
+// `input_ids`, likewise) or text with whitespace-separated integers. Errors name the
+// file and the offending entry.
 std::vector<int64_t> read_token_ids(const std::filesystem::path& file);
 
 }  // namespace kvb

@@ -5,12 +5,14 @@ kvb="$1"
 src="$2"
 source "$(dirname "$0")/lib.sh"
 
-# A recording: tensors with statistics, metadata, and the entropy tables.
+# A recording: tensors with statistics, metadata, and the entropy tables. The build makes it
+# with `kvbudget record` (data/CMakeLists.txt): 6 layers x (query, key, key_pre_rope, value,
+# attn_output) + input_ids.
 rec="$src/data/records/llama-bytes-record.safetensors"
 "$kvb" inspect "$rec" --positions 64 --check-output >"$tmp/rec.out" 2>"$tmp/rec.err" || fail "inspect $rec exited $?"
-expect "$tmp/rec.out" "30 tensors in 1 file" "inspect llama record"
+expect "$tmp/rec.out" "31 tensors in 1 file" "inspect llama record"
 expect "$tmp/rec.out" "metadata:" "inspect llama record"
-expect "$tmp/rec.out" "model     llama-bytes" "inspect llama record"
+grep -qE '^  model +llama-bytes$' "$tmp/rec.out" || fail "metadata 'model llama-bytes' not in inspect llama record"
 expect "$tmp/rec.out" "layers.0.key_pre_rope" "inspect llama record"
 expect "$tmp/rec.out" "absmax" "inspect llama record"
 expect "$tmp/rec.out" "6 layers, 6/2 q/kv heads, head_dim 64, 512 tokens, post-RoPE (theta 10000)" "inspect llama record"
@@ -31,7 +33,7 @@ expect "$tmp/mm.out" "differs from attention recomputed from query/key/value in 
 expect "$tmp/nr.out" "--check-output: no recording found to check" "--check-output without a recording"
 "$kvb" inspect "$rec" --tensors 'nomatch*' >"$tmp/glob.out" 2>&1
 [ $? -eq 2 ] || fail "--tensors matching nothing: expected exit 2"
-expect "$tmp/glob.out" "--tensors 'nomatch*' matches none of the 30 tensors" "--tensors matching nothing"
+expect "$tmp/glob.out" "--tensors 'nomatch*' matches none of the 31 tensors" "--tensors matching nothing"
 [ "$(grep -c '^  layer [0-5] ' "$tmp/rec.out")" -eq 18 ] || fail "expected 6 rows in each of the 2 entropy tables and the attn_output check"
 # Every entropy lies in [0, log2(512)] bits.
 awk '/^  layer [0-5]  / && NF == 9 { for (i = 3; i <= 9; ++i) if ($i < 0 || $i > 9) exit 1 }' "$tmp/rec.out" \
@@ -78,7 +80,8 @@ head -c 100 "$rec" >"$tmp/truncated.safetensors"
 rc=$?
 [ "$rc" -eq 1 ] || fail "inspect of a truncated file should exit 1, got $rc"
 expect "$tmp/bad.err" "truncated.safetensors" "inspect truncated file"
-expect "$tmp/bad.err" "header length 2904 extends beyond the file" "inspect truncated file"
+header_length=$(head -c 8 "$rec" | od -An -tu8 | tr -d ' ')  # safetensors: a little-endian u64 first
+expect "$tmp/bad.err" "header length $header_length extends beyond the file" "inspect truncated file"
 
 "$kvb" inspect "$tmp/does-not-exist.npz" >/dev/null 2>"$tmp/missing.err"
 rc=$?
@@ -118,5 +121,18 @@ done
 grep -qE '^attn_kl_mean +attention +lower +_lo/_hi ' "$tmp/metrics.out" || fail "metrics: attn_kl_mean without _lo/_hi"
 grep -qE '^ppl_ratio +model +lower +_se ' "$tmp/metrics.out" || fail "metrics: ppl_ratio without _se"
 grep -qE '^k_rel_mse +tensor +lower +- ' "$tmp/metrics.out" || fail "metrics: k_rel_mse should have no uncertainty"
+
+# A slice of Hugging Face's recording (data/reference/: layers 0 and 5, 128 tokens) is a
+# recording once its layers are listed.
+slice="$src/data/reference/llama-bytes-record-slice.safetensors"
+"$kvb" inspect "$slice" --layers 0,5 --positions 16 --check-output >"$tmp/slice.out" 2>&1 || fail "inspect --layers 0,5 of the slice exited $?"
+expect "$tmp/slice.out" "2 layers, 6/2 q/kv heads, head_dim 64, 128 tokens" "inspect --layers of the slice"
+grep -q MISMATCH "$tmp/slice.out" && fail "the slice's attn_output should match"
+"$kvb" inspect "$slice" --no-stats >"$tmp/noslice.out" 2>&1
+[ $? -eq 1 ] || fail "a slice without --layers: expected exit 1"
+expect "$tmp/noslice.out" "layer 1 is missing: the key pattern 'layers.{layer}.key' matches layers 0, 5" "a slice without --layers"
+"$kvb" inspect "$slice" --no-stats --layers 0,x >"$tmp/badlayers.out" 2>&1
+[ $? -eq 2 ] || fail "--layers 0,x: expected exit 2"
+expect "$tmp/badlayers.out" "--layers 0,x: 'x' is not a layer index" "--layers 0,x"
 
 exit $status

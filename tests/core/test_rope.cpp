@@ -106,13 +106,10 @@ TEST_CASE("rope: rotated dot products depend only on the distance t - j") {
 }
 
 TEST_CASE("rope: matches Hugging Face's post-RoPE keys of the recorded llama-bytes") {
-  // data/records/llama-bytes-record.safetensors: key_pre_rope and key of a LlamaForCausalLM
-  // (theta 10000, head_dim 64) recorded by transformers in fp32, stored as fp16.
-  const auto file = kvb::test::data_dir() / "records" / "llama-bytes-record.safetensors";
-  if (!std::filesystem::exists(file)) {
-    MESSAGE("skipped: " << file << " not found");
-    return;
-  }
+  // data/reference/llama-bytes-record-slice.safetensors: key_pre_rope and key of a
+  // LlamaForCausalLM (theta 10000, head_dim 64) recorded by transformers in fp32, stored
+  // as fp16 (its first 128 tokens, layers 0 and 5).
+  const auto file = kvb::test::data_dir() / "reference" / "llama-bytes-record-slice.safetensors";
   for (const int layer : {0, 5}) {
     std::vector<int64_t> shape, shape2;
     std::vector<float> pre = read_f16_tensor(file, "layers." + std::to_string(layer) + ".key_pre_rope", shape);

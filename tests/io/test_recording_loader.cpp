@@ -165,36 +165,56 @@ void remove_tensor(std::vector<RawTensor>& ts, const std::string& name) {
 }  // namespace
 
 // ---- bundled Hugging Face recordings ----------------------------------------------------
+// data/reference/NAME-record-slice.safetensors: the first 128 tokens of layers 0 and 5
+// (reasoning-bytes: 0 and 3) of what Hugging Face recorded, values as stored, plus the
+// token ids (data/SOURCES.md). The values below were read with numpy from those files.
+// A recording holds layers 0..N-1, so a slice loads with its layers listed.
+
+namespace {
+RecordingSpec slice_spec(const std::string& model) {
+  RecordingSpec s = spec_for(data_dir() / "reference" / (model + "-record-slice.safetensors"));
+  s.layers = {0, model == "reasoning-bytes" ? 3 : 5};
+  return s;
+}
+}  // namespace
+
+TEST_CASE("fixture: a slice without its layers listed is refused, saying how to load it") {
+  const std::string msg = error_of([] { load_recording(spec_for(data_dir() / "reference/gpt2-bytes-record-slice.safetensors")); });
+  CHECK(has(msg, "gpt2-bytes-record-slice.safetensors: layer 1 is missing"));
+  CHECK(has(msg, "matches layers 0, 5"));
+  CHECK(has(msg, "list them in [data] layers"));
+}
 
 TEST_CASE("fixture: gpt2-bytes recording loads") {
-  const fs::path p = data_dir() / "records/gpt2-bytes-record.safetensors";
-  const Recording rec = load_recording(spec_for(p));
-  CHECK(rec.name == "gpt2-bytes-record");
+  const fs::path p = data_dir() / "reference/gpt2-bytes-record-slice.safetensors";
+  const Recording rec = load_recording(slice_spec("gpt2-bytes"));
+  CHECK(rec.name == "gpt2-bytes-record-slice");
   CHECK(rec.source == p.string());
-  CHECK(rec.num_layers() == 6);
-  CHECK(rec.layer_ids == std::vector<int>{0, 1, 2, 3, 4, 5});
+  CHECK(rec.num_layers() == 2);
+  CHECK(rec.layer_ids == std::vector<int>{0, 5});
   CHECK(rec.q_heads == 6);
   CHECK(rec.kv_heads == 6);
   CHECK(rec.head_dim == 64);
-  CHECK(rec.tokens == 512);
+  CHECK(rec.tokens == 128);
   CHECK_FALSE(rec.rope.applied);
   CHECK_FALSE(rec.has_pre_rope_keys());
   CHECK(rec.has_attn_output());
-  CHECK(rec.token_ids.empty());  // the record file has no input_ids
-  REQUIRE(rec.positions.size() == 512);
+  REQUIRE(rec.token_ids.size() == 128);
+  CHECK(std::vector<int64_t>(rec.token_ids.begin(), rec.token_ids.begin() + 4) == std::vector<int64_t>{256, 10, 82, 101});
+  REQUIRE(rec.positions.size() == 128);
   CHECK(rec.positions[0] == 0);
-  CHECK(rec.positions[511] == 511);
+  CHECK(rec.positions[127] == 127);
   CHECK(rec.metadata.at("model") == "gpt2-bytes");
   CHECK(rec.layers[0].query.at(0, 0, 1) == 1.126953125f);
-  CHECK(rec.layers[3].key.at(5, 511, 63) == 0.149658203125f);
-  CHECK(rec.layers[2].value.at(2, 100, 17) == 0.124755859375f);
-  CHECK(rec.layers[5].attn_output.data[511 * 384 + 383] == -0.10845947265625f);
-  CHECK(rec.kv_elements() == 2 * 6 * 6 * 512 * 64);
+  CHECK(rec.layers[1].key.at(5, 127, 63) == -0.1512451171875f);
+  CHECK(rec.layers[0].value.at(2, 100, 17) == -0.0135345458984375f);
+  CHECK(rec.layers[1].attn_output.data[127 * 384 + 383] == -0.11199951171875f);
+  CHECK(rec.kv_elements() == 2 * 2 * 6 * 128 * 64);
 }
 
 TEST_CASE("fixture: llama-bytes recording loads with GQA 3:1 and RoPE") {
-  const Recording rec = load_recording(spec_for(data_dir() / "records/llama-bytes-record.safetensors"));
-  CHECK(rec.name == "llama-bytes-record");
+  const Recording rec = load_recording(slice_spec("llama-bytes"));
+  CHECK(rec.name == "llama-bytes-record-slice");
   CHECK(rec.q_heads == 6);
   CHECK(rec.kv_heads == 2);
   CHECK(rec.group_size() == 3);
@@ -203,31 +223,36 @@ TEST_CASE("fixture: llama-bytes recording loads with GQA 3:1 and RoPE") {
   CHECK(rec.rope.theta == 10000.0);  // no rope_theta in the file's metadata: the default
   CHECK(rec.has_pre_rope_keys());
   CHECK(rec.layers[0].key_pre_rope.at(1, 10, 5) == -1.1689453125f);
-  CHECK(rec.layers[5].query.at(5, 511, 0) == -0.2421875f);
-  CHECK(rec.layers[1].key.at(1, 200, 32) == 0.372314453125f);
+  CHECK(rec.layers[1].query.at(5, 127, 0) == -0.1590576171875f);
+  CHECK(rec.layers[1].key.at(1, 100, 32) == 0.218017578125f);
   CHECK(rec.summary() ==
-        "6 layers, 6/2 q/kv heads, head_dim 64, 512 tokens, post-RoPE (theta 10000), pre-RoPE keys, attn_output");
+        "2 layers, 6/2 q/kv heads, head_dim 64, 128 tokens, post-RoPE (theta 10000), pre-RoPE keys, attn_output");
 }
 
 TEST_CASE("fixture: layer subset and max_tokens") {
-  RecordingSpec s = spec_for(data_dir() / "records/llama-bytes-record.safetensors");
+  RecordingSpec s = slice_spec("llama-bytes");
   const Recording full = load_recording(s);
-  s.layers = {4, 1, 4};
+  s.layers = {5, 0, 5};
   s.max_tokens = 100;
   const Recording rec = load_recording(s);
-  CHECK(rec.layer_ids == std::vector<int>{1, 4});
+  CHECK(rec.layer_ids == std::vector<int>{0, 5});
   CHECK(rec.tokens == 100);
   CHECK(rec.positions.size() == 100);
+  CHECK(rec.token_ids.size() == 100);
   CHECK(rec.layers[1].key.shape == std::vector<int64_t>{2, 100, 64});
   CHECK(rec.layers[1].attn_output.shape == std::vector<int64_t>{100, 384});
   for (int64_t h = 0; h < 2; ++h)
-    for (int64_t t = 0; t < 100; t += 33) CHECK(rec.layers[1].key.at(h, t, 7) == full.layers[4].key.at(h, t, 7));
-  CHECK(rec.layers[0].attn_output.data[99 * 384 + 5] == full.layers[1].attn_output.data[99 * 384 + 5]);
+    for (int64_t t = 0; t < 100; t += 33) CHECK(rec.layers[1].key.at(h, t, 7) == full.layers[1].key.at(h, t, 7));
+  CHECK(rec.layers[0].attn_output.data[99 * 384 + 5] == full.layers[0].attn_output.data[99 * 384 + 5]);
+  s.layers = {5};
+  const Recording last = load_recording(s);
+  CHECK(last.layer_ids == std::vector<int>{5});
+  CHECK(last.layers[0].key.data == rec.layers[1].key.data);
 
-  s.layers = {2, 9};
+  s.layers = {5, 9};
   const std::string msg = error_of([&] { load_recording(s); });
-  CHECK(has(msg, "llama-bytes-record.safetensors"));
-  CHECK(has(msg, "layer 9 requested, but the file has layers 0, 1, 2, 3, 4, 5"));
+  CHECK(has(msg, "llama-bytes-record-slice.safetensors"));
+  CHECK(has(msg, "layer 9 requested, but the file has layers 0, 5"));
 }
 
 // The check of methods.md §4 / SOURCES.md: causal softmax(q·kᵀ/√d)·v recomputed from
@@ -244,10 +269,10 @@ TEST_CASE("fixture: layer subset and max_tokens") {
 // against the wrong KV head gives a relative error of order 1; checked below).
 TEST_CASE("fixture: recomputed attention matches Hugging Face's attn_output within F16 rounding") {
   constexpr double kRelTol = 2e-3, kAbsTol = 1e-2;
-  for (const char* model : {"gpt2-bytes", "llama-bytes"}) {
+  for (const char* model : {"gpt2-bytes", "llama-bytes", "reasoning-bytes"}) {
     const std::string model_name = model;
     CAPTURE(model_name);
-    const Recording rec = load_recording(spec_for(data_dir() / "records" / (std::string(model) + "-record.safetensors")));
+    const Recording rec = load_recording(slice_spec(model));
     const int64_t T = rec.tokens, d = rec.head_dim, H = rec.q_heads;
     std::vector<float> o(static_cast<size_t>(T * d));
     double worst_rel = 0, worst_abs = 0;

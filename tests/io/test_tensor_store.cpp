@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <numeric>
 
 #include "io_test_files.h"
 #include "sim/core/half.h"
@@ -360,18 +361,22 @@ TEST_CASE("sharded safetensors: index file or directory, shards opened lazily") 
 
 // ---- bundled fixtures (values from numpy on the raw files) ---------------------------
 
+// data/reference/NAME-record-slice.safetensors: the first 128 tokens of two layers of
+// Hugging Face's recordings (data/SOURCES.md).
 TEST_CASE("fixture: gpt2-bytes recording file") {
-  const auto store = TensorStore::open(data_dir() / "records/gpt2-bytes-record.safetensors");
-  CHECK(store->list().size() == 24);
+  const auto store = TensorStore::open(data_dir() / "reference/gpt2-bytes-record-slice.safetensors");
+  CHECK(store->list().size() == 9);  // 2 layers x query, key, value, attn_output + input_ids
   const TensorInfo& q = store->info("layers.0.query");
   CHECK(q.dtype == DType::F16);
-  CHECK(q.shape == std::vector<int64_t>{6, 512, 64});
-  CHECK(store->info("layers.5.attn_output").shape == std::vector<int64_t>{512, 384});
+  CHECK(q.shape == std::vector<int64_t>{6, 128, 64});
+  CHECK(store->info("layers.5.attn_output").shape == std::vector<int64_t>{128, 384});
+  CHECK(store->info("input_ids").dtype == DType::I32);
   const auto md = store->metadata();
   CHECK(md.at("model") == "gpt2-bytes");
-  CHECK(md.at("tokens") == "512");
+  CHECK(md.at("tokens") == "128");
   CHECK(md.at("rope") == "none");
-  CHECK(md.at("nll_mean") == "0.861806");
+  CHECK(md.at("slice") == "first 128 of 512 tokens, layers 0 and 5 of 0..5, values as recorded");
+  CHECK(md.at("nll_mean_of_full_recording") == "0.861806");
 
   const Tensor q0 = store->read_f32("layers.0.query");
   CHECK(q0.at(0, 0, 0) == -0.50341796875f);
@@ -380,26 +385,34 @@ TEST_CASE("fixture: gpt2-bytes recording file") {
   CHECK(q0.at(0, 0, 3) == -0.06573486328125f);
   double abs_sum = 0;
   for (float v : q0.data) abs_sum += std::fabs(v);
-  CHECK(abs_sum == doctest::Approx(152082.02079689503).epsilon(1e-12));
-  CHECK(store->read_f32("layers.3.key").at(5, 511, 63) == 0.149658203125f);
-  CHECK(store->read_f32("layers.2.value").at(2, 100, 17) == 0.124755859375f);
+  CHECK(abs_sum == doctest::Approx(34532.509244561195).epsilon(1e-12));
+  CHECK(store->read_f32("layers.5.key").at(5, 127, 63) == -0.1512451171875f);
+  CHECK(store->read_f32("layers.0.value").at(2, 100, 17) == -0.0135345458984375f);
   const Tensor ao = store->read_f32("layers.5.attn_output");
-  CHECK(ao.data[511 * 384 + 383] == -0.10845947265625f);
+  CHECK(ao.data[127 * 384 + 383] == -0.11199951171875f);
   CHECK(ao.data[0] == -0.38330078125f);
 }
 
-TEST_CASE("fixture: llama-bytes recording file") {
-  const auto store = TensorStore::open(data_dir() / "records/llama-bytes-record.safetensors");
-  CHECK(store->list().size() == 30);
-  CHECK(store->info("layers.0.key").shape == std::vector<int64_t>{2, 512, 64});
-  CHECK(store->info("layers.0.query").shape == std::vector<int64_t>{6, 512, 64});
+TEST_CASE("fixture: llama-bytes and reasoning-bytes recording files") {
+  const auto store = TensorStore::open(data_dir() / "reference/llama-bytes-record-slice.safetensors");
+  CHECK(store->list().size() == 11);  // with key_pre_rope
+  CHECK(store->info("layers.0.key").shape == std::vector<int64_t>{2, 128, 64});
+  CHECK(store->info("layers.0.query").shape == std::vector<int64_t>{6, 128, 64});
   CHECK(store->metadata().at("rope") == "key/query are post-RoPE; key_pre_rope is pre-RoPE");
   CHECK(store->read_f32("layers.0.key_pre_rope").at(1, 10, 5) == -1.1689453125f);
-  CHECK(store->read_f32("layers.5.query").at(5, 511, 0) == -0.2421875f);
-  CHECK(store->read_f32("layers.1.key").at(1, 200, 32) == 0.372314453125f);
+  CHECK(store->read_f32("layers.5.query").at(5, 127, 0) == -0.1590576171875f);
+  CHECK(store->read_f32("layers.5.key").at(1, 100, 32) == 0.218017578125f);
   double abs_sum = 0;
-  for (float v : store->read_f32("layers.4.key").data) abs_sum += std::fabs(v);
-  CHECK(abs_sum == doctest::Approx(109154.30086117983).epsilon(1e-12));
+  for (float v : store->read_f32("layers.5.key").data) abs_sum += std::fabs(v);
+  CHECK(abs_sum == doctest::Approx(27182.314944386482).epsilon(1e-12));
+
+  const auto reasoning = TensorStore::open(data_dir() / "reference/reasoning-bytes-record-slice.safetensors");
+  CHECK(reasoning->info("layers.3.query").shape == std::vector<int64_t>{4, 128, 64});
+  CHECK(reasoning->info("layers.3.key").shape == std::vector<int64_t>{2, 128, 64});
+  CHECK(reasoning->metadata().at("end_think_token") == "258");
+  CHECK(reasoning->metadata().at("end_think_position_of_full_recording") == "768");
+  CHECK(reasoning->read_f32("layers.3.key").at(1, 127, 63) == 0.0462646484375f);
+  CHECK(reasoning->read_f32("layers.0.key_pre_rope").at(0, 5, 3) == -0.067138671875f);
 }
 
 TEST_CASE("fixture: reference files (I32 token ids, F32 logits)") {
@@ -431,6 +444,16 @@ TEST_CASE("fixture: reference files (I32 token ids, F32 logits)") {
   const auto l = TensorStore::open(data_dir() / "reference/llama-bytes-reference.safetensors");
   CHECK(l->read_f32("logits").data[0] == -11.990362167358398f);
   CHECK(l->read_f32("nll").data[511] == 8.380061626667157e-05f);
+  // reasoning-bytes: one think/answer trace, </think> (258) at position 768; its nll
+  // stops at the last token (976 targets).
+  const auto r = TensorStore::open(data_dir() / "reference/reasoning-bytes-reference.safetensors");
+  const std::vector<int64_t> ids = r->read_i64("input_ids");
+  REQUIRE(ids.size() == 977);
+  CHECK(std::vector<int64_t>(ids.begin(), ids.begin() + 6) == std::vector<int64_t>{256, 81, 58, 32, 83, 116});
+  CHECK(ids[768] == 258);
+  CHECK(std::accumulate(ids.begin(), ids.end(), int64_t{0}) == 61267);
+  CHECK(r->info("logits").shape == std::vector<int64_t>{977, 259});
+  CHECK(r->info("nll").shape == std::vector<int64_t>{976});
 }
 
 TEST_CASE("fixture: Hugging Face sharded checkpoints") {

@@ -183,6 +183,27 @@ TEST_CASE("token id files: whitespace-separated text and .npy") {
   CHECK(has(error_of([&] { read_token_ids(dir / "none.txt"); }), "none.txt: cannot open"));
 }
 
+TEST_CASE("token id files: a .safetensors file's input_ids") {
+  const fs::path dir = scratch_dir("token_files_safetensors");
+  const std::vector<int64_t> ids = {256, 257, 49, 258};
+  const std::vector<float> logits = {0.5f, -1.0f};
+  write_safetensors(dir / "ref.safetensors", {TensorToWrite::of_floats("logits", {2}, logits.data()),
+                                              TensorToWrite::of_ints("input_ids", {4}, ids.data(), DType::I32)});
+  CHECK(read_token_ids(dir / "ref.safetensors") == ids);
+  // The bundled reference files carry the ids Hugging Face ran on.
+  const std::vector<int64_t> ref = read_token_ids(data_dir() / "reference" / "reasoning-bytes-reference.safetensors");
+  REQUIRE(ref.size() == 977);
+  CHECK(ref[0] == 256);
+  CHECK(ref[768] == 258);
+  write_safetensors(dir / "no_ids.safetensors", {TensorToWrite::of_floats("logits", {2}, logits.data())});
+  const std::string none = error_of([&] { read_token_ids(dir / "no_ids.safetensors"); });
+  CHECK(has(none, (dir / "no_ids.safetensors").string()));
+  CHECK(has(none, "no tensor 'input_ids'"));
+  CHECK(has(none, "it has logits"));
+  write_safetensors(dir / "float_ids.safetensors", {TensorToWrite::of_floats("input_ids", {2}, logits.data())});
+  CHECK(has(error_of([&] { read_token_ids(dir / "float_ids.safetensors"); }), "token ids must be an integer array, got F32"));
+}
+
 TEST_CASE("load_tokens: BOS from the model config, max_tokens, tokenizer choice") {
   const fs::path dir = scratch_dir("load_tokens");
   std::ofstream(dir / "t.txt") << "In the beginning";
