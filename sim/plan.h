@@ -105,9 +105,6 @@ struct RowVersions {
   }
 };
 RowVersions row_versions(const UnitPlan& unit, int64_t prefill, int64_t t);
-inline Seen seen_version(const UnitPlan& unit, int64_t prefill, int64_t t, int64_t j) {
-  return row_versions(unit, prefill, t).of(j);
-}
 // Whether some query may read another version of the unit than the stored one.
 bool reads_residual(const UnitPlan& unit, int64_t prefill);
 
