@@ -9,7 +9,6 @@
 
 #include "kernels/cuda_check.h"
 #include "sim/metrics/attention_shift.h"
-#include "sim/window_rule.h"
 
 namespace kvb::cuda {
 
@@ -131,17 +130,15 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
   const float* ds_stored = a.dscores + row_off;
   const float* ds_window = a.dscores_win ? a.dscores_win + row_off : nullptr;
 
-  // Which version of token j this query sees (sim/plan.h): j >= *_from is in the window.
+  // Which version of token j this query sees (sim/plan.h, row_versions): j >= *_from
+  // is in the residual, read in the window's version when the unit has a window, else exact.
   const bool exact = t < a.prefill;
-  const int64_t key_from = ds_window && !exact
-                               ? window_first_held(a.key_rule.window, a.key_rule.chunked, t, a.prefill)
-                               : INT64_MAX;
-  const int64_t value_from = a.phat_win && !exact
-                                 ? window_first_held(a.value_rule.window, a.value_rule.chunked, t, a.prefill)
-                                 : INT64_MAX;
+  const int64_t key_from = a.key_residual_from[i];
+  const int64_t value_from = a.value_residual_from[i];
   auto ds_at = [&](int64_t j) -> float {
     if (exact) return 0.0f;
-    return j >= key_from ? ds_window[j] : ds_stored[j];
+    if (j >= key_from) return ds_window ? ds_window[j] : 0.0f;
+    return ds_stored[j];
   };
 
   // Pass 1: max score.
@@ -187,7 +184,10 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
     const double dp = large ? exp(static_cast<double>(s[j]) + ds - max_shat) / zhat - p
                             : attn_dprob_small_shift(p, ds, A);
     const double phat = p + dp;
-    const Seen v = exact ? Seen::Exact : (j >= value_from ? Seen::Window : Seen::Stored);
+    const Seen v = exact ? Seen::Exact
+                   : j < value_from ? Seen::Stored
+                   : a.phat_win     ? Seen::Window
+                                    : Seen::Exact;
     a.probs[row_off + j] = static_cast<float>(p);
     a.dprobs[row_off + j] = static_cast<float>(dp);
     a.phat_stored[row_off + j] = v == Seen::Stored ? static_cast<float>(phat) : 0.0f;

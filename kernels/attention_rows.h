@@ -14,14 +14,6 @@
 
 namespace kvb::cuda {
 
-// How one unit (K or V of a KV head) is seen over time (sim/plan.h): exact before
-// the prefill, in window precision where the window holds the token
-// (sim/window_rule.h), in stored precision otherwise.
-struct UnitTimeRule {
-  int64_t window = 0;  // W tokens; 0 = no window
-  bool chunked = false;
-};
-
 struct RowBlockArgs {
   const float* scores = nullptr;       // s = q·k/√d
   const float* dscores = nullptr;      // Δs from the stored keys' error
@@ -35,8 +27,14 @@ struct RowBlockArgs {
   const int32_t* positions = nullptr;  // [npos] device, ascending
   int npos = 0;
   int rows = 0;                        // heads * npos
+  // How each unit is seen over time (sim/plan.h, row_versions): every token exact for
+  // t < prefill; else tokens j >= *_residual_from[i] (the window's first held token or
+  // the open group's, computed on the host) at the residual precision (the window's
+  // version when the unit has a window, i.e. dscores_win / phat_win are set; else
+  // exact), the stored version before.
   int64_t prefill = 0;
-  UnitTimeRule key_rule, value_rule;
+  const int32_t* key_residual_from = nullptr;    // [npos] device
+  const int32_t* value_residual_from = nullptr;  // [npos] device
   int topk = 8;                        // k <= kMaxTopK
   int32_t layer = 0;
   int32_t head0 = 0;                   // first query head of the block

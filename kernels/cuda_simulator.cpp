@@ -84,6 +84,7 @@ struct CudaSimulator::Impl {
   // Row block scratch, device: queries [rows, d]; score-like [rows, keys]; outputs [rows, d].
   DeviceBuffer<float> qb, scores, dscores, dscores_win, phat_stored, phat_win, out, dout;
   DeviceBuffer<int32_t> positions;
+  DeviceBuffer<int32_t> key_residual_from, value_residual_from;  // [npos] of the current KV head
   DeviceBuffer<AttentionRow> rows;  // [q_heads, npos]
   std::map<std::string, std::unique_ptr<FormatTwin>> twins;  // by format name
 
@@ -168,6 +169,23 @@ ErrorStats CudaSimulator::simulate_layer(const Plan& plan, int64_t layer, const 
   KVB_CUDA_CHECK(cudaMemsetAsync(m.rows.data(), 0xff, static_cast<size_t>(rec.q_heads) * pos.size() *
                                  sizeof(AttentionRow), m.stream));
 
+  // Per KV head and evaluated position, the first token the query reads at the
+  // residual precision in each unit (the CPU's selection, sim/plan.h), [kv_heads, npos]:
+  // uploaded once per layer, before any kernel of it.
+  std::vector<int32_t> key_from(static_cast<size_t>(rec.kv_heads) * pos.size());
+  std::vector<int32_t> value_from(key_from.size());
+  for (int64_t g = 0; g < rec.kv_heads; ++g)
+    for (size_t i = 0; i < pos.size(); ++i) {
+      const size_t at = static_cast<size_t>(g) * pos.size() + i;
+      key_from[at] = static_cast<int32_t>(row_versions(plan.unit(layer, g, Kind::Key), prefill, pos[i]).residual_begin);
+      value_from[at] =
+          static_cast<int32_t>(row_versions(plan.unit(layer, g, Kind::Value), prefill, pos[i]).residual_begin);
+    }
+  m.key_residual_from.reserve(key_from.size());
+  m.value_residual_from.reserve(value_from.size());
+  m.key_residual_from.upload(key_from.data(), key_from.size());
+  m.value_residual_from.upload(value_from.data(), value_from.size());
+
   for (int64_t g = 0; g < rec.kv_heads; ++g) {
     const UnitPlan& ku = plan.unit(layer, g, Kind::Key);
     const UnitPlan& vu = plan.unit(layer, g, Kind::Value);
@@ -216,8 +234,8 @@ ErrorStats CudaSimulator::simulate_layer(const Plan& plan, int64_t layer, const 
       a.npos = bn;
       a.rows = static_cast<int>(rows);
       a.prefill = prefill;
-      a.key_rule = UnitTimeRule{ku.window.size, ku.window.mode == RecentWindow::Mode::Chunked};
-      a.value_rule = UnitTimeRule{vu.window.size, vu.window.mode == RecentWindow::Mode::Chunked};
+      a.key_residual_from = m.key_residual_from.data() + g * npos + b0;
+      a.value_residual_from = m.value_residual_from.data() + g * npos + b0;
       a.topk = static_cast<int>(opt.topk);
       a.layer = static_cast<int32_t>(layer);
       a.head0 = static_cast<int32_t>(g * G);

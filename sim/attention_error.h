@@ -21,7 +21,6 @@
 #include "sim/plan.h"
 #include "sim/recording.h"
 #include "sim/simulator.h"
-#include "sim/window_rule.h"
 
 namespace kvb::detail {
 
@@ -30,10 +29,12 @@ using ConstRowMap = Eigen::Map<const RowMat>;
 
 // One unit's reconstruction error as the attention of each query sees it.
 // stored: x̂ - x of the segment version [T, d]; window: x̂ - x of the window version
-// [T, d] (empty when the unit has no window).
+// [T, d] (empty when the unit has no window). Which one the query at t reads for
+// token j is row_versions()' business (plan.h); a residual without a window is exact
+// (no error).
 struct UnitDelta {
   std::vector<float> stored, window;
-  const RecentWindow* win = nullptr;
+  const UnitPlan* unit = nullptr;  // the plan's unit: its window and open groups
   // Key segments whose logits come from their format's estimator (QJL), not from a
   // decoded key: for those, Δs = estimate - exact in the stored version, on columns
   // [keep_begin, keep_end) (the segment, less what an attribution region leaves out:
@@ -45,11 +46,10 @@ struct UnitDelta {
   };
   std::vector<Estimated> estimated;
   bool has_window() const { return !window.empty(); }
-  // The first token the query at t (>= prefill) reads in window precision; keys
-  // before it read the stored version. T when the unit has no window.
-  int64_t window_begin(int64_t t, int64_t prefill, int64_t T) const {
-    return has_window() ? window_first_held(win->size, win->mode == RecentWindow::Mode::Chunked, t, prefill) : T;
-  }
+  // What the query at t reads of this unit (plan.h).
+  RowVersions versions(int64_t t, int64_t prefill) const { return row_versions(*unit, prefill, t); }
+  // Whether some query may read another version than the stored one (Δ needs per-(t, j) selection).
+  bool mixed(int64_t prefill) const { return reads_residual(*unit, prefill); }
 };
 
 // One block of evaluated rows: positions pos[begin, begin + rows), keys [0, cols)
@@ -69,12 +69,6 @@ struct HeadTensors {
   float inv_sqrt_d;
   ConstRowMap Q, K, V;
 };
-
-// Which version of token j the query at t sees (Plan's time semantics).
-inline Seen seen_version(const UnitDelta& u, int64_t t, int64_t j, int64_t prefill) {
-  static const RecentWindow kNoWindow;
-  return kvb::seen_version(u.has_window() ? *u.win : kNoWindow, prefill, t, j);
-}
 
 // Per-thread scratch for one query head (both implementations). The block matrices
 // are allocated once at [row_block, T] (reserve) and used through their top-left

@@ -242,8 +242,8 @@ void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, in
   const HeadTensors ht(rec, layer, h);
   const int64_t T = ht.T, d = ht.d, prefill = plan.prefill();
   const float inv_sqrt_d = ht.inv_sqrt_d;
-  const bool mixed_k = dk.has_window() || prefill > 0;  // Δs needs per-(t, j) selection
-  const bool mixed_v = dv.has_window() || prefill > 0;
+  const bool mixed_k = dk.mixed(prefill);  // Δs needs per-(t, j) selection
+  const bool mixed_v = dv.mixed(prefill);
   const ConstRowMap &Q = ht.Q, &K = ht.K, &V = ht.V;
   ConstRowMap dV(dv.stored.data(), T, d);
   s.ds.resize(static_cast<size_t>(T));
@@ -278,10 +278,13 @@ void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, in
         float* sel = s.ds.data();
         if (t < prefill) {
           std::fill(sel, sel + n, 0.0f);
-        } else {
-          const int64_t w0 = std::min(n, dk.window_begin(t, prefill, T));
+        } else {  // stored up to the residual, then the window's version (or exact: no error)
+          const int64_t w0 = std::min(n, dk.versions(t, prefill).residual_begin);
           std::copy(dsr, dsr + w0, sel);
-          if (w0 < n) std::copy(s.dscores_win.row(r).data() + w0, s.dscores_win.row(r).data() + n, sel + w0);
+          if (dk.has_window())
+            std::copy(s.dscores_win.row(r).data() + w0, s.dscores_win.row(r).data() + n, sel + w0);
+          else
+            std::fill(sel + w0, sel + n, 0.0f);
         }
         dsr = sel;
       }
@@ -298,7 +301,7 @@ void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, in
           fast_row(ex->rows[static_cast<size_t>(r)], ex->probs.row(r).data(), ex->topk_of(r), row_scores, dsr, n,
                    opt.topk, s, dp, phat);
       if (mixed_v) {  // p̂ goes to the version of V each entry reads: exact ones drop out
-        const int64_t v0 = t < prefill ? 0 : std::min(n, dv.window_begin(t, prefill, T));
+        const int64_t v0 = t < prefill ? 0 : std::min(n, dv.versions(t, prefill).residual_begin);
         if (dv.has_window() && t >= prefill) std::copy(phat + v0, phat + n, phat_win.row(r).data() + v0);
         std::fill(phat + v0, phat + n, 0.0f);
       }

@@ -135,8 +135,8 @@ void measure_head_reference(const Recording& rec, const Plan& plan, int64_t laye
   const HeadTensors ht(rec, layer, h);
   const int64_t T = ht.T, d = ht.d, prefill = plan.prefill();
   const float inv_sqrt_d = ht.inv_sqrt_d;
-  const bool mixed_k = dk.has_window() || prefill > 0;  // Δs needs per-(t, j) selection
-  const bool mixed_v = dv.has_window() || prefill > 0;
+  const bool mixed_k = dk.mixed(prefill);  // Δs needs per-(t, j) selection
+  const bool mixed_v = dv.mixed(prefill);
   const ConstRowMap &Q = ht.Q, &K = ht.K, &V = ht.V;
   ConstRowMap dV(dv.stored.data(), T, d);
   s.p.resize(static_cast<size_t>(T));
@@ -165,8 +165,9 @@ void measure_head_reference(const Recording& rec, const Plan& plan, int64_t laye
       const int64_t n = t + 1;
       const float* dsr = s.dscores.row(r).data();
       if (mixed_k) {
+        const RowVersions kv = dk.versions(t, prefill);
         for (int64_t j = 0; j < n; ++j) {
-          const Seen v = seen_version(dk, t, j, prefill);
+          const Seen v = kv.of(j);
           s.ds[j] = v == Seen::Exact ? 0.0f : (v == Seen::Window ? s.dscores_win(r, j) : dsr[j]);
         }
         dsr = s.ds.data();
@@ -189,8 +190,9 @@ void measure_head_reference(const Recording& rec, const Plan& plan, int64_t laye
         s.dprobs(r, j) = static_cast<float>(s.dp[j]);
       }
       if (mixed_v) {
+        const RowVersions vv = dv.versions(t, prefill);
         for (int64_t j = 0; j < n; ++j) {
-          const Seen v = seen_version(dv, t, j, prefill);
+          const Seen v = vv.of(j);
           if (v == Seen::Stored) s.phat_stored(r, j) = static_cast<float>(s.phat[j]);
           else if (v == Seen::Window) s.phat_win(r, j) = static_cast<float>(s.phat[j]);
         }

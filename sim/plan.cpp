@@ -28,6 +28,41 @@ int64_t RecentWindow::held_at(int64_t context, int64_t first) const {
   return (context - 1 - first) % size + 1;
 }
 
+int64_t open_group_begin(int64_t tokens_per_group, int64_t origin, int64_t t) {
+  if (tokens_per_group == 1) return t + 1;
+  if (tokens_per_group <= 0) return origin;
+  return window_first_held(tokens_per_group, true, t, origin);
+}
+
+int64_t open_group_begin(const UnitPlan& unit, int64_t t) {
+  // The segment holding t: the last one that begins at or before it.
+  auto after = std::upper_bound(unit.segments.begin(), unit.segments.end(), t,
+                                [](int64_t token, const Segment& s) { return token < s.begin; });
+  if (after == unit.segments.begin()) return t + 1;
+  const Segment& s = *std::prev(after);
+  if (t >= s.end || !s.format) return t + 1;
+  return open_group_begin(s.format->tokens_per_group(), s.begin, t);
+}
+
+RowVersions row_versions(const UnitPlan& unit, int64_t prefill, int64_t t) {
+  RowVersions v;
+  v.all_exact = t < prefill;
+  v.residual_window = unit.window.active();
+  v.residual_begin = open_group_begin(unit, t);
+  if (v.residual_window)
+    v.residual_begin = std::min(v.residual_begin, window_first_held(unit.window.size,
+                                                                    unit.window.mode == RecentWindow::Mode::Chunked,
+                                                                    t, prefill));
+  return v;
+}
+
+bool reads_residual(const UnitPlan& unit, int64_t prefill) {
+  if (prefill > 0 || unit.window.active()) return true;
+  for (const Segment& s : unit.segments)
+    if (s.format && s.format->tokens_per_group() != 1) return true;
+  return false;
+}
+
 namespace {
 
 // The segment that grows (or shrinks) with the context: the last one that is not a
@@ -53,13 +88,31 @@ uint64_t Plan::segment_bits(const UnitPlan& u, int64_t seg_begin, int64_t seg_en
   // the stretching segment gains the new tokens [T, context), counted as one run with
   // its own tokens (unit_at gives them a segment of their own when a sink token follows,
   // so formats grouped along tokens, int*-ch*, may differ there by one group's metadata).
+  //
+  // The residual of the last query t = context - 1: the window's tokens [window_from,
+  // context) and the group of `format` open at t when this segment holds t
+  // ([group_from, context), methods.md §3). A replacing window (or none) stores tokens
+  // [0, min(window_from, group_from)); an extra-copy window leaves the quantized cache
+  // every closed group, [0, group_from). Open tokens outside the window are held at
+  // the residual precision and counted here.
   const int64_t held = u.window.held_at(context, prefill_);
-  const int64_t stored_end = u.window.extra_copy ? context : context - held;
-  int64_t tokens = overlap(seg_begin, std::min(seg_end, context), 0, stored_end);
+  const int64_t window_from = context - held, t = context - 1;
   const size_t stretch = stretching_segment(u.segments);
-  if (context > tokens_ && stretch < u.segments.size() && u.segments[stretch].begin == seg_begin)
-    tokens += overlap(tokens_, context, 0, stored_end);
-  return tokens > 0 ? format.storage_bits(tokens, head_dim_) : 0;
+  const bool stretches = context > tokens_ && stretch < u.segments.size() && u.segments[stretch].begin == seg_begin;
+  int64_t group_from = context;  // no open group in this segment
+  if (stretches)  // t is in the stretched run: one run with the segment's tokens when it is the last segment
+    group_from = open_group_begin(format.tokens_per_group(),
+                                  &u.segments[stretch] == &u.segments.back() ? seg_begin : tokens_, t);
+  else if (seg_begin <= t && t < seg_end)
+    group_from = open_group_begin(format.tokens_per_group(), seg_begin, t);
+  const int64_t stored_end = u.window.extra_copy ? group_from : std::min(window_from, group_from);
+  int64_t tokens = overlap(seg_begin, std::min(seg_end, context), 0, stored_end);
+  if (stretches) tokens += overlap(tokens_, context, 0, stored_end);
+  uint64_t bits = tokens > 0 ? format.storage_bits(tokens, head_dim_) : 0;
+  if (const int64_t open = window_from - group_from; open > 0)
+    bits += u.window.active() ? u.window.format->storage_bits(open, head_dim_)
+                              : static_cast<uint64_t>(kResidualBitsWithoutWindow * open * head_dim_);
+  return bits;
 }
 
 uint64_t Plan::window_bits(const UnitPlan& u, int64_t context) const {

@@ -7,8 +7,13 @@
 // Time semantics: the query at position t sees key/value j <= t as
 //   - the exact value, if t < prefill (prompt attention runs before the cache is
 //     written, as in Hugging Face's QuantizedCache prefill);
-//   - the window version, if the unit's window holds j at time t;
+//   - at the residual precision, if j is in the residual at time t: held by the
+//     unit's window, or in a group along tokens that is still open (its last token is
+//     not yet written: a causal cache cannot quantize it, as KIVI keeps it in its
+//     full-precision residual). The residual precision is the window's format, or the
+//     exact value (counted as fp16) for a unit without a window;
 //   - the stored (segment) version otherwise.
+// So no query reads anything that depends on a later token (methods.md §3).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -69,15 +74,43 @@ struct UnitPlan {
   RecentWindow window;            // optional
 };
 
+// The first token of the group along tokens that is still open when the query at t
+// attends, for a run of tokens stored from `origin` on in a format whose groups span
+// `tokens_per_group` tokens (Format::tokens_per_group; 0 = one group over the whole
+// run): origin + G·floor((t - origin) / G). A group is open until a token after it is
+// written: the query whose own token completes the group still reads it open, as a
+// chunked window is flushed after its query (window_rule.h). t + 1 (nothing open)
+// when each token is quantized on its own (tokens_per_group == 1).
+int64_t open_group_begin(int64_t tokens_per_group, int64_t origin, int64_t t);
+// The same for a unit: the group open at t in the segment that holds token t (t + 1
+// when none does or its format quantizes tokens one by one).
+int64_t open_group_begin(const UnitPlan& unit, int64_t t);
+
 // Which version of token j <= t the query at t reads (the time semantics above): the
-// exact value, the window's, or the stored (segment) one. The recording simulator
-// and the model's KV cache both select through this.
+// exact value, the window's, or the stored (segment) one.
 enum class Seen { Exact, Stored, Window };
-inline Seen seen_version(const RecentWindow& window, int64_t prefill, int64_t t, int64_t j) {
-  if (t < prefill) return Seen::Exact;
-  if (window.holds(t, j, prefill)) return Seen::Window;
-  return Seen::Stored;
-}
+
+// What the query at t reads of one unit: tokens [0, residual_begin) in their stored
+// version and [residual_begin, t] at the residual precision, or everything exact
+// before the prefill. The recording simulator (both paths), the model's KV cache and
+// the CUDA backend all select through this.
+struct RowVersions {
+  bool all_exact = false;        // t < prefill
+  int64_t residual_begin = 0;    // the window's first held token or the open group's, whichever is first
+  bool residual_window = false;  // the residual is read in the window's version (else exact)
+  Seen of(int64_t j) const {
+    if (all_exact) return Seen::Exact;
+    if (j < residual_begin) return Seen::Stored;
+    return residual_window ? Seen::Window : Seen::Exact;
+  }
+};
+RowVersions row_versions(const UnitPlan& unit, int64_t prefill, int64_t t);
+// Whether some query may read another version of the unit than the stored one.
+bool reads_residual(const UnitPlan& unit, int64_t prefill);
+
+// Bits per element of the residual of a unit without a window: the model's own fp16
+// cache (methods.md §1's baseline).
+inline constexpr int64_t kResidualBitsWithoutWindow = 16;
 
 enum class Kind : int { Key = 0, Value = 1 };
 inline const char* kind_name(Kind k) { return k == Kind::Key ? "K" : "V"; }
@@ -114,7 +147,10 @@ class Plan {
   // Bits that segment [begin, end) of `unit` costs when stored with `format`, at a
   // context of `context` tokens, exactly as storage_bits_at() counts them (the
   // stretching rule below), a replacing window taking its held tokens out of the
-  // stored range.
+  // stored range. The residual of the last query (t = context - 1) is not stored: the
+  // group of `format` open at t (open_group_begin) is counted at the residual
+  // precision (the window's format, else kResidualBitsWithoutWindow) for its tokens
+  // the window does not already hold.
   uint64_t segment_bits(const UnitPlan& unit, int64_t begin, int64_t end, const Format& format,
                         int64_t context) const;
   // Bits of a unit's window at `context` (0 without one).
@@ -140,9 +176,9 @@ class Plan {
   // Whether the cache has the same make-up at every context: each unit stores all its
   // tokens in one format, without a recency window (no sink tokens, phases or
   // windows, whose token counts do not grow with the context). Such a plan's bits per
-  // element are the same at any context (up to one partially filled group's metadata,
-  // for groups along tokens), so its memory at another context describes the cache
-  // its error was measured on (methods.md §1, "extrapolated").
+  // element are the same at any context (up to one open group of at most G tokens in
+  // fp16, for groups along tokens), so its memory at another context describes the
+  // cache its error was measured on (methods.md §1, "extrapolated").
   bool stores_tokens_alike() const;
 
   // The context (tokens) a strategy sized the plan for when not the plan's own T

@@ -99,7 +99,7 @@ void unit_delta_of(const Recording& rec, const Plan& plan, int64_t layer, int64_
   const UnitPlan& unit = plan.unit(layer, g, kind);
   const SpanInfo span = make_span_info(rec, layer, g, kind, 0, opt.seed);
   u.estimated.clear();
-  u.win = nullptr;
+  u.unit = &unit;
   u.window.clear();
   u.stored.resize(static_cast<size_t>(n));
   reconstruct_unit(unit, x, T, d, span, u.stored.data());
@@ -111,7 +111,6 @@ void unit_delta_of(const Recording& rec, const Plan& plan, int64_t layer, int64_
       if (est) u.estimated.push_back({seg.begin, seg.end, std::move(est), seg.begin, seg.end});
     }
   if (unit.window.active()) {
-    u.win = &unit.window;
     u.window.resize(static_cast<size_t>(n));
     reconstruct_window(unit, x, T, d, span, u.window.data());
     for (int64_t i = 0; i < n; ++i) u.window[i] -= x[i];

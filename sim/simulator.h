@@ -82,8 +82,8 @@ void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t h
 
 // The window version of a unit with an active window: every row of x [T, head_dim]
 // through the window's format, into out; `span` describes the unit from token 0, as
-// for reconstruct_unit. Which (query, token) pairs read it is seen_version()'s
-// business (plan.h). Shared with the model's KV cache.
+// for reconstruct_unit. Which (query, token) pairs read it, row_versions() says
+// (plan.h). Shared with the model's KV cache.
 void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, const SpanInfo& span,
                         float* out);
 

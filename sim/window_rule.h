@@ -1,5 +1,6 @@
 // The recency window's time rule (Plan, methods.md §3) as plain arithmetic, shared by
-// RecentWindow::holds (CPU) and the CUDA attention kernels (kernels/attention_rows.cu).
+// RecentWindow::holds and row_versions (sim/plan.cpp; the CUDA attention kernels get
+// its results per position) and by the open groups along tokens (a chunked rule too).
 #pragma once
 #include <cstdint>
 

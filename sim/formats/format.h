@@ -163,6 +163,12 @@ class Format {
   // diagnostic (kvbudget quantize warns); formats that cannot clip this way return 0.
   // ggml's fp16 scales overflow to infinity instead, which shows as non-finite output.
   virtual int64_t clipped_values(ConstMatView /*x*/, const SpanInfo& /*span*/) const { return 0; }
+  // How many consecutive tokens one quantization group spans, for formats whose groups
+  // run along tokens (int ch<G>: G; int ch: 0, one group over the whole span). A causal
+  // cache cannot quantize a group before its last token is written: until then the
+  // group's tokens stay at the residual precision (plan.h, open_group_begin; methods.md
+  // §3, "groups along tokens"). 1 (the default): each token is quantized on its own.
+  virtual int64_t tokens_per_group() const { return 1; }
   // Builds the score estimator of a key span; nullptr (the default) means attention
   // uses the decoded keys from roundtrip().
   virtual std::unique_ptr<ScoreEstimator> score_estimator(ConstMatView /*keys*/, const SpanInfo& /*span*/) const {

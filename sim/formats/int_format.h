@@ -54,6 +54,11 @@ class IntFormat final : public Format {
   // dequantize(quantize(x)), bit for bit, fused (no codes materialized).
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return spec_.bits; }
+  int64_t tokens_per_group() const override {
+    return spec_.grouping == IntGrouping::TokensPerChannel ? spec_.group
+           : spec_.grouping == IntGrouping::WholeSpanPerChannel ? 0
+                                                                 : 1;
+  }
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   bool supports(Backend) const override { return true; }  // CUDA twin: kernels/int_twin.cu
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;

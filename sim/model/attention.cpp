@@ -21,12 +21,7 @@ constexpr int64_t kQueryBlock = 128;  // query rows per task
 
 // Whether some query of the block may read another version than the stored one.
 bool mixed(const KvUnitView& u, int64_t prefill, int64_t first_query) {
-  return (u.exact != u.stored && prefill > first_query) || (u.recent && u.recent->active());
-}
-
-Seen seen(const KvUnitView& u, int64_t prefill, int64_t t, int64_t j) {
-  static const RecentWindow kNoWindow;
-  return seen_version(u.recent ? *u.recent : kNoWindow, prefill, t, j);
+  return u.exact != u.stored && (prefill > first_query || reads_residual(u.plan, 0));
 }
 
 // Per-thread buffers of one task: scores, and for mixed values the probabilities
@@ -91,25 +86,29 @@ void causal_attention(const float* queries, int64_t query_stride, int64_t n, int
         const int64_t a = (geo.window > 0 ? std::max<int64_t>(0, t - geo.window + 1) : 0) - lo;
         const int64_t b = t + 1 - lo;
         float* row = scores.row(r).data();
-        if (mixed_k)
+        if (mixed_k) {
+          const RowVersions kv = row_versions(K.plan, prefill, t);
           for (int64_t c = a; c < b; ++c) {
-            const Seen v = seen(K, prefill, t, lo + c);
+            const Seen v = kv.of(lo + c);
             if (v == Seen::Exact) row[c] = scores_exact(r, c);
             else if (v == Seen::Window) row[c] = scores_window(r, c);
           }
+        }
         Eigen::Map<Eigen::ArrayXf> visible(row + a, b - a);
         visible *= geo.score_scale;
         visible = (visible - visible.maxCoeff()).exp();
         visible *= static_cast<float>(1.0 / visible.cast<double>().sum());
         std::fill(row, row + a, 0.0f);
         std::fill(row + b, row + cols, 0.0f);
-        if (mixed_v)  // move each probability to the version of the value it reads
+        if (mixed_v) {  // move each probability to the version of the value it reads
+          const RowVersions vv = row_versions(V.plan, prefill, t);
           for (int64_t c = a; c < b; ++c) {
-            const Seen v = seen(V, prefill, t, lo + c);
+            const Seen v = vv.of(lo + c);
             if (v == Seen::Stored) continue;
             (v == Seen::Exact ? p_exact : p_window)(r, c) = row[c];
             row[c] = 0.0f;
           }
+        }
       }
       OutRows o(out + r0 * out_stride + h * d, rows, d, Eigen::OuterStride<>(out_stride));
       o.noalias() = scores * Rows(V.stored + lo * d, cols, d);

@@ -29,12 +29,14 @@ struct KvUnitView {
   const float* stored = nullptr;         // the cache's stored version (segments' formats)
   const float* exact = nullptr;          // the exact values
   const float* window = nullptr;         // the window-precision version, or nullptr
-  const RecentWindow* recent = nullptr;  // the unit's recency window, or nullptr
+  UnitPlan plan;                         // the plan's unit at the cache's length (Plan::unit_at):
+                                         // its window and open groups; no segments without a plan
   std::vector<EstimatedKeys> estimated;  // keys only: estimated segments, ascending
 };
 
 // What attention reads for one layer: per KV head, keys and values, and the plan's
-// prefill. Query t reads token j's version seen_version(recent, prefill, t, j).
+// prefill. Query t reads token j's version row_versions(plan, prefill, t).of(j)
+// (sim/plan.h): the same selection as the recording simulator's.
 struct KvLayerView {
   std::vector<KvUnitView> keys, values;
   int64_t prefill = 0;

@@ -83,8 +83,9 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
     const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;
     KvUnitView& view = (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)];
     try {
-      const UnitPlan plan = q.plan->phase_marker() ? q.plan->unit_at(layer, g, kind, length, q.second_phase)
-                                                   : q.plan->unit_at(layer, g, kind, length);
+      view.plan = q.plan->phase_marker() ? q.plan->unit_at(layer, g, kind, length, q.second_phase)
+                                         : q.plan->unit_at(layer, g, kind, length);
+      const UnitPlan& plan = view.plan;
       const SpanInfo span = unit_span(layer, g, kind, q.seed);
       float* stored = scratch.data() + (2 * u) * unit_floats;
       reconstruct_unit(plan, view.exact, length, d, span, stored);
@@ -98,7 +99,6 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
         float* window = scratch.data() + (2 * u + 1) * unit_floats;
         reconstruct_window(plan, view.exact, length, d, span, window);
         view.window = window;
-        view.recent = &q.plan->unit(layer, g, kind).window;
       }
     } catch (const std::exception& e) {
       errors[static_cast<size_t>(u)] = "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " +

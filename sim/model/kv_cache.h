@@ -5,20 +5,20 @@
 // Reconstruction goes through the simulator's shared functions: reconstruct_unit()
 // with the Plan's segments for the cache's current length (Plan::unit_at), and
 // reconstruct_window() for a unit's recency window; attention then picks, for query t
-// and token j, the version seen_version() names (exact before the plan's prefill,
-// the window's while the window holds j, else the stored one), exactly as the
-// recording simulator does. So whatever a Plan and its formats express applies to the
-// model unchanged. Semantics:
+// and token j, the version row_versions() names (exact before the plan's prefill,
+// the residual's while the window holds j or j's group along tokens is still open,
+// else the stored one), exactly as the recording simulator does. So whatever a Plan
+// and its formats express applies to the model unchanged. Semantics:
 //  - teacher forcing (all T tokens in one pass): each layer's cache of T tokens is
 //    reconstructed once and every query reads it (its own token included), as in the
 //    recording simulator. The layer's output feeds the next layer, so errors
 //    propagate.
 //  - generation (tokens appended one at a time): before each step the whole cache,
-//    prefix plus the new token, is reconstructed at the new length. For formats
-//    whose groups lie within one token (per-token, groups along head_dim) this equals
-//    teacher forcing; for groups along tokens (per-channel) the newest partial
-//    group is quantized on its own, as a cache that re-quantizes would. Keys and
-//    values of earlier tokens are not recomputed.
+//    prefix plus the new token, is reconstructed at the new length. Every group a
+//    query reads in its stored version is complete (groups along tokens stay in the
+//    residual while open, plan.h), so this equals teacher forcing: no query reads
+//    anything that depends on a later token. Keys and values of earlier tokens are
+//    not recomputed.
 #pragma once
 #include <cstdint>
 #include <optional>
