@@ -194,7 +194,7 @@ int cmd_eval(const Args& args) {
   const std::shared_ptr<const Transformer> model = in.load_model();
   const ModelConfig& cfg = model->config();
   const std::vector<int64_t> tokens = in.load_tokens(cfg);
-  std::printf("model: %s (%.1f MiB of fp32 weights)\n  %s\ntokens: %zu from %s\n", cfg.dir.string().c_str(),
+  std::printf("model: %s (%.1f MiB of weights in memory, 16-bit weights kept 16-bit)\n  %s\ntokens: %zu from %s\n", cfg.dir.string().c_str(),
               static_cast<double>(model->weights().bytes()) / (1024.0 * 1024.0), cfg.summary().c_str(), tokens.size(),
               in.token_origin().c_str());
   const std::string source = "model " + in.checkpoint + " on " + std::to_string(tokens.size()) + " tokens";

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -47,5 +48,21 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::filesystem::path& 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
+
+namespace {
+
+// The whole pages covering [p, p + n) of a mapping that starts at base (page-aligned).
+void advise_pages(const uint8_t* base, uint64_t size, const uint8_t* p, uint64_t n, int advice) {
+  if (n == 0 || base == nullptr) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = static_cast<uint64_t>(p - base) / page * page;
+  const uint64_t end = std::min(size, static_cast<uint64_t>(p - base) + n);
+  ::madvise(const_cast<uint8_t*>(base + begin), end - begin, advice);  // a hint: failure changes nothing
+}
+
+}  // namespace
+
+void MappedFile::prefetch(const uint8_t* p, uint64_t n) const { advise_pages(data_, size_, p, n, MADV_WILLNEED); }
+void MappedFile::release(const uint8_t* p, uint64_t n) const { advise_pages(data_, size_, p, n, MADV_DONTNEED); }
 
 }  // namespace kvb

@@ -23,6 +23,13 @@ class MappedFile {
   uint64_t size() const { return size_; }
   std::string where() const { return path_.string(); }  // error-message prefix
 
+  // Hints for reading [p, p + n) once, start to end (p inside the mapping): prefetch()
+  // starts reading it ahead (so a copy runs at the disk's rate), release() drops its
+  // pages from this process's resident memory once copied (they stay in the page cache;
+  // a later read faults them back in). Neither changes what the mapping reads.
+  void prefetch(const uint8_t* p, uint64_t n) const;
+  void release(const uint8_t* p, uint64_t n) const;
+
  private:
   MappedFile() = default;
   std::filesystem::path path_;

@@ -32,6 +32,7 @@ class SafetensorsStore final : public IndexedTensorStore {
 
   Tensor read_f32(const std::string& name) const override;
   std::vector<int64_t> read_i64(const std::string& name) const override;
+  void read_raw(const std::string& name, void* dst) const override;
   std::map<std::string, std::string> metadata() const override { return metadata_; }
 
  private:
@@ -144,9 +145,22 @@ Tensor SafetensorsStore::read_f32(const std::string& name) const {
   const TensorInfo& inf = info(name);
   Tensor t(inf.shape);
   const uint8_t* bytes = bytes_of(name);
+  const uint64_t n = static_cast<uint64_t>(t.numel() * dtype_bytes(inf.dtype));
+  file_->prefetch(bytes, n);
   require_fits_f32(bytes, inf.dtype, t.numel(), inf.file + ": tensor '" + name + "'");
   convert_to_f32(bytes, inf.dtype, t.numel(), t.ptr());
+  file_->release(bytes, n);
   return t;
+}
+
+void SafetensorsStore::read_raw(const std::string& name, void* dst) const {
+  const TensorInfo& inf = info(name);
+  const uint64_t n = static_cast<uint64_t>(Tensor::count(inf.shape) * dtype_bytes(inf.dtype));
+  // Copied once, start to end: read ahead, and drop the mapped pages afterwards, so that a
+  // checkpoint being loaded is not held twice (its mapping and its copy).
+  file_->prefetch(bytes_of(name), n);
+  std::memcpy(dst, bytes_of(name), static_cast<size_t>(n));
+  file_->release(bytes_of(name), n);
 }
 
 std::vector<int64_t> SafetensorsStore::read_i64(const std::string& name) const {

@@ -33,6 +33,7 @@ class ShardedSafetensorsStore final : public TensorStore {
   std::vector<int64_t> read_i64(const std::string& name) const override {
     return shard_holding(name).read_i64(name);
   }
+  void read_raw(const std::string& name, void* dst) const override { shard_holding(name).read_raw(name, dst); }
   // The index's "metadata" (numbers written as JSON text), not the shards' own.
   std::map<std::string, std::string> metadata() const override { return metadata_; }
 

@@ -83,6 +83,11 @@ std::vector<std::string> IndexedTensorStore::names() const {
   return out;
 }
 
+void TensorStore::read_raw(const std::string& name, void*) const {
+  throw Error(path().string() + ": tensor '" + name + "' cannot be read as stored bytes from this file type " +
+              "(safetensors only)");
+}
+
 std::unique_ptr<TensorStore> TensorStore::open(const fs::path& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);

@@ -53,6 +53,10 @@ class TensorStore {
   virtual Tensor read_f32(const std::string& name) const = 0;
   // Integer tensors (I32/I64/U8/...) as int64; float tensors are rejected.
   virtual std::vector<int64_t> read_i64(const std::string& name) const = 0;
+  // The tensor's bytes exactly as stored (little-endian, row-major): numel ×
+  // dtype_bytes(info.dtype) bytes into dst. Safetensors only (model checkpoints keep
+  // their 16-bit weights 16-bit this way); other stores throw a kvb::Error.
+  virtual void read_raw(const std::string& name, void* dst) const;
   // safetensors' __metadata__ (empty for NumPy files).
   virtual std::map<std::string, std::string> metadata() const { return {}; }
 };

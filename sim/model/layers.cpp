@@ -39,7 +39,7 @@ bool parallel_worthwhile(double flops) {
   return flops >= kMinFlops && !omp_in_parallel() && omp_get_max_threads() > 1;
 }
 
-void dense(ConstMatRef x, const RowMatrix& weight, const Eigen::VectorXf* bias, MatRef y) {
+void dense(ConstMatRef x, const WeightMatrix& weight, const Eigen::VectorXf* bias, MatRef y) {
   const int64_t rows = x.rows(), out = weight.rows();
   eigen_assert(y.rows() == rows && y.cols() == out && x.cols() == weight.cols());
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
@@ -55,7 +55,15 @@ void dense(ConstMatRef x, const RowMatrix& weight, const Eigen::VectorXf* bias, 
     auto tile = y.block(r0, c0, nr, nc);
     if (bias) tile.rowwise() = bias->segment(c0, nc).transpose();
     else tile.setZero();
-    tile.noalias() += x.middleRows(r0, nr) * weight.middleRows(c0, nc).transpose();
+    if (const RowMatrix* w32 = weight.f32()) {
+      tile.noalias() += x.middleRows(r0, nr) * w32->middleRows(c0, nc).transpose();
+    } else {
+      // The tile's weight rows in fp32, in this thread's scratch (nc x in floats).
+      thread_local ScratchMatrix weight_tile;
+      auto w = weight_tile.view(nc, x.cols());
+      weight.rows_to_f32(c0, nc, w.data());
+      tile.noalias() += x.middleRows(r0, nr) * w.transpose();
+    }
   }
 }
 

@@ -43,8 +43,9 @@ class ScratchMatrix {
 };
 
 // y [rows, out] = x [rows, in] · weightᵀ (+ bias), weight [out, in]; y is sized by
-// the caller.
-void dense(ConstMatRef x, const RowMatrix& weight, const Eigen::VectorXf* bias, MatRef y);
+// the caller. A 16-bit weight is converted to fp32 one output tile at a time (exact),
+// so the result is bit-identical to that of the same weight held in fp32.
+void dense(ConstMatRef x, const WeightMatrix& weight, const Eigen::VectorXf* bias, MatRef y);
 inline void dense(ConstMatRef x, const DenseWeights& w, MatRef y) {
   dense(x, w.weight, w.bias.size() ? &w.bias : nullptr, y);
 }

@@ -112,8 +112,11 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
   auto proj = ws.proj.view(n, H);
   auto mlp = ws.mlp.view(n, c.gated_mlp ? 2 * I : I);
   for (int64_t i = 0; i < n; ++i) {
-    x.row(i) = weights_.token_embedding.row(tokens[static_cast<size_t>(i)]);
-    if (weights_.position_embedding.size()) x.row(i) += weights_.position_embedding.row(first + i);
+    weights_.token_embedding.rows_to_f32(tokens[static_cast<size_t>(i)], 1, x.row(i).data());
+    if (!weights_.position_embedding.empty()) {
+      weights_.position_embedding.rows_to_f32(first + i, 1, h.row(i).data());  // h: scratch until the first norm
+      x.row(i) += h.row(i);
+    }
   }
   RopeTable rope;  // cos/sin of the new tokens' positions
   if (c.rope.enabled) {

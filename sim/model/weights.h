@@ -1,13 +1,19 @@
-// The weights of a checkpoint, converted to fp32 (from F32, F16 or BF16) and
-// rearranged once at load time into the layouts the forward pass multiplies with:
-// every dense layer is [out, in] (nn.Linear's layout; GPT-2's Conv1D [in, out] is
-// transposed), and the q/k/v projections (and SwiGLU's gate/up) are stacked into one
-// matrix so that each takes a single GEMM.
+// The weights of a checkpoint, rearranged once at load time into the layouts the
+// forward pass multiplies with: every dense layer is [out, in] (nn.Linear's layout;
+// GPT-2's Conv1D [in, out] is transposed), and the q/k/v projections (and SwiGLU's
+// gate/up) are stacked into one matrix so that each takes a single GEMM.
+//
+// Matrices stay in the checkpoint's dtype: a BF16 or F16 checkpoint takes its own size
+// in memory, not twice it, and dense() (layers.h) converts one tile at a time to fp32
+// as it multiplies; the conversion is exact, so the arithmetic is the same as with
+// weights converted up front. Norm weights and biases (vectors) are held in fp32.
 #pragma once
 #include <Eigen/Core>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/io/tensor_store.h"
@@ -17,8 +23,60 @@ namespace kvb {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// A vector whose elements start uninitialized (a checkpoint's bits are copied straight
+// in; zeroing gigabytes first would cost as much as the copy).
+template <class T>
+struct NoInitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = NoInitAllocator<U>;
+  };
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+// A row-major [rows, cols] matrix held in F32, F16 or BF16.
+class WeightMatrix {
+ public:
+  using Bits = std::vector<uint16_t, NoInitAllocator<uint16_t>>;
+
+  WeightMatrix() = default;
+  explicit WeightMatrix(RowMatrix f32);
+  // 16-bit values (dtype F16 or BF16), row-major.
+  WeightMatrix(DType dtype, int64_t rows, int64_t cols, Bits bits);
+
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  bool empty() const { return rows_ == 0; }
+  DType dtype() const { return dtype_; }
+  size_t bytes() const;  // bytes held
+
+  // The fp32 matrix when held in F32, else nullptr.
+  const RowMatrix* f32() const { return dtype_ == DType::F32 ? &f32_ : nullptr; }
+  // Rows [first, first + count) converted to fp32 into out (count × cols, row-major).
+  void rows_to_f32(int64_t first, int64_t count, float* out) const;
+
+  // [cols, rows]: GPT-2's Conv1D weights are stored [in, out].
+  WeightMatrix transposed() const;
+  // The matrices' rows one after another (same cols); held in their common dtype, or
+  // in fp32 when they differ.
+  static WeightMatrix stack_rows(const std::vector<WeightMatrix>& parts);
+
+ private:
+  DType dtype_ = DType::F32;
+  int64_t rows_ = 0, cols_ = 0;
+  RowMatrix f32_;               // dtype F32
+  Bits bits_;                   // dtype F16 / BF16
+};
+
 struct DenseWeights {
-  RowMatrix weight;      // [out, in]
+  WeightMatrix weight;   // [out, in]
   Eigen::VectorXf bias;  // [out], or empty when the layer has no bias
 };
 
@@ -38,14 +96,14 @@ struct BlockWeights {
 };
 
 struct ModelWeights {
-  RowMatrix token_embedding;     // [vocab, hidden]
-  RowMatrix position_embedding;  // [max_positions, hidden] (GPT-2), else empty
+  WeightMatrix token_embedding;     // [vocab, hidden]
+  WeightMatrix position_embedding;  // [max_positions, hidden] (GPT-2), else empty
   std::vector<BlockWeights> blocks;
   NormWeights final_norm;
-  RowMatrix lm_head;             // [vocab, hidden]; empty when tied to the embedding
+  WeightMatrix lm_head;             // [vocab, hidden]; empty when tied to the embedding
 
-  const RowMatrix& output_embedding() const { return lm_head.size() ? lm_head : token_embedding; }
-  size_t bytes() const;          // fp32 bytes held
+  const WeightMatrix& output_embedding() const { return lm_head.empty() ? token_embedding : lm_head; }
+  size_t bytes() const;             // bytes held (16-bit weights at 2 bytes each)
 };
 
 // The tensors of a checkpoint directory: model.safetensors, else the shards of

@@ -804,7 +804,7 @@ TEST_CASE("fixture checkpoints: sharded loading and configs") {
   CHECK(g.tied_embeddings);
   CHECK(g.head_dim == 64);
   CHECK(g.intermediate_size == 1536);
-  CHECK(fixture_model("gpt2-bytes")->weights().lm_head.size() == 0);
+  CHECK(fixture_model("gpt2-bytes")->weights().lm_head.empty());
   const ModelConfig l = fixture_model("llama-bytes")->config();
   CHECK(l.kv_heads == 2);
   CHECK(!l.tied_embeddings);
