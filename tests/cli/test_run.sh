@@ -55,7 +55,7 @@ if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   expect "$d1/plots/attn_kl_mean.svg" "95 % interval" "plot legend (bootstrap interval bars)"
 fi
 
-# 2. Determinism across thread counts: tests/test_runner.cpp (in process).
+# 2. Determinism across thread counts: tests/experiments/test_runner.cpp (in process).
 
 # 2b. The saved config.toml reruns the experiment: --out, --threads, --no-plots and
 # --budget were folded in (the config's own queries kept), and the name is kept.
@@ -175,7 +175,7 @@ header='{"layers.0.query":{"dtype":"F32","shape":[1,2,2],"data_offsets":[0,16]},
 [ $? -eq 1 ] || fail "NaN: expected exit 1"
 expect "$tmp/n.out" "key[0, 1, 0] is NaN" "NaN in a tensor"
 
-# 5. A point that cannot run beside good ones: tests/test_runner.cpp (in process).
+# 5. A point that cannot run beside good ones: tests/experiments/test_runner.cpp (in process).
 
 # 6. Ctrl-C: finished points are written whole, the manifest says interrupted, exit 130.
 "$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.vars.group=[8, 16, 32, 64]' --out "$tmp/r6" \
