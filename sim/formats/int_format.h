@@ -81,8 +81,4 @@ class IntFormat final : public Format {
 // Family entry for the registry.
 FormatPtr parse_int_format(std::string_view name);
 
-// Dtype names used in format names: "fp16", "bf16", "fp32".
-const char* store_dtype_name(StoreDtype d);
-bool parse_store_dtype(std::string_view s, StoreDtype& out);
-
 }  // namespace kvb

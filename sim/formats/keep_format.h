@@ -2,7 +2,7 @@
 // Used for sink tokens, recency windows and skipped heads.
 // Name grammar: keep-<fp16|bf16|fp32>
 #pragma once
-#include "sim/core/half.h"
+#include "sim/core/store_dtype.h"
 #include "sim/formats/format.h"
 
 namespace kvb {

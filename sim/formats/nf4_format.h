@@ -8,7 +8,7 @@
 #pragma once
 #include <string>
 
-#include "sim/core/half.h"
+#include "sim/core/store_dtype.h"
 #include "sim/formats/format.h"
 
 namespace kvb {

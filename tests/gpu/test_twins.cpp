@@ -18,7 +18,7 @@
 #include "gpu_test_util.h"
 #include "kernels/device_buffer.h"
 #include "kernels/format_twin.h"
-#include "sim/core/half.h"
+#include "sim/core/store_dtype.h"
 #include "sim/formats/fp4_format.h"
 #include "sim/formats/fp8_format.h"
 #include "sim/formats/ggml_format.h"
