@@ -55,7 +55,6 @@ class IntFormat final : public Format {
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return spec_.bits; }
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
-  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/int_twin.cu
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
   int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;
