@@ -124,8 +124,7 @@ FormatPtr make_format(std::string_view name) {
   for (const FormatFamily& f : format_families()) for (const FormatExample& ex : f.examples) known.push_back(ex.name);
   for (const FormatAlias& a : format_aliases()) known.push_back(a.alias);
   std::string msg = "unknown format '" + std::string(name) + "'";
-  const std::string close = closest_match(name, known);
-  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  msg += did_you_mean(name, known);
   msg += "; families:";
   for (const FormatFamily& f : format_families()) msg += " " + f.syntax + ";";
   msg += " run `kvbudget formats` for the full table";
