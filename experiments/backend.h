@@ -15,6 +15,9 @@
 namespace kvb {
 
 enum class BackendRequest { Cpu, Cuda, Auto };
+// What measures the points (whether a format runs on cuda: has_cuda_twin,
+// sim/formats/registry.h).
+enum class Backend { Cpu, Cuda };
 
 // Throws ConfigError naming `where` for anything but "cpu", "cuda", "auto", and for
 // "cuda" in a build without CUDA.

@@ -192,8 +192,8 @@ void ConfigDoc::check_unknown_keys() const {
       if (overridden_.count(dotted)) msg = "--set " + dotted;
       else msg = location(k.source().begin.line > 0 ? k.source() : v.source(), file_);
       msg += ": unknown key '" + dotted + "'";
-      const std::string close = closest_match(key, known);
-      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      const std::string hint = did_you_mean(key, known);
+      if (!hint.empty()) msg += hint;
       else if (!known.empty()) msg += " (known here: " + join(known, ", ") + ")";
       problems.push_back(msg);
     }

@@ -353,8 +353,7 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
     if (k == "type" || k == "name" || k == "vars" || k == "preset") continue;
     if (std::find(param_names.begin(), param_names.end(), k) != param_names.end()) continue;
     std::string msg = "unknown parameter '" + k + "' for strategy type '" + b.type + "'";
-    const std::string close = closest_match(k, param_names);
-    if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+    msg += did_you_mean(k, param_names);
     msg += "; `kvbudget strategies` lists the parameters (template variables go under [" + t.path() + ".vars])";
     t.fail(k, msg);
   }
@@ -557,8 +556,7 @@ OutputSpec parse_output(const std::optional<ConfigTable>& t) {
   if (t->has("x")) o.x_where = t->where("x");
   const std::vector<std::string>& axes = memory_columns();
   if (std::find(axes.begin(), axes.end(), o.x) == axes.end()) {
-    const std::string near = closest_match(o.x, axes);
-    t->fail("x", "'" + o.x + "' is not a memory column" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+    t->fail("x", "'" + o.x + "' is not a memory column" + did_you_mean(o.x, axes) +
                      "; one of " + join(axes, ", "));
   }
   o.series = t->string("series", "");

@@ -142,8 +142,9 @@ PointResult point_result_from_json(const std::string& line, const std::string& w
     r.seconds = number_from(j.at("seconds"), "seconds");
   } catch (const json::exception& e) {
     throw Error(where + ": not a point result: " + e.what());
-  } catch (const Error& e) {
-    throw Error(where + ": not a point result: " + e.what());
+  } catch (Error& e) {
+    e.add_context(where + ": not a point result");
+    throw;
   }
   return r;
 }

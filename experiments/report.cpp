@@ -17,7 +17,7 @@
 #include <set>
 #include <sstream>
 
-#include "experiments/atomic_file.h"
+#include "sim/io/atomic_file.h"
 #include "experiments/point_log.h"
 #include "kvb/build_config.h"
 #include "kvb/git_info.h"
@@ -223,9 +223,8 @@ void check_plot_columns(const ExperimentSpec& spec, const std::vector<SweepPoint
   for (const auto& [name, where] : {std::pair{spec.output.series, spec.output.series_where},
                                     std::pair{spec.output.marker, spec.output.marker_where}}) {
     if (name.empty() || std::find(cols.begin(), cols.end(), name) != cols.end()) continue;
-    const std::string near = closest_match(name, cols);
-    throw ConfigError(where + ": '" + name + "' is not a points.csv column of this sweep" +
-                      (near.empty() ? "" : " (did you mean '" + near + "'?)") + "; columns: " + join(cols, ", "));
+    throw ConfigError(where + ": '" + name + "' is not a points.csv column of this sweep" + did_you_mean(name, cols) +
+                      "; columns: " + join(cols, ", "));
   }
 }
 

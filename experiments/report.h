@@ -21,7 +21,7 @@
 //                   drawn, extrapolated points hollow
 //   plots/attribution_*.png|svg, plots/concentration.png|svg   attribution plots
 //
-// Every file is written atomically (experiments/atomic_file.h).
+// Every file is written atomically (sim/io/atomic_file.h).
 #pragma once
 #include <filesystem>
 #include <string>

@@ -14,6 +14,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/format_twin.h"
 #include "sim/core/error.h"
+#include "sim/formats/registry.h"
 
 namespace kvb::cuda {
 
@@ -63,10 +64,10 @@ std::string unsupported_reason(const Plan& plan, const SimOptions& opt) {
       for (Kind kind : {Kind::Key, Kind::Value}) {
         const UnitPlan& u = plan.unit(l, g, kind);
         for (const Segment& s : u.segments)
-          if (!s.format->supports(Backend::Cuda))
+          if (!has_cuda_twin(*s.format))
             return "format '" + s.format->name() + "' has no CUDA twin (" + unit_name(l, g, kind) + ", tokens [" +
                    std::to_string(s.begin) + ", " + std::to_string(s.end) + "))";
-        if (u.window.active() && !u.window.format->supports(Backend::Cuda))
+        if (u.window.active() && !has_cuda_twin(*u.window.format))
           return "format '" + u.window.format->name() + "' has no CUDA twin (" + unit_name(l, g, kind) + " window)";
       }
   return {};

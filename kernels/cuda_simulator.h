@@ -23,7 +23,7 @@
 namespace kvb::cuda {
 
 // Empty when CudaSimulator can run `plan` with `opt`; otherwise why not, naming the
-// first format without a CUDA twin (Format::supports(Backend::Cuda)) and its unit.
+// first format without a CUDA twin (has_cuda_twin, sim/formats/registry.h) and its unit.
 // Needs no device.
 std::string unsupported_reason(const Plan& plan, const SimOptions& opt);
 

@@ -3,8 +3,9 @@
 // both run the per-element and per-group arithmetic of the same KVB_HD header.
 //
 // The twin table (twin_table.cpp) lists one entry per format family that has a twin;
-// Format::supports(Backend::Cuda) says the same, and tests/gpu/test_twins.cpp checks
-// that the two agree for every example of the format table. Adding a twin is one
+// the format table's cuda_twin flags (sim/formats/registry.h, has_cuda_twin) say which
+// those are in every build, and tests/gpu/test_twins.cpp checks that the two agree for
+// every example of the format table. Adding a twin is one
 // kernel file using the family's KVB_HD header plus one entry in the table.
 //
 // Host-only header: callable from code built by the host compiler.

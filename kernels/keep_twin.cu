@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_check.h"
-#include "sim/core/half.h"
+#include "sim/core/store_dtype.h"
 #include "sim/formats/int_format.h"
 #include "sim/formats/keep_format.h"
 

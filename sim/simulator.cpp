@@ -124,15 +124,11 @@ void unit_delta_of(const Recording& rec, const Plan& plan, int64_t layer, int64_
 // layer), keeping the error's type.
 void unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind, const SimOptions& opt,
                 double& err2, double& norm2, UnitDelta& u) {
-  const std::string unit = "kv_head " + std::to_string(g) + " " + kind_name(kind) + ": ";
   try {
     unit_delta_of(rec, plan, layer, g, kind, opt, err2, norm2, u);
-  } catch (const ConfigError& e) {
-    throw ConfigError(unit + e.what());
-  } catch (const NonFiniteReconstruction& e) {
-    throw NonFiniteReconstruction(unit + e.what());
-  } catch (const Error& e) {
-    throw Error(unit + e.what());
+  } catch (Error& e) {
+    e.add_context("kv_head " + std::to_string(g) + " " + kind_name(kind));
+    throw;
   }
 }
 

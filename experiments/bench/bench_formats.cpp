@@ -167,8 +167,8 @@ int main(int argc, char** argv) {
   const double copy1 = memcpy_rate(o, 1), copyN = memcpy_rate(o, threads);
   std::vector<Row> rows;
   for (const kvb::FormatFamily& fam : kvb::format_families())
-    for (const std::string& name : fam.examples)
-      if (o.filter.empty() || name.find(o.filter) != std::string::npos) {
+    for (const kvb::FormatExample& example : fam.examples)
+      if (const std::string& name = example.name; o.filter.empty() || name.find(o.filter) != std::string::npos) {
         try {
           rows.push_back(bench_format(o, name, threads));
         } catch (const std::exception& e) {

@@ -8,7 +8,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "experiments/atomic_file.h"
+#include "sim/io/atomic_file.h"
 #include "experiments/bounds.h"
 #include "experiments/cli/commands.h"
 #include "experiments/report.h"

@@ -61,8 +61,7 @@ Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
     const auto def = std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return d.name == name; });
     if (def == defs.end()) {
       std::string msg = "--param '" + a + "': strategy '" + type.name + "' has no parameter '" + name + "'";
-      const std::string close = closest_match(name, names);
-      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      msg += did_you_mean(name, names);
       throw ConfigError(msg + "; parameters: " + join(names, ", "));
     }
     auto whole_int = [](const std::string& t) {

@@ -7,7 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "experiments/atomic_file.h"
+#include "sim/io/atomic_file.h"
 #include "experiments/cli/commands.h"
 #include "experiments/machine_info.h"
 #include "experiments/merge.h"

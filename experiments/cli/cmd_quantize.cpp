@@ -30,7 +30,7 @@
 #include "sim/core/tensor.h"
 #include "sim/formats/registry.h"
 #include "sim/io/tensor_store.h"
-#include "sim/io/tensor_write.h"
+#include "sim/io/tensor_writer.h"
 #include "sim/recording.h"
 
 namespace po = boost::program_options;
@@ -102,8 +102,7 @@ std::string pick_tensor(const TensorStore& store, const std::string& requested) 
       std::vector<std::string> names;
       for (const TensorInfo& t : store.list()) names.push_back(t.name);
       std::string msg = store.path().string() + ": no tensor '" + requested + "'";
-      const std::string close = closest_match(requested, names);
-      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+      msg += did_you_mean(requested, names);
       throw ConfigError(msg);
     }
     return requested;

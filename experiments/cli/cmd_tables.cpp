@@ -67,14 +67,14 @@ int cmd_formats(const Args& args) {
               static_cast<long long>(head_dim), static_cast<long long>(tokens));
   for (const FormatFamily& f : format_families()) {
     std::printf("%s: %s\n  syntax: %s\n", f.name.c_str(), f.description.c_str(), f.syntax.c_str());
-    for (const std::string& ex : f.examples) {
-      FormatPtr p = make_format(ex);
+    for (const FormatExample& ex : f.examples) {
+      FormatPtr p = make_format(ex.name);
       const std::string bad = p->check_shape(tokens, head_dim);
-      const char* cuda = p->supports(Backend::Cuda) ? "  [cuda]" : "";
+      const char* cuda = f.cuda_twin ? "  [cuda]" : "";
       if (bad.empty())
-        std::printf("    %-34s %7.4f bpe%s\n", ex.c_str(), p->bpe(tokens, head_dim), cuda);
+        std::printf("    %-34s %7.4f bpe%s\n", ex.name.c_str(), p->bpe(tokens, head_dim), cuda);
       else
-        std::printf("    %-34s (%s)%s\n", ex.c_str(), bad.c_str(), cuda);
+        std::printf("    %-34s (%s)%s\n", ex.name.c_str(), bad.c_str(), cuda);
     }
     std::printf("\n");
   }

@@ -16,7 +16,16 @@ inline constexpr int kExitInterrupted = 130;
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  explicit Error(const std::string& what) : std::runtime_error(what), message_(what) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+  // Puts where it happened in front of the message ("<where>: <message>"), for an error
+  // caught on its way up and rethrown with `throw;`, which keeps its type (ConfigError,
+  // NonFiniteReconstruction, ...): catch (Error& e) { e.add_context("layer 3"); throw; }
+  void add_context(const std::string& where) { message_ = where + ": " + message_; }
+
+ private:
+  std::string message_;
 };
 
 // Config and usage errors: the CLI exits with kExitUsage for these.

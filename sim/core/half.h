@@ -1,7 +1,8 @@
 // IEEE binary16 (fp16) and bfloat16 conversions, round-to-nearest-even, host and device.
 //
-// These are the storage rules for every scale, zero point and kept value in the
-// simulator, so that "fp16 metadata" means exactly what hardware would store. They
+// These are the storage rules for every fp16 / bf16 scale, zero point and kept value in
+// the simulator (sim/core/store_dtype.h), so that "fp16 metadata" means exactly what
+// hardware would store. They
 // match F16C's _cvtss_sh(x, 0) and CUDA's __float2half_rn bit for bit, including
 // subnormals, overflow to infinity and NaN.
 #pragma once
@@ -58,36 +59,5 @@ KVB_HD float bf16_bits_to_f32(uint16_t b) { return bits_float(static_cast<uint32
 // Round-trip helpers: the value a float becomes once stored at that precision.
 KVB_HD float round_to_f16(float f) { return f16_bits_to_f32(f32_to_f16_bits(f)); }
 KVB_HD float round_to_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
-
-// Storage precision of a scalar (scale, zero point, kept element).
-enum class StoreDtype : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
-
-KVB_HD int store_dtype_bits(StoreDtype d) { return d == StoreDtype::F32 ? 32 : 16; }
-
-KVB_HD float round_to_store(float f, StoreDtype d) {
-  switch (d) {
-    case StoreDtype::F16: return round_to_f16(f);
-    case StoreDtype::BF16: return round_to_bf16(f);
-    default: return f;
-  }
-}
-
-// The bits a value is stored as at precision d (fp16 / bf16: the low 16 bits; fp32:
-// its own bits), and back. store_bits_value(store_bits(f, d), d) == round_to_store(f, d).
-KVB_HD uint32_t store_bits(float f, StoreDtype d) {
-  switch (d) {
-    case StoreDtype::F16: return f32_to_f16_bits(f);
-    case StoreDtype::BF16: return f32_to_bf16_bits(f);
-    default: return float_bits(f);
-  }
-}
-
-KVB_HD float store_bits_value(uint32_t bits, StoreDtype d) {
-  switch (d) {
-    case StoreDtype::F16: return f16_bits_to_f32(static_cast<uint16_t>(bits));
-    case StoreDtype::BF16: return bf16_bits_to_f32(static_cast<uint16_t>(bits));
-    default: return bits_float(bits);
-  }
-}
 
 }  // namespace kvb

@@ -12,3 +12,7 @@
 #else
 #define KVB_HD inline
 #endif
+
+// After a switch that lists every value of an enum (each case returns): says the end is
+// never reached, on host and device, without a fallback value.
+#define KVB_UNREACHABLE() __builtin_unreachable()

@@ -34,6 +34,11 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   return best_d <= limit ? best : std::string();
 }
 
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
+  const std::string close = closest_match(word, candidates);
+  return close.empty() ? std::string() : " (did you mean '" + close + "'?)";
+}
+
 std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) {

@@ -13,6 +13,10 @@ size_t edit_distance(std::string_view a, std::string_view b);
 // max(2, |word|/3)), else "".
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
+// The hint that error messages about an unknown name append: " (did you mean 'x'?)"
+// with x = closest_match(word, candidates), or "" when nothing is close.
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
+
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 std::vector<std::string> split(std::string_view s, char sep);
 std::string trim(std::string_view s);

@@ -104,9 +104,6 @@ class BitWriter {
   uint64_t bits_ = 0;
 };
 
-// Backends a format can run on.
-enum class Backend { Cpu, Cuda };
-
 class Format {
  public:
   virtual ~Format() = default;
@@ -136,8 +133,6 @@ class Format {
   // Whether the span's head_dim / token count is acceptable; returns an empty string
   // if so, else a reason ("group 48 does not divide head_dim 64").
   virtual std::string check_shape(int64_t /*tokens*/, int64_t /*head_dim*/) const { return {}; }
-
-  virtual bool supports(Backend b) const { return b == Backend::Cpu; }
 
   // The stored representation of a span (codes and every piece of metadata), appended
   // to `out` in the layout code_layout() describes. Exactly storage_bits() bits are

@@ -26,7 +26,6 @@ class Fp4Format final : public Format {
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
-  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/fp4_twin.cu
 
  private:
   // Calls fn(row, col, scale_code, codes) for every block; g is NVFP4's tensor scale.

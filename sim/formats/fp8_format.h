@@ -39,7 +39,6 @@ class Fp8Format final : public Format {
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
   int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;
-  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/fp8_twin.cu
 
  private:
   // The scale of row r (same for every row unless per token).

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "sim/formats/minifloat.h"
+#include "sim/core/minifloat.h"
 
 namespace kvb {
 

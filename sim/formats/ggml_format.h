@@ -35,7 +35,6 @@ class GgmlFormat final : public Format {
   // tensor with ne0 = head_dim stores them.
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
-  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/ggml_twin.cu
 
  private:
   GgmlType type_;

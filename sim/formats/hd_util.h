@@ -7,25 +7,6 @@
 
 namespace kvb {
 
-// |x| by clearing the sign bit (exact, -0 -> +0).
-KVB_HD float absf(float x) { return bits_float(float_bits(x) & 0x7fffffffu); }
-
-// 2^k as an fp32, exact for k in [-149, 127] (subnormal below -126).
-KVB_HD float pow2f(int k) {
-  if (k >= -126) return bits_float(static_cast<uint32_t>(k + 127) << 23);
-  return bits_float(1u << (k + 149));
-}
-
-// floor(log2(a)) for a finite a > 0, exact (fp32 subnormals included).
-KVB_HD int floor_log2f(float a) {
-  const uint32_t u = float_bits(a) & 0x7fffffffu;
-  const int e = static_cast<int>(u >> 23);
-  if (e != 0) return e - 127;
-  int k = -127;  // subnormal: the highest set mantissa bit gives the exponent
-  for (uint32_t m = u & 0x7fffffu; (m & 0x400000u) == 0; m <<= 1) --k;
-  return k;
-}
-
 // v[i] of a 16-entry table, i in [0, 16), as a select tree on the bits of i: only
 // constant indices, so a constant table never lives in memory.
 template <class T>

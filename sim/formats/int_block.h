@@ -7,8 +7,8 @@
 #pragma once
 #include <cstdint>
 
-#include "sim/core/half.h"
 #include "sim/core/hd.h"
+#include "sim/core/store_dtype.h"
 
 namespace kvb {
 
@@ -16,17 +16,6 @@ struct IntGroupParams {
   float scale = 0;  // as stored (rounded to the scale dtype)
   float zero = 0;   // asymmetric: the group minimum as stored; symmetric: 0
 };
-
-// Largest finite value of a storage dtype; scales and zeros saturate there instead of
-// becoming infinite (only reachable with |x| beyond ~6e4 and fp16 metadata).
-KVB_HD float store_dtype_max(StoreDtype d) {
-  return d == StoreDtype::F16 ? 65504.0f : 3.4028234663852886e38f;
-}
-
-KVB_HD float store_saturating(float v, StoreDtype d) {
-  const float m = store_dtype_max(d);
-  return round_to_store(clampf(v, -m, m), d);
-}
 
 // Asymmetric (min-max): s = (max - min)/(2^b - 1), codes 0..2^b-1.
 KVB_HD IntGroupParams int_asym_params(float lo, float hi, int bits, StoreDtype scale_dt, StoreDtype zero_dt) {

@@ -11,22 +11,6 @@
 
 namespace kvb {
 
-const char* store_dtype_name(StoreDtype d) {
-  switch (d) {
-    case StoreDtype::F16: return "fp16";
-    case StoreDtype::BF16: return "bf16";
-    default: return "fp32";
-  }
-}
-
-bool parse_store_dtype(std::string_view s, StoreDtype& out) {
-  if (s == "fp16" || s == "f16") out = StoreDtype::F16;
-  else if (s == "bf16") out = StoreDtype::BF16;
-  else if (s == "fp32" || s == "f32") out = StoreDtype::F32;
-  else return false;
-  return true;
-}
-
 std::string IntFormatSpec::name() const {
   std::string n = "int" + std::to_string(bits) + (symmetric ? "-sym-" : "-asym-");
   switch (grouping) {
@@ -298,24 +282,14 @@ FormatPtr parse_int_format(std::string_view name) {
   return std::make_shared<IntFormat>(s);
 }
 
-namespace {
-uint64_t stored_meta_bits(float v, StoreDtype d) {
-  switch (d) {
-    case StoreDtype::F16: return f32_to_f16_bits(v);
-    case StoreDtype::BF16: return f32_to_bf16_bits(v);
-    default: return float_bits(v);
-  }
-}
-}  // namespace
-
 // The layout code_layout() describes, written from quantize()'s codes and parameters.
 void IntFormat::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {
   if (x.rows == 0) return;
   const IntFormatSpec& s = spec_;
   const IntCodes q = quantize(x);
   auto put_params = [&](const IntGroupParams& p) {
-    out.put(stored_meta_bits(p.scale, s.scale_dtype), store_dtype_bits(s.scale_dtype));
-    if (!s.symmetric) out.put(stored_meta_bits(p.zero, s.zero_dtype), store_dtype_bits(s.zero_dtype));
+    out.put(store_bits(p.scale, s.scale_dtype), store_dtype_bits(s.scale_dtype));
+    if (!s.symmetric) out.put(store_bits(p.zero, s.zero_dtype), store_dtype_bits(s.zero_dtype));
   };
   if (s.grouping == IntGrouping::Channels || s.grouping == IntGrouping::PerToken) {
     const int64_t g = s.group_len(x.rows, x.cols), per_row = (x.cols + g - 1) / g;

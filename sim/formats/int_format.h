@@ -60,7 +60,6 @@ class IntFormat final : public Format {
                                                                  : 1;
   }
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
-  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/int_twin.cu
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
   int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;
@@ -85,9 +84,5 @@ class IntFormat final : public Format {
 
 // Family entry for the registry.
 FormatPtr parse_int_format(std::string_view name);
-
-// Dtype names used in format names: "fp16", "bf16", "fp32".
-const char* store_dtype_name(StoreDtype d);
-bool parse_store_dtype(std::string_view s, StoreDtype& out);
 
 }  // namespace kvb

@@ -18,14 +18,7 @@ void KeepFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/
 
 void KeepFormat::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {
   for (int64_t r = 0; r < x.rows; ++r)
-    for (int64_t c = 0; c < x.cols; ++c) {
-      const float v = x.row(r)[c];
-      switch (dtype_) {
-        case StoreDtype::F16: out.put(f32_to_f16_bits(v), 16); break;
-        case StoreDtype::BF16: out.put(f32_to_bf16_bits(v), 16); break;
-        default: out.put(float_bits(v), 32); break;
-      }
-    }
+    for (int64_t c = 0; c < x.cols; ++c) out.put(store_bits(x.row(r)[c], dtype_), store_dtype_bits(dtype_));
 }
 
 std::string KeepFormat::code_layout() const {

@@ -2,7 +2,7 @@
 // Used for sink tokens, recency windows and skipped heads.
 // Name grammar: keep-<fp16|bf16|fp32>
 #pragma once
-#include "sim/core/half.h"
+#include "sim/core/store_dtype.h"
 #include "sim/formats/format.h"
 
 namespace kvb {
@@ -20,7 +20,6 @@ class KeepFormat final : public Format {
   double nominal_bits() const override { return store_dtype_bits(dtype_); }
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
-  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/keep_twin.cu
 
  private:
   StoreDtype dtype_;

@@ -21,18 +21,6 @@ struct Nf4Thresholds {
 const Nf4Thresholds kThresholds;
 constexpr int kChunk = 256;
 
-uint64_t scale_bits(float s, StoreDtype dt) {
-  switch (dt) {
-    case StoreDtype::F16: return f32_to_f16_bits(s);
-    case StoreDtype::BF16: return f32_to_bf16_bits(s);
-    default: {
-      uint32_t u;
-      std::memcpy(&u, &s, sizeof u);
-      return u;
-    }
-  }
-}
-
 }  // namespace
 
 std::string Nf4Format::name() const {
@@ -79,7 +67,7 @@ void Nf4Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
 
 void Nf4Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {
   for_each_group(x, [&](int64_t r, int64_t c, float s) {
-    out.put(scale_bits(s, scale_dtype_), store_dtype_bits(scale_dtype_));
+    out.put(store_bits(s, scale_dtype_), store_dtype_bits(scale_dtype_));
     const float* xr = x.row(r) + c;
     const float inv = nf4_inverse_scale(s);
     for (int64_t i = 0; i < group_; ++i) out.put(static_cast<uint64_t>(nf4_encode(xr[i], inv, kThresholds.t)), 4);

@@ -8,7 +8,7 @@
 #pragma once
 #include <string>
 
-#include "sim/core/half.h"
+#include "sim/core/store_dtype.h"
 #include "sim/formats/format.h"
 
 namespace kvb {
@@ -26,7 +26,6 @@ class Nf4Format final : public Format {
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
   int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;
-  bool supports(Backend) const override { return true; }  // CUDA twin: kernels/nf4_twin.cu
 
  private:
   template <class Fn>

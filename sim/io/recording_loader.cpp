@@ -65,8 +65,7 @@ Layout parse_layout(const std::string& text, const char* option, bool for_attn_o
     else {
       std::vector<std::string> names = split(allowed, ',');
       for (std::string& n : names) n = trim(n);
-      const std::string best = closest_match(name, names);
-      bad("unknown axis '" + name + "'" + (best.empty() ? "" : " (did you mean '" + best + "'?)"));
+      bad("unknown axis '" + name + "'" + did_you_mean(name, names));
       return L;
     }
     if (L.has(a)) bad(std::string("axis '") + axis_name(a) + "' appears twice");

@@ -41,9 +41,7 @@ SniffedFormat sniff_format(const fs::path& path) {
 
 std::string nearest_names_hint(const std::string& name, const std::vector<std::string>& names) {
   if (names.empty()) return "; the file holds no tensors";
-  std::string hint;
-  const std::string best = closest_match(name, names);
-  if (!best.empty()) hint += " (did you mean '" + best + "'?)";
+  std::string hint = did_you_mean(name, names);
   // The five names nearest by edit distance, so a wrong pattern shows what exists.
   std::vector<std::pair<size_t, std::string>> ranked;
   for (const std::string& n : names) ranked.emplace_back(edit_distance(name, n), n);

@@ -50,4 +50,18 @@ void write_npy(const std::filesystem::path& path, const TensorToWrite& tensor);
 void write_tensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                    const std::map<std::string, std::string>& metadata = {});
 
+// fp32 shorthands of the writers above, and a raw byte dump (atomic too).
+// shape outermost first (empty = a 0-d scalar); data holds product(shape) floats.
+void write_npy_f32(const std::filesystem::path& path, const std::vector<int64_t>& shape, const float* data);
+
+struct NamedTensorF32 {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+void write_safetensors_f32(const std::filesystem::path& path, const std::vector<NamedTensorF32>& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
+
+void write_bytes(const std::filesystem::path& path, const void* data, size_t size);
+
 }  // namespace kvb

@@ -242,8 +242,7 @@ const MetricDef& require_metric(std::string_view name, const std::string& where)
   std::vector<std::string> names;
   for (const MetricDef& m : metric_table()) names.push_back(m.name);
   std::string msg = where + ": unknown metric '" + std::string(name) + "'";
-  const std::string close = closest_match(name, names);
-  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  msg += did_you_mean(name, names);
   msg += "; known metrics: " + join(names, ", ");
   throw ConfigError(msg);
 }

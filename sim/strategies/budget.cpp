@@ -78,8 +78,9 @@ FormatPtr WidthFamily::at(int64_t width) const {
   const std::string name = family_format_name(pattern, width);
   try {
     return make_format(name);
-  } catch (const ConfigError& e) {
-    throw ConfigError("family '" + pattern + "' at width " + std::to_string(width) + ": " + e.what());
+  } catch (ConfigError& e) {
+    e.add_context("family '" + pattern + "' at width " + std::to_string(width));
+    throw;
   }
 }
 

@@ -111,8 +111,7 @@ const StrategyPreset& require_strategy_preset(const std::string& name, const std
   std::vector<std::string> names;
   for (const StrategyPreset& p : strategy_presets()) names.push_back(p.name);
   std::string msg = where + ": unknown preset '" + name + "'";
-  const std::string close = closest_match(name, names);
-  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  msg += did_you_mean(name, names);
   throw ConfigError(msg + "; known: " + join(names, ", "));
 }
 

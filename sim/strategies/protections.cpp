@@ -67,8 +67,9 @@ FormatPtr format_param(const Params& p, const std::string& name, Kind kind) {
   const std::string key = p.kind_name(name, kind);
   try {
     return make_format(p.str(key));
-  } catch (const ConfigError& e) {
-    throw ConfigError(key + ": " + e.what());
+  } catch (ConfigError& e) {
+    e.add_context(key);
+    throw;
   }
 }
 

@@ -72,8 +72,7 @@ const StrategyType& require_strategy_type(const std::string& name, const std::st
     names.push_back(t.name);
   }
   std::string msg = where + ": unknown strategy type '" + name + "'";
-  const std::string close = closest_match(name, names);
-  if (!close.empty()) msg += " (did you mean '" + close + "'?)";
+  msg += did_you_mean(name, names);
   msg += "; known: " + join(names, ", ");
   throw ConfigError(msg);
 }

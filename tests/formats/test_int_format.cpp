@@ -52,7 +52,8 @@ TEST_CASE("fp16 and bf16 conversion round to nearest even, with subnormals and o
 
 TEST_CASE("format names parse to canonical names and back") {
   for (const FormatFamily& fam : format_families()) {
-    for (const std::string& ex : fam.examples) {
+    for (const FormatExample& example : fam.examples) {
+      const std::string& ex = example.name;
       FormatPtr f = make_format(ex);
       CHECK_MESSAGE(f->name() == ex, "example " << ex << " is not canonical");
       CHECK(make_format(f->name())->name() == f->name());
@@ -196,9 +197,9 @@ TEST_CASE("every int and keep format round-trips finite values (tests/formats/te
   double norm2 = 0;
   for (float v : x) norm2 += double(v) * v;
   for (const FormatFamily& fam : format_families())
-    for (const std::string& ex : fam.examples) {
+    for (const FormatExample& ex : fam.examples) {
       if (fam.name != "int" && fam.name != "keep") continue;
-      FormatPtr f = make_format(ex);
+      FormatPtr f = make_format(ex.name);
       if (!f->check_shape(T, d).empty()) continue;
       const std::vector<float> y = roundtrip(*f, x, T, d);
       double err2 = 0;

@@ -4,9 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
-#include "sim/core/half.h"
+#include "sim/core/store_dtype.h"
 #include "sim/formats/registry.h"
 #include "format_test_util.h"
 #include "test_util.h"
@@ -105,4 +106,38 @@ TEST_CASE("keep formats store each value at their precision") {
   CHECK(test::identical(test::roundtrip("keep-fp16", x, 10, 30), f16));
   CHECK(test::identical(test::roundtrip("keep-bf16", x, 10, 30), b16));
   CHECK(test::identical(test::roundtrip("keep-fp32", x, 10, 30), x));
+}
+
+TEST_CASE("the storage dtype table: names, bits, stored bits and rounding agree for every dtype") {
+  const std::vector<float> values = {0.0f,  -0.0f,   1.0f,   -3.14159f, 65504.0f, 65519.0f, 65520.0f,
+                                     1e-8f, 6e-8f, -1e30f, 3e38f,     -1.5e-40f, 0.1f};
+  std::vector<std::string> names;
+  for (const StoreDtype d : kStoreDtypes) {
+    const std::string name = store_dtype_name(d);
+    INFO(name);
+    names.push_back(name);
+    StoreDtype parsed = d == StoreDtype::F32 ? StoreDtype::F16 : StoreDtype::F32;
+    CHECK(parse_store_dtype(name, parsed));
+    CHECK(parsed == d);
+    const int bits = store_dtype_bits(d);
+    CHECK((bits == 16 || bits == 32));
+    CHECK(std::isfinite(store_dtype_max(d)));
+    CHECK(store_saturating(1e30f * 1e30f, d) == round_to_store(store_dtype_max(d), d));
+    for (const float v : values) {
+      INFO(v);
+      const uint32_t stored = store_bits(v, d);
+      if (bits < 32) CHECK((stored >> bits) == 0u);  // fits its width
+      CHECK(float_bits(store_bits_value(stored, d)) == float_bits(round_to_store(v, d)));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  CHECK(std::adjacent_find(names.begin(), names.end()) == names.end());
+  // fp16 saturates at its largest finite value; fp32 stores every float as it is.
+  CHECK(store_saturating(1e6f, StoreDtype::F16) == 65504.0f);
+  CHECK(round_to_store(0.1f, StoreDtype::F32) == 0.1f);
+  StoreDtype d = StoreDtype::F16;
+  CHECK((parse_store_dtype("f32", d) && d == StoreDtype::F32));
+  CHECK((parse_store_dtype("f16", d) && d == StoreDtype::F16));
+  CHECK(!parse_store_dtype("fp8", d));
+  CHECK(d == StoreDtype::F16);
 }

@@ -1,4 +1,4 @@
-// FP8 (E4M3, E5M2), MXFP4 and NVFP4: the bit-trick encoder of sim/formats/minifloat.h
+// FP8 (E4M3, E5M2), MXFP4 and NVFP4: the bit-trick encoder of sim/core/minifloat.h
 // against a brute-force reference (enumerate every code, take the nearest value,
 // ties to the even code, saturate), and the formats' scaled paths against plain
 // re-statements of their scale rules.
@@ -11,7 +11,7 @@
 #include "sim/core/error.h"
 #include "sim/formats/fp4_format.h"
 #include "sim/formats/fp8_format.h"
-#include "sim/formats/minifloat.h"
+#include "sim/core/minifloat.h"
 #include "sim/formats/registry.h"
 #include "test_util.h"
 

@@ -6,8 +6,8 @@
 // every fp8 scale mode, odd NF4 groups and every scale dtype), on random and
 // adversarial inputs, aligned and misaligned. The CPU side of codes and metadata is
 // Format::encode (the stored representation) split into the twin's layout, or
-// IntFormat::quantize for int. Also (no device needed): the twin table agrees with
-// Format::supports(Backend::Cuda).
+// IntFormat::quantize for int. Also (no device needed): the twin table agrees with the
+// format table's cuda_twin flags (has_cuda_twin).
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -18,7 +18,7 @@
 #include "gpu_test_util.h"
 #include "kernels/device_buffer.h"
 #include "kernels/format_twin.h"
-#include "sim/core/half.h"
+#include "sim/core/store_dtype.h"
 #include "sim/formats/fp4_format.h"
 #include "sim/formats/fp8_format.h"
 #include "sim/formats/ggml_format.h"
@@ -38,7 +38,7 @@ namespace {
 std::vector<std::string> formats_under_test() {
   std::vector<std::string> names;
   for (const FormatFamily& fam : format_families())
-    for (const std::string& ex : fam.examples) names.push_back(ex);
+    for (const FormatExample& ex : fam.examples) names.push_back(ex.name);
   for (const char* extra : {"iq4_nl-ntry0", "iq4_nl-ntry1", "fp8-e5m2-tok", "fp8-e5m2-s4", "fp8-e4m3-s0.001",
                             "fp8-e4m3-cal1", "fp8-e5m2-cal5000", "nf4-g3", "nf4-g6-sbf16", "nf4-g16", "nf4-g128",
                             "nf4-g2-sfp32", "nf4-g32-sbf16"})
@@ -273,18 +273,21 @@ void check_twin(const Format& f, const cuda::FormatTwin& twin, const std::vector
 }  // namespace
 
 TEST_SUITE("no_device") {
-  TEST_CASE("the twin table and Format::supports(Backend::Cuda) agree on every format of the table") {
+  TEST_CASE("the twin table and the format table's cuda_twin flags agree on every format of the table") {
     std::set<std::string> families_with_twins;
     for (const cuda::TwinFamily& t : cuda::twin_families()) families_with_twins.insert(t.family);
     std::set<std::string> table_families;
     for (const FormatFamily& fam : format_families()) {
       table_families.insert(fam.name);
-      for (const std::string& ex : fam.examples) {
+      CHECK_MESSAGE(fam.cuda_twin == (families_with_twins.count(fam.name) == 1),
+                    fam.name << ": cuda_twin says " << fam.cuda_twin << ", the twin table "
+                             << families_with_twins.count(fam.name));
+      for (const FormatExample& example : fam.examples) {
+        const std::string& ex = example.name;
         const FormatPtr f = make_format(ex);
         const bool has_twin = cuda::make_twin(*f) != nullptr;
-        CHECK_MESSAGE(f->supports(Backend::Cuda) == has_twin,
-                      ex << ": supports(Cuda) says " << f->supports(Backend::Cuda) << ", the twin table " << has_twin);
-        CHECK(f->supports(Backend::Cpu));
+        CHECK_MESSAGE(has_cuda_twin(*f) == has_twin,
+                      ex << ": has_cuda_twin says " << has_cuda_twin(*f) << ", the twin table " << has_twin);
         if (has_twin) {
           CHECK(cuda::make_twin(*f)->name() == f->name());
           CHECK(families_with_twins.count(fam.name) == 1);
@@ -299,7 +302,7 @@ TEST_SUITE("no_device") {
     int64_t checked = 0;
     for (const std::string& name : formats_under_test()) {
       const FormatPtr f = make_format(name);
-      if (!f->supports(Backend::Cuda)) continue;
+      if (!has_cuda_twin(*f)) continue;
       const std::unique_ptr<cuda::FormatTwin> twin = cuda::require_twin(*f);  // host only: no device memory
       for (const Shape& s : test_shapes()) {
         if (!f->check_shape(s.rows, s.cols).empty()) continue;
@@ -326,7 +329,7 @@ TEST_CASE("every twin's codes, parameters and values are byte-identical to the C
   std::string without_twin;
   for (const std::string& name : names) {
     const FormatPtr f = make_format(name);
-    if (!f->supports(Backend::Cuda)) {
+    if (!has_cuda_twin(*f)) {
       without_twin += " " + name;
       continue;
     }

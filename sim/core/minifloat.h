@@ -13,7 +13,7 @@
 #pragma once
 #include <cstdint>
 
-#include "sim/formats/hd_util.h"
+#include "sim/core/hd_math.h"
 
 namespace kvb {
 
