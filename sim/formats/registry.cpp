@@ -20,7 +20,7 @@ namespace kvb {
 
 // The format table. One entry per family; order is the order users see. Each example's
 // maximum relative MSE is 1.25x the relative MSE its round trip measures on N(0, 1) data
-// (tests/test_format_table.cpp), rounded up to two digits.
+// (tests/formats/test_format_table.cpp), rounded up to two digits.
 const std::vector<FormatFamily>& format_families() {
   static const std::vector<FormatFamily> families = {
       {"int", "int<b>-<sym|asym>-<g<G>|tok|ch<G>|ch>[-s<dtype>][-z<dtype>]",

@@ -11,7 +11,7 @@
 namespace kvb {
 
 // A canonical name covering one of a family's variants, and the largest relative MSE
-// Σ(x̂ - x)² / Σx² its round trip may have on N(0, 1) data (tests/test_format_table.cpp
+// Σ(x̂ - x)² / Σx² its round trip may have on N(0, 1) data (tests/formats/test_format_table.cpp
 // measures it on [256 tokens, 128 channels], seed 17, as ggml's test-quantize-fns checks
 // a maximum error per type).
 struct FormatExample {

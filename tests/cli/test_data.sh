@@ -19,7 +19,7 @@ done
 # Each recording equals Hugging Face's where the slice has it (first 128 tokens, first and
 # last layer, token ids), within fp16 rounding of both files: half an fp16 ulp of
 # Hugging Face's value, one of ours, and 2e-5 of the tensor's largest value for the two
-# fp32 forward passes (the tolerance of tests/test_model.cpp).
+# fp32 forward passes (the tolerance of tests/model/test_model.cpp).
 /usr/bin/python3 - "$src/data" >"$tmp/compare.out" 2>&1 <<'PY' || { fail "recordings differ from Hugging Face's slices"; cat "$tmp/compare.out" >&2; }
 import json, struct, sys
 import numpy as np
