@@ -26,7 +26,7 @@
 #include "sim/formats/registry.h"
 #include "sim/io/dtype_convert.h"
 #include "sim/io/recording_writer.h"
-#include "sim/io/tensor_write.h"
+#include "sim/io/tensor_writer.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/metrics/model_metrics.h"
 #include "sim/strategies/presets.h"
