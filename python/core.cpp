@@ -62,13 +62,13 @@ py::list format_table(int64_t head_dim, int64_t tokens) {
     r["family"] = family;
     r["canonical"] = canonical;
     r["bpe"] = fits ? f->bpe(tokens, head_dim) : NAN;
-    r["cuda"] = f->supports(Backend::Cuda);
+    r["cuda"] = has_cuda_twin(*f);
     r["keys_only"] = f->keys_only();
     r["description"] = description;
     rows.append(r);
   };
   for (const FormatFamily& fam : format_families())
-    for (const std::string& ex : fam.examples) row(ex, fam.name, ex, fam.description);
+    for (const FormatExample& ex : fam.examples) row(ex.name, fam.name, ex.name, fam.description);
   for (const FormatAlias& a : format_aliases()) {
     std::string family;
     for (const FormatFamily& fam : format_families())
@@ -223,7 +223,7 @@ RecordingPtr load(const std::filesystem::path& path, const std::string& layout, 
 
 // Writes float32 tensors {name: array} as one safetensors file (the package's way of
 // handing arrays to the recording loader with its layouts and checks).
-void write_safetensors(const std::filesystem::path& path, const py::dict& tensors,
+void write_safetensors_dict(const std::filesystem::path& path, const py::dict& tensors,
                        const std::map<std::string, std::string>& metadata) {
   std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>> keep;
   std::vector<NamedTensorF32> named;
@@ -643,7 +643,7 @@ PYBIND11_MODULE(_core, m) {
       py::arg("max_tokens"), py::arg("format"), py::arg("key_format"), py::arg("value_format"), py::arg("strategy"),
       py::arg("params"), py::arg("seed"), py::arg("continuations"), py::arg("continuation_prompt"),
       py::arg("continuation_tokens"));
-  m.def("write_safetensors", &write_safetensors, py::arg("path"), py::arg("tensors"),
+  m.def("write_safetensors", &write_safetensors_dict, py::arg("path"), py::arg("tensors"),
         py::arg("metadata") = std::map<std::string, std::string>{});
 
   m.def(
