@@ -40,7 +40,8 @@ const std::vector<FormatFamily>& format_families();
 // The family whose parser accepts `format`'s name.
 const FormatFamily& format_family(const Format& format);
 
-// Whether `format` has a CUDA twin (its family's cuda_twin).
+// Whether `format` has a CUDA twin (its family's cuda_twin; false for a format outside
+// the table).
 bool has_cuda_twin(const Format& format);
 
 // Named presets (e.g. "kivi-2" -> a canonical name). Looked up before families.
