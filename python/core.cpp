@@ -236,6 +236,23 @@ void write_safetensors_dict(const std::filesystem::path& path, const py::dict& t
   write_safetensors_f32(path, named, metadata);
 }
 
+// The checkpoint (its load warnings printed) and the tokens to run it on, read as the
+// CLI's record and eval read them (one of text or token_file).
+std::pair<std::shared_ptr<const Transformer>, std::vector<int64_t>> load_model_and_tokens(
+    const std::string& checkpoint, const std::string& text, const std::string& token_file,
+    const std::string& tokenizer, std::optional<bool> bos, int64_t max_tokens) {
+  const std::shared_ptr<const Transformer> model = Transformer::load(checkpoint);
+  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
+  TokenSource src;
+  src.text = text;
+  src.token_file = token_file;
+  src.tokenizer = tokenizer;
+  src.add_bos = bos;
+  src.max_tokens = max_tokens;
+  const std::vector<int64_t> tokens = load_tokens(src, model->config());
+  return {model, tokens};
+}
+
 // `kvbudget record`: runs checkpoint `checkpoint` on a text (or token ids) and returns
 // what attention consumed in every layer; metadata "nll_mean" is the exact run's mean
 // next-token NLL (nats).
@@ -246,15 +263,7 @@ RecordingPtr record(const std::string& checkpoint, const std::string& text, cons
     throw ConfigError("tokenizer and bos apply to text only");
   if (max_tokens < 0) throw ConfigError("max_tokens must be >= 0");
   py::gil_scoped_release release;
-  const std::shared_ptr<const Transformer> model = Transformer::load(checkpoint);
-  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
-  TokenSource src;
-  src.text = text;
-  src.token_file = token_file;
-  src.tokenizer = tokenizer;
-  src.add_bos = bos;
-  src.max_tokens = max_tokens;
-  const std::vector<int64_t> tokens = load_tokens(src, model->config());
+  const auto [model, tokens] = load_model_and_tokens(checkpoint, text, token_file, tokenizer, bos, max_tokens);
   const std::string warning = model->config().context_warning(static_cast<int64_t>(tokens.size()));
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
   check_full_causal_attention(model->config(), static_cast<int64_t>(tokens.size()));
@@ -366,15 +375,7 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   }
   py::dict out;
   py::gil_scoped_release release;
-  const std::shared_ptr<const Transformer> model = Transformer::load(checkpoint);
-  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
-  TokenSource src;
-  src.text = text;
-  src.token_file = token_file;
-  src.tokenizer = tokenizer;
-  src.add_bos = bos;
-  src.max_tokens = max_tokens;
-  const std::vector<int64_t> tokens = load_tokens(src, model->config());
+  const auto [model, tokens] = load_model_and_tokens(checkpoint, text, token_file, tokenizer, bos, max_tokens);
   const std::string source = "model " + checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
   const ModelEvaluator evaluator(model, tokens, cont, source);
   RowMatrix quant_logits;
