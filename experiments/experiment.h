@@ -105,6 +105,10 @@ struct MetricsSpec {
   std::string positions_text = "all";
   std::string positions_where = "metrics.positions";  // "file:line: metrics.positions" when given
   std::string report_where = "metrics.report";        // likewise for report
+  // A strategy name ([[strategy]] name) every other point is compared with, pairwise,
+  // in comparisons.csv (experiments/comparisons.h); "" = no comparisons.
+  std::string baseline;
+  std::string baseline_where = "metrics.baseline";
 };
 
 // The points.csv columns that hold a point's memory: bits per element and bytes at

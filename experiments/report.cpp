@@ -1,5 +1,7 @@
 #include "experiments/report.h"
 
+#include "experiments/comparisons.h"
+
 #include "experiments/machine_info.h"
 
 #include <omp.h>
@@ -456,6 +458,17 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
     }
   }
   return console.str();
+}
+
+std::string Report::write_comparisons(const std::vector<PointResult>& results, std::string* write_error) const {
+  if (spec_.metrics.baseline.empty()) return "";
+  const std::vector<Comparison> comparisons = compare_with_baseline(spec_, points_, results);
+  try {
+    write_file_atomic(dir_ / "comparisons.csv", comparisons_csv(points_, comparisons));
+  } catch (const std::exception& e) {
+    if (write_error) *write_error = e.what();
+  }
+  return comparisons_console(spec_, points_, comparisons);
 }
 
 namespace {
