@@ -100,12 +100,25 @@ std::string comparisons_console(const ExperimentSpec& spec, const std::vector<Sw
   while (i < comparisons.size()) {
     const size_t id = comparisons[i].id;
     os << "  " << points.at(id).label << " [" << points.at(id).key << "] vs #" << comparisons[i].baseline_id << ":";
+    // The primary metric first (metrics.primary), then every other one.
+    const size_t end = [&] {
+      size_t e = i;
+      while (e < comparisons.size() && comparisons[e].id == id) ++e;
+      return e;
+    }();
     const char* sep = " ";
-    for (; i < comparisons.size() && comparisons[i].id == id; ++i) {
-      os << sep << comparisons[i].metric << " " << comparisons[i].verdict;
-      sep = ", ";
-    }
+    for (size_t k = i; k < end; ++k)
+      if (comparisons[k].metric == spec.metrics.primary) {
+        os << sep << comparisons[k].metric << " (primary) " << comparisons[k].verdict;
+        sep = "; ";
+      }
+    for (size_t k = i; k < end; ++k)
+      if (comparisons[k].metric != spec.metrics.primary) {
+        os << sep << comparisons[k].metric << " " << comparisons[k].verdict;
+        sep = ", ";
+      }
     os << "\n";
+    i = end;
   }
   return os.str();
 }

@@ -35,7 +35,8 @@ std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const 
 // baseline_value, difference, difference_lo, difference_hi, verdict.
 std::string comparisons_csv(const std::vector<SweepPoint>& points, const std::vector<Comparison>& comparisons);
 
-// One console line per compared point: its verdict in every compared metric.
+// One console line per compared point: its verdict in the primary metric
+// (metrics.primary) first, then in every other compared metric.
 std::string comparisons_console(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
                                 const std::vector<Comparison>& comparisons);
 

@@ -497,6 +497,7 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
   if (!t) {
     m.report = all;
     m.pareto = default_pareto;
+    m.primary = m.pareto.front();
     return m;
   }
   m.report = t->string_list("report", all);
@@ -506,6 +507,11 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
   for (const std::string& name : m.pareto) {
     check_metric_source(require_metric(name, t->where("pareto")), data, t->where("pareto"));
     if (std::find(m.report.begin(), m.report.end(), name) == m.report.end()) m.report.push_back(name);
+  }
+  m.primary = t->string("primary", m.pareto.empty() ? "" : m.pareto.front());
+  if (t->has("primary")) {
+    check_metric_source(require_metric(m.primary, t->where("primary")), data, t->where("primary"));
+    if (std::find(m.report.begin(), m.report.end(), m.primary) == m.report.end()) m.report.push_back(m.primary);
   }
   // Report in table order.
   std::vector<std::string> ordered;

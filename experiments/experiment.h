@@ -109,6 +109,9 @@ struct MetricsSpec {
   // in comparisons.csv (experiments/comparisons.h); "" = no comparisons.
   std::string baseline;
   std::string baseline_where = "metrics.baseline";
+  // The metric a verdict is decided on (methods.md §4); every reported metric is still
+  // shown beside it. Default: the first Pareto metric.
+  std::string primary;
 };
 
 // The points.csv columns that hold a point's memory: bits per element and bytes at

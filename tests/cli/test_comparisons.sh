@@ -46,6 +46,10 @@ d="$tmp/r/cmp/latest"
 [ -f "$d/comparisons.csv" ] || fail "no comparisons.csv"
 csv_ok "$d/comparisons.csv" || fail "comparisons.csv has ragged rows"
 expect "$tmp/r.out" "against the baseline 'uniform'" "the console"
+# The primary metric (default: the first Pareto one) leads each line and is in the manifest.
+expect "$tmp/r.out" "attn_kl_mean (primary) " "the console"
+expect "$d/manifest.json" '"primary_metric": "attn_kl_mean"' "the manifest"
+expect "$d/manifest.json" '"paired_comparison"' "the manifest"
 /usr/bin/python3 - "$d/comparisons.csv" "$d/points.csv" <<'PY' || fail "comparisons.csv is wrong"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
@@ -84,6 +88,11 @@ for i in 0 1; do
 done
 "$kvb" merge "$tmp"/sh/cmp/*-shard* --out "$tmp/merged" >"$tmp/merge.out" 2>&1 || fail "merge exited $?: $(cat "$tmp/merge.out")"
 cmp -s "$d/comparisons.csv" "$tmp/merged/comparisons.csv" || fail "merged comparisons.csv differs from the single run's"
+
+# metrics.primary picks another one.
+"$kvb" run "$tmp/cmp.toml" --out "$tmp/p" --set metrics.primary=attn_out_rel_fro >"$tmp/p.out" 2>&1 \
+  || fail "run with metrics.primary exited $?: $(cat "$tmp/p.out")"
+expect "$tmp/p.out" "attn_out_rel_fro (primary) " "the console with metrics.primary"
 
 # A baseline that names no strategy: exit 2, with the closest name.
 "$kvb" run "$tmp/cmp.toml" --quiet --out "$tmp/x" --set metrics.baseline=unifrom >"$tmp/bad.out" 2>&1
