@@ -497,6 +497,7 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
   if (!t) {
     m.report = all;
     m.pareto = default_pareto;
+    m.primary = m.pareto.front();
     return m;
   }
   m.report = t->string_list("report", all);
@@ -507,11 +508,18 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
     check_metric_source(require_metric(name, t->where("pareto")), data, t->where("pareto"));
     if (std::find(m.report.begin(), m.report.end(), name) == m.report.end()) m.report.push_back(name);
   }
+  m.primary = t->string("primary", m.pareto.empty() ? "" : m.pareto.front());
+  if (t->has("primary")) {
+    check_metric_source(require_metric(m.primary, t->where("primary")), data, t->where("primary"));
+    if (std::find(m.report.begin(), m.report.end(), m.primary) == m.report.end()) m.report.push_back(m.primary);
+  }
   // Report in table order.
   std::vector<std::string> ordered;
   for (const MetricDef& d : metric_table())
     if (std::find(m.report.begin(), m.report.end(), d.name) != m.report.end()) ordered.push_back(d.name);
   m.report = ordered;
+  m.baseline = t->string("baseline", "");
+  if (t->has("baseline")) m.baseline_where = t->where("baseline");
   m.topk = t->integer("topk", m.topk);
   if (m.topk < 1) t->fail("topk", "must be >= 1");
   if (t->has("topk")) m.topk_where = t->where("topk");
@@ -540,6 +548,16 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
     if (!m.positions.empty() && m.positions.front() < 0) t->fail("positions", "positions must be >= 0");
   }
   return m;
+}
+
+// metrics.baseline must name one of the [[strategy]] blocks.
+void check_baseline(const ExperimentSpec& e) {
+  if (e.metrics.baseline.empty()) return;
+  std::vector<std::string> labels;
+  for (const StrategyBlock& b : e.strategies) labels.push_back(b.label);
+  if (std::find(labels.begin(), labels.end(), e.metrics.baseline) == labels.end())
+    throw ConfigError(e.metrics.baseline_where + ": '" + e.metrics.baseline + "' names no [[strategy]] block" +
+                      did_you_mean(e.metrics.baseline, labels) + " (the names are the blocks' `name`)");
 }
 
 OutputSpec parse_output(const std::optional<ConfigTable>& t) {
@@ -751,6 +769,7 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
 
   e.calibration = parse_calibration(root.opt_table("calibration"));
   e.metrics = parse_metrics(root.opt_table("metrics"), e.data);
+  check_baseline(e);
   e.attribution = parse_attribution(root.opt_table("attribution"));
   e.output = parse_output(root.opt_table("output"));
   if (auto b = root.opt_table("budgets")) {

@@ -105,6 +105,13 @@ struct MetricsSpec {
   std::string positions_text = "all";
   std::string positions_where = "metrics.positions";  // "file:line: metrics.positions" when given
   std::string report_where = "metrics.report";        // likewise for report
+  // A strategy name ([[strategy]] name) every other point is compared with, pairwise,
+  // in comparisons.csv (experiments/comparisons.h); "" = no comparisons.
+  std::string baseline;
+  std::string baseline_where = "metrics.baseline";
+  // The metric a verdict is decided on (methods.md §4); every reported metric is still
+  // shown beside it. Default: the first Pareto metric.
+  std::string primary;
 };
 
 // The points.csv columns that hold a point's memory: bits per element and bytes at

@@ -75,6 +75,15 @@ std::string point_result_json(const PointResult& r, const std::string& key) {
   for (const Interval& iv : r.intervals) intervals.push_back(json::array({number(iv.lo), number(iv.hi)}));
   j["standard_errors"] = ses;
   j["intervals"] = intervals;
+  // Per metric: [[num per block], [den per block]], or [] when not pairable.
+  json block_sums = json::array();
+  for (const BlockSums& b : r.block_sums) {
+    json num = json::array(), den = json::array();
+    for (double v : b.num) num.push_back(number(v));
+    for (double v : b.den) den.push_back(number(v));
+    block_sums.push_back(b.empty() ? json::array() : json::array({num, den}));
+  }
+  j["block_sums"] = block_sums;
   if (r.attribution) {
     const Attribution& a = *r.attribution;
     json heads = json::array();
@@ -123,6 +132,17 @@ PointResult point_result_from_json(const std::string& line, const std::string& w
     for (const json& m : j.at("standard_errors")) r.standard_errors.push_back(number_from(m, "a standard error"));
     for (const json& m : j.at("intervals"))
       r.intervals.push_back(Interval{number_from(m.at(0), "an interval"), number_from(m.at(1), "an interval")});
+    if (j.contains("block_sums")) {  // absent in results of older builds: no paired comparisons
+      for (const json& b : j.at("block_sums")) {
+        BlockSums sums;
+        if (!b.empty()) {
+          for (const json& v : b.at(0)) sums.num.push_back(number_from(v, "a block sum"));
+          for (const json& v : b.at(1)) sums.den.push_back(number_from(v, "a block sum"));
+          if (sums.num.size() != sums.den.size()) throw Error("block_sums: numerators and denominators differ in length");
+        }
+        r.block_sums.push_back(std::move(sums));
+      }
+    }
     if (j.contains("attribution")) {
       const json& ja = j["attribution"];
       Attribution a;

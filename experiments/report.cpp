@@ -1,5 +1,7 @@
 #include "experiments/report.h"
 
+#include "experiments/comparisons.h"
+
 #include "experiments/machine_info.h"
 
 #include <omp.h>
@@ -190,6 +192,18 @@ std::string Report::manifest_text(const RunInfo& info) const {
         {"method", "Wilson score interval of the proportion of the task's problems answered right (each problem "
                    "one Bernoulli trial)"},
         {"level", 0.95}}}};
+  if (!spec_.metrics.baseline.empty())
+    j["uncertainty"]["paired_comparison"] = {
+        {"file", "comparisons.csv"},
+        {"baseline", spec_.metrics.baseline},
+        {"method", "paired percentile bootstrap of (point - baseline) over the same resampled blocks (attention: "
+                   "the blocks above; model: blocks of consecutive next-token positions of the same length rule; "
+                   "answer accuracy: single problems); the baseline point is the baseline strategy's nearest in "
+                   "memory (output.x); better/worse only when the interval excludes zero"},
+        {"level", bootstrap.level},
+        {"resamples", bootstrap.resamples},
+        {"seed", bootstrap.seed}};
+  j["primary_metric"] = spec_.metrics.primary;
   nlohmann::json budgets = nlohmann::json::array();
   for (const BudgetQuery& q : spec_.budgets) budgets.push_back(q.text);
   j["budget_queries"] = budgets;
@@ -456,6 +470,17 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
     }
   }
   return console.str();
+}
+
+std::string Report::write_comparisons(const std::vector<PointResult>& results, std::string* write_error) const {
+  if (spec_.metrics.baseline.empty()) return "";
+  const std::vector<Comparison> comparisons = compare_with_baseline(spec_, points_, results);
+  try {
+    write_file_atomic(dir_ / "comparisons.csv", comparisons_csv(points_, comparisons));
+  } catch (const std::exception& e) {
+    if (write_error) *write_error = e.what();
+  }
+  return comparisons_console(spec_, points_, comparisons);
 }
 
 namespace {

@@ -17,6 +17,8 @@
 //                   output.x, with whether each point is extrapolated there
 //   budgets.json    answers to the budget queries (also printed), each pick with
 //                   whether it is extrapolated (methods.md §1) and why
+//   comparisons.csv every point against metrics.baseline: paired differences with
+//                   intervals and verdicts (experiments/comparisons.h)
 //   plots/<metric>.png|svg   memory (output.x) against each Pareto metric, frontier
 //                   drawn, extrapolated points hollow
 //   plots/attribution_*.png|svg, plots/concentration.png|svg   attribution plots
@@ -94,6 +96,9 @@ class Report {
   // the budget answers, also when a file cannot be written (then *write_error says
   // why, so that the answers still reach the console).
   std::string write_frontier(const std::vector<PointResult>& results, std::string* write_error) const;
+  // comparisons.csv (experiments/comparisons.h) when metrics.baseline is set; returns
+  // its console summary ("" without a baseline), also when the file cannot be written.
+  std::string write_comparisons(const std::vector<PointResult>& results, std::string* write_error) const;
   // Runs experiments/plot_pareto.py (and plot_attribution.py when attribution.csv
   // exists) through Debian's python3 with matplotlib. Returns an empty string on
   // success, else why no plot was written.

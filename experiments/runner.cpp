@@ -209,6 +209,11 @@ RunOutcome run_experiment(const RunRequest& request) {
     out.frontier = report.write_frontier(results, &write_error);
     if (!write_error.empty()) throw Error(write_error);
   });
+  attempt("comparisons.csv", [&] {
+    std::string write_error;
+    out.frontier += report.write_comparisons(results, &write_error);
+    if (!write_error.empty()) throw Error(write_error);
+  });
   if (spec.output.plots && results.size() > failed) {
     out.plot_error = report.write_plots();
     out.plots_written = out.plot_error.empty();

@@ -389,6 +389,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
         r.intervals = bootstrap_intervals(merged[0], metrics, bootstrap_settings(spec));
         for (size_t k = 0; k < metrics.size(); ++k)  // closed-form intervals (answer_accuracy)
           if (metrics[k]->interval) r.intervals[k] = metrics[k]->interval(merged[0]);
+        for (const MetricDef* m : metrics) r.block_sums.push_back(metric_block_sums(*m, merged[0]));
         if (spec.attribution.selects(points[i].id) && variants > 0)
           r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
                                     rec.num_layers(), rec.q_heads);

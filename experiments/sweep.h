@@ -16,6 +16,7 @@
 #include "experiments/attribution.h"
 #include "experiments/experiment.h"
 #include "sim/metrics/bootstrap.h"
+#include "sim/metrics/paired.h"
 #include "sim/model/model_eval.h"
 #include "sim/recording.h"
 
@@ -70,6 +71,10 @@ struct PointResult {
   // attention metric, the closed-form one of a metric with MetricDef::interval
   // (answer_accuracy's Wilson interval), {NaN, NaN} for the others.
   std::vector<Interval> intervals;
+  // Aligned with metrics: the per-block sums behind a pairable metric (sim/metrics/
+  // paired.h), which paired comparisons against metrics.baseline resample; empty for
+  // a metric that is not pairable.
+  std::vector<BlockSums> block_sums;
   std::optional<Attribution> attribution;  // when [attribution] selects the point
   double seconds = 0;                      // CPU seconds spent on the point (cuda: wall seconds on the device)
 };

@@ -112,6 +112,11 @@ int cmd_merge(const Args& args) {
     frontier = report.write_frontier(in.results, &write_error);
     if (!write_error.empty()) throw Error(write_error);
   });
+  attempt("comparisons.csv", [&] {
+    std::string write_error;
+    frontier += report.write_comparisons(in.results, &write_error);
+    if (!write_error.empty()) throw Error(write_error);
+  });
   size_t failed = 0;
   for (const PointResult& r : in.results) failed += r.ok ? 0 : 1;
   std::string plot_error;

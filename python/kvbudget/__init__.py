@@ -10,6 +10,7 @@ results as pandas DataFrames:
     rec = kvbudget.recording_from_arrays({"layers.0.query": q0, ...}, layout="heads,tokens,head_dim")
     r = kvbudget.run("configs/quickstart.toml", overrides=["data.max_tokens=128"])
     r.points, r.pareto, r.attribution               # DataFrames, each row with its strategy
+    r.comparisons                                   # against metrics.baseline: paired verdicts
     r.budget("attn_kl_mean <= 1e-3")                # the budgets.json answer, as rows of r.points
     r.plot("attn_kl_mean")                          # matplotlib axes
 
@@ -307,6 +308,13 @@ class Result:
     @property
     def concentration(self):
         return self._with_strategy(self._csv("concentration.csv"))
+
+    @property
+    def comparisons(self):
+        """Every point against metrics.baseline (comparisons.csv): the paired difference of
+        each pairable metric, its interval and the verdict ("better", "worse", "no
+        measurable difference"); empty without a baseline."""
+        return self._csv("comparisons.csv")
 
     def budget(self, query):
         """The answer to a budget query ("attn_kl_mean <= 1e-3", "bpe <= 4") over this

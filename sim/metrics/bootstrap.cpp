@@ -34,7 +34,43 @@ double finish_ratio(const RowReduction& r, double num, double den) {
 // Maximum that keeps a NaN (as quantile() does).
 double nan_max(double a, double b) { return std::isnan(a) || a > b ? a : b; }
 
+// Tag mixed into the seed of the intervals' draws ("bootstra"), so that the stream
+// differs from other users of the experiment's seed.
+constexpr uint64_t kIntervalTag = 0x626f6f7473747261ull;
+
 }  // namespace
+
+RowBlocks group_rows_into_blocks(const std::vector<AttentionRow>& rows) {
+  // Block of each row: the rank of its position among the distinct positions, over
+  // the block length.
+  std::vector<int32_t> positions;
+  positions.reserve(rows.size());
+  for (const AttentionRow& r : rows) positions.push_back(r.position);
+  std::sort(positions.begin(), positions.end());
+  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
+  const int64_t per_block = bootstrap_block_positions(static_cast<int64_t>(positions.size()));
+  const size_t blocks = static_cast<size_t>(bootstrap_blocks(static_cast<int64_t>(positions.size())));
+  std::vector<uint32_t> block_of(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto rank = std::lower_bound(positions.begin(), positions.end(), rows[i].position) - positions.begin();
+    block_of[i] = static_cast<uint32_t>(rank / per_block);
+  }
+  RowBlocks g;
+  g.start.assign(blocks + 1, 0);
+  for (uint32_t b : block_of) ++g.start[b + 1];
+  std::partial_sum(g.start.begin(), g.start.end(), g.start.begin());
+  g.order.resize(rows.size());
+  std::vector<size_t> next(g.start.begin(), g.start.end() - 1);
+  for (size_t i = 0; i < rows.size(); ++i) g.order[next[block_of[i]]++] = i;
+  return g;
+}
+
+std::vector<uint32_t> bootstrap_draws(const BootstrapSettings& settings, size_t blocks, uint64_t tag) {
+  uint64_t state = settings.seed ^ tag;
+  std::vector<uint32_t> draws(static_cast<size_t>(settings.resamples) * blocks);
+  for (uint32_t& d : draws) d = uniform_below(state, blocks);
+  return draws;
+}
 
 int64_t bootstrap_block_positions(int64_t positions) {
   int64_t b = 1;
@@ -76,38 +112,12 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
   const std::vector<AttentionRow>& rows = stats.rows;
   if (rows.empty()) return out;
 
-  // Block of each row: the rank of its position among the distinct positions, over
-  // the block length.
-  std::vector<int32_t> positions;
-  positions.reserve(rows.size());
-  for (const AttentionRow& r : rows) positions.push_back(r.position);
-  std::sort(positions.begin(), positions.end());
-  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
-  const int64_t per_block = bootstrap_block_positions(static_cast<int64_t>(positions.size()));
-  const size_t blocks = static_cast<size_t>(bootstrap_blocks(static_cast<int64_t>(positions.size())));
-  std::vector<uint32_t> block_of(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto rank = std::lower_bound(positions.begin(), positions.end(), rows[i].position) - positions.begin();
-    block_of[i] = static_cast<uint32_t>(rank / per_block);
-  }
-  // Rows grouped by block, in row order within a block: block b holds
-  // order[start[b] .. start[b + 1]).
-  std::vector<size_t> start(blocks + 1, 0);
-  for (uint32_t b : block_of) ++start[b + 1];
-  std::partial_sum(start.begin(), start.end(), start.begin());
-  std::vector<size_t> order(rows.size());
-  {
-    std::vector<size_t> next(start.begin(), start.end() - 1);
-    for (size_t i = 0; i < rows.size(); ++i) order[next[block_of[i]]++] = i;
-  }
-
-  // The draws, shared by every metric: resample r takes blocks draws[r·blocks + k],
-  // k < blocks. The seed is mixed with a fixed tag so that the stream differs from
-  // other users of the experiment's seed.
+  const RowBlocks grouped = group_rows_into_blocks(rows);
+  const std::vector<size_t>& start = grouped.start;
+  const std::vector<size_t>& order = grouped.order;
+  const size_t blocks = grouped.blocks();
   const size_t resamples = static_cast<size_t>(settings.resamples);
-  uint64_t state = settings.seed ^ 0x626f6f7473747261ull;  // "bootstra"
-  std::vector<uint32_t> draws(resamples * blocks);
-  for (uint32_t& d : draws) d = uniform_below(state, blocks);
+  const std::vector<uint32_t> draws = bootstrap_draws(settings, blocks, kIntervalTag);
 
   const double tail = (1 - settings.level) / 2;
   std::vector<double> resampled(resamples), block_num(blocks), block_den(blocks), values, gathered;

@@ -31,6 +31,20 @@ int64_t bootstrap_block_positions(int64_t positions);
 // Number of blocks of that length.
 int64_t bootstrap_blocks(int64_t positions);
 
+// Rows grouped into the blocks above (by the rank of their position among the
+// distinct positions): block b holds rows order[start[b] .. start[b + 1]), in row order.
+struct RowBlocks {
+  std::vector<size_t> start, order;
+  size_t blocks() const { return start.empty() ? 0 : start.size() - 1; }
+};
+RowBlocks group_rows_into_blocks(const std::vector<AttentionRow>& rows);
+
+// The draws of settings.resamples resamples of `blocks` blocks: resample r takes
+// blocks draws[r·blocks + k], k < blocks, uniform with replacement, from a
+// splitmix64 stream seeded with settings.seed ^ tag (a fixed tag per use, so that
+// uses of one seed draw different streams).
+std::vector<uint32_t> bootstrap_draws(const BootstrapSettings& settings, size_t blocks, uint64_t tag);
+
 // One interval per metric, aligned with `metrics`; {NaN, NaN} for a metric whose
 // RowReduction is Kind::None, or when `stats` has no rows. Rows may come in any order
 // (they are grouped by the rank of their position among the distinct positions).

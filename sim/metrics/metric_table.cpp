@@ -165,12 +165,32 @@ double flips_right_to_wrong(const ErrorStats& s) { return answer_flips(s, true);
 double flips_wrong_to_right(const ErrorStats& s) { return answer_flips(s, false); }
 
 MetricDef task_metric(std::string name, std::string unit, std::string description, Better better,
-                      double (*compute)(const ErrorStats&), Interval (*interval)(const ErrorStats&) = nullptr) {
+                      double (*compute)(const ErrorStats&), Interval (*interval)(const ErrorStats&) = nullptr,
+                      SampleReduction samples = {}) {
   MetricDef m{std::move(name), std::move(unit), std::move(description), better, MetricLevel::Model, compute};
   m.needs_task = true;
   m.interval = interval;
+  m.samples = samples;
   return m;
 }
+
+// A model metric that is finish(mean of a per-position value), with its standard error.
+MetricDef position_mean_metric(std::string name, std::string unit, std::string description, Better better,
+                               double (*compute)(const ErrorStats&), double (*standard_error)(const ErrorStats&),
+                               double (*value)(const ModelStats&, size_t), double (*finish)(double) = nullptr) {
+  MetricDef m{std::move(name), std::move(unit), std::move(description), better, MetricLevel::Model, compute,
+              standard_error};
+  m.samples = {SampleReduction::Unit::Positions, value, finish};
+  return m;
+}
+
+// Per-sample values of the model metrics (SampleReduction).
+double nll_at(const ModelStats& m, size_t i) { return m.nll[i]; }
+double nll_excess_at(const ModelStats& m, size_t i) { return m.nll[i] - m.nll_base[i]; }
+double kl_at(const ModelStats& m, size_t i) { return m.kl[i]; }
+double same_top_at(const ModelStats& m, size_t i) { return m.same_top[i]; }
+double answer_correct_at(const ModelStats& m, size_t i) { return m.answers_correct[i]; }
+double exponential(double x) { return std::exp(x); }
 
 }  // namespace
 
@@ -199,17 +219,18 @@ const std::vector<MetricDef>& metric_table() {
        nullptr, quantile_of(&out_rel, 0.99)},
       {"attn_out_rel_fro", "", "sqrt(sum ||o - ô||² / sum ||o||²) over all rows", B::Lower, L::Attention,
        &out_rel_total, nullptr, sqrt_ratio_of(&out_err2_of, &out_norm2_of)},
-      {"ppl", "", "perplexity exp(mean NLL) of the next token, teacher-forced, quantized cache", B::Lower, L::Model,
-       &ppl, &ppl_se},
-      {"ppl_ratio", "", "PPL with the quantized cache / PPL with the exact cache", B::Lower, L::Model, &ppl_ratio,
-       &ppl_ratio_se},
-      {"next_token_kl_mean", "nats", "mean over positions of KL(p_base || p_quantized) of the next token", B::Lower,
-       L::Model, &token_kl_mean, &token_kl_mean_se},
+      position_mean_metric("ppl", "", "perplexity exp(mean NLL) of the next token, teacher-forced, quantized cache",
+                           B::Lower, &ppl, &ppl_se, &nll_at, &exponential),
+      position_mean_metric("ppl_ratio", "", "PPL with the quantized cache / PPL with the exact cache", B::Lower,
+                           &ppl_ratio, &ppl_ratio_se, &nll_excess_at, &exponential),
+      position_mean_metric("next_token_kl_mean", "nats",
+                           "mean over positions of KL(p_base || p_quantized) of the next token", B::Lower,
+                           &token_kl_mean, &token_kl_mean_se, &kl_at),
       {"next_token_kl_median", "nats", "median of the next-token KL", B::Lower, L::Model, &token_kl_median},
       {"next_token_kl_p99", "nats", "99th percentile of the next-token KL", B::Lower, L::Model, &token_kl_p99},
       {"next_token_kl_max", "nats", "max of the next-token KL", B::Lower, L::Model, &token_kl_max},
-      {"same_top_rate", "", "fraction of positions where the quantized and exact argmax tokens agree", B::Higher,
-       L::Model, &same_top, &same_top_se},
+      position_mean_metric("same_top_rate", "", "fraction of positions where the quantized and exact argmax tokens agree",
+                           B::Higher, &same_top, &same_top_se, &same_top_at),
       {"gen_token_match", "", "greedy continuations: fraction of tokens equal to the exact model's at the same index",
        B::Higher, L::Model, &gen_match, nullptr, {}, true},
       {"gen_bleu4", "", "greedy continuations: corpus BLEU-4 on token ids against the exact model's", B::Higher,
@@ -220,7 +241,8 @@ const std::vector<MetricDef>& metric_table() {
       task_metric("answer_accuracy", "",
                   "answer task: fraction of problems whose greedily generated answer equals the expected one "
                   "(quantized cache); _lo/_hi: 95 % Wilson score interval over problems",
-                  B::Higher, &answer_accuracy, &answer_accuracy_interval),
+                  B::Higher, &answer_accuracy, &answer_accuracy_interval,
+                  {SampleReduction::Unit::Problems, &answer_correct_at, nullptr}),
       task_metric("flips_right_to_wrong", "problems",
                   "answer task: problems answered right with the exact cache and wrong with the quantized one",
                   B::Lower, &flips_right_to_wrong),

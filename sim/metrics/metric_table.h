@@ -30,6 +30,17 @@ struct RowReduction {
   double q = 0;
 };
 
+// How a model metric reduces independent samples, for paired comparisons (paired.h):
+// finish(mean over samples i < count(model) of value(model, i)); the samples are the
+// next-token positions (compared in blocks of consecutive positions) or, for an answer
+// task, the problems (each its own block). value == nullptr: the metric has none.
+struct SampleReduction {
+  enum class Unit { Positions, Problems };
+  Unit unit = Unit::Positions;
+  double (*value)(const ModelStats&, size_t i) = nullptr;
+  double (*finish)(double) = nullptr;  // nullptr: the mean itself
+};
+
 struct MetricDef {
   std::string name;
   std::string unit;
@@ -56,6 +67,8 @@ struct MetricDef {
   // A closed-form confidence interval (answer_accuracy: Wilson score over problems),
   // written as `<name>_lo` and `<name>_hi` like the bootstrap's; nullptr: none.
   Interval (*interval)(const ErrorStats&) = nullptr;
+  // Model level: the metric as a mean over samples, for paired comparisons.
+  SampleReduction samples = {};
   // Whether points.csv has `<name>_lo` and `<name>_hi` (bootstrap or closed form).
   bool has_interval() const { return rows.kind != RowReduction::Kind::None || interval != nullptr; }
   // Whether the metric is defined for continuations of `tokens` tokens.

@@ -1,0 +1,126 @@
+#include "experiments/comparisons.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "experiments/report.h"
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+namespace {
+
+// The point's memory on output.x (one of memory_columns()).
+double memory_on(const PointResult& r, const std::string& x) {
+  if (x == "bpe_target") return r.bpe_target;
+  if (x == "bytes") return r.bytes;
+  if (x == "bytes_target") return r.bytes_target;
+  return r.bpe;
+}
+
+// The baseline point nearest to `r` in memory (ties: the lower id); nullptr if none.
+const PointResult* nearest_baseline(const PointResult& r, const std::vector<const PointResult*>& baselines,
+                                    const std::string& x) {
+  const PointResult* best = nullptr;
+  double best_gap = std::numeric_limits<double>::infinity();
+  for (const PointResult* b : baselines) {
+    const double gap = std::fabs(memory_on(*b, x) - memory_on(r, x));
+    if (gap < best_gap || (gap == best_gap && best && b->id < best->id)) {
+      best_gap = gap;
+      best = b;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
+                                              const std::vector<PointResult>& results) {
+  std::vector<Comparison> out;
+  if (spec.metrics.baseline.empty()) return out;
+  std::map<size_t, const PointResult*> by_id;
+  for (const PointResult& r : results)
+    if (r.ok) by_id[r.id] = &r;
+  std::vector<const PointResult*> baselines;
+  for (const auto& [id, r] : by_id)
+    if (points.at(id).label == spec.metrics.baseline) baselines.push_back(r);
+  if (baselines.empty()) return out;
+  const BootstrapSettings settings = bootstrap_settings(spec);
+  for (const auto& [id, r] : by_id) {
+    if (points.at(id).label == spec.metrics.baseline) continue;
+    const PointResult* base = nearest_baseline(*r, baselines, spec.output.x);
+    for (size_t k = 0; k < spec.metrics.report.size(); ++k) {
+      if (k >= r->block_sums.size() || k >= base->block_sums.size()) break;  // results of an older build
+      const BlockSums& a = base->block_sums[k];
+      const BlockSums& b = r->block_sums[k];
+      if (a.empty() || b.empty()) continue;  // not pairable
+      const MetricDef& metric = require_metric(spec.metrics.report[k], spec.metrics.report_where);
+      Comparison c;
+      c.id = id;
+      c.baseline_id = base->id;
+      c.metric = metric.name;
+      c.value = r->metrics[k];
+      c.baseline_value = base->metrics[k];
+      c.difference = paired_difference(metric, a, b, settings);
+      c.verdict = paired_verdict(metric, c.difference);
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+std::string comparisons_csv(const std::vector<SweepPoint>& points, const std::vector<Comparison>& comparisons) {
+  std::ostringstream os;
+  os << "id,strategy,key,baseline_id,baseline_key,metric,value,baseline_value,difference,difference_lo,"
+        "difference_hi,verdict\n";
+  for (const Comparison& c : comparisons)
+    os << c.id << "," << csv_field(points.at(c.id).label) << "," << csv_field(points.at(c.id).key) << ","
+       << c.baseline_id << "," << csv_field(points.at(c.baseline_id).key) << "," << c.metric << ","
+       << format_double(c.value) << "," << format_double(c.baseline_value) << ","
+       << format_double(c.difference.value) << "," << format_double(c.difference.interval.lo) << ","
+       << format_double(c.difference.interval.hi) << "," << c.verdict << "\n";
+  return os.str();
+}
+
+std::string comparisons_console(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
+                                const std::vector<Comparison>& comparisons) {
+  if (comparisons.empty()) return "";
+  const BootstrapSettings settings = bootstrap_settings(spec);
+  std::ostringstream os;
+  char level[32];
+  std::snprintf(level, sizeof level, "%g %%", settings.level * 100);
+  os << "\nagainst the baseline '" << spec.metrics.baseline << "' (nearest in " << spec.output.x
+     << "; paired bootstrap, " << level
+     << " interval of the difference; better/worse only when it excludes zero), comparisons.csv:\n";
+  size_t i = 0;
+  while (i < comparisons.size()) {
+    const size_t id = comparisons[i].id;
+    os << "  " << points.at(id).label << " [" << points.at(id).key << "] vs #" << comparisons[i].baseline_id << ":";
+    // The primary metric first (metrics.primary), then every other one.
+    const size_t end = [&] {
+      size_t e = i;
+      while (e < comparisons.size() && comparisons[e].id == id) ++e;
+      return e;
+    }();
+    const char* sep = " ";
+    for (size_t k = i; k < end; ++k)
+      if (comparisons[k].metric == spec.metrics.primary) {
+        os << sep << comparisons[k].metric << " (primary) " << comparisons[k].verdict;
+        sep = "; ";
+      }
+    for (size_t k = i; k < end; ++k)
+      if (comparisons[k].metric != spec.metrics.primary) {
+        os << sep << comparisons[k].metric << " " << comparisons[k].verdict;
+        sep = ", ";
+      }
+    os << "\n";
+    i = end;
+  }
+  return os.str();
+}
+
+}  // namespace kvb
