@@ -75,11 +75,12 @@ std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const 
 
 std::string comparisons_csv(const std::vector<SweepPoint>& points, const std::vector<Comparison>& comparisons) {
   std::ostringstream os;
-  os << "id,strategy,key,baseline_id,baseline_key,metric,value,baseline_value,difference,difference_lo,"
+  os << "id,strategy,label,key,baseline_id,baseline_label,metric,value,baseline_value,difference,difference_lo,"
         "difference_hi,verdict\n";
   for (const Comparison& c : comparisons)
-    os << c.id << "," << csv_field(points.at(c.id).label) << "," << csv_field(points.at(c.id).key) << ","
-       << c.baseline_id << "," << csv_field(points.at(c.baseline_id).key) << "," << c.metric << ","
+    os << c.id << "," << csv_field(points.at(c.id).label) << "," << csv_field(points.at(c.id).display_label) << ","
+       << csv_field(points.at(c.id).key) << "," << c.baseline_id << ","
+       << csv_field(points.at(c.baseline_id).display_label) << "," << c.metric << ","
        << format_double(c.value) << "," << format_double(c.baseline_value) << ","
        << format_double(c.difference.value) << "," << format_double(c.difference.interval.lo) << ","
        << format_double(c.difference.interval.hi) << "," << c.verdict << "\n";
@@ -99,7 +100,7 @@ std::string comparisons_console(const ExperimentSpec& spec, const std::vector<Sw
   size_t i = 0;
   while (i < comparisons.size()) {
     const size_t id = comparisons[i].id;
-    os << "  " << points.at(id).label << " [" << points.at(id).key << "] vs #" << comparisons[i].baseline_id << ":";
+    os << "  " << points.at(id).display_label << " vs " << points.at(comparisons[i].baseline_id).display_label << ":";
     // The primary metric first (metrics.primary), then every other one.
     const size_t end = [&] {
       size_t e = i;

@@ -31,7 +31,7 @@ struct Comparison {
 std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
                                               const std::vector<PointResult>& results);
 
-// comparisons.csv: id, strategy, key, baseline_id, baseline_key, metric, value,
+// comparisons.csv: id, strategy, label, key, baseline_id, baseline_label, metric, value,
 // baseline_value, difference, difference_lo, difference_hi, verdict.
 std::string comparisons_csv(const std::vector<SweepPoint>& points, const std::vector<Comparison>& comparisons);
 

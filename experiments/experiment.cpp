@@ -305,6 +305,7 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
   if (preset && b.type != preset->type)
     t.fail("type", "preset '" + preset->name + "' is a '" + preset->type + "' strategy, not '" + b.type + "'");
   b.label = t.string("name", preset ? preset->name : b.type);
+  b.named = t.has("name");
   const std::vector<ParamDef> defs = type.all_params();
 
   std::vector<std::string> var_names;

@@ -69,6 +69,7 @@ struct StrategyBlock {
   size_t index = 0;
   std::string type;
   std::string label;      // `name` in the config, default the preset or the type
+  bool named = false;     // `name` given: results label its points by it (SweepPoint::display_label)
   std::string preset;     // `preset` in the config, "" = none
   std::map<std::string, ParamValue> preset_values;  // what the preset sets
   std::vector<Axis> axes; // params and vars, sorted by name; the last varies fastest

@@ -1,154 +1,178 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Plots the error-budget attribution of a kvbudget run.
 
-Reads RESULTS/attribution.csv, RESULTS/concentration.csv and RESULTS/pareto.csv (written
-by `kvbudget run`, see experiments/attribution.h for the definitions) and writes, under
-RESULTS/plots/:
-  concentration.png/.svg       share of the total error carried by the worst x% of heads
-  attribution_layers.png/.svg  share of the error per layer, one row per point
-  attribution_regions.png/.svg share per token region (and the interaction), per point,
-                               when some plan has protections or phases
-At most 12 points are drawn: all of them when there are few, else the Pareto points of
-the first Pareto metric, else the first 12.
+Reads RESULTS/attribution.csv, RESULTS/concentration.csv and RESULTS/points.csv
+(written by `kvbudget run`, see experiments/attribution.h for the definitions) and
+writes, under RESULTS/plots/, as PNG, SVG and PDF:
+  concentration             share of the total error carried by the worst x% of heads
+  attribution_layers        share of the error per layer, one row per point
+  attribution_regions       share per token region (and the interaction), per point,
+                            when some plan has protections or phases
+Every attributed point is drawn: --points-per-page of them per page (12 by default),
+page 1 in the files above, page k in <name>-p<k>.*. `attribution.points` in the config
+chooses which points are attributed at all. attribution.caption.txt lists the pages and
+the points on each. Points are named by points.csv `label` (the strategy's name with
+its axes' values).
 
-Runs under Debian's /usr/bin/python3 with python3-matplotlib.
+Needs matplotlib and numpy (Debian's /usr/bin/python3 with python3-matplotlib); run
+with another python3, it says so.
 """
 import argparse
-import csv
 import os
 import sys
 from collections import OrderedDict, defaultdict
 
-import matplotlib
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plot_style  # noqa: E402  (exits with a clear message without matplotlib)
+from plot_style import plt, point_label, read_csv  # noqa: E402
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-MAX_POINTS = 12
-METRICS = [("kl", "attention KL"), ("out_err2", "attention-output error ||o - ô||²")]
+POINTS_PER_PAGE = 12
+METRICS = [("kl", "attention KL (share of its total, %)"),
+           ("out_err2", "attention-output error ||o - ô||² (share of its total, %)")]
 
 
-def read_csv(path):
-    if not os.path.exists(path):
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+def short(text, n=56):
+    """`text` cut to n characters in the middle, where long keys repeat their family."""
+    if len(text) <= n:
+        return text
+    head = (n - 3) // 2
+    return text[:head] + "..." + text[len(text) - (n - 3 - head):]
 
 
-def pick_points(attribution, pareto):
-    ids = list(OrderedDict((r["id"], r["key"]) for r in attribution).items())
-    if len(ids) <= MAX_POINTS:
-        return ids
-    keys = dict(ids)
-    if pareto:
-        first = pareto[0]["metric"]
-        front = [r["id"] for r in pareto if r["metric"] == first and r["id"] in keys]
-        if front:
-            return [(i, keys[i]) for i in front[:MAX_POINTS]]
-    return ids[:MAX_POINTS]
+def page_name(name, page):
+    return name if page == 1 else f"{name}-p{page}"
 
 
-def short(key, n=48):
-    return key if len(key) <= n else key[: n - 3] + "..."
-
-
-def save(fig, out_dir, name):
-    fig.tight_layout()
-    for ext in ("png", "svg"):
-        fig.savefig(os.path.join(out_dir, f"{name}.{ext}"))
-    plt.close(fig)
-
-
-def plot_concentration(conc, points, title, out_dir):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), dpi=120)
-    cmap = plt.get_cmap("tab10" if len(points) <= 10 else "tab20")
+def plot_concentration(conc, points, title, out_dir, name):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), dpi=120)
     for ax, (metric, label) in zip(axes, METRICS):
-        for k, (pid, key) in enumerate(points):
+        for k, (pid, text) in enumerate(points):
             rows = [r for r in conc if r["id"] == pid and r["metric"] == metric]
             x = [0.0] + [float(r["head_fraction"]) * 100 for r in rows]
             y = [0.0] + [float(r["error_share"]) * 100 for r in rows]
-            ax.plot(x, y, color=cmap(k % cmap.N), linewidth=1.2, label=short(key))
+            colour, marker, line = plot_style.series_style(k, len(points))
+            ax.plot(x, y, color=colour, linestyle=line, marker=marker, markevery=max(1, len(x) // 6), markersize=4,
+                    linewidth=1.2, label=short(text))
         ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=1, label="equal shares")
         ax.axvline(2, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xlabel("worst heads (% of query heads, worst first)")
         ax.set_ylabel("share of the total error (%)")
-        ax.set_title(label, fontsize=10)
+        ax.set_title(label, fontsize=9)
         ax.set_xlim(0, 100)
         ax.set_ylim(0, 100)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=6, loc="lower right")
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.suptitle(f"{title}: error concentration over heads", fontsize=11)
-    save(fig, out_dir, "concentration")
+    fig.tight_layout()
+    plot_style.save(fig, out_dir, name, bbox_inches="tight")
 
 
-def plot_layers(attr, points, title, out_dir):
-    layers = list(OrderedDict((r["name"], 1) for r in attr if r["scope"] == "layer"))
-    if not layers:
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.8 + 0.35 * len(points) + 1.2), dpi=120)
+def plot_layers(attr, layers, points, title, out_dir, name):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 1.6 + 0.32 * len(points)), dpi=120)
     for ax, (metric, label) in zip(axes, METRICS):
         grid = np.zeros((len(points), len(layers)))
         for i, (pid, _) in enumerate(points):
-            for r in attr:
-                if r["id"] == pid and r["metric"] == metric and r["scope"] == "layer":
-                    grid[i, layers.index(r["name"])] = float(r["share"])
-        im = ax.imshow(grid * 100, aspect="auto", cmap="viridis", vmin=0)
+            for r in attr.get((pid, metric, "layer"), []):
+                grid[i, layers.index(r["name"])] = float(r["share"]) * 100
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=max(grid.max(), 1e-12))
+        if len(layers) <= 16:  # the value in each cell, in a colour that reads on it
+            for i in range(len(points)):
+                for j in range(len(layers)):
+                    v = grid[i, j]
+                    ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=6,
+                            color="black" if v > 0.6 * grid.max() else "white")
         ax.set_xticks(range(len(layers)))
-        ax.set_xticklabels(layers, fontsize=7)
+        ax.set_xticklabels(layers, fontsize=7, rotation=90 if len(layers) > 16 else 0)
         ax.set_yticks(range(len(points)))
-        ax.set_yticklabels([short(k, 36) for _, k in points], fontsize=6)
-        ax.set_title(f"{label}: share per layer (%)", fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.04)
+        ax.set_yticklabels([short(t) for _, t in points], fontsize=7)
+        ax.set_xlabel("layer")
+        ax.set_title(label, fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.04, label="share per layer (%)")
     fig.suptitle(f"{title}: error per layer", fontsize=11)
-    save(fig, out_dir, "attribution_layers")
+    fig.tight_layout()
+    plot_style.save(fig, out_dir, name, bbox_inches="tight")
 
 
-def plot_regions(attr, points, title, out_dir):
-    names = list(OrderedDict(((r["scope"], r["name"]), 1) for r in attr
-                             if r["scope"] not in ("layer", "head")))
-    # Plans without protections or phases are 100% "rest": nothing to draw.
-    if not names or set(names) <= {("protection", "rest"), ("protection", "interaction")}:
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.8 + 0.35 * len(points) + 1.2), dpi=120, sharey=True)
-    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+def plot_regions(attr, names, points, title, out_dir, name):
+    # One group of bars per point, one bar per region: colour and hatch tell regions apart.
+    per_point = 0.2 * len(names) + 0.25
+    fig, axes = plt.subplots(1, 2, figsize=(12, 1.8 + per_point * len(points)), dpi=120, sharey=True)
     height = 0.8 / len(names)
     for ax, (metric, label) in zip(axes, METRICS):
         shares = defaultdict(float)
-        for r in attr:
-            if r["metric"] == metric and (r["scope"], r["name"]) in names:
-                shares[(r["id"], r["scope"], r["name"])] = float(r["share"])
-        for k, (scope, name) in enumerate(names):
+        for pid, _ in points:
+            for scope in {s for s, _ in names}:
+                for r in attr.get((pid, metric, scope), []):
+                    shares[(pid, scope, r["name"])] = float(r["share"]) * 100
+        for k, (scope, region) in enumerate(names):
             y = [i - 0.4 + (k + 0.5) * height for i in range(len(points))]
-            ax.barh(y, [shares[(pid, scope, name)] * 100 for pid, _ in points], height=height,
-                    color=cmap(k % cmap.N), label=f"{scope}: {name}")
+            colour, _, _ = plot_style.series_style(k, len(names))
+            ax.barh(y, [shares[(pid, scope, region)] for pid, _ in points], height=height * 0.92, color=colour,
+                    hatch=plot_style.HATCHES[k % len(plot_style.HATCHES)], edgecolor="black", linewidth=0.4,
+                    label=f"{scope}: {region}")
+        for i in range(1, len(points)):
+            ax.axhline(i - 0.5, color="grey", linewidth=0.5, alpha=0.5)
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_yticks(range(len(points)))
-        ax.set_yticklabels([short(k, 36) for _, k in points], fontsize=6)
-        ax.set_xlabel("share of the total error (%)")
+        ax.set_yticklabels([short(t) for _, t in points], fontsize=7)
+        ax.set_ylim(len(points) - 0.5, -0.5)
+        ax.set_xlabel("share of the total error with only this region quantized (%)")
         ax.set_title(label, fontsize=9)
         ax.grid(True, axis="x", alpha=0.3)
-    axes[1].legend(fontsize=6, loc="best")
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.suptitle(f"{title}: error with only one region quantized", fontsize=11)
-    save(fig, out_dir, "attribution_regions")
+    fig.tight_layout()
+    plot_style.save(fig, out_dir, name, bbox_inches="tight")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", required=True, help="a results/<name>/<timestamp> directory")
     ap.add_argument("--title", default="kvbudget")
+    ap.add_argument("--points-per-page", type=int, default=POINTS_PER_PAGE,
+                    help=f"points per page of each plot (default {POINTS_PER_PAGE})")
     args = ap.parse_args()
-    attr = read_csv(os.path.join(args.results, "attribution.csv"))
+    if args.points_per_page < 1:
+        print(f"--points-per-page {args.points_per_page}: expected at least 1", file=sys.stderr)
+        return 2
+    plot_style.configure()
+    rows = read_csv(os.path.join(args.results, "attribution.csv"))
     conc = read_csv(os.path.join(args.results, "concentration.csv"))
-    if not attr:
+    if not rows:
         print("no attribution.csv rows to plot", file=sys.stderr)
         return 1
-    points = pick_points(attr, read_csv(os.path.join(args.results, "pareto.csv")))
+    labels = {p["id"]: point_label(p) for p in read_csv(os.path.join(args.results, "points.csv"))}
+    points = [(pid, labels.get(pid, key)) for pid, key in OrderedDict((r["id"], r["key"]) for r in rows).items()]
+    attr = defaultdict(list)  # (id, metric, scope) -> rows
+    for r in rows:
+        attr[(r["id"], r["metric"], r["scope"])].append(r)
+    layers = list(OrderedDict((r["name"], 1) for r in rows if r["scope"] == "layer"))
+    regions = list(OrderedDict(((r["scope"], r["name"]), 1) for r in rows if r["scope"] not in ("layer", "head")))
+    # Plans without protections or phases are 100% "rest": no regions plot.
+    draw_regions = bool(regions) and not set(regions) <= {("protection", "rest"), ("protection", "interaction")}
     out_dir = os.path.join(args.results, "plots")
     os.makedirs(out_dir, exist_ok=True)
-    plot_concentration(conc, points, args.title, out_dir)
-    plot_layers(attr, points, args.title, out_dir)
-    plot_regions(attr, points, args.title, out_dir)
+    size = args.points_per_page
+    pages = [points[i: i + size] for i in range(0, len(points), size)]
+    drawn = ["concentration"] + (["attribution_layers"] if layers else []) + \
+        (["attribution_regions"] if draw_regions else [])
+    caption = [f"{args.title}: error-budget attribution of {len(points)} points (attribution.csv), "
+               f"{len(pages)} page(s) of at most {size} points each: " + ", ".join(drawn) +
+               " (page k > 1 in <name>-p<k>)."]
+    for k, page in enumerate(pages, start=1):
+        plot_concentration(conc, page, args.title, out_dir, page_name("concentration", k))
+        if layers:
+            plot_layers(attr, layers, page, args.title, out_dir, page_name("attribution_layers", k))
+        if draw_regions:
+            plot_regions(attr, regions, page, args.title, out_dir, page_name("attribution_regions", k))
+        caption.append(f"page {k}: " + "; ".join(f"point {pid} {text}" for pid, text in page))
+    if not draw_regions:
+        caption.append("No regions plot: no plan has protections or phases (all of its error is in 'rest').")
+    with open(os.path.join(out_dir, "attribution.caption.txt"), "w") as f:
+        f.write("\n".join(caption) + "\n")
     return 0
 
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,7 +36,9 @@ namespace {
 std::string num(double v) { return format_double(v); }
 
 // points.csv's fixed columns: before the coordinates, and between them and the metrics.
-const std::vector<std::string> kPointColumnsLead = {"id", "strategy", "type", "key"};
+// `strategy` is the block's name (default its preset or type), `label` the point's
+// display label (SweepPoint::display_label).
+const std::vector<std::string> kPointColumnsLead = {"id", "strategy", "type", "key", "label"};
 // `extrapolated`: which memory figures are taken at a longer context than the error
 // (extrapolated_label, methods.md §1).
 const std::vector<std::string> kPointColumnsPlan = {"plan",         "bpe",         "bpe_target",  "bytes",
@@ -83,10 +86,59 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
-std::string plot_python() {
-  if (const char* p = std::getenv("KVB_PYTHON"); p && *p) return p;
-  if (::access("/usr/bin/python3", X_OK) == 0) return "/usr/bin/python3";
-  return "python3";
+namespace {
+
+// `name` as execvp would find it: itself when it has a '/', else the first executable
+// of that name on PATH; empty when there is none.
+std::string resolve_executable(const std::string& name) {
+  if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0 ? name : std::string();
+  const char* path = std::getenv("PATH");
+  for (const std::string& dir : split(path ? path : "", ':')) {
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return {};
+}
+
+// Whether `python` runs and imports what the plot scripts need (matplotlib, numpy).
+bool imports_matplotlib(const std::string& python) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    if (FILE* null = std::fopen("/dev/null", "w")) {
+      ::dup2(::fileno(null), STDOUT_FILENO);
+      ::dup2(::fileno(null), STDERR_FILENO);
+    }
+    ::execl(python.c_str(), python.c_str(), "-c", "import matplotlib, numpy", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+}  // namespace
+
+std::string plot_python(std::string* why) {
+  std::vector<std::pair<std::string, std::string>> candidates;  // (what, as written)
+  if (const char* p = std::getenv("KVB_PYTHON"); p && *p) candidates.emplace_back("$KVB_PYTHON", p);
+  else candidates = {{"Debian's", "/usr/bin/python3"}, {"the first on PATH", "python3"}};
+  std::vector<std::string> tried;
+  for (const auto& [what, name] : candidates) {
+    const std::string path = resolve_executable(name);
+    if (path.empty()) {
+      tried.push_back(what + " " + name + " (not found)");
+    } else if (imports_matplotlib(path)) {
+      return path;
+    } else {
+      tried.push_back(what + " " + path + " (cannot import matplotlib and numpy)");
+    }
+  }
+  if (why)
+    *why = "plots need a Python 3 with matplotlib and numpy; tried " + join(tried, ", ") +
+           ". Install Debian's python3-matplotlib (scripts/setup.sh does) or set KVB_PYTHON to an interpreter "
+           "that has it (output.plots = false or --no-plots skips the plots)";
+  return {};
 }
 
 std::filesystem::path make_run_dir(const std::filesystem::path& base, const std::string& name,
@@ -271,7 +323,8 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
   for (const PointResult& r : results) {
     if (!r.ok) continue;
     const SweepPoint& p = points_[r.id];
-    os << p.id << "," << csv_field(p.label) << "," << csv_field(p.type) << "," << csv_field(p.key);
+    os << p.id << "," << csv_field(p.label) << "," << csv_field(p.type) << "," << csv_field(p.key) << ","
+       << csv_field(p.display_label);
     for (const std::string& c : coords) {
       std::optional<std::string> v;
       for (const auto& [k, val] : p.coords)
@@ -316,11 +369,12 @@ void Report::write_points(const std::vector<PointResult>& results) const {
   write_file_atomic(dir_ / "points.csv", points_csv(sorted));
   std::ostringstream err;
   bool any = false;
-  err << "id,key,error\n";
+  err << "id,key,label,error\n";
   for (const PointResult& r : sorted) {
     if (r.ok) continue;
     any = true;
-    err << r.id << "," << csv_field(points_[r.id].key) << "," << csv_field(r.error) << "\n";
+    err << r.id << "," << csv_field(points_[r.id].key) << "," << csv_field(points_[r.id].display_label) << ","
+        << csv_field(r.error) << "\n";
   }
   if (any) write_file_atomic(dir_ / "errors.csv", err.str());
 }
@@ -384,13 +438,15 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
   constexpr const char* kExtrapolatedMark = " (extrapolated)";
 
   std::ostringstream csv, console;
-  csv << "metric,rank,id,key,bpe,bytes,bpe_target,bytes_target,value,memory,extrapolated\n";
+  csv << "metric,rank,id,key,strategy,label,bpe,bytes,bpe_target,bytes_target,value,memory,extrapolated\n";
   for (const std::string& m : spec_.metrics.pareto) {
     const MetricDef& def = *find_metric(m);
     const std::vector<size_t> front = pareto_front(cost, in.metric_values[metric_index(m)], def.better);
     for (size_t k = 0; k < front.size(); ++k) {
       const PointResult& r = *ok[front[k]];
-      csv << m << "," << k << "," << r.id << "," << csv_field(points_[r.id].key) << "," << num(r.bpe) << ","
+      const SweepPoint& point = points_[r.id];
+      csv << m << "," << k << "," << r.id << "," << csv_field(point.key) << "," << csv_field(point.label) << ","
+          << csv_field(point.display_label) << "," << num(r.bpe) << ","
           << num(r.bytes) << "," << num(r.bpe_target) << "," << num(r.bytes_target) << ","
           << num(r.metrics[metric_index(m)]) << "," << x << "," << (extrapolated_on(r, x) ? "true" : "false") << "\n";
     }
@@ -417,7 +473,7 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
         console << line;
       }
       const std::string note = extrapolation_note(r, x, spec_.output.target_context);
-      console << "  " << points_[r.id].key << (note.empty() ? "" : kExtrapolatedMark) << "\n";
+      console << "  " << points_[r.id].display_label << (note.empty() ? "" : kExtrapolatedMark) << "\n";
       if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
     }
     for (const std::string& note : notes) console << "  extrapolated: " << note << " (docs/methods.md §1)\n";
@@ -440,6 +496,8 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
         const PointResult& r = *ok[*p.index];
         const double value = r.metrics[metric_index(p.metric)];
         jp["point"] = points_[r.id].key;
+        jp["strategy"] = points_[r.id].label;
+        jp["label"] = points_[r.id].display_label;
         jp["id"] = r.id;
         jp["bpe"] = r.bpe;
         jp["bytes"] = r.bytes;
@@ -454,7 +512,7 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
         if (!note.empty()) jp["extrapolation"] = note;
         const double memory_value = frontier_column(in, memory)[*p.index];
         console << "  " << q.text << (q.memory ? " -> best " + p.metric : std::string(" -> least memory")) << ": "
-                << points_[r.id].key << "  (bpe " << short_num(r.bpe)
+                << points_[r.id].display_label << "  (bpe " << short_num(r.bpe)
                 << (memory == "bpe" ? "" : ", " + memory + " " + short_num(memory_value)) << ", " << p.metric << " "
                 << short_num(value) << ")" << (note.empty() ? "" : "  extrapolated: " + note) << "\n";
       }
@@ -523,7 +581,9 @@ std::string Report::write_plots() const {
   const std::filesystem::path scripts = std::filesystem::path(KVB_SOURCE_DIR) / "experiments";
   const std::filesystem::path pareto = scripts / "plot_pareto.py", attribution = scripts / "plot_attribution.py";
   if (!std::filesystem::exists(pareto)) return "plot script not found at " + pareto.string();
-  const std::string python = plot_python();
+  std::string no_python;
+  const std::string python = plot_python(&no_python);
+  if (python.empty()) return no_python;
   std::vector<std::string> argv = {python, pareto.string(), "--results", dir_.string(), "--metrics",
                                    join(spec_.metrics.pareto, ","), "--title", spec_.name, "--x", spec_.output.x,
                                    "--target-context", std::to_string(spec_.output.target_context)};
@@ -535,6 +595,12 @@ std::string Report::write_plots() const {
     argv.push_back("--higher-is-better");
     argv.push_back(join(higher_is_better, ","));
   }
+  // Axis labels from the metric table: quantity, unit, direction.
+  for (const std::string& m : spec_.metrics.pareto)
+    if (const MetricDef* def = find_metric(m)) {
+      argv.push_back("--metric-label");
+      argv.push_back(m + "=" + metric_axis_label(*def));
+    }
   if (!spec_.output.series.empty()) {
     argv.push_back("--series");
     argv.push_back(spec_.output.series);

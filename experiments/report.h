@@ -8,20 +8,23 @@
 //                   host and heartbeat (experiments/run_state.h)
 //   results.jsonl   every finished point's result, read back by merge and --resume
 //                   (experiments/point_log.h)
-//   points.csv      one row per point: key, coordinates, bpe, bytes, extrapolated, every metric,
-//                   then the strategies' annotations (rho_first, budget_bpe, ...)
+//   points.csv      one row per point: strategy name, key, label, coordinates, bpe, bytes,
+//                   extrapolated, every metric, then the strategies' annotations
+//                   (rho_first, budget_bpe, ...)
 //   errors.csv      points that failed, with the reason (only when some failed)
 //   attribution.csv, concentration.csv   error-budget attribution of the selected
 //                   points (experiments/attribution.h)
-//   pareto.csv      the non-dominated points for each Pareto metric, memory on
-//                   output.x, with whether each point is extrapolated there
-//   budgets.json    answers to the budget queries (also printed), each pick with
-//                   whether it is extrapolated (methods.md §1) and why
+//   pareto.csv      the non-dominated points for each Pareto metric (strategy, label),
+//                   memory on output.x, with whether each point is extrapolated there
+//   budgets.json    answers to the budget queries (also printed), each pick with its
+//                   strategy and label, whether it is extrapolated (methods.md §1) and why
 //   comparisons.csv every point against metrics.baseline: paired differences with
 //                   intervals and verdicts (experiments/comparisons.h)
-//   plots/<metric>.png|svg   memory (output.x) against each Pareto metric, frontier
-//                   drawn, extrapolated points hollow
-//   plots/attribution_*.png|svg, plots/concentration.png|svg   attribution plots
+//   plots/<metric>.png|svg|pdf, .caption.txt   memory (output.x) against each Pareto
+//                   metric: a curve per strategy, the frontier, extrapolated points
+//                   hollow; the caption lists what is not drawn (experiments/plot_pareto.py)
+//   plots/attribution_*, plots/concentration*   attribution plots, 12 points a page
+//                   (experiments/plot_attribution.py)
 //
 // Every file is written atomically (sim/io/atomic_file.h).
 #pragma once
@@ -100,8 +103,8 @@ class Report {
   // its console summary ("" without a baseline), also when the file cannot be written.
   std::string write_comparisons(const std::vector<PointResult>& results, std::string* write_error) const;
   // Runs experiments/plot_pareto.py (and plot_attribution.py when attribution.csv
-  // exists) through Debian's python3 with matplotlib. Returns an empty string on
-  // success, else why no plot was written.
+  // exists) through plot_python(), with each Pareto metric's axis label from the
+  // metric table. Returns an empty string on success, else why no plot was written.
   std::string write_plots() const;
 
   // CSV text (exposed for tests).
@@ -121,7 +124,10 @@ class Report {
 // Quotes a CSV field when needed (RFC 4180).
 std::string csv_field(const std::string& s);
 
-// The interpreter used for plots and notebooks: $KVB_PYTHON, else /usr/bin/python3.
-std::string plot_python();
+// The interpreter that runs the plot scripts, resolved to its path: $KVB_PYTHON when
+// set (and only it), else Debian's /usr/bin/python3, else the python3 first on PATH;
+// the first that imports matplotlib and numpy. Empty when none does, and then *why
+// (when given) names each one tried and what to install.
+std::string plot_python(std::string* why = nullptr);
 
 }  // namespace kvb

@@ -159,7 +159,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   std::string first_intermediate_error;
   auto on_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t total) {
     done_results.push_back(r);
-    progress.update(done, r.ok ? p.key : r.error, r.ok, r.seconds);
+    progress.update(done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
     const auto now = std::chrono::steady_clock::now();
     if (std::chrono::duration<double>(now - last_write).count() >= 1.0) {
       last_write = now;

@@ -31,6 +31,16 @@ std::string substitute(std::string s, const std::vector<std::pair<std::string, s
   return s;
 }
 
+// "name(axis=v, ...)": a named block's point by its name and the values that tell its
+// points apart (its axes and variables); just the name when it has none.
+std::string point_display_label(const std::string& name,
+                                const std::vector<std::pair<std::string, std::string>>& coords) {
+  if (coords.empty()) return name;
+  std::vector<std::string> parts;
+  for (const auto& [axis, value] : coords) parts.push_back(axis + "=" + value);
+  return name + "(" + join(parts, ", ") + ")";
+}
+
 // "type(p=v,...)" listing the parameters that differ from what is implied: the
 // preset's value where the preset sets one, else the default. A preset point is
 // named after its preset, and also lists a default-valued parameter the block sets
@@ -217,6 +227,7 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
       pt.preset = b.preset;
       pt.params = Params(values);
       pt.key = point_key(b, pt.params, defs);
+      pt.display_label = b.named ? point_display_label(b.label, pt.coords) : pt.key;
       try {
         (void)type.make(pt.params);  // validates formats and parameter combinations
       } catch (const Error& e) {

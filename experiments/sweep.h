@@ -32,6 +32,10 @@ struct SweepPoint {
   // Values of the block's axes and variables at this point, for CSV columns/plots.
   std::vector<std::pair<std::string, std::string>> coords;
   std::string key;  // canonical: "uniform(format=int4-asym-g32)", "kivi-2(window=64)"
+  // How results name the point (points.csv and pareto.csv `label`, the console,
+  // budgets.json, plots): the block's `name` with the values of its axes and variables
+  // ("int-sym(bits=4)", or "int-sym" without any), or `key` when the block has no name.
+  std::string display_label;
 };
 
 // The most points one sweep may have (each holds its parameters until it is written).

@@ -660,4 +660,11 @@ PYBIND11_MODULE(_core, m) {
       py::arg("out"), py::arg("backend"), py::arg("plots"), py::arg("quiet"), py::arg("shard"), py::arg("resume"),
       py::arg("command_line"));
   m.def("budget_picks", &budget_picks, py::arg("query"), py::arg("columns"), py::arg("pareto"), py::arg("memory"));
+  // The metric table's axis label of a metric ("attention KL, mean (nats, lower is
+  // better)") and its direction, as the CLI's plots name it; None for another column.
+  m.def("metric_axis", [](const std::string& name) -> py::object {
+    const MetricDef* def = find_metric(name);
+    if (def == nullptr) return py::none();
+    return py::make_tuple(metric_axis_label(*def), def->better == Better::Higher);
+  });
 }

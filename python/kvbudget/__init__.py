@@ -345,9 +345,12 @@ class Result:
 
     def plot(self, metric=None, x=None, ax=None, frontier=True, logy=None):
         """Plots each point's `metric` (default: the first Pareto metric) against memory
-        `x` (default: output.x), one series per strategy, and its Pareto frontier;
-        returns the matplotlib axes. The results folder's plots/ holds the CLI's
-        plots."""
+        `x` (default: output.x: "bpe", "bpe_target", "bytes" or "bytes_target"), one
+        series per strategy (its name), each with its own marker and line style (the
+        line joins the points in memory order), and the Pareto frontier over all of them;
+        the y axis is named as the CLI's plots name it (the metric table's quantity, unit
+        and direction). Returns the matplotlib axes. The results folder's plots/ holds
+        the CLI's plots (PNG, SVG, PDF, with captions)."""
         import matplotlib.pyplot as plt
 
         config = self.config
@@ -356,23 +359,32 @@ class Result:
         points = self.points
         if metric not in points.columns:
             raise ConfigError(f"plot: points.csv has no column '{metric}'")
+        if x not in ("bpe", "bpe_target", "bytes", "bytes_target"):
+            raise ConfigError(f"plot: x = '{x}' is not a memory column (bpe, bpe_target, bytes, bytes_target)")
         if ax is None:
             _, ax = plt.subplots()
-        for strategy, group in points.groupby("strategy", sort=False):
-            ax.scatter(group[x], group[metric], label=strategy, s=16)
+        markers = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p"]
+        lines = ["-", "--", "-.", ":"]
+        for k, (strategy, group) in enumerate(points.groupby("strategy", sort=False)):
+            group = group.sort_values(x)
+            ax.plot(group[x], group[metric], marker=markers[k % len(markers)], linestyle=lines[k % len(lines)],
+                    markersize=4, linewidth=1, label=strategy)
         pareto = self.pareto
         if frontier and not pareto.empty and "metric" in pareto.columns:
             front = pareto[pareto["metric"] == metric]
             value = "value" if "value" in front.columns else metric
             if not front.empty and value in front.columns and x in front.columns:
-                ax.step(front[x], front[value], where="post", color="black", linewidth=1, label="Pareto frontier")
+                ax.step(front[x], front[value], where="post", color="black", linewidth=2, alpha=0.5,
+                        label="Pareto frontier, all strategies")
         values = points[metric].dropna()
         if logy is None:
             logy = len(values) > 0 and (values > 0).all() and values.max() > 100 * max(values.min(), 1e-300)
         if logy:
             ax.set_yscale("log")
-        ax.set_xlabel(x)
-        ax.set_ylabel(metric)
+        at = f" at {config.get('output', {}).get('target_context', 32768)} tokens" if x.endswith("_target") else ""
+        ax.set_xlabel(("bits per element" if x.startswith("bpe") else "cache size (bytes)") + at)
+        axis = _core.metric_axis(metric)
+        ax.set_ylabel(axis[0] if axis else metric)
         ax.legend(fontsize="small")
         return ax
 

@@ -164,10 +164,11 @@ double answer_flips(const ErrorStats& s, bool right_to_wrong) {
 double flips_right_to_wrong(const ErrorStats& s) { return answer_flips(s, true); }
 double flips_wrong_to_right(const ErrorStats& s) { return answer_flips(s, false); }
 
-MetricDef task_metric(std::string name, std::string unit, std::string description, Better better,
+MetricDef task_metric(std::string name, std::string unit, std::string quantity, std::string description, Better better,
                       double (*compute)(const ErrorStats&), Interval (*interval)(const ErrorStats&) = nullptr,
                       SampleReduction samples = {}) {
-  MetricDef m{std::move(name), std::move(unit), std::move(description), better, MetricLevel::Model, compute};
+  MetricDef m{std::move(name), std::move(unit), std::move(quantity), std::move(description), better, MetricLevel::Model,
+              compute};
   m.needs_task = true;
   m.interval = interval;
   m.samples = samples;
@@ -175,11 +176,12 @@ MetricDef task_metric(std::string name, std::string unit, std::string descriptio
 }
 
 // A model metric that is finish(mean of a per-position value), with its standard error.
-MetricDef position_mean_metric(std::string name, std::string unit, std::string description, Better better,
-                               double (*compute)(const ErrorStats&), double (*standard_error)(const ErrorStats&),
-                               double (*value)(const ModelStats&, size_t), double (*finish)(double) = nullptr) {
-  MetricDef m{std::move(name), std::move(unit), std::move(description), better, MetricLevel::Model, compute,
-              standard_error};
+MetricDef position_mean_metric(std::string name, std::string unit, std::string quantity, std::string description,
+                               Better better, double (*compute)(const ErrorStats&),
+                               double (*standard_error)(const ErrorStats&), double (*value)(const ModelStats&, size_t),
+                               double (*finish)(double) = nullptr) {
+  MetricDef m{std::move(name),     std::move(unit), std::move(quantity), std::move(description), better,
+              MetricLevel::Model, compute,         standard_error};
   m.samples = {SampleReduction::Unit::Positions, value, finish};
   return m;
 }
@@ -198,55 +200,58 @@ const std::vector<MetricDef>& metric_table() {
   using B = Better;
   using L = MetricLevel;
   static const std::vector<MetricDef> table = {
-      {"k_rel_mse", "", "relative MSE of the stored keys ||K - K̂||² / ||K||² (segment formats, all tokens; windows not included)", B::Lower, L::Tensor, &k_rel_mse},
-      {"v_rel_mse", "", "relative MSE of the stored values ||V - V̂||² / ||V||² (segment formats, all tokens; windows not included)", B::Lower, L::Tensor, &v_rel_mse},
-      {"k_snr_db", "dB", "key signal-to-noise ratio 10 log10(||K||² / ||K - K̂||²) of the stored keys", B::Higher, L::Tensor, &k_snr},
-      {"v_snr_db", "dB", "value signal-to-noise ratio of the stored values", B::Higher, L::Tensor, &v_snr},
-      {"logit_rmse", "", "RMS of ŝ - s over causal (t, j) of the evaluated rows, s = q·k/√d", B::Lower, L::Attention,
+      {"k_rel_mse", "", "key relative MSE", "relative MSE of the stored keys ||K - K̂||² / ||K||² (segment formats, all tokens; windows not included)", B::Lower, L::Tensor, &k_rel_mse},
+      {"v_rel_mse", "", "value relative MSE", "relative MSE of the stored values ||V - V̂||² / ||V||² (segment formats, all tokens; windows not included)", B::Lower, L::Tensor, &v_rel_mse},
+      {"k_snr_db", "dB", "key SNR", "key signal-to-noise ratio 10 log10(||K||² / ||K - K̂||²) of the stored keys", B::Higher, L::Tensor, &k_snr},
+      {"v_snr_db", "dB", "value SNR", "value signal-to-noise ratio of the stored values", B::Higher, L::Tensor, &v_snr},
+      {"logit_rmse", "", "attention logit error, RMS", "RMS of ŝ - s over causal (t, j) of the evaluated rows, s = q·k/√d", B::Lower, L::Attention,
        &logit_rmse, nullptr, sqrt_ratio_of(&logit_err2_of, &logit_pairs_of)},
-      {"logit_err_max", "", "max |ŝ - s| over causal (t, j) of the evaluated rows", B::Lower, L::Attention,
+      {"logit_err_max", "", "attention logit error, max", "max |ŝ - s| over causal (t, j) of the evaluated rows", B::Lower, L::Attention,
        &logit_max, nullptr, quantile_of(&logit_err_max_of, 1.0)},
-      {"attn_kl_mean", "nats", "mean over (layer, head, t) of KL(p || p̂)", B::Lower, L::Attention, &kl_mean,
+      {"attn_kl_mean", "nats", "attention KL, mean", "mean over (layer, head, t) of KL(p || p̂)", B::Lower, L::Attention, &kl_mean,
        nullptr, mean_of(&kl)},
-      {"attn_kl_p99", "nats", "99th percentile of KL(p || p̂)", B::Lower, L::Attention, &kl_p99, nullptr,
+      {"attn_kl_p99", "nats", "attention KL, 99th percentile", "99th percentile of KL(p || p̂)", B::Lower, L::Attention, &kl_p99, nullptr,
        quantile_of(&kl, 0.99)},
-      {"attn_kl_max", "nats", "max of KL(p || p̂)", B::Lower, L::Attention, &kl_max, nullptr, quantile_of(&kl, 1.0)},
-      {"topk_overlap", "", "mean |topk(p) ∩ topk(p̂)| / k over evaluated rows (k = metrics.topk, at most t + 1 keys)",
+      {"attn_kl_max", "nats", "attention KL, max", "max of KL(p || p̂)", B::Lower, L::Attention, &kl_max, nullptr, quantile_of(&kl, 1.0)},
+      {"topk_overlap", "", "top-k attention overlap, fraction of k", "mean |topk(p) ∩ topk(p̂)| / k over evaluated rows (k = metrics.topk, at most t + 1 keys)",
        B::Higher, L::Attention, &topk, nullptr, mean_of(&topk_of)},
-      {"attn_out_rel_err", "", "mean over (layer, head, t) of ||o - ô|| / ||o||, o = softmax(s)·v", B::Lower,
+      {"attn_out_rel_err", "", "attention-output relative error, mean", "mean over (layer, head, t) of ||o - ô|| / ||o||, o = softmax(s)·v", B::Lower,
        L::Attention, &out_rel_mean, nullptr, mean_of(&out_rel)},
-      {"attn_out_rel_err_p99", "", "99th percentile of ||o - ô|| / ||o||", B::Lower, L::Attention, &out_rel_p99,
+      {"attn_out_rel_err_p99", "", "attention-output relative error, 99th percentile", "99th percentile of ||o - ô|| / ||o||", B::Lower, L::Attention, &out_rel_p99,
        nullptr, quantile_of(&out_rel, 0.99)},
-      {"attn_out_rel_fro", "", "sqrt(sum ||o - ô||² / sum ||o||²) over all rows", B::Lower, L::Attention,
+      {"attn_out_rel_fro", "", "attention-output relative error, Frobenius", "sqrt(sum ||o - ô||² / sum ||o||²) over all rows", B::Lower, L::Attention,
        &out_rel_total, nullptr, sqrt_ratio_of(&out_err2_of, &out_norm2_of)},
-      position_mean_metric("ppl", "", "perplexity exp(mean NLL) of the next token, teacher-forced, quantized cache",
-                           B::Lower, &ppl, &ppl_se, &nll_at, &exponential),
-      position_mean_metric("ppl_ratio", "", "PPL with the quantized cache / PPL with the exact cache", B::Lower,
-                           &ppl_ratio, &ppl_ratio_se, &nll_excess_at, &exponential),
-      position_mean_metric("next_token_kl_mean", "nats",
+      position_mean_metric("ppl", "", "perplexity",
+                           "perplexity exp(mean NLL) of the next token, teacher-forced, quantized cache", B::Lower, &ppl,
+                           &ppl_se, &nll_at, &exponential),
+      position_mean_metric("ppl_ratio", "", "perplexity ratio, quantized / exact",
+                           "PPL with the quantized cache / PPL with the exact cache", B::Lower, &ppl_ratio,
+                           &ppl_ratio_se, &nll_excess_at, &exponential),
+      position_mean_metric("next_token_kl_mean", "nats", "next-token KL, mean",
                            "mean over positions of KL(p_base || p_quantized) of the next token", B::Lower,
                            &token_kl_mean, &token_kl_mean_se, &kl_at),
-      {"next_token_kl_median", "nats", "median of the next-token KL", B::Lower, L::Model, &token_kl_median},
-      {"next_token_kl_p99", "nats", "99th percentile of the next-token KL", B::Lower, L::Model, &token_kl_p99},
-      {"next_token_kl_max", "nats", "max of the next-token KL", B::Lower, L::Model, &token_kl_max},
-      position_mean_metric("same_top_rate", "", "fraction of positions where the quantized and exact argmax tokens agree",
-                           B::Higher, &same_top, &same_top_se, &same_top_at),
-      {"gen_token_match", "", "greedy continuations: fraction of tokens equal to the exact model's at the same index",
+      {"next_token_kl_median", "nats", "next-token KL, median", "median of the next-token KL", B::Lower, L::Model, &token_kl_median},
+      {"next_token_kl_p99", "nats", "next-token KL, 99th percentile", "99th percentile of the next-token KL", B::Lower, L::Model, &token_kl_p99},
+      {"next_token_kl_max", "nats", "next-token KL, max", "max of the next-token KL", B::Lower, L::Model, &token_kl_max},
+      position_mean_metric("same_top_rate", "", "same top-1 token, fraction of positions",
+                           "fraction of positions where the quantized and exact argmax tokens agree", B::Higher,
+                           &same_top, &same_top_se, &same_top_at),
+      {"gen_token_match", "", "greedy continuation token match, fraction", "greedy continuations: fraction of tokens equal to the exact model's at the same index",
        B::Higher, L::Model, &gen_match, nullptr, {}, true},
-      {"gen_bleu4", "", "greedy continuations: corpus BLEU-4 on token ids against the exact model's", B::Higher,
+      {"gen_bleu4", "", "greedy continuation BLEU-4 (corpus)", "greedy continuations: corpus BLEU-4 on token ids against the exact model's", B::Higher,
        L::Model, &gen_bleu, nullptr, {}, true, 4},
-      {"gen_bleu4_research", "",
+      {"gen_bleu4_research", "", "greedy continuation BLEU-4 (per sequence, research variant)",
        "greedy continuations: per-sequence BLEU-4, orders without matches dropped, averaged (the research's variant)",
        B::Higher, L::Model, &gen_bleu_research, nullptr, {}, true},
-      task_metric("answer_accuracy", "",
+      task_metric("answer_accuracy", "", "answer accuracy, fraction of problems",
                   "answer task: fraction of problems whose greedily generated answer equals the expected one "
                   "(quantized cache); _lo/_hi: 95 % Wilson score interval over problems",
                   B::Higher, &answer_accuracy, &answer_accuracy_interval,
                   {SampleReduction::Unit::Problems, &answer_correct_at, nullptr}),
-      task_metric("flips_right_to_wrong", "problems",
+      task_metric("flips_right_to_wrong", "problems", "answers flipped right to wrong",
                   "answer task: problems answered right with the exact cache and wrong with the quantized one",
                   B::Lower, &flips_right_to_wrong),
-      task_metric("flips_wrong_to_right", "problems",
+      task_metric("flips_wrong_to_right", "problems", "answers flipped wrong to right",
                   "answer task: problems answered wrong with the exact cache and right with the quantized one",
                   B::Higher, &flips_wrong_to_right),
   };
@@ -275,6 +280,11 @@ const char* level_name(MetricLevel l) {
     case MetricLevel::Attention: return "attention";
     default: return "model";
   }
+}
+
+std::string metric_axis_label(const MetricDef& m) {
+  return m.quantity + " (" + (m.unit.empty() ? "" : m.unit + ", ") +
+         (m.better == Better::Lower ? "lower" : "higher") + " is better)";
 }
 
 double standard_error_of_mean(const std::vector<double>& values) {

@@ -43,7 +43,8 @@ struct SampleReduction {
 
 struct MetricDef {
   std::string name;
-  std::string unit;
+  std::string unit;      // "nats", "dB", "problems"; "" for a ratio or a fraction
+  std::string quantity;  // what it measures, in a few words, for axes and legends: "attention KL, mean"
   std::string description;
   Better better = Better::Lower;
   MetricLevel level = MetricLevel::Attention;
@@ -84,6 +85,10 @@ const MetricDef* find_metric(std::string_view name);
 const MetricDef& require_metric(std::string_view name, const std::string& where);
 
 const char* level_name(MetricLevel l);
+
+// How plots and tables name a metric: its quantity, unit and direction,
+// "attention KL, mean (nats, lower is better)".
+std::string metric_axis_label(const MetricDef& m);
 
 // Standard error of the mean of `values` as llama.cpp's perplexity tool computes it:
 // sqrt((mean(x²) − mean(x)²) / (n − 1)), i.e. the sample standard deviation over √n

@@ -75,7 +75,7 @@ for r in rows:
 same = [r for r in rows if r["strategy"] == "same as uniform"]
 assert len(same) == 4, same  # one point, four pairable metrics
 for r in same:  # the same plan as uniform int3 (the nearest in memory): zero difference
-    assert "int3" in r["baseline_key"], r
+    assert "bits=3" in r["baseline_label"], r
     assert float(r["difference"]) == 0 and r["verdict"] == "no measurable difference", r
 keys8 = [r for r in rows if r["strategy"] == "8-bit keys" and r["metric"] == "attn_kl_mean"]
 assert len(keys8) == 2 and all(r["verdict"] == "better" for r in keys8), keys8

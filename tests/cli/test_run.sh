@@ -47,11 +47,15 @@ expect "$tmp/run1.out" "Pareto frontier: attn_kl_mean" "console"
 expect "$tmp/run1.out" "Budget queries:" "console"
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   for m in attn_kl_mean attn_out_rel_err topk_overlap; do
-    [ -s "$d1/plots/$m.png" ] && [ -s "$d1/plots/$m.svg" ] || fail "plot $m missing"
+    [ -s "$d1/plots/$m.png" ] && [ -s "$d1/plots/$m.svg" ] && [ -s "$d1/plots/$m.pdf" ] || fail "plot $m missing"
+    [ -s "$d1/plots/$m.caption.txt" ] || fail "caption of plot $m missing"
   done
-  # Each axis says the metric table's direction (the SVG keeps the label as a comment).
-  expect "$d1/plots/topk_overlap.svg" "topk_overlap (higher is better)" "plot label"
-  expect "$d1/plots/attn_kl_mean.svg" "attn_kl_mean (lower is better)" "plot label"
+  # Each axis says the metric table's quantity, unit and direction (SVG text is text).
+  expect "$d1/plots/topk_overlap.svg" "top-k attention overlap, fraction of k (higher is better)" "plot label"
+  expect "$d1/plots/attn_kl_mean.svg" "attention KL, mean (nats, lower is better)" "plot label"
+  # output.series = "mode" and output.marker = "group" (quickstart.toml): both in the legend.
+  expect "$d1/plots/attn_kl_mean.svg" "mode=asym" "plot legend (series)"
+  expect "$d1/plots/attn_kl_mean.svg" "group=32" "plot legend (marker)"
   expect "$d1/plots/attn_kl_mean.svg" "95 % interval" "plot legend (bootstrap interval bars)"
 fi
 

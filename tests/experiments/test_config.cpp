@@ -233,6 +233,23 @@ TEST_CASE("calibration and evaluated positions are disjoint by default and recor
         std::string::npos);
 }
 
+TEST_CASE("a block's name labels its points with their axes' values; a block without one, its key") {
+  const std::vector<SweepPoint> pts = expand_sweep(parse(
+      kData + "[[strategy]]\nname = \"flat\"\ntype = \"uniform\"\nformat = \"int{bits}-asym-g{group}\"\n"
+              "[strategy.vars]\nbits = [3, 4]\ngroup = [32, 64]\n"
+              "[[strategy]]\nname = \"w4\"\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n"
+              "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n"
+              "[[strategy]]\npreset = \"kivi-2\"\n"));
+  REQUIRE(pts.size() == 7);
+  CHECK(pts[0].display_label == "flat(bits=3, group=32)");
+  CHECK(pts[3].display_label == "flat(bits=4, group=64)");
+  CHECK(pts[3].label == "flat");
+  CHECK(pts[4].display_label == "w4");  // named, no axes: the name alone
+  CHECK(pts[5].display_label == pts[5].key);
+  CHECK(pts[5].key == "uniform(format=int4-asym-g32)");
+  CHECK(pts[6].display_label == "kivi-2()");
+}
+
 TEST_CASE("presets, integer lists, per-kind parameters and {b} in strategy blocks") {
   ExperimentSpec e = parse(kData + "[[strategy]]\npreset = \"kivi-2\"\nwindow = [64, 128]\n");
   std::vector<SweepPoint> pts = expand_sweep(e);

@@ -143,3 +143,17 @@ TEST_CASE("metric table: standard errors of the model metrics, as llama.cpp's pe
     if (m.standard_error) with_se.push_back(m.name);
   CHECK(with_se == std::vector<std::string>{"ppl", "ppl_ratio", "next_token_kl_mean", "same_top_rate"});
 }
+
+TEST_CASE("metric table: every metric has an axis label with its quantity, unit and direction") {
+  CHECK(metric_axis_label(require_metric("attn_kl_mean", "test")) == "attention KL, mean (nats, lower is better)");
+  CHECK(metric_axis_label(require_metric("topk_overlap", "test")) ==
+        "top-k attention overlap, fraction of k (higher is better)");
+  for (const MetricDef& m : metric_table()) {
+    CAPTURE(m.name);
+    CHECK(!m.quantity.empty());
+    const std::string label = metric_axis_label(m);
+    CHECK(label.rfind(m.quantity + " (", 0) == 0);
+    CHECK(label.find(m.unit) != std::string::npos);
+    CHECK(label.find(m.better == Better::Lower ? "lower is better)" : "higher is better)") != std::string::npos);
+  }
+}

@@ -139,7 +139,7 @@ def test_run_writes_the_cli_results_byte_for_byte(quickstart_runs):
         assert (api.dir / name).read_bytes() == (cli_dir / name).read_bytes(), name
     assert (api.dir / "config.toml").read_text() == (cli_dir / "config.toml").read_text().replace(
         str(cli_dir.parent.parent), str(api.dir.parent.parent))
-    for plot in ("attn_kl_mean.png", "topk_overlap.svg"):
+    for plot in ("attn_kl_mean.png", "topk_overlap.svg", "attn_out_rel_err.pdf", "attn_kl_mean.caption.txt"):
         assert (api.dir / "plots" / plot).stat().st_size > 0
 
 
@@ -177,8 +177,15 @@ def test_plot(quickstart_runs):
     matplotlib.use("Agg")
     _, api = quickstart_runs
     ax = api.plot("attn_kl_mean")
-    assert ax.get_ylabel() == "attn_kl_mean" and ax.get_xlabel() == "bpe"
-    assert len(ax.collections) >= 1
+    # Named as the CLI's plots name it: the metric table's quantity, unit and direction.
+    assert ax.get_ylabel() == "attention KL, mean (nats, lower is better)"
+    assert ax.get_xlabel() == "bits per element"
+    # One curve per strategy (one here), then the frontier, each with its own style.
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["uniform", "Pareto frontier, all strategies"], labels
+    assert api.plot("attn_kl_mean", x="bytes_target").get_xlabel() == "cache size (bytes) at 32768 tokens"
+    with pytest.raises(kvbudget.ConfigError, match="not a memory column"):
+        api.plot("attn_kl_mean", x="compression")
 
 
 def test_config_as_toml_string_and_dict(tmp_path, quickstart_runs):
