@@ -392,10 +392,8 @@ int cmd_eval(const Args& args) {
     j["bpe"] = json_number(plan_bpe);
     j["kl_base"] = kl_base.empty() ? nlohmann::json(nullptr) : nlohmann::json(kl_base);
     j["kl_base_reused"] = evaluator.kl_base_reused();
-    j["ppl_base"] = json_number(exact_ppl);
-    j["ppl_base_se"] = json_number(exact_ppl_se);
     const std::pair<const char*, const char*> keys[] = {
-        {"ppl", "ppl"}, {"ppl_ratio", "ppl_ratio"}, {"ln_ppl_ratio", "ln_ppl_ratio"},
+        {"ppl", "ppl"}, {"ppl_base", "ppl_base"}, {"ppl_ratio", "ppl_ratio"}, {"ln_ppl_ratio", "ln_ppl_ratio"},
         {"kl_mean", "next_token_kl_mean"}, {"kl_max", "next_token_kl_max"}, {"kl_p99_9", "next_token_kl_p99_9"},
         {"kl_p99", "next_token_kl_p99"}, {"kl_p90", "next_token_kl_p90"}, {"kl_median", "next_token_kl_median"},
         {"kl_p10", "next_token_kl_p10"}, {"kl_p5", "next_token_kl_p5"}, {"kl_p1", "next_token_kl_p1"},
@@ -411,9 +409,9 @@ int cmd_eval(const Args& args) {
       if (m.standard_error)
         j[std::string(key) + "_se"] = strat ? json_number(m.standard_error(stats)) : nlohmann::json(nullptr);
     }
-    if (!strat) {  // the exact run alone: its PPL
-      j["ppl"] = json_number(exact_ppl);
-      j["ppl_se"] = json_number(exact_ppl_se);
+    if (!strat) {  // the exact run alone: its PPL (with a plan, ppl_base is on the positions compared)
+      j["ppl"] = j["ppl_base"] = json_number(exact_ppl);
+      j["ppl_se"] = j["ppl_base_se"] = json_number(exact_ppl_se);
     }
     nlohmann::json metrics = nlohmann::json::object();
     if (strat)

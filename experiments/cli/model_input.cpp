@@ -1,8 +1,7 @@
 #include "experiments/cli/model_input.h"
-
-#include <algorithm>
 #include "experiments/cli/commands.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include <omp.h>

@@ -39,6 +39,14 @@ for k in ["ppl", "ppl_se", "ppl_base", "kl_mean", "kl_mean_se", "same_top", "del
     assert a[k] == b[k], (k, a[k], b[k])
 ' "$tmp/a.json" "$tmp/b.json" || fail "eval with a reused kl-base gives other numbers"
 
+# The exact cache alone: its PPL, no comparisons.
+"$kvb" eval "$llama" --text "$text" --max-tokens 300 --ctx 256 --json >"$tmp/e.json" 2>/dev/null || fail "eval --json exact"
+/usr/bin/python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["plan"] == "exact" and j["ppl"] == j["ppl_base"] > 1 and j["ppl_se"] > 0, j
+assert j["kl_mean"] is None and j["same_top"] is None and j["windows"] == 2 and j["positions"] == 255 + 43, j
+' "$tmp/e.json" || fail "eval --json without a plan: $(head -c 400 "$tmp/e.json")"
+
 # Text report: llama.cpp's sections.
 "$kvb" eval "$llama" --text "$text" --max-tokens 512 --ctx 256 --format int4-asym-g32 >"$tmp/t.out" 2>&1 \
   || fail "eval text report exited $?: $(cat "$tmp/t.out")"
