@@ -148,6 +148,18 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
       t.fail("continuation_prompt", "continuation_prompt + continuation_tokens (" +
                                         std::to_string(m.continuations.prompt + m.continuations.tokens) +
                                         ") exceeds max_tokens " + std::to_string(d.max_tokens));
+    m.windows.n_ctx = t.integer("n_ctx", 0);
+    if (m.windows.n_ctx < 0 || m.windows.n_ctx == 1)
+      t.fail("n_ctx", "must be 0 (one window of every token) or >= 2 tokens per window");
+    m.windows.score = parse_score_rule(t.string("score", "all"), t.where("score"));
+    if (m.windows.score == ScoreRule::SecondHalf && m.windows.n_ctx == 0)
+      t.fail("score", "\"second_half\" needs windows: set n_ctx");
+    if (m.windows.n_ctx > 0 && m.continuations.count > 0 &&
+        m.continuations.prompt + m.continuations.tokens > m.windows.n_ctx)
+      t.fail("continuation_prompt", "continuation_prompt + continuation_tokens (" +
+                                        std::to_string(m.continuations.prompt + m.continuations.tokens) +
+                                        ") exceeds n_ctx " + std::to_string(m.windows.n_ctx) +
+                                        " (continuations are prefixes of the first window)");
     return d;
   }
   if (source != "file")
@@ -490,6 +502,7 @@ MetricsSpec parse_metrics(const std::optional<ConfigTable>& t, const DataSpec& d
     if (d.level == MetricLevel::Model && data.source != DataSpec::Source::Model) continue;
     if (d.needs_task && !data.model.task) continue;
     if (!d.defined_for(data.model.continuations.count, data.model.continuations.tokens)) continue;
+    if (!d.in_default_report) continue;  // named in metrics.report when wanted
     all.push_back(d.name);
   }
   const std::vector<std::string> default_pareto =
@@ -802,12 +815,17 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   // A learned position table (GPT-2) ends at n_positions: say so before the model runs,
   // naming the key that sets the length.
   const ModelConfig& mc = model->config();
-  if (mc.family == ModelFamily::Gpt2 && static_cast<int64_t>(tokens.size()) > mc.max_positions)
-    throw ConfigError("data.max_tokens = " + std::to_string(data.max_tokens) + " keeps " +
-                      std::to_string(tokens.size()) + " tokens, more than the " + std::to_string(mc.max_positions) +
-                      " positions of " + mc.dir.string() + " (n_positions); set data.max_tokens <= " +
-                      std::to_string(mc.max_positions));
-  const std::string warning = model->config().context_warning(static_cast<int64_t>(tokens.size()));
+  // The positions a forward pass reaches: a window's length.
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t window = m.windows.n_ctx > 0 ? std::min(T, m.windows.n_ctx) : T;
+  if (mc.family == ModelFamily::Gpt2 && window > mc.max_positions)
+    throw ConfigError((m.windows.n_ctx > 0 ? "data.n_ctx = " + std::to_string(m.windows.n_ctx)
+                                           : "data.max_tokens = " + std::to_string(data.max_tokens)) +
+                      " runs " + std::to_string(window) + " tokens at once, more than the " +
+                      std::to_string(mc.max_positions) + " positions of " + mc.dir.string() +
+                      " (n_positions); set data.max_tokens <= " + std::to_string(mc.max_positions) +
+                      ", or evaluate in windows: data.n_ctx <= " + std::to_string(mc.max_positions));
+  const std::string warning = model->config().context_warning(window);
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
   const std::filesystem::path& from = m.tokens.text.empty() ? m.tokens.token_file : m.tokens.text;
   const std::string source = "model " + m.checkpoint.string() + " on " + std::to_string(tokens.size()) +
@@ -820,8 +838,10 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
       throw ConfigError(m.task_where + ": " + e.what());
     }
   }
+  ModelEvalOptions options;
+  options.windows = m.windows;
   return std::make_shared<const ModelEvaluator>(std::move(model), std::move(tokens), m.continuations, source,
-                                                std::move(task));
+                                                std::move(task), std::move(options));
 }
 
 void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T) {

@@ -41,6 +41,7 @@ struct ModelDataSpec {
   std::filesystem::path checkpoint;  // Hugging Face checkpoint directory
   TokenSource tokens;                // text or token ids, tokenizer, BOS, max_tokens
   ContinuationSpec continuations;    // greedy continuations for token match and BLEU
+  WindowSpec windows;                // data.n_ctx, data.score: chunked evaluation of a long text
   // [task]: an answer task for answer_accuracy and the flips (sim/model/answer_task.h);
   // its tokenizer and BOS setting are [data]'s.
   std::optional<AnswerTaskSpec> task;

@@ -9,7 +9,8 @@ namespace kvb {
 
 class Progress {
  public:
-  Progress(size_t total, bool quiet);
+  // `unit` names what is counted ("points", "windows").
+  Progress(size_t total, bool quiet, std::string unit = "points");
   // A point finished; `label` names it, `ok` says whether it succeeded.
   void update(size_t done, const std::string& label, bool ok, double point_seconds);
   void finish();
@@ -19,6 +20,7 @@ class Progress {
   bool quiet_;
   bool tty_;
   bool drawn_ = false;
+  std::string unit_;
   std::chrono::steady_clock::time_point start_;
 };
 

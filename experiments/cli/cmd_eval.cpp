@@ -7,14 +7,18 @@
 // answer_accuracy and the flips against the exact cache.
 #include <boost/program_options.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "experiments/cli/commands.h"
 #include "experiments/cli/model_input.h"
 #include "experiments/experiment.h"
+#include "experiments/progress.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/io/tensor_writer.h"
@@ -106,6 +110,58 @@ Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
 
 std::vector<float> as_floats(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
+// printf to stdout unless `quiet` (--json keeps stdout for the JSON document).
+void say(bool quiet, const char* format, ...) {
+  if (quiet) return;
+  va_list args;
+  va_start(args, format);
+  std::vprintf(format, args);
+  va_end(args);
+}
+
+// The statistics of llama.cpp's perplexity/KL-divergence report, in its order: a
+// label, the metric (metric table) behind it, and whether it is printed in percent.
+struct ReportLine {
+  const char* label;
+  const char* metric;
+  bool percent;
+};
+const ReportLine kPerplexityLines[] = {
+    {"Mean PPL(Q)                   ", "ppl", false},
+    {"Mean PPL(base)                ", "ppl_base", false},
+    {"Mean ln(PPL(Q)/PPL(base))     ", "ln_ppl_ratio", false},
+    {"Mean PPL(Q)/PPL(base)         ", "ppl_ratio", false},
+};
+const ReportLine kKlLines[] = {
+    {"Mean    KLD", "next_token_kl_mean", false}, {"Maximum KLD", "next_token_kl_max", false},
+    {"99.9%   KLD", "next_token_kl_p99_9", false}, {"99.0%   KLD", "next_token_kl_p99", false},
+    {"90.0%   KLD", "next_token_kl_p90", false},  {"Median  KLD", "next_token_kl_median", false},
+    {"10.0%   KLD", "next_token_kl_p10", false},  {" 5.0%   KLD", "next_token_kl_p5", false},
+    {" 1.0%   KLD", "next_token_kl_p1", false},
+};
+const ReportLine kDeltaPLines[] = {
+    {"Mean    Δp", "delta_p_mean", true},  {"Maximum Δp", "delta_p_max", true}, {"99.9%   Δp", "delta_p_p99_9", true},
+    {"99.0%   Δp", "delta_p_p99", true},   {"95.0%   Δp", "delta_p_p95", true}, {"90.0%   Δp", "delta_p_p90", true},
+    {"75.0%   Δp", "delta_p_p75", true},   {"Median  Δp", "delta_p_median", true}, {"25.0%   Δp", "delta_p_p25", true},
+    {"10.0%   Δp", "delta_p_p10", true},   {" 5.0%   Δp", "delta_p_p5", true}, {" 1.0%   Δp", "delta_p_p1", true},
+    {" 0.1%   Δp", "delta_p_p0_1", true},  {"Minimum Δp", "delta_p_min", true}, {"RMS Δp    ", "delta_p_rms", true},
+    {"Same top p", "same_top_rate", true},
+};
+
+void print_report_lines(const char* title, const ReportLine* begin, const ReportLine* end, const ErrorStats& stats) {
+  std::printf("====== %s ======\n", title);
+  for (const ReportLine* l = begin; l != end; ++l) {
+    const MetricDef& m = require_metric(l->metric, "eval report");
+    const double scale = l->percent ? 100.0 : 1.0;
+    std::printf("%s: %10.6f", l->label, scale * m.compute(stats));
+    if (m.standard_error) std::printf(" ± %10.6f", scale * m.standard_error(stats));
+    std::printf("%s\n", l->percent ? " %" : "");
+  }
+}
+
+// A JSON number, null when not finite.
+nlohmann::json json_number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
 }  // namespace
 
 int cmd_eval(const Args& args) {
@@ -118,6 +174,10 @@ int cmd_eval(const Args& args) {
   AnswerTaskSpec task_spec;
   std::string task_file, answer_regex;
   int64_t answer_after = -1;
+  // Chunked evaluation, the exact run's logits kept, and a JSON report (issue 21 item 3).
+  int64_t n_ctx = 512;
+  std::string score_text = "all", kl_base;
+  bool json = false;
   opts.add_options()("help,h", "show this help")(
       "format", po::value(&format), "quantize keys and values with this format (e.g. int4-asym-g32)")(
       "key-format", po::value(&key_format), "format of keys (with --value-format)")(
@@ -137,7 +197,17 @@ int cmd_eval(const Args& args) {
       "with --task: search the answer after this generated token id (e.g. </think>); -1 = in all generated text")(
       "max-new-tokens", po::value(&task_spec.max_new_tokens)->default_value(256), "with --task: tokens generated at most")(
       "max-problems", po::value(&task_spec.max_problems)->default_value(0), "with --task: the first N problems (0 = all)")(
-      "problem-prefix", po::value(&task_spec.problem_prefix), "with --task: only problems whose name starts with this");
+      "problem-prefix", po::value(&task_spec.problem_prefix), "with --task: only problems whose name starts with this")(
+      "ctx", po::value(&n_ctx)->default_value(512),
+      "tokens per window: the text is evaluated in consecutive windows of this many tokens, each from an empty "
+      "cache (llama.cpp's -c); 0 = one window of every token")(
+      "score", po::value(&score_text)->default_value("all"),
+      "positions scored in each window: all (every token after the window's first) or second_half (llama.cpp's "
+      "rule: positions ctx/2 and later)")(
+      "kl-base", po::value(&kl_base),
+      "a .safetensors of the exact run's logits: written when absent, read instead of recomputing when present "
+      "(checked against the model, tokens and --ctx)")(
+      "json", po::bool_switch(&json), "print the report as one JSON object on stdout (keys: README.md, eval)");
   in.add_options(opts);
   po::variables_map vm;
   if (!in.parse(args, opts, "eval", vm)) return kExitUsage;
@@ -167,6 +237,12 @@ int cmd_eval(const Args& args) {
   } else if (answer_regex.empty()) {
     throw ConfigError("--task needs --answer-regex (the pattern that finds the answer in the generated text)");
   }
+  if (n_ctx < 0 || n_ctx == 1) throw ConfigError("--ctx must be 0 (one window of every token) or >= 2, got " + std::to_string(n_ctx));
+  const ScoreRule score = parse_score_rule(score_text, "--score");
+  if (score == ScoreRule::SecondHalf && n_ctx == 0) throw ConfigError("--score second_half needs windows (--ctx N)");
+  if (!kl_base.empty() && std::filesystem::path(kl_base).extension() != ".safetensors")
+    throw ConfigError("--kl-base " + kl_base + ": expected a .safetensors file");
+  if (!kl_base.empty() && !std::filesystem::exists(kl_base)) require_writable_output(kl_base, "--kl-base");
   if (!out.empty()) require_writable_output(out, "--out");
   if (!nll_out.empty()) require_writable_output(nll_out, "--nll");
   // The strategy is built before any work so that a bad name fails fast.
@@ -192,8 +268,8 @@ int cmd_eval(const Args& args) {
 
   const std::shared_ptr<const Transformer> model = in.load_model();
   const ModelConfig& cfg = model->config();
-  const std::vector<int64_t> tokens = in.load_tokens(cfg);
-  std::printf("model: %s (%.1f MiB of weights in memory, 16-bit weights kept 16-bit)\n  %s\ntokens: %zu from %s\n", cfg.dir.string().c_str(),
+  const std::vector<int64_t> tokens = in.load_tokens(cfg, n_ctx);
+  say(json, "model: %s (%.1f MiB of weights in memory, 16-bit weights kept 16-bit)\n  %s\ntokens: %zu from %s\n", cfg.dir.string().c_str(),
               static_cast<double>(model->weights().bytes()) / (1024.0 * 1024.0), cfg.summary().c_str(), tokens.size(),
               in.token_origin().c_str());
   const std::string source = "model " + in.checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
@@ -210,40 +286,74 @@ int cmd_eval(const Args& args) {
     } catch (const ConfigError& e) {
       throw ConfigError(std::string("--task: ") + e.what());
     }
-    std::printf("task: %s\n", task->describe().c_str());
+    say(json, "task: %s\n", task->describe().c_str());
   }
-  const ModelEvaluator evaluator(model, tokens, cont, source, task);
-  const double exact_ppl = perplexity(evaluator.base_nll());
-  std::printf("exact cache: PPL %.6g ± %.3g (mean NLL %.6g nats over %zu positions)\n", exact_ppl,
-              exact_ppl * standard_error_of_mean(evaluator.base_nll()), std::log(exact_ppl),
-              evaluator.base_nll().size());
+  // A progress bar on stderr while a pass runs over more than one window.
+  std::unique_ptr<Progress> progress;
+  std::string pass = "exact";
+  auto window_clock = std::chrono::steady_clock::now();
+  ModelEvalOptions eval_options;
+  eval_options.windows = WindowSpec{n_ctx, score};
+  eval_options.kl_base = kl_base;
+  eval_options.progress = [&](int64_t done, int64_t total) {
+    if (total < 2) return;
+    if (!progress) progress = std::make_unique<Progress>(static_cast<size_t>(total), false, "windows");
+    const auto now = std::chrono::steady_clock::now();
+    progress->update(static_cast<size_t>(done), pass + " cache", true,
+                     std::chrono::duration<double>(now - window_clock).count());
+    window_clock = now;
+    if (done == total) {
+      progress->finish();
+      progress.reset();
+    }
+  };
+  const bool kl_base_existed = !kl_base.empty() && std::filesystem::exists(kl_base);
+  const ModelEvaluator evaluator(model, tokens, cont, source, task, eval_options);
+  const std::vector<double> exact_nll = evaluator.base_scored_nll();
+  const double exact_ppl = perplexity(exact_nll);
+  const double exact_ppl_se = exact_ppl * standard_error_of_mean(exact_nll);
+  const size_t n_windows = evaluator.windows().size();
+  say(json, "exact cache: PPL %.6g ± %.3g (mean NLL %.6g nats over %zu positions", exact_ppl, exact_ppl_se,
+      std::log(exact_ppl), exact_nll.size());
+  if (n_windows > 1 || score != ScoreRule::All)
+    say(json, " in %zu windows of %lld tokens, scoring %s", n_windows, static_cast<long long>(n_ctx),
+        score_rule_name(score));
+  say(json, ")\n");
+  if (!kl_base.empty())
+    say(json, "exact logits: %s %s\n", kl_base_existed ? "read from" : "written to", kl_base.c_str());
   if (task) {
     int64_t right = 0;
     for (const AnswerTask::Run& r : evaluator.base_answers()) right += r.correct ? 1 : 0;
     const int64_t n = static_cast<int64_t>(evaluator.base_answers().size());
     const Interval ci = wilson_interval(right, n);
-    std::printf("exact cache: answer accuracy %.4g (%lld of %lld problems; 95 %% Wilson interval %.3g..%.3g)\n",
+    say(json, "exact cache: answer accuracy %.4g (%lld of %lld problems; 95 %% Wilson interval %.3g..%.3g)\n",
                 static_cast<double>(right) / static_cast<double>(n), static_cast<long long>(right),
                 static_cast<long long>(n), ci.lo, ci.hi);
   }
 
   RowMatrix quant_logits;
   ErrorStats stats;
+  double plan_bpe = std::nan("");
+  std::string plan_text = "exact";
   if (strat) {
     // A strategy that reads statistics (entropies, received attention) measures them
     // on the default calibration positions of `kvbudget run` ([calibration]: every 8th
     // from 7); the model metrics then leave those positions out.
-    const QueryPositions positions = resolve_positions(ExperimentSpec{}, static_cast<int64_t>(tokens.size()));
+    // With windows, the recording is the first window's, and the positions are window-local.
+    const QueryPositions positions = resolve_positions(ExperimentSpec{}, evaluator.recording().tokens);
     RecordingStats calibration(evaluator.recording(), positions.calibration);
     const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed, &calibration});
     const std::string bad = plan.check();
     if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
-    std::printf("plan: %s = %s, %.4f bits per element (%.4g bytes at %zu tokens)\n", plan_source.c_str(),
-                plan.describe().c_str(), plan.bpe(), plan.bytes_at(plan.tokens()), tokens.size());
+    say(json, "plan: %s = %s, %.4f bits per element (%.4g bytes at %lld tokens)\n", plan_source.c_str(),
+        plan.describe().c_str(), plan.bpe(), plan.bytes_at(plan.tokens()), static_cast<long long>(plan.tokens()));
+    plan_bpe = plan.bpe();
+    plan_text = plan.describe();
     const bool calibrated = strat->needs_statistics();
+    pass = "quantized";
     stats.model = evaluator.evaluate(plan, seed, &quant_logits, calibrated ? &positions.evaluation : nullptr);
-    std::printf("quantized cache%s:\n",
-                calibrated ? " (positions not used for the strategy's calibration, every 8th from 7)" : "");
+    say(json, "quantized cache%s:\n",
+        calibrated ? " (positions not used for the strategy's calibration, every 8th from 7)" : "");
     for (const MetricDef& m : metric_table()) {
       if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens)) continue;
       if (m.needs_task && !task) continue;
@@ -255,15 +365,74 @@ int cmd_eval(const Args& args) {
         const Interval ci = m.interval(stats);
         std::snprintf(se, sizeof se, "[%.3g, %.3g]", ci.lo, ci.hi);
       }
-      std::printf("  %-22s %-12.6g %-12s %s\n", m.name.c_str(), m.compute(stats), se, m.description.c_str());
+      if (!m.in_default_report) continue;  // in the llama.cpp-style report below
+      say(json, "  %-22s %-12.6g %-12s %s\n", m.name.c_str(), m.compute(stats), se, m.description.c_str());
+    }
+    if (!json) {
+      std::printf("\nAs llama.cpp's perplexity tool reports it (--kl-divergence), over %zu positions:\n",
+                  stats.model.nll.size());
+      print_report_lines("Perplexity statistics", std::begin(kPerplexityLines), std::end(kPerplexityLines), stats);
+      print_report_lines("KL divergence statistics", std::begin(kKlLines), std::end(kKlLines), stats);
+      print_report_lines("Token probability statistics", std::begin(kDeltaPLines), std::end(kDeltaPLines), stats);
     }
   } else if (cont.count > 0) {
-    std::printf("(continuations are compared only with a quantized cache: give --format or --strategy)\n");
+    say(json, "(continuations are compared only with a quantized cache: give --format or --strategy)\n");
+  }
+  if (json) {
+    // Short keys as llama.cpp names the statistics, then every model metric of the
+    // table (and its _se) under "metrics". Comparisons are null without a plan.
+    nlohmann::json j;
+    j["model"] = cfg.dir.string();
+    j["tokens"] = tokens.size();
+    j["n_ctx"] = n_ctx;
+    j["windows"] = n_windows;
+    j["score"] = score_rule_name(score);
+    j["positions"] = strat ? stats.model.nll.size() : exact_nll.size();
+    j["plan"] = strat ? plan_source + " = " + plan_text : "exact";
+    j["bpe"] = json_number(plan_bpe);
+    j["kl_base"] = kl_base.empty() ? nlohmann::json(nullptr) : nlohmann::json(kl_base);
+    j["kl_base_reused"] = evaluator.kl_base_reused();
+    const std::pair<const char*, const char*> keys[] = {
+        {"ppl", "ppl"}, {"ppl_base", "ppl_base"}, {"ppl_ratio", "ppl_ratio"}, {"ln_ppl_ratio", "ln_ppl_ratio"},
+        {"kl_mean", "next_token_kl_mean"}, {"kl_max", "next_token_kl_max"}, {"kl_p99_9", "next_token_kl_p99_9"},
+        {"kl_p99", "next_token_kl_p99"}, {"kl_p90", "next_token_kl_p90"}, {"kl_median", "next_token_kl_median"},
+        {"kl_p10", "next_token_kl_p10"}, {"kl_p5", "next_token_kl_p5"}, {"kl_p1", "next_token_kl_p1"},
+        {"same_top", "same_top_rate"}, {"delta_p_mean", "delta_p_mean"}, {"delta_p_rms", "delta_p_rms"},
+        {"delta_p_max", "delta_p_max"}, {"delta_p_p99_9", "delta_p_p99_9"}, {"delta_p_p99", "delta_p_p99"},
+        {"delta_p_p95", "delta_p_p95"}, {"delta_p_p90", "delta_p_p90"}, {"delta_p_p75", "delta_p_p75"},
+        {"delta_p_median", "delta_p_median"}, {"delta_p_p25", "delta_p_p25"}, {"delta_p_p10", "delta_p_p10"},
+        {"delta_p_p5", "delta_p_p5"}, {"delta_p_p1", "delta_p_p1"}, {"delta_p_p0_1", "delta_p_p0_1"},
+        {"delta_p_min", "delta_p_min"}};
+    for (const auto& [key, metric] : keys) {
+      const MetricDef& m = require_metric(metric, "eval --json");
+      j[key] = strat ? json_number(m.compute(stats)) : nlohmann::json(nullptr);
+      if (m.standard_error)
+        j[std::string(key) + "_se"] = strat ? json_number(m.standard_error(stats)) : nlohmann::json(nullptr);
+    }
+    if (!strat) {  // the exact run alone: its PPL (with a plan, ppl_base is on the positions compared)
+      j["ppl"] = j["ppl_base"] = json_number(exact_ppl);
+      j["ppl_se"] = j["ppl_base_se"] = json_number(exact_ppl_se);
+    }
+    nlohmann::json metrics = nlohmann::json::object();
+    if (strat)
+      for (const MetricDef& m : metric_table()) {
+        if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens) || (m.needs_task && !task))
+          continue;
+        metrics[m.name] = json_number(m.compute(stats));
+        if (m.standard_error) metrics[m.name + "_se"] = json_number(m.standard_error(stats));
+        if (m.interval) {
+          const Interval ci = m.interval(stats);
+          metrics[m.name + "_lo"] = json_number(ci.lo);
+          metrics[m.name + "_hi"] = json_number(ci.hi);
+        }
+      }
+    j["metrics"] = metrics;
+    std::printf("%s\n", j.dump(2).c_str());
   }
 
   // Files: the evaluated run (quantized when a plan is given), and the exact one.
   const RowMatrix& logits = strat ? quant_logits : evaluator.base_logits();
-  const std::vector<float> nll = as_floats(strat ? next_token_nll(quant_logits, tokens) : evaluator.base_nll());
+  const std::vector<float> nll = as_floats(strat ? evaluator.next_token_nll_of(quant_logits) : evaluator.base_nll());
   const std::vector<float> nll_exact = as_floats(evaluator.base_nll());
   const int64_t T = static_cast<int64_t>(tokens.size()), V = cfg.vocab_size;
   if (!out.empty()) {
@@ -276,11 +445,11 @@ int cmd_eval(const Args& args) {
     }
     if (std::filesystem::path(out).extension() == ".npy") t.resize(1);
     write_tensors(out, t, {{"model", cfg.dir.string()}, {"plan", strat ? plan_source : "exact"}});
-    std::printf("wrote %s\n", out.c_str());
+    say(json, "wrote %s\n", out.c_str());
   }
   if (!nll_out.empty()) {
     write_npy(nll_out, TensorToWrite::of_floats("nll", {T - 1}, nll.data()));
-    std::printf("wrote %s\n", nll_out.c_str());
+    say(json, "wrote %s\n", nll_out.c_str());
   }
   return kExitOk;
 }

@@ -1,6 +1,7 @@
 #include "experiments/cli/model_input.h"
 #include "experiments/cli/commands.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include <omp.h>
@@ -56,7 +57,7 @@ std::shared_ptr<const Transformer> ModelInput::load_model() const {
   return model;
 }
 
-std::vector<int64_t> ModelInput::load_tokens(const ModelConfig& config) const {
+std::vector<int64_t> ModelInput::load_tokens(const ModelConfig& config, int64_t window) const {
   TokenSource src;
   src.text = text;
   src.token_file = token_file;
@@ -65,7 +66,8 @@ std::vector<int64_t> ModelInput::load_tokens(const ModelConfig& config) const {
   if (no_bos) src.add_bos = false;
   src.max_tokens = max_tokens;
   std::vector<int64_t> tokens = kvb::load_tokens(src, config);
-  const std::string warning = config.context_warning(static_cast<int64_t>(tokens.size()));
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const std::string warning = config.context_warning(window > 0 ? std::min(T, window) : T);
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
   return tokens;
 }

@@ -30,7 +30,9 @@ struct ModelInput {
   // Checks the combination (throws kvb::ConfigError), sets the thread count, loads
   // the model and the tokens.
   std::shared_ptr<const Transformer> load_model() const;
-  std::vector<int64_t> load_tokens(const ModelConfig& config) const;
+  // Warns (stderr, once) when a forward pass reaches past the model's
+  // max_position_embeddings: `window` tokens at once (eval's --ctx), 0 = all of them.
+  std::vector<int64_t> load_tokens(const ModelConfig& config, int64_t window = 0) const;
   std::string token_origin() const;  // the text or token file
 };
 

@@ -123,6 +123,55 @@ double same_top_se(const ErrorStats& s) {  // binomial, n − 1 as llama.cpp: sq
   const double p = same_top(s);
   return std::sqrt(p * (1 - p) / (n - 1));
 }
+// ln(PPL / PPL_base) = mean(nll − nll_base); its SE is llama.cpp's
+// sqrt(SE(nll)² + SE(nll_base)² − 2 cov), which equals the SE of the mean of the differences.
+double ln_ppl_ratio(const ErrorStats& s) {
+  const double r = ppl_ratio(s);
+  return std::isnan(r) ? kNaN : std::log(r);
+}
+double ln_ppl_ratio_se(const ErrorStats& s) {
+  const ModelStats& m = s.model;
+  if (!m.has_positions()) return kNaN;
+  std::vector<double> diff(m.nll.size());
+  for (size_t i = 0; i < m.nll.size(); ++i) diff[i] = m.nll[i] - m.nll_base[i];
+  return standard_error_of_mean(diff);
+}
+double ppl_base(const ErrorStats& s) { return perplexity(s.model.nll_base); }
+double ppl_base_se(const ErrorStats& s) {
+  return s.model.has_positions() ? ppl_base(s) * standard_error_of_mean(s.model.nll_base) : kNaN;
+}
+template <int Permille>
+double token_kl_quantile(const ErrorStats& s) {
+  return s.model.has_positions() ? quantile(s.model.kl, Permille / 1000.0) : kNaN;
+}
+// Δp = p_quantized(next token) − p_exact(next token) per position (llama.cpp's
+// "token probability statistics").
+std::vector<double> delta_p(const ModelStats& m) {
+  std::vector<double> d(m.nll.size());
+  for (size_t i = 0; i < m.nll.size(); ++i) d[i] = std::exp(-m.nll[i]) - std::exp(-m.nll_base[i]);
+  return d;
+}
+double delta_p_mean(const ErrorStats& s) { return s.model.has_positions() ? mean(delta_p(s.model)) : kNaN; }
+double delta_p_mean_se(const ErrorStats& s) {
+  return s.model.has_positions() ? standard_error_of_mean(delta_p(s.model)) : kNaN;
+}
+template <int Permille>
+double delta_p_quantile(const ErrorStats& s) {
+  return s.model.has_positions() ? quantile(delta_p(s.model), Permille / 1000.0) : kNaN;
+}
+// RMS of Δp, SE by the delta method as llama.cpp: SE(mean Δp²) / (2 RMS).
+double delta_p_rms(const ErrorStats& s) {
+  if (!s.model.has_positions()) return kNaN;
+  double sum = 0;
+  for (double d : delta_p(s.model)) sum += d * d;
+  return std::sqrt(sum / static_cast<double>(s.model.nll.size()));
+}
+double delta_p_rms_se(const ErrorStats& s) {
+  if (!s.model.has_positions()) return kNaN;
+  std::vector<double> squares = delta_p(s.model);
+  for (double& d : squares) d *= d;
+  return 0.5 / delta_p_rms(s) * standard_error_of_mean(squares);
+}
 double gen_match(const ErrorStats& s) {
   return s.model.has_continuations() ? token_match_rate(s.model.continuations, s.model.continuations_base) : kNaN;
 }
@@ -163,6 +212,15 @@ double answer_flips(const ErrorStats& s, bool right_to_wrong) {
 }
 double flips_right_to_wrong(const ErrorStats& s) { return answer_flips(s, true); }
 double flips_wrong_to_right(const ErrorStats& s) { return answer_flips(s, false); }
+
+// A detailed statistic of llama.cpp's report: in the table, not in a default report.
+MetricDef detail_metric(std::string name, std::string unit, std::string quantity, std::string description, Better better,
+                        double (*compute)(const ErrorStats&), double (*standard_error)(const ErrorStats&) = nullptr) {
+  MetricDef m{std::move(name),     std::move(unit), std::move(quantity), std::move(description), better,
+              MetricLevel::Model, compute,         standard_error};
+  m.in_default_report = false;
+  return m;
+}
 
 MetricDef task_metric(std::string name, std::string unit, std::string quantity, std::string description, Better better,
                       double (*compute)(const ErrorStats&), Interval (*interval)(const ErrorStats&) = nullptr,
@@ -236,6 +294,38 @@ const std::vector<MetricDef>& metric_table() {
       position_mean_metric("same_top_rate", "", "same top-1 token, fraction of positions",
                            "fraction of positions where the quantized and exact argmax tokens agree", B::Higher,
                            &same_top, &same_top_se, &same_top_at),
+      detail_metric("ppl_base", "", "perplexity, exact cache", "perplexity with the exact cache on the same positions", B::Lower, &ppl_base,
+                    &ppl_base_se),
+      detail_metric("ln_ppl_ratio", "", "ln perplexity ratio, quantized / exact", "ln(PPL(quantized) / PPL(exact)) = mean(nll - nll_base) (llama.cpp's report)",
+                    B::Lower, &ln_ppl_ratio, &ln_ppl_ratio_se),
+      detail_metric("next_token_kl_p99_9", "nats", "next-token KL, 99.9th percentile", "99.9th percentile of the next-token KL", B::Lower,
+                    &token_kl_quantile<999>),
+      detail_metric("next_token_kl_p90", "nats", "next-token KL, 90th percentile", "90th percentile of the next-token KL", B::Lower,
+                    &token_kl_quantile<900>),
+      detail_metric("next_token_kl_p10", "nats", "next-token KL, 10th percentile", "10th percentile of the next-token KL", B::Lower,
+                    &token_kl_quantile<100>),
+      detail_metric("next_token_kl_p5", "nats", "next-token KL, 5th percentile", "5th percentile of the next-token KL", B::Lower,
+                    &token_kl_quantile<50>),
+      detail_metric("next_token_kl_p1", "nats", "next-token KL, 1st percentile", "1st percentile of the next-token KL", B::Lower,
+                    &token_kl_quantile<10>),
+      detail_metric("delta_p_mean", "", "Δp of the next token, mean",
+                    "mean over positions of Δp = p_quantized(next token) - p_exact(next token)", B::Higher,
+                    &delta_p_mean, &delta_p_mean_se),
+      detail_metric("delta_p_rms", "", "Δp of the next token, RMS", "root mean square of Δp", B::Lower, &delta_p_rms, &delta_p_rms_se),
+      detail_metric("delta_p_max", "", "Δp of the next token, max", "max of Δp", B::Higher, &delta_p_quantile<1000>),
+      detail_metric("delta_p_p99_9", "", "Δp of the next token, 99.9th percentile", "99.9th percentile of Δp", B::Higher, &delta_p_quantile<999>),
+      detail_metric("delta_p_p99", "", "Δp of the next token, 99th percentile", "99th percentile of Δp", B::Higher, &delta_p_quantile<990>),
+      detail_metric("delta_p_p95", "", "Δp of the next token, 95th percentile", "95th percentile of Δp", B::Higher, &delta_p_quantile<950>),
+      detail_metric("delta_p_p90", "", "Δp of the next token, 90th percentile", "90th percentile of Δp", B::Higher, &delta_p_quantile<900>),
+      detail_metric("delta_p_p75", "", "Δp of the next token, 75th percentile", "75th percentile of Δp", B::Higher, &delta_p_quantile<750>),
+      detail_metric("delta_p_median", "", "Δp of the next token, median", "median of Δp", B::Higher, &delta_p_quantile<500>),
+      detail_metric("delta_p_p25", "", "Δp of the next token, 25th percentile", "25th percentile of Δp", B::Higher, &delta_p_quantile<250>),
+      detail_metric("delta_p_p10", "", "Δp of the next token, 10th percentile", "10th percentile of Δp", B::Higher, &delta_p_quantile<100>),
+      detail_metric("delta_p_p5", "", "Δp of the next token, 5th percentile", "5th percentile of Δp", B::Higher, &delta_p_quantile<50>),
+      detail_metric("delta_p_p1", "", "Δp of the next token, 1st percentile", "1st percentile of Δp", B::Higher, &delta_p_quantile<10>),
+      detail_metric("delta_p_p0_1", "", "Δp of the next token, 0.1th percentile", "0.1th percentile of Δp", B::Higher, &delta_p_quantile<1>),
+      detail_metric("delta_p_min", "", "Δp of the next token, min", "min of Δp (the largest drop of the correct token's probability)", B::Higher,
+                    &delta_p_quantile<0>),
       {"gen_token_match", "", "greedy continuation token match, fraction", "greedy continuations: fraction of tokens equal to the exact model's at the same index",
        B::Higher, L::Model, &gen_match, nullptr, {}, true},
       {"gen_bleu4", "", "greedy continuation BLEU-4 (corpus)", "greedy continuations: corpus BLEU-4 on token ids against the exact model's", B::Higher,

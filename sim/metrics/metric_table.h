@@ -70,6 +70,9 @@ struct MetricDef {
   Interval (*interval)(const ErrorStats&) = nullptr;
   // Model level: the metric as a mean over samples, for paired comparisons.
   SampleReduction samples = {};
+  // Whether a config without metrics.report reports the metric. false for the detailed
+  // statistics of llama.cpp's report (more percentiles, Δp), which a config names.
+  bool in_default_report = true;
   // Whether points.csv has `<name>_lo` and `<name>_hi` (bootstrap or closed form).
   bool has_interval() const { return rows.kind != RowReduction::Kind::None || interval != nullptr; }
   // Whether the metric is defined for continuations of `tokens` tokens.

@@ -1,15 +1,20 @@
 #include "sim/model/model_eval.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/io/input_file.h"
+#include "sim/io/tensor_store.h"
+#include "sim/io/tensor_writer.h"
 #include "sim/model/rope_scaling.h"
 #include "sim/model/tokenizer.h"
 
@@ -126,31 +131,163 @@ Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTen
   return rec;
 }
 
+ScoreRule parse_score_rule(const std::string& text, const std::string& where) {
+  if (text == "all") return ScoreRule::All;
+  if (text == "second_half") return ScoreRule::SecondHalf;
+  throw ConfigError(where + ": expected \"all\" or \"second_half\", got \"" + text + "\"");
+}
+
+const char* score_rule_name(ScoreRule rule) { return rule == ScoreRule::SecondHalf ? "second_half" : "all"; }
+
+std::vector<TokenWindow> token_windows(int64_t tokens, int64_t n_ctx) {
+  if (tokens < 2) throw Error("internal: token_windows of " + std::to_string(tokens) + " token(s)");
+  if (n_ctx < 0 || n_ctx == 1) throw ConfigError("n_ctx must be 0 (one window) or >= 2, got " + std::to_string(n_ctx));
+  if (n_ctx == 0 || n_ctx >= tokens) return {TokenWindow{0, tokens}};
+  std::vector<TokenWindow> w;
+  for (int64_t start = 0; start < tokens; start += n_ctx) {
+    const int64_t length = std::min(n_ctx, tokens - start);
+    if (length >= 2) w.push_back({start, length});  // a last single token has nothing to predict
+  }
+  return w;
+}
+
+void write_kl_base(const std::filesystem::path& path, const KlBase& base) {
+  const int64_t T = base.logits.rows(), V = base.logits.cols();
+  write_tensors(path,
+                {TensorToWrite::of_floats("logits", {T, V}, base.logits.data()),
+                 TensorToWrite::of_ints("input_ids", {T}, base.tokens.data(), DType::I64)},
+                {{"kvbudget_kl_base", "1"},
+                 {"model", base.model},
+                 {"model_summary", base.model_summary},
+                 {"vocab_size", std::to_string(V)},
+                 {"n_ctx", std::to_string(base.n_ctx)}});
+}
+
+KlBase read_kl_base(const std::filesystem::path& path) {
+  const std::unique_ptr<TensorStore> store = TensorStore::open(path);
+  const std::map<std::string, std::string> meta = store->metadata();
+  const auto field = [&](const char* key) -> std::string {
+    const auto it = meta.find(key);
+    if (it == meta.end())
+      throw Error(path.string() + ": not a kl-base file (written by kvbudget eval --kl-base): no metadata '" + key + "'");
+    return it->second;
+  };
+  if (field("kvbudget_kl_base") != "1")
+    throw Error(path.string() + ": kl-base version " + field("kvbudget_kl_base") + ", this kvbudget reads version 1");
+  KlBase base;
+  base.model = field("model");
+  base.model_summary = field("model_summary");
+  try {
+    base.n_ctx = std::stoll(field("n_ctx"));
+  } catch (const std::logic_error&) {
+    throw Error(path.string() + ": metadata n_ctx '" + field("n_ctx") + "' is not an integer");
+  }
+  base.tokens = store->read_i64("input_ids");
+  const Tensor logits = store->read_f32("logits");
+  if (logits.shape.size() != 2 || logits.shape[0] != static_cast<int64_t>(base.tokens.size()))
+    throw Error(path.string() + ": logits are not [" + std::to_string(base.tokens.size()) + ", vocab]");
+  base.logits = Eigen::Map<const RowMatrix>(logits.data.data(), logits.shape[0], logits.shape[1]);
+  return base;
+}
+
+void check_kl_base(const KlBase& base, const std::filesystem::path& path, const ModelConfig& config,
+                   const std::vector<int64_t>& tokens, int64_t n_ctx) {
+  const std::string where = path.string() + " (--kl-base, from model " + base.model + ")";
+  if (base.logits.cols() != config.vocab_size)
+    throw ConfigError(where + ": logits over a vocabulary of " + std::to_string(base.logits.cols()) + " tokens, but " +
+                      config.dir.string() + " has vocab_size " + std::to_string(config.vocab_size) +
+                      "; write a new kl-base for this model (another file name)");
+  if (base.tokens.size() != tokens.size())
+    throw ConfigError(where + ": computed on " + std::to_string(base.tokens.size()) + " tokens, but " +
+                      std::to_string(tokens.size()) + " are evaluated; use the same text, tokenizer and --max-tokens");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (base.tokens[i] != tokens[i])
+      throw ConfigError(where + ": token " + std::to_string(i) + " is " + std::to_string(base.tokens[i]) +
+                        " there but " + std::to_string(tokens[i]) +
+                        " in the evaluated text; use the same text, tokenizer and BOS setting");
+  if (base.n_ctx != n_ctx)
+    throw ConfigError(where + ": computed in windows of n_ctx = " + std::to_string(base.n_ctx) + ", but n_ctx = " +
+                      std::to_string(n_ctx) + " now; use the same --ctx");
+  if (base.model_summary != config.summary())
+    throw ConfigError(where + ": computed by a model of another shape (" + base.model_summary + "), not " +
+                      config.dir.string() + " (" + config.summary() + ")");
+}
+
 ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::vector<int64_t> tokens,
                                ContinuationSpec continuations, std::string source_description,
-                               std::shared_ptr<const AnswerTask> task)
+                               std::shared_ptr<const AnswerTask> task, ModelEvalOptions options)
     : model_(std::move(model)), tokens_(std::move(tokens)), continuation_spec_(continuations), task_(std::move(task)) {
+  options_ = std::move(options);
   const int64_t T = static_cast<int64_t>(tokens_.size());
-  check_full_causal_attention(model_->config(), T);  // before any forward pass
+  windows_ = token_windows(T, options_.windows.n_ctx);
+  const int64_t first_window = windows_.front().length;  // the longest window
+  check_full_causal_attention(model_->config(), first_window);  // before any forward pass
   const ContinuationSpec& c = continuation_spec_;
   if (c.count < 0 || c.prompt < 1 || c.tokens < 1)
     throw ConfigError("continuations: count must be >= 0, prompt and tokens >= 1");
-  if (c.count > 0 && c.prompt + c.tokens > T)
+  if (c.count > 0 && c.prompt + c.tokens > first_window)
     throw ConfigError("continuations: a prompt of " + std::to_string(c.prompt) + " tokens plus " +
-                      std::to_string(c.tokens) + " generated tokens exceeds the " + std::to_string(T) +
-                      " evaluated tokens");
+                      std::to_string(c.tokens) + " generated tokens exceeds the " + std::to_string(first_window) +
+                      (windows_.size() > 1 ? " tokens of a window (n_ctx)" : " evaluated tokens"));
   for (int64_t i = 0; i < c.count; ++i) {
-    const int64_t span = T - c.tokens - c.prompt;
+    const int64_t span = first_window - c.tokens - c.prompt;
     const int64_t offset = c.count > 1 ? (i * span + (c.count - 1) / 2) / (c.count - 1) : 0;
     prompt_lengths_.push_back(c.prompt + offset);
   }
+  for (const TokenWindow& w : windows_)
+    for (int64_t t = options_.windows.first_scored(); t + 1 < w.length; ++t) scored_.push_back(w.start + t);
+  if (scored_.empty())
+    throw ConfigError("no position is scored: " + std::to_string(T) + " tokens in windows of n_ctx = " +
+                      std::to_string(options_.windows.n_ctx) + ", scoring " + score_rule_name(options_.windows.score) +
+                      " (second_half scores window positions n_ctx/2 and later)");
 
+  std::optional<KlBase> stored;
+  const fs::path& kl_path = options_.kl_base;
+  if (!kl_path.empty() && fs::exists(kl_path)) {
+    stored = read_kl_base(kl_path);
+    check_kl_base(*stored, kl_path, model_->config(), tokens_, options_.windows.n_ctx);
+  }
+  const int64_t V = model_->config().vocab_size;
+  base_logits_.resize(T, V);
   std::vector<LayerTensors> capture;
-  ExtendOptions opt;
-  opt.capture = &capture;
-  base_logits_ = model_->forward(tokens_, opt);
-  base_nll_ = next_token_nll(base_logits_, tokens_);
-  recording_ = recording_from_capture(model_->config(), std::move(capture), tokens_, source_description);
+  for (size_t w = 0; w < windows_.size(); ++w) {
+    const TokenWindow& win = windows_[w];
+    if (w == 0 || !stored) {
+      ExtendOptions opt;
+      if (w == 0) opt.capture = &capture;
+      const std::vector<int64_t> ids = window_tokens(w);
+      const RowMatrix logits = model_->forward(ids, opt);
+      if (w == 0) recording_ = recording_from_capture(model_->config(), std::move(capture), ids, source_description);
+      if (w == 0 && stored) {
+        // The first window, run anyway for the recording, tells whether the stored
+        // logits are this model's (same shape, other weights would pass the checks above).
+        const auto stored_rows = stored->logits.topRows(win.length);
+        const double scale = std::max(1.0, static_cast<double>(stored_rows.cwiseAbs().maxCoeff()));
+        const double diff = static_cast<double>((stored_rows - logits).cwiseAbs().maxCoeff());
+        if (!(diff <= 1e-4 * scale))
+          throw ConfigError(kl_path.string() + " (--kl-base): its logits of the first window differ from " +
+                            model_->config().dir.string() + "'s by up to " + std::to_string(diff) +
+                            " (max |logit| " + std::to_string(scale) + "): computed by another model or other weights");
+      } else {
+        base_logits_.middleRows(win.start, win.length) = logits;
+      }
+    }
+    if (options_.progress) options_.progress(static_cast<int64_t>(w) + 1, static_cast<int64_t>(windows_.size()));
+  }
+  if (stored) {
+    base_logits_ = std::move(stored->logits);
+    kl_base_reused_ = true;
+  }
+  base_nll_ = next_token_nll_of(base_logits_);
+  if (!kl_path.empty() && !stored) {
+    KlBase out;
+    out.logits = base_logits_;
+    out.tokens = tokens_;
+    out.n_ctx = options_.windows.n_ctx;
+    out.model = model_->config().dir.filename().string();
+    out.model_summary = model_->config().summary();
+    write_kl_base(kl_path, out);
+  }
   for (int64_t p : prompt_lengths_)
     base_continuations_.push_back(greedy_continuation(
         *model_, std::span<const int64_t>(tokens_.data(), static_cast<size_t>(p)), c.tokens, CacheQuantization{}));
@@ -158,31 +295,58 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
     for (const AnswerProblem& problem : task_->problems()) base_answers_.push_back(task_->run(*model_, problem, {}));
 }
 
+std::vector<int64_t> ModelEvaluator::window_tokens(size_t w) const {
+  const TokenWindow& win = windows_[w];
+  std::vector<int64_t> ids(tokens_.begin() + win.start, tokens_.begin() + win.start + win.length);
+  const std::optional<int64_t>& bos = model_->config().bos_token_id;
+  if (w > 0 && bos && tokens_.front() == *bos) ids.front() = *bos;
+  return ids;
+}
+
+std::vector<double> ModelEvaluator::next_token_nll_of(const RowMatrix& logits) const {
+  std::vector<double> nll(tokens_.size() - 1, std::numeric_limits<double>::quiet_NaN());
+  std::vector<double> lp;
+  for (const TokenWindow& w : windows_)
+    for (int64_t t = w.start; t + 1 < w.start + w.length; ++t) {
+      log_softmax(logits.row(t).data(), logits.cols(), lp);
+      nll[static_cast<size_t>(t)] = -lp[static_cast<size_t>(tokens_[static_cast<size_t>(t + 1)])];
+    }
+  return nll;
+}
+
+std::vector<double> ModelEvaluator::base_scored_nll() const {
+  std::vector<double> nll;
+  nll.reserve(scored_.size());
+  for (int64_t t : scored_) nll.push_back(base_nll_[static_cast<size_t>(t)]);
+  return nll;
+}
+
 ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out,
                                     const std::vector<int64_t>* positions) const {
   const CacheQuantization cache{&plan, seed};
-  ExtendOptions opt;
-  opt.cache = cache;
-  const RowMatrix logits = model_->forward(tokens_, opt);
+  RowMatrix logits(base_logits_.rows(), base_logits_.cols());
+  for (size_t w = 0; w < windows_.size(); ++w) {
+    ExtendOptions opt;
+    opt.cache = cache;
+    logits.middleRows(windows_[w].start, windows_[w].length) = model_->forward(window_tokens(w), opt);
+    if (options_.progress) options_.progress(static_cast<int64_t>(w) + 1, static_cast<int64_t>(windows_.size()));
+  }
   ModelStats s;
   std::vector<double> lp, lq;
-  std::vector<int64_t> all;
-  if (!positions) {
-    all.resize(static_cast<size_t>(logits.rows()));
-    std::iota(all.begin(), all.end(), int64_t{0});
-    positions = &all;
-  }
-  for (const int64_t t : *positions) {
-    if (t < 0 || t + 1 >= logits.rows()) continue;
-    const float* base = base_logits_.row(t).data();
-    const float* quant = logits.row(t).data();
-    log_softmax(base, logits.cols(), lp);
-    log_softmax(quant, logits.cols(), lq);
-    const size_t next = static_cast<size_t>(tokens_[static_cast<size_t>(t + 1)]);
-    s.nll.push_back(-lq[next]);
-    s.nll_base.push_back(base_nll_[static_cast<size_t>(t)]);
-    s.kl.push_back(kl_from_log_probs(lp, lq));
-    s.same_top.push_back(argmax(base, logits.cols()) == argmax(quant, logits.cols()) ? 1 : 0);
+  for (const TokenWindow& w : windows_) {
+    for (int64_t local = options_.windows.first_scored(); local + 1 < w.length; ++local) {
+      if (positions && !std::binary_search(positions->begin(), positions->end(), local)) continue;
+      const int64_t t = w.start + local;
+      const float* base = base_logits_.row(t).data();
+      const float* quant = logits.row(t).data();
+      log_softmax(base, logits.cols(), lp);
+      log_softmax(quant, logits.cols(), lq);
+      const size_t next = static_cast<size_t>(tokens_[static_cast<size_t>(t + 1)]);
+      s.nll.push_back(-lq[next]);
+      s.nll_base.push_back(base_nll_[static_cast<size_t>(t)]);
+      s.kl.push_back(kl_from_log_probs(lp, lq));
+      s.same_top.push_back(argmax(base, logits.cols()) == argmax(quant, logits.cols()) ? 1 : 0);
+    }
   }
   for (int64_t p : prompt_lengths_)
     s.continuations.push_back(greedy_continuation(
@@ -193,7 +357,7 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
       s.answers_correct.push_back(task_->run(*model_, task_->problems()[i], cache).correct ? 1 : 0);
       s.answers_correct_base.push_back(base_answers_[i].correct ? 1 : 0);
     }
-  if (logits_out) *logits_out = logits;
+  if (logits_out) *logits_out = std::move(logits);
   return s;
 }
 

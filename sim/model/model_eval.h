@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,35 +46,117 @@ struct ContinuationSpec {
   int64_t tokens = 20;
 };
 
+// Chunked evaluation of a long sequence (methods.md §4, "Windows"), like llama.cpp's
+// perplexity tool: the T tokens are cut into consecutive, non-overlapping windows of
+// n_ctx tokens (the last one shorter, kept when it has at least 2 tokens), each run
+// from an empty cache at positions 0..length-1. When the sequence starts with the
+// model's BOS token, every window's first token is replaced by BOS (llama.cpp does the
+// same); that token is never predicted. Within a window, the query positions t
+// (window-local) scored are first_scored() <= t <= length - 2, each predicting
+// token t + 1 of the same window.
+struct TokenWindow {
+  int64_t start = 0;   // index of the window's first token in the sequence
+  int64_t length = 0;  // tokens in the window, >= 2
+};
+enum class ScoreRule {
+  All,         // every position of a window but its last (each token after the first is predicted)
+  SecondHalf,  // llama.cpp's rule: positions n_ctx/2 .. length-2 (each scored token has >= n_ctx/2 of context)
+};
+struct WindowSpec {
+  int64_t n_ctx = 0;  // tokens per window; 0: one window holding every token
+  ScoreRule score = ScoreRule::All;
+  // The first window-local query position scored (the last is the window's length - 2).
+  int64_t first_scored() const { return score == ScoreRule::SecondHalf && n_ctx > 0 ? n_ctx / 2 : 0; }
+};
+// "all" / "second_half" (what configs and --score write); throws kvb::ConfigError naming `where`.
+ScoreRule parse_score_rule(const std::string& text, const std::string& where);
+const char* score_rule_name(ScoreRule rule);
+// The windows of a T-token sequence (T >= 2).
+std::vector<TokenWindow> token_windows(int64_t tokens, int64_t n_ctx);
+
+// The exact run's logits of every window, saved once and reused by later runs
+// (`kvbudget eval --kl-base`, llama.cpp's --kl-divergence-base). A .safetensors file:
+// `logits` F32 [T, vocab] (row t: the exact model's logits at sequence position t, as
+// its window computed them), `input_ids` I64 [T] (the evaluated tokens, before the BOS
+// replacement), and metadata kvbudget_kl_base = "1", model (the checkpoint's
+// directory name), model_summary (ModelConfig::summary()), vocab_size, n_ctx. Scores
+// read back bit for bit.
+struct KlBase {
+  RowMatrix logits;             // [T, vocab]
+  std::vector<int64_t> tokens;  // [T]
+  int64_t n_ctx = 0;
+  std::string model, model_summary;
+};
+void write_kl_base(const std::filesystem::path& path, const KlBase& base);
+// Throws kvb::Error naming the file when it is no kl-base file.
+KlBase read_kl_base(const std::filesystem::path& path);
+// Throws kvb::ConfigError naming `path` and what differs when `base` was not computed
+// for these tokens, this vocabulary and these windows.
+void check_kl_base(const KlBase& base, const std::filesystem::path& path, const ModelConfig& config,
+                   const std::vector<int64_t>& tokens, int64_t n_ctx);
+
+struct ModelEvalOptions {
+  WindowSpec windows;
+  // When set: the exact run's logits are read from this file if it exists (checked
+  // with check_kl_base, and the first window, which is run anyway for the recording,
+  // against the model), else computed and written there.
+  std::filesystem::path kl_base;
+  // Called after each window of a forward pass over the sequence: (windows done, windows).
+  std::function<void(int64_t, int64_t)> progress;
+};
+
 class ModelEvaluator {
  public:
-  // Runs the exact model on `tokens` (teacher forcing with capture, then the
-  // continuations, then every problem of `task` when given). Throws
-  // kvb::ConfigError when the continuations do not fit.
+  // Runs the exact model on `tokens` (teacher forcing with capture, window by window,
+  // then the continuations, then every problem of `task` when given). The recording
+  // is the first window's (what strategies build their plans from); the continuations
+  // are prefixes of the first window. Throws kvb::ConfigError when the continuations
+  // do not fit.
   ModelEvaluator(std::shared_ptr<const Transformer> model, std::vector<int64_t> tokens, ContinuationSpec continuations,
-                 std::string source_description, std::shared_ptr<const AnswerTask> task = nullptr);
+                 std::string source_description, std::shared_ptr<const AnswerTask> task = nullptr,
+                 ModelEvalOptions options = {});
 
   const Transformer& model() const { return *model_; }
   const std::vector<int64_t>& tokens() const { return tokens_; }
   const Recording& recording() const { return recording_; }
-  const RowMatrix& base_logits() const { return base_logits_; }  // [T, vocab]
-  const std::vector<double>& base_nll() const { return base_nll_; }  // [T - 1]
+  const RowMatrix& base_logits() const { return base_logits_; }  // [T, vocab], each row as its window computed it
+  // [T - 1]: -log p_exact(token t+1) at sequence position t; NaN where t is the last
+  // position of a window (the next token starts another window).
+  const std::vector<double>& base_nll() const { return base_nll_; }
+  // The sequence positions t scored (WindowSpec), ascending, and the exact NLL there.
+  const std::vector<int64_t>& scored_positions() const { return scored_; }
+  std::vector<double> base_scored_nll() const;
+  const std::vector<TokenWindow>& windows() const { return windows_; }
+  const WindowSpec& window_spec() const { return options_.windows; }
+  // Whether the exact logits came from an existing kl-base file.
+  bool kl_base_reused() const { return kl_base_reused_; }
   const std::vector<int64_t>& prompt_lengths() const { return prompt_lengths_; }
   const std::vector<std::vector<int64_t>>& base_continuations() const { return base_continuations_; }
   const AnswerTask* task() const { return task_.get(); }
   // The exact cache's run of each task problem (empty without a task).
   const std::vector<AnswerTask::Run>& base_answers() const { return base_answers_; }
 
-  // The quantized run: teacher forcing, the same continuations and the task's
-  // problems with the plan's cache, compared with the exact run. Const and thread-safe. `logits_out`, when
-  // given, receives the quantized logits [T, vocab]. `positions` (sorted), when given,
-  // restricts the position-level statistics to those query positions t (each
-  // predicting token t + 1; t = T - 1 has no target), e.g. to leave out the positions
-  // strategies calibrated on; the whole sequence is still run.
+  // The quantized run: teacher forcing (window by window, each from an empty cache
+  // quantized by the plan), the same continuations and the task's problems with the
+  // plan's cache, compared with the exact run on the scored positions. Const and
+  // thread-safe. `logits_out`, when given, receives the quantized logits [T, vocab].
+  // `positions` (sorted), when given, restricts the position-level statistics to those
+  // window-local query positions t (each predicting token t + 1 of its window), in
+  // every window, e.g. to leave out the positions strategies calibrated on (in the
+  // first window's recording); the whole sequence is still run. With one window these
+  // are sequence positions.
   ModelStats evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out = nullptr,
                       const std::vector<int64_t>* positions = nullptr) const;
+  // The quantized NLL [T - 1] of `logits` (as evaluate() writes them), NaN at window ends.
+  std::vector<double> next_token_nll_of(const RowMatrix& logits) const;
 
  private:
+  // The tokens window w runs on (BOS replacement applied).
+  std::vector<int64_t> window_tokens(size_t w) const;
+  ModelEvalOptions options_;
+  std::vector<TokenWindow> windows_;
+  std::vector<int64_t> scored_;
+  bool kl_base_reused_ = false;
   std::shared_ptr<const Transformer> model_;
   std::vector<int64_t> tokens_;
   ContinuationSpec continuation_spec_;

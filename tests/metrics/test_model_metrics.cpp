@@ -95,13 +95,15 @@ TEST_CASE("metric table: model metrics reduce ErrorStats::model") {
     if (m.level != MetricLevel::Model) continue;
     ++model_metrics;
     CHECK(static_cast<bool>(m.compute));
+    // Δp = p_quantized − p_exact of the right token: higher is better, but not its RMS.
     const bool higher = m.name == "same_top_rate" || m.name.rfind("gen_", 0) == 0 || m.name == "answer_accuracy" ||
-                        m.name == "flips_wrong_to_right";
+                        m.name == "flips_wrong_to_right" ||
+                        (m.name.rfind("delta_p_", 0) == 0 && m.name != "delta_p_rms");
     CHECK((m.better == Better::Higher) == higher);
     CHECK(m.needs_continuations == (m.name.rfind("gen_", 0) == 0));
     CHECK(m.needs_task == (m.name == "answer_accuracy" || m.name.rfind("flips_", 0) == 0));
   }
-  CHECK(model_metrics == 13);
+  CHECK(model_metrics == 35);  // 13, and llama.cpp's detailed statistics: ppl_base, ln_ppl_ratio, 5 KL, 15 Δp
 }
 
 TEST_CASE("metric table: standard errors of the model metrics, as llama.cpp's perplexity tool") {
@@ -137,11 +139,12 @@ TEST_CASE("metric table: standard errors of the model metrics, as llama.cpp's pe
   CHECK(std::isnan(require_metric("ppl_ratio", "test").standard_error(one)));
   CHECK(std::isnan(require_metric("same_top_rate", "test").standard_error(one)));
   CHECK(std::isnan(standard_error_of_mean({})));
-  // Exactly these four metrics have one.
+  // Exactly these metrics have one (the last four are reported when a config names them).
   std::vector<std::string> with_se;
   for (const MetricDef& m : metric_table())
     if (m.standard_error) with_se.push_back(m.name);
-  CHECK(with_se == std::vector<std::string>{"ppl", "ppl_ratio", "next_token_kl_mean", "same_top_rate"});
+  CHECK(with_se == std::vector<std::string>{"ppl", "ppl_ratio", "next_token_kl_mean", "same_top_rate", "ppl_base",
+                                            "ln_ppl_ratio", "delta_p_mean", "delta_p_rms"});
 }
 
 TEST_CASE("metric table: every metric has an axis label with its quantity, unit and direction") {

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# `kvbudget eval`'s llama.cpp-style report (issue 21 items 3 and 7): a text evaluated in
+# windows of --ctx tokens with a progress bar, --json with llama.cpp's statistics, the
+# exact logits kept with --kl-base and reused (a mismatched one refused), the warning
+# past max_position_embeddings, and data.n_ctx in a model-level config.
+# $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
+kvb="$1"
+src="$2"
+source "$(dirname "$0")/lib.sh"
+text="$src/data/text/eval_kjv_revelation.txt"
+llama="$src/data/models/llama-bytes"
+
+# Windows, --json and a kl-base written: 1024 tokens in 4 windows of 256.
+"$kvb" eval "$llama" --text "$text" --max-tokens 1024 --ctx 256 --format int4-asym-g32 --json \
+  --kl-base "$tmp/base.safetensors" >"$tmp/a.json" 2>"$tmp/a.err" || fail "eval --json exited $?: $(cat "$tmp/a.err")"
+[ -s "$tmp/base.safetensors" ] || fail "--kl-base: no file written"
+expect "$tmp/a.err" "window 4/4 done" "eval progress (stderr, not a terminal)"
+/usr/bin/python3 -c 'import json, math, sys
+j = json.load(open(sys.argv[1]))
+for k in ["ppl", "ppl_se", "kl_mean", "kl_mean_se", "same_top", "same_top_se", "ln_ppl_ratio", "ln_ppl_ratio_se",
+          "ppl_base", "ppl_base_se", "kl_p99_9", "kl_p1", "delta_p_mean", "delta_p_mean_se", "delta_p_rms",
+          "delta_p_p1", "delta_p_min", "delta_p_max"]:
+    assert isinstance(j[k], float) and math.isfinite(j[k]), (k, j.get(k))
+assert j["windows"] == 4 and j["n_ctx"] == 256 and j["tokens"] == 1024, j
+assert j["positions"] == 4 * 255, j["positions"]
+assert j["kl_base_reused"] is False
+assert j["kl_mean"] > 0 and 0 < j["same_top"] <= 1
+assert abs(j["ppl_ratio"] - math.exp(j["ln_ppl_ratio"])) < 1e-9 * j["ppl_ratio"]
+assert j["metrics"]["next_token_kl_mean"] == j["kl_mean"]
+' "$tmp/a.json" || fail "eval --json: a key missing or a bad value: $(head -c 600 "$tmp/a.json")"
+
+# The kl-base reused: the same numbers, the exact logits not recomputed past the first window.
+"$kvb" eval "$llama" --text "$text" --max-tokens 1024 --ctx 256 --format int4-asym-g32 --json \
+  --kl-base "$tmp/base.safetensors" >"$tmp/b.json" 2>"$tmp/b.err" || fail "eval with a kl-base exited $?: $(cat "$tmp/b.err")"
+/usr/bin/python3 -c 'import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert b["kl_base_reused"] is True
+for k in ["ppl", "ppl_se", "ppl_base", "kl_mean", "kl_mean_se", "same_top", "delta_p_mean", "kl_max"]:
+    assert a[k] == b[k], (k, a[k], b[k])
+' "$tmp/a.json" "$tmp/b.json" || fail "eval with a reused kl-base gives other numbers"
+
+# The exact cache alone: its PPL, no comparisons.
+"$kvb" eval "$llama" --text "$text" --max-tokens 300 --ctx 256 --json >"$tmp/e.json" 2>/dev/null || fail "eval --json exact"
+/usr/bin/python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["plan"] == "exact" and j["ppl"] == j["ppl_base"] > 1 and j["ppl_se"] > 0, j
+assert j["kl_mean"] is None and j["same_top"] is None and j["windows"] == 2 and j["positions"] == 255 + 43, j
+' "$tmp/e.json" || fail "eval --json without a plan: $(head -c 400 "$tmp/e.json")"
+
+# Text report: llama.cpp's sections.
+"$kvb" eval "$llama" --text "$text" --max-tokens 512 --ctx 256 --format int4-asym-g32 >"$tmp/t.out" 2>&1 \
+  || fail "eval text report exited $?: $(cat "$tmp/t.out")"
+for line in "in 2 windows of 256 tokens, scoring all" "====== Perplexity statistics ======" \
+  "Mean ln(PPL(Q)/PPL(base))     :" "====== KL divergence statistics ======" "99.9%   KLD:" \
+  "====== Token probability statistics ======" "RMS Δp    :" "Same top p:"; do
+  expect "$tmp/t.out" "$line" "eval report"
+done
+grep -qE "^Mean    KLD: +[0-9.]+ ± +[0-9.]+$" "$tmp/t.out" || fail "eval report: Mean KLD without ± SE"
+# llama.cpp's rule: the second half of each window.
+"$kvb" eval "$llama" --text "$text" --max-tokens 512 --ctx 256 --score second_half --format int4-asym-g32 --json \
+  >"$tmp/h.json" 2>/dev/null || fail "eval --score second_half"
+/usr/bin/python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["positions"] == 2 * 127' "$tmp/h.json" \
+  || fail "--score second_half: not positions 128..254 of each window"
+
+# A kl-base for other tokens, or other windows, is refused by name.
+"$kvb" eval "$llama" --text "$text" --max-tokens 768 --ctx 256 --format int4-asym-g32 \
+  --kl-base "$tmp/base.safetensors" >/dev/null 2>"$tmp/m.err"
+[ $? -eq 2 ] || fail "a kl-base for other tokens should exit 2"
+expect "$tmp/m.err" "base.safetensors (--kl-base, from model llama-bytes): computed on 1024 tokens, but 768 are evaluated" \
+  "mismatched kl-base"
+"$kvb" eval "$llama" --text "$text" --max-tokens 1024 --ctx 512 --format int4-asym-g32 \
+  --kl-base "$tmp/base.safetensors" >/dev/null 2>"$tmp/c.err"
+[ $? -eq 2 ] || fail "a kl-base for other windows should exit 2"
+expect "$tmp/c.err" "computed in windows of n_ctx = 256, but n_ctx = 512 now" "kl-base with another --ctx"
+"$kvb" eval "$src/data/models/gpt2-bytes" --text "$text" --max-tokens 1024 --ctx 256 --format int4-asym-g32 \
+  --kl-base "$tmp/base.safetensors" >/dev/null 2>"$tmp/g.err"
+[ $? -eq 2 ] || fail "a kl-base of another model should exit 2"
+expect "$tmp/g.err" "computed by a model of another shape" "kl-base of another model"
+"$kvb" eval "$llama" --text "$text" --ctx 1 >/dev/null 2>"$tmp/ctx.err"
+[ $? -eq 2 ] || fail "--ctx 1 should exit 2"
+expect "$tmp/ctx.err" "--ctx must be 0 (one window of every token) or >= 2, got 1" "eval --ctx 1"
+
+# Past max_position_embeddings (2048): warned once; windows within it: no warning.
+"$kvb" eval "$llama" --text "$text" --max-tokens 2050 --ctx 0 >"$tmp/w.out" 2>"$tmp/w.err" || fail "eval past 2048 exited $?"
+[ "$(grep -c "2050 tokens exceed max_position_embeddings 2048" "$tmp/w.err")" -eq 1 ] \
+  || fail "eval past max_position_embeddings: not warned once: $(cat "$tmp/w.err")"
+"$kvb" eval "$llama" --text "$text" --max-tokens 2050 --ctx 1024 >"$tmp/nw.out" 2>"$tmp/nw.err" || fail "eval in windows exited $?"
+grep -q "max_position_embeddings" "$tmp/nw.err" && fail "eval in windows of 1024 warned about positions"
+"$kvb" record "$llama" --text "$text" --max-tokens 2050 --out "$tmp/r.safetensors" >/dev/null 2>"$tmp/r.err" \
+  || fail "record past 2048 exited $?"
+[ "$(grep -c "exceed max_position_embeddings 2048" "$tmp/r.err")" -eq 1 ] || fail "record: not warned once"
+
+# A model-level config in windows (data.n_ctx) with llama.cpp's detailed statistics.
+"$kvb" run "$src/configs/llama_ppl.toml" --out "$tmp/results" -q --set data.max_tokens=384 --set data.n_ctx=128 \
+  --set data.continuations=0 --set 'metrics.report=["ppl", "ln_ppl_ratio", "delta_p_mean", "next_token_kl_p99_9"]' \
+  >"$tmp/run.out" 2>"$tmp/run.err" \
+  || fail "llama_ppl.toml with data.n_ctx exited $?: $(tail -5 "$tmp/run.err")"
+points="$tmp/results/llama_ppl/latest/points.csv"
+for c in ln_ppl_ratio ln_ppl_ratio_se delta_p_mean delta_p_mean_se next_token_kl_p99_9; do
+  has_column "$points" "$c" || fail "points.csv: no column $c"
+done
+"$kvb" run "$src/configs/llama_ppl.toml" --out "$tmp/results" -q --set data.max_tokens=384 --set data.n_ctx=1 \
+  >/dev/null 2>"$tmp/n1.err"
+[ $? -eq 2 ] || fail "data.n_ctx = 1 should exit 2"
+expect "$tmp/n1.err" "n_ctx" "data.n_ctx = 1"
+exit $status
