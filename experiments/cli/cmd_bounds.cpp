@@ -34,7 +34,7 @@ int cmd_bounds(const Args& args) {
       "an experiment config whose [data] recording replaces the GPT-2-like synthetic one for the first-order and "
       "entropy-rule rows")("threads", po::value(&threads), "OpenMP threads (default all cores)")(
       "quick", "smaller recordings and coarser grids (for tests)")(
-      "json", "print the report as one JSON object (README \"Command line\")");
+      "json", "print the report as one JSON object (README \"Command line conventions\")");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(opts).run(), vm);

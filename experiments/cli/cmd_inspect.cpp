@@ -298,7 +298,7 @@ int cmd_inspect(const Args& args) {
       "data/reference/*-record-slice.safetensors)")(
       "positions", po::value(&positions), "at most N query positions per head for the entropy (default 256)")(
       "check-output", "recompute attention from q/k/v and compare with the recorded attn_output")(
-      "json", "print everything as one JSON object (README \"Command line\")");
+      "json", "print everything as one JSON object (README \"Command line conventions\")");
   po::options_description hidden;
   hidden.add_options()("file", po::value(&file));
   po::options_description all;

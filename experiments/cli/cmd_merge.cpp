@@ -1,4 +1,4 @@
-// `kvbudget merge DIR... --out DIR`: shard folders of one sweep (kvbudget run --shard)
+// `kvbudget merge DIR... [--out BASE | --merged-dir DIR]`: shard folders of one sweep (kvbudget run --shard)
 // into one results folder equal to a single run's (experiments/merge.h), and
 // `kvbudget status DIR...`: whether a run is going, finished or stale, and how far it got.
 #include <boost/program_options.hpp>
@@ -30,7 +30,7 @@ int cmd_merge(const Args& args) {
       "output.dir, else results/)")(
       "merged-dir", po::value(&merged_dir),
       "write the merged results into this folder itself instead (created; must not hold files)")(
-      "json", "print the summary and budget answers as one JSON object, as run --json (README \"Command line\")")(
+      "json", "print the summary and budget answers as one JSON object, as run --json (README \"Command line conventions\")")(
       "no-plots", "skip the matplotlib plots")("quiet,q", "print only errors");
   po::options_description hidden;
   hidden.add_options()("dirs", po::value(&dirs)->composing());
@@ -166,7 +166,7 @@ int cmd_status(const Args& args) {
   po::options_description opts("kvbudget status DIR... [options]");
   std::vector<std::string> dirs;
   opts.add_options()("help,h", "show this help")(
-      "json", "print a JSON array, one object per folder (README \"Command line\")");
+      "json", "print a JSON array, one object per folder (README \"Command line conventions\")");
   po::options_description hidden;
   hidden.add_options()("dirs", po::value(&dirs)->composing());
   po::options_description all;

@@ -65,7 +65,7 @@ int cmd_run(const Args& args) {
       "continue the interrupted or killed run (or shard) in results folder DIR: its finished points are kept "
       "(CONFIG defaults to DIR/config.toml)")(
       "no-plots", "skip the matplotlib plots")("quiet,q", "no progress output")(
-      "json", "print the final summary and budget answers as one JSON object (README \"Command line\")");
+      "json", "print the final summary and budget answers as one JSON object (README \"Command line conventions\")");
   po::options_description hidden;
   hidden.add_options()("config", po::value(&config));
   po::options_description all;

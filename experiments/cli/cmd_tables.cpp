@@ -35,7 +35,7 @@ bool table_arguments_ok(const Args& args, const char* command, const char* what,
     return true;
   }
   if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
-    std::printf("kvbudget %s: prints %s; --json prints it as JSON (README \"Command line\")\n", command, what);
+    std::printf("kvbudget %s: prints %s; --json prints it as JSON (README \"Command line conventions\")\n", command, what);
     *code = kExitOk;
     return false;
   }
@@ -66,7 +66,7 @@ nlohmann::ordered_json params_json(const std::vector<ParamDef>& params) {
 int cmd_formats(const Args& args) {
   po::options_description opts("kvbudget formats [--head-dim D] [--tokens T] [--json]");
   int64_t head_dim = 128, tokens = 4096;
-  opts.add_options()("help,h", "show this help")("json", "print the table as JSON (README \"Command line\")")("head-dim", po::value(&head_dim), "head_dim of the span (default 128)")(
+  opts.add_options()("help,h", "show this help")("json", "print the table as JSON (README \"Command line conventions\")")("head-dim", po::value(&head_dim), "head_dim of the span (default 128)")(
       "tokens", po::value(&tokens), "tokens of the span (default 4096): per-channel and calibrated formats' "
                                     "metadata is spread over them, as in a points.csv at that context");
   po::variables_map vm;

@@ -35,7 +35,7 @@ int option_error(const std::string& command, const std::exception& e);
 // kvb::ConfigError saying to write key=value as one argument.
 void check_assignments(const Args& args, const std::string& option, const std::string& example);
 
-// What `run --json` and `merge --json` print (README "Command line", stable keys):
+// What `run --json` and `merge --json` print (README "Command line conventions", stable keys):
 // command, dir, status, points_total, points_measured, points_failed, wall_seconds,
 // files {points, pareto, budgets, plots (null when not written)}, budgets (budgets.json's
 // queries and answers, [] when it could not be read) and errors (messages).
