@@ -346,6 +346,14 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
     const std::vector<ParamValue> raw =
         def.type == ParamType::IntList ? list_values_of(t, def.name) : values_of(t, def.name, numeric);
     for (const ParamValue& v : raw) a.values.push_back(coerce(v, def, t, def.name));
+    // A format parameter naming a preset (format = "kivi-2"): say what it is.
+    if (def.name.ends_with("format"))
+      for (const ParamValue& v : a.values)
+        if (const std::string* s = std::get_if<std::string>(&v))
+          if (const std::string hint = preset_not_format_hint(
+                  *s, "select it with preset = \"" + *s + "\" (in a [[strategy]] block of its own)");
+              !hint.empty())
+            t.fail(def.name, "unknown format '" + *s + "'" + hint);
     b.axes.push_back(a);
   }
   if (preset) {

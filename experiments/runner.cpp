@@ -91,6 +91,21 @@ RunOutcome run_experiment(const RunRequest& request) {
   check_attention_rows(spec, positions, rec.tokens);
   const std::string data_identity = recording_identity(rec);
   if (resumed) check_resume_data(resume_dir, *resumed, data_identity);
+  // The checks that need the data (a group size against head_dim, a budget against
+  // the family's cheapest and dearest allocation) run on every point's plan now,
+  // before anything is measured or written.
+  PlanCheck plan_check = check_plans(spec, rec, to_run, request.stop);
+  if (!plan_check.errors.empty()) {
+    constexpr size_t kShown = 5;
+    std::string msg = std::to_string(plan_check.errors.size()) + " of " + std::to_string(to_run.size()) +
+                      " points cannot run on this data (" + rec.name + ": " + rec.summary() +
+                      "); nothing was measured or written; fix or remove them:";
+    for (size_t i = 0; i < plan_check.errors.size() && i < kShown; ++i) msg += "\n  " + plan_check.errors[i];
+    if (plan_check.errors.size() > kShown)
+      msg += "\n  ... and " + std::to_string(plan_check.errors.size() - kShown) + " more";
+    throw ConfigError(msg);
+  }
+  for (const std::string& w : plan_check.warnings) std::fprintf(stderr, "kvbudget run: warning: %s\n", w.c_str());
   const std::string shard_suffix =
       shard.whole() ? "" : "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count);
   // A stop while the data loaded (a caller that does not end the process then) leaves
@@ -174,7 +189,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   };
   std::vector<std::string> sweep_errors;
   std::vector<PointResult> results =
-      run_sweep(spec, rec, to_run, on_point, request.stop, &info.backend, model.get(), &sweep_errors);
+      run_sweep(spec, rec, to_run, on_point, request.stop, &info.backend, model.get(), &sweep_errors, &plan_check);
   if (resumed) {
     results.insert(results.end(), resumed->kept.begin(), resumed->kept.end());
     std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
@@ -252,10 +253,94 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
   return points;
 }
 
+namespace {
+
+// A point's plan on `rec`, checked (Plan::check, the declared columns); throws what
+// a point that cannot run throws.
+Plan build_point_plan(const ExperimentSpec& spec, const Recording& rec, const SweepPoint& point,
+                      const Strategy& strategy, RecordingStats& stats) {
+  Plan plan = strategy.build(StrategyInput{rec, spec.seed, &stats});
+  const std::string bad = plan.check();
+  if (!bad.empty()) throw Error(bad);
+  require_declared_columns(plan, point.type);
+  return plan;
+}
+
+// Whether the point allocates widths to meet a budget (budget_bpe over a family).
+bool allocates(const SweepPoint& point) {
+  if (point.type == "uniform") return false;  // one width by design
+  for (const char* budget : {"budget_bpe", "key_budget_bpe", "value_budget_bpe"})
+    if (point.params.has(budget)) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string uniform_allocation(const Plan& plan) {
+  if (plan.layers() * plan.kv_heads() < 2) return {};
+  std::string out;
+  for (Kind kind : {Kind::Key, Kind::Value}) {
+    std::set<std::string> formats;
+    for (int64_t l = 0; l < plan.layers(); ++l)
+      for (int64_t g = 0; g < plan.kv_heads(); ++g)
+        for (const Segment& s : plan.unit(l, g, kind).segments)
+          if (s.role == SegmentRole::Allocated && s.format) formats.insert(s.format->name());
+    if (formats.size() != 1) return {};
+    out += (out.empty() ? "" : " ") + std::string(kind_name(kind)) + ":" + *formats.begin();
+  }
+  return out;
+}
+
+PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
+                      const std::atomic<bool>* stop) {
+  const size_t n = points.size();
+  auto stopped = [&] { return stop && stop->load(); };
+  if (spec.threads > 0) omp_set_num_threads(spec.threads);
+  const QueryPositions positions = resolve_positions(spec, rec.tokens);
+  RecordingStats stats(rec, positions.calibration);
+  std::vector<std::unique_ptr<Strategy>> strategies(n);
+  std::vector<std::string> errors(n), warnings(n);
+  PlanCheck check;
+  check.plans.resize(n);
+  check.plan_seconds.assign(n, 0.0);
+  bool need_stats = false;
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
+      need_stats |= strategies[i]->needs_statistics();
+    } catch (const std::exception& e) {
+      errors[i] = points[i].key + ": " + e.what();
+    }
+  }
+  if (need_stats && !stopped()) stats.warm_up();
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < n; ++i) {
+    if (!strategies[i] || stopped()) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      Plan plan = build_point_plan(spec, rec, points[i], *strategies[i], stats);
+      if (allocates(points[i]))
+        if (const std::string one = uniform_allocation(plan); !one.empty())
+          warnings[i] = points[i].key + ": the allocation is uniform, " + one +
+                        " in every unit (at this budget the family's widths leave no room to allocate: the point is "
+                        "uniform quantization; give other widths or budgets)";
+      check.plans[i] = std::move(plan);
+    } catch (const std::exception& e) {
+      errors[i] = points[i].key + ": " + e.what();
+    }
+    check.plan_seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[i].empty()) check.errors.push_back(errors[i]);
+    if (!warnings[i].empty()) check.warnings.push_back(warnings[i]);
+  }
+  return check;
+}
+
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
                                    const std::atomic<bool>* stop, BackendChoice* chosen, const ModelEvaluator* model,
-                                   std::vector<std::string>* callback_errors) {
+                                   std::vector<std::string>* callback_errors, PlanCheck* prepared) {
   const size_t n = points.size();
   const size_t L = static_cast<size_t>(rec.num_layers());
   std::vector<PointResult> results(n);
@@ -282,10 +367,14 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
 
   // Statistics every strategy reads, on the calibration positions: computed once, in
   // parallel, when some point needs them.
+  // Plans check_plans() built for these points are taken as they are.
+  if (prepared && prepared->plans.size() != n) throw Error("run_sweep: the prepared plans are for other points");
+  auto prebuilt = [&](size_t i) { return prepared && prepared->plans[i].has_value(); };
   RecordingStats stats(rec, positions.calibration);
   std::vector<std::unique_ptr<Strategy>> strategies(n);
   bool need_stats = false;
   for (size_t i = 0; i < n; ++i) {
+    if (prebuilt(i)) continue;
     try {
       strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
       need_stats |= strategies[i]->needs_statistics();
@@ -302,12 +391,10 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
     if (stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      if (!strategies[i]) strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
-      StrategyInput in{rec, spec.seed, &stats};
-      Plan plan = strategies[i]->build(in);
-      const std::string bad = plan.check();
-      if (!bad.empty()) throw Error(bad);
-      require_declared_columns(plan, points[i].type);
+      if (prebuilt(i)) results[i].seconds += prepared->plan_seconds[i];
+      else if (!strategies[i]) strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
+      Plan plan = prebuilt(i) ? std::move(*prepared->plans[i])
+                              : build_point_plan(spec, rec, points[i], *strategies[i], stats);
       results[i].bpe = plan.bpe();
       results[i].bpe_target = plan.bpe_at(spec.output.target_context);
       results[i].bytes = plan.bytes_at(rec.tokens);

@@ -103,6 +103,34 @@ BootstrapSettings bootstrap_settings(const ExperimentSpec& spec);
 // Called (serialized) as each point finishes, with how many are done.
 using PointCallback = std::function<void(const SweepPoint&, const PointResult&, size_t done, size_t total)>;
 
+// What check_plans() finds before a sweep starts.
+struct PlanCheck {
+  // "KEY: why" for each point whose plan cannot be built on this data: a format whose
+  // group size does not divide head_dim, a budget below the cheapest or above the
+  // dearest allocation, ... (the message run_sweep would put in errors.csv).
+  std::vector<std::string> errors;
+  // "KEY: ..." for each point of an allocating strategy (a budget_bpe over a family)
+  // whose allocation gave every unit the same width: the point is uniform quantization
+  // (entropy at budget_bpe 3 with the default widths is uniform int2), see
+  // uniform_allocation().
+  std::vector<std::string> warnings;
+  // Aligned with the points: the plans built (none where the plan failed or a stop came
+  // first), and the seconds each took; run_sweep takes them instead of building again.
+  std::vector<std::optional<Plan>> plans;
+  std::vector<double> plan_seconds;
+};
+
+// Builds every point's plan on `rec` as run_sweep's first phase does (no measurement),
+// to refuse a sweep whose points cannot run before anything is measured or written.
+// Stops early (returning what it found) when *stop becomes true.
+PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
+                      const std::atomic<bool>* stop = nullptr);
+
+// When every allocated segment of the plan's keys has one format and likewise for its
+// values, over more than one unit: that allocation, "K:int2-asym-g32 V:int2-asym-g32";
+// else "" (the allocator spread its widths, or nothing was allocated).
+std::string uniform_allocation(const Plan& plan);
+
 // Runs the points on spec.backend (experiments/backend.h) and the positions
 // resolve_positions() gives: plans are built on the CPU, then every point is measured
 // by the CPU simulator ((point, layer) tasks in parallel) or by the CUDA simulator
@@ -119,10 +147,13 @@ using PointCallback = std::function<void(const SweepPoint&, const PointResult&, 
 // An exception thrown by on_point (an I/O error writing results, say) does not stop
 // the sweep: every message goes to `callback_errors` when given; without it the first
 // is thrown as kvb::Error once the sweep has finished.
+// `prepared`: check_plans() on these same points; its plans are moved into the sweep
+// (no plan is built twice).
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
                                    const std::atomic<bool>* stop, BackendChoice* chosen = nullptr,
                                    const ModelEvaluator* model = nullptr,
-                                   std::vector<std::string>* callback_errors = nullptr);
+                                   std::vector<std::string>* callback_errors = nullptr,
+                                   PlanCheck* prepared = nullptr);
 
 }  // namespace kvb

@@ -4,6 +4,7 @@
 
 #include <boost/program_options.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -26,13 +27,14 @@ int cmd_bounds(const Args& args) {
   int threads = 0;
   int64_t seed = 0;
   opts.add_options()("help,h", "show this help")("out", po::value(&out_dir),
-                                                 "results base directory (default results/)")(
+                                                 "results base directory: writes OUT/bounds/<timestamp>/ (default results/)")(
       "seed", po::value(&seed), "seed of the synthetic data and samples (default 0)")(
       "samples", po::value(&b.samples), "Gaussian samples per sampled MSE (default 1048576)")(
       "data", po::value(&data_config),
       "an experiment config whose [data] recording replaces the GPT-2-like synthetic one for the first-order and "
       "entropy-rule rows")("threads", po::value(&threads), "OpenMP threads (default all cores)")(
-      "quick", "smaller recordings and coarser grids (for tests)");
+      "quick", "smaller recordings and coarser grids (for tests)")(
+      "json", "print the report as one JSON object (README \"Command line conventions\")");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(opts).run(), vm);
@@ -75,6 +77,23 @@ int cmd_bounds(const Args& args) {
   j["rows"] = rows.size();
   j["rows_holding"] = held;
   write_file_atomic(dir / "manifest.json", j.dump(2) + "\n");
+  if (vm.count("json")) {
+    nlohmann::ordered_json out_rows = nlohmann::ordered_json::array();
+    for (const BoundRow& r : rows)
+      out_rows.push_back({{"section", r.section},
+                          {"name", r.name},
+                          {"claim", r.claim},
+                          {"predicted", std::isfinite(r.predicted) ? nlohmann::ordered_json(r.predicted) : nullptr},
+                          {"measured", std::isfinite(r.measured) ? nlohmann::ordered_json(r.measured) : nullptr},
+                          {"holds", r.holds},
+                          {"criterion", r.criterion},
+                          {"note", r.note}});
+    const nlohmann::ordered_json summary = {{"command", "bounds"},     {"dir", dir.string()},
+                                            {"rows_total", rows.size()}, {"rows_holding", held},
+                                            {"wall_seconds", secs},      {"rows", out_rows}};
+    std::printf("%s\n", summary.dump(2).c_str());
+    return kExitOk;
+  }
   std::printf("%s\n%zu of %zu rows hold; written to %s (%.1f s)\n", md.c_str(), held, rows.size(), dir.string().c_str(),
               secs);
   return kExitOk;

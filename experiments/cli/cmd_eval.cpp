@@ -210,6 +210,7 @@ int cmd_eval(const Args& args) {
       "json", po::bool_switch(&json), "print the report as one JSON object on stdout (keys: README.md, eval)");
   in.add_options(opts);
   po::variables_map vm;
+  check_assignments(args, "--param", "format=int4-asym-g32");
   if (!in.parse(args, opts, "eval", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout << opts
@@ -257,12 +258,20 @@ int cmd_eval(const Args& args) {
   }
   if (!strategy.empty()) {
     // --strategy names a type (`kvbudget strategies`) or a preset of one.
-    const auto& types = strategy_types();
-    const bool is_type =
-        std::any_of(types.begin(), types.end(), [&](const StrategyType& t) { return t.name == strategy; });
-    const StrategyPreset* preset = is_type ? nullptr : find_strategy_preset(strategy);
-    const StrategyType& type = require_strategy_type(preset ? preset->type : strategy, "--strategy");
-    strat = type.make(strategy_params(type, preset, params));
+    const NamedStrategy named = resolve_strategy_name(strategy, "--strategy", "--format");
+    const StrategyType& type = *named.type;
+    const StrategyPreset* preset = named.preset;
+    try {
+      strat = type.make(strategy_params(type, preset, params));
+    } catch (const ConfigError& e) {
+      // A format option naming a preset: --format kivi-2 means --strategy kivi-2.
+      std::string hint;
+      for (const auto& [option, value] : {std::pair{"--format", format}, std::pair{"--key-format", key_format},
+                                          std::pair{"--value-format", value_format}})
+        if (hint.empty() && !value.empty()) hint = preset_not_format_hint(value, "give --strategy " + value);
+      if (hint.empty()) throw;
+      throw ConfigError(e.what() + hint);
+    }
     plan_source = strategy + "(" + join(params, ",") + ")";
   }
 

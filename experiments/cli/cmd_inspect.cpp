@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -86,8 +87,16 @@ std::string human_bytes(uintmax_t n) {
   return buf;
 }
 
-void print_metadata(const TensorStore& store) {
+// With `json`, each function fills its part of the --json object instead of printing.
+using Json = nlohmann::ordered_json;
+
+void print_metadata(const TensorStore& store, Json* json) {
   const auto md = store.metadata();
+  if (json) {
+    (*json)["metadata"] = Json::object();
+    for (const auto& [k, v] : md) (*json)["metadata"][k] = v;
+    return;
+  }
   if (md.empty()) return;
   size_t w = 0;
   for (const auto& kv : md) w = std::max(w, kv.first.size());
@@ -95,7 +104,26 @@ void print_metadata(const TensorStore& store) {
   for (const auto& [k, v] : md) std::printf("  %-*s  %s\n", static_cast<int>(w), k.c_str(), v.c_str());
 }
 
-void print_tensors(const TensorStore& store, const std::vector<TensorInfo>& tensors, bool stats, bool show_file) {
+void print_tensors(const TensorStore& store, const std::vector<TensorInfo>& tensors, bool stats, bool show_file,
+                   Json* json) {
+  if (json) {
+    const auto number = [](double v, bool any) { return any ? Json(v) : Json(); };
+    Json list = Json::array();
+    for (const TensorInfo& t : tensors) {
+      Json jt = {{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
+                 {"file", fs::path(t.file).filename().string()}, {"stats", nullptr}};
+      if (stats) {
+        const TensorStats s = tensor_stats(store.read_f32(t.name));
+        const bool any = s.finite > 0;  // no finite element: no min, max, ...
+        jt["stats"] = {{"min", number(s.min, any)},   {"max", number(s.max, any)},       {"mean", number(s.mean, any)},
+                       {"std", number(s.stddev, any)}, {"absmax", number(s.absmax, any)}, {"nan", s.nan},
+                       {"inf", s.inf}};
+      }
+      list.push_back(jt);
+    }
+    (*json)["tensors"] = list;
+    return;
+  }
   size_t name_w = 4, shape_w = 5, file_w = 4;
   for (const TensorInfo& t : tensors) {
     name_w = std::max(name_w, t.name.size());
@@ -148,20 +176,45 @@ constexpr double kOutputMismatch = 0.05;
 // Prints the recording's summary and entropy tables and, with check_output, compares
 // the recorded attn_output with attention recomputed from q/k/v. Returns the number
 // of layers whose relative L2 exceeds kOutputMismatch.
-int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_output) {
-  std::printf("\nrecording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
-  if (!rec.token_ids.empty()) std::printf("  token ids: %zu\n", rec.token_ids.size());
+int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_output, Json* json) {
+  if (!json) {
+    std::printf("\nrecording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
+    if (!rec.token_ids.empty()) std::printf("  token ids: %zu\n", rec.token_ids.size());
+  }
   const std::vector<int64_t> positions = spread_positions(rec.tokens, max_positions);
   const int64_t L = rec.num_layers(), H = rec.q_heads;
   std::vector<HeadEntropy> entropy(static_cast<size_t>(L * H));
 #pragma omp parallel for schedule(dynamic)
   for (int64_t i = 0; i < L * H; ++i) entropy[static_cast<size_t>(i)] = head_entropy(rec, i / H, i % H, positions);
-  std::printf("\nattention entropy, bits (mean over %zu query positions in [1, %lld]; GQA group %lld):\n",
+  Json* jrec = nullptr;
+  if (json) {
+    Json heads = Json::array();
+    for (int64_t i = 0; i < L * H; ++i)
+      heads.push_back({{"layer", rec.layer_ids[static_cast<size_t>(i / H)]},
+                       {"head", i % H},
+                       {"shannon_bits", entropy[static_cast<size_t>(i)].shannon},
+                       {"renyi2_bits", entropy[static_cast<size_t>(i)].renyi2}});
+    (*json)["recording"] = {{"name", rec.name},
+                            {"summary", rec.summary()},
+                            {"tokens", rec.tokens},
+                            {"q_heads", rec.q_heads},
+                            {"kv_heads", rec.kv_heads},
+                            {"head_dim", rec.head_dim},
+                            {"layers", rec.layer_ids},
+                            {"token_ids", rec.token_ids.size()},
+                            {"entropy_positions", positions.size()},
+                            {"entropy", heads},
+                            {"output_check", nullptr}};
+    jrec = &(*json)["recording"];
+  }
+  if (!json) std::printf("\nattention entropy, bits (mean over %zu query positions in [1, %lld]; GQA group %lld):\n",
               positions.size(), static_cast<long long>(rec.tokens - 1), static_cast<long long>(rec.group_size()));
-  std::printf(" Shannon H = -sum p log2 p\n");
-  print_entropy_table(rec, entropy, false);
-  std::printf(" Renyi-2 H2 = -log2 sum p^2\n");
-  print_entropy_table(rec, entropy, true);
+  if (!json) {
+    std::printf(" Shannon H = -sum p log2 p\n");
+    print_entropy_table(rec, entropy, false);
+    std::printf(" Renyi-2 H2 = -log2 sum p^2\n");
+    print_entropy_table(rec, entropy, true);
+  }
 
   if (!check_output) return 0;
   if (!rec.has_attn_output())  // nothing checked is not a pass
@@ -169,7 +222,8 @@ int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_
                 "the attn_output pattern layers.{layer}.attn_output)");
   int64_t mismatched = 0;
   // Recompute softmax(q kᵀ/√d)·v for every head and compare with the recorded output.
-  std::printf("\nattn_output check (recomputed from query/key/value vs recorded; relative L2 / max abs):\n");
+  if (jrec) (*jrec)["output_check"] = Json::array();
+  else std::printf("\nattn_output check (recomputed from query/key/value vs recorded; relative L2 / max abs):\n");
   const int64_t T = rec.tokens, d = rec.head_dim;
   for (int64_t li = 0; li < L; ++li) {
     const LayerTensors& lt = rec.layers[static_cast<size_t>(li)];
@@ -197,7 +251,14 @@ int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_
     const double rel = e == 0 ? 0.0 : std::sqrt(e / r);  // both all zero: a match
     const bool bad = !(rel <= kOutputMismatch);
     mismatched += bad;
-    std::printf("  layer %-2d  %.3e  %.3e%s\n", rec.layer_ids[static_cast<size_t>(li)], rel, m, bad ? "  MISMATCH" : "");
+    if (jrec)
+      (*jrec)["output_check"].push_back({{"layer", rec.layer_ids[static_cast<size_t>(li)]},
+                                         {"relative_l2", rel},
+                                         {"max_abs", m},
+                                         {"mismatch", bad}});
+    else
+      std::printf("  layer %-2d  %.3e  %.3e%s\n", rec.layer_ids[static_cast<size_t>(li)], rel, m,
+                  bad ? "  MISMATCH" : "");
   }
   return mismatched;
 }
@@ -236,7 +297,8 @@ int cmd_inspect(const Args& args) {
       "read only these layers as the recording, e.g. 0,5 (needed for a file holding some layers, such as "
       "data/reference/*-record-slice.safetensors)")(
       "positions", po::value(&positions), "at most N query positions per head for the entropy (default 256)")(
-      "check-output", "recompute attention from q/k/v and compare with the recorded attn_output");
+      "check-output", "recompute attention from q/k/v and compare with the recorded attn_output")(
+      "json", "print everything as one JSON object (README \"Command line conventions\")");
   po::options_description hidden;
   hidden.add_options()("file", po::value(&file));
   po::options_description all;
@@ -274,9 +336,24 @@ int cmd_inspect(const Args& args) {
   std::string size;
   std::error_code ec;
   if (fs::is_regular_file(file, ec)) size = ", " + human_bytes(fs::file_size(file, ec));
-  std::printf("%s: %zu tensors in %zu file%s%s\n", file.c_str(), tensors.size(), files.size(),
-              files.size() == 1 ? "" : "s", size.c_str());
-  print_metadata(*store);
+  Json json_doc;
+  Json* json = vm.count("json") ? &json_doc : nullptr;
+  // The JSON goes out on every return after this point, errors included (then on
+  // stdout before the error on stderr): what was found is not lost.
+  struct PrintAtExit {
+    Json* json;
+    ~PrintAtExit() {
+      if (json) std::printf("%s\n", json->dump(2).c_str());
+    }
+  } print_at_exit{json};
+  if (json) {
+    json_doc = {{"file", file}, {"files", files.size()}, {"tensor_count", tensors.size()},
+                {"bytes", fs::is_regular_file(file, ec) ? Json(fs::file_size(file, ec)) : Json()}};
+  } else {
+    std::printf("%s: %zu tensors in %zu file%s%s\n", file.c_str(), tensors.size(), files.size(),
+                files.size() == 1 ? "" : "s", size.c_str());
+  }
+  print_metadata(*store, json);
   if (!tensors_glob.empty()) {
     const size_t all = tensors.size();
     std::erase_if(tensors, [&](const TensorInfo& t) { return fnmatch(tensors_glob.c_str(), t.name.c_str(), 0) != 0; });
@@ -284,8 +361,9 @@ int cmd_inspect(const Args& args) {
       throw ConfigError("--tensors '" + tensors_glob + "' matches none of the " + std::to_string(all) +
                         " tensors of " + file);
   }
-  print_tensors(*store, tensors, !vm.count("no-stats"), files.size() > 1);
+  print_tensors(*store, tensors, !vm.count("no-stats"), files.size() > 1, json);
   std::fflush(stdout);
+  if (json) json_doc["recording"] = nullptr;
 
   if (vm.count("no-recording")) return kExitOk;
   const bool explicit_recording = vm.count("query") || vm.count("key") || vm.count("value") || vm.count("layout");
@@ -295,7 +373,7 @@ int cmd_inspect(const Args& args) {
     bool any_key = false;
     for (const TensorInfo& t : store->list()) any_key = any_key || std::regex_match(t.name, key_name);
     if (!any_key) {
-      std::printf("\nrecording: none (no tensor matches '%s'; name the tensors with --query/--key/--value)\n",
+      if (!json) std::printf("\nrecording: none (no tensor matches '%s'; name the tensors with --query/--key/--value)\n",
                   spec.key.c_str());
       if (vm.count("check-output"))
         throw Error(file + ": --check-output: no recording found to check (no tensor matches '" + spec.key + "')");
@@ -305,7 +383,7 @@ int cmd_inspect(const Args& args) {
   spec.path = file;
   if (!layers_text.empty()) spec.layers = parse_layer_list(layers_text);
   const Recording rec = load_recording(spec);
-  const int64_t mismatched = print_recording(rec, positions, vm.count("check-output") != 0);
+  const int64_t mismatched = print_recording(rec, positions, vm.count("check-output") != 0, json);
   if (mismatched > 0)
     throw Error(file + ": the recorded attn_output differs from attention recomputed from query/key/value in " +
                 std::to_string(mismatched) + " layer(s) (relative L2 above " + format_double(kOutputMismatch) +

@@ -1,4 +1,4 @@
-// `kvbudget merge DIR... --out DIR`: shard folders of one sweep (kvbudget run --shard)
+// `kvbudget merge DIR... [--out BASE | --merged-dir DIR]`: shard folders of one sweep (kvbudget run --shard)
 // into one results folder equal to a single run's (experiments/merge.h), and
 // `kvbudget status DIR...`: whether a run is going, finished or stale, and how far it got.
 #include <boost/program_options.hpp>
@@ -21,11 +21,16 @@ namespace po = boost::program_options;
 namespace kvb::cli {
 
 int cmd_merge(const Args& args) {
-  po::options_description opts("kvbudget merge DIR... --out DIR [options]");
+  po::options_description opts("kvbudget merge DIR... [--out BASE | --merged-dir DIR] [options]");
   std::vector<std::string> dirs;
-  std::string out_dir;
-  opts.add_options()("help,h", "show this help")("out", po::value(&out_dir),
-                                                 "the merged results folder (created; must not hold files)")(
+  std::string out_dir, merged_dir;
+  opts.add_options()("help,h", "show this help")(
+      "out", po::value(&out_dir),
+      "results base directory, as for run: writes BASE/<name>/<timestamp>-merged/ (default: the shards' "
+      "output.dir, else results/)")(
+      "merged-dir", po::value(&merged_dir),
+      "write the merged results into this folder itself instead (created; must not hold files)")(
+      "json", "print the summary and budget answers as one JSON object, as run --json (README \"Command line conventions\")")(
       "no-plots", "skip the matplotlib plots")("quiet,q", "print only errors");
   po::options_description hidden;
   hidden.add_options()("dirs", po::value(&dirs)->composing());
@@ -49,9 +54,12 @@ int cmd_merge(const Args& args) {
            "missing or duplicated points.\n";
     return kExitOk;
   }
-  if (dirs.empty() || out_dir.empty()) {
-    std::cerr << "kvbudget merge: " << (dirs.empty() ? "no shard folders given" : "missing --out DIR") << "\n\n"
-              << opts;
+  if (dirs.empty()) {
+    std::cerr << "kvbudget merge: no shard folders given\n\n" << opts;
+    return kExitUsage;
+  }
+  if (!out_dir.empty() && !merged_dir.empty()) {
+    std::cerr << "kvbudget merge: give --out BASE or --merged-dir DIR, not both\n";
     return kExitUsage;
   }
   const auto t_start = std::chrono::steady_clock::now();
@@ -66,11 +74,19 @@ int cmd_merge(const Args& args) {
   const std::vector<SweepPoint> points = expand_sweep(spec);
   check_point_keys(in, points);
 
-  const std::filesystem::path out(out_dir);
-  if (std::filesystem::exists(out) && !std::filesystem::is_empty(out))
-    throw ConfigError("--out " + out_dir + ": exists and is not empty (the merged folder must be a new one)");
-  require_writable_dir(out, "--out");
-  std::filesystem::create_directories(out);
+  // --out is a base directory, as in run and bounds; --merged-dir the folder itself.
+  std::filesystem::path out;
+  if (!merged_dir.empty()) {
+    out = merged_dir;
+    if (std::filesystem::exists(out) && !std::filesystem::is_empty(out))
+      throw ConfigError("--merged-dir " + merged_dir + ": exists and is not empty (the merged folder must be a new one)");
+    require_writable_dir(out, "--merged-dir");
+    std::filesystem::create_directories(out);
+  } else {
+    const std::filesystem::path base = out_dir.empty() ? spec.output.dir : std::filesystem::path(out_dir);
+    require_writable_dir(base, out_dir.empty() ? "output.dir" : "--out");
+    out = make_run_dir(base, spec.name, "-merged");
+  }
   Report report(spec, points, out);
 
   // The merged manifest: the shards' (identical in what kMergeKeys compares), as one run.
@@ -126,7 +142,15 @@ int cmd_merge(const Args& args) {
   manifest["status"] = (failed || !errors.empty()) ? "failed" : "complete";
   attempt("manifest.json", [&] { write_file_atomic(report.manifest_path(), manifest.dump(2) + "\n"); });
 
-  if (!vm.count("quiet")) {
+  if (vm.count("json")) {
+    ResultsSummary summary{"merge", out, manifest["status"].get<std::string>(), in.sweep_points,
+                           in.results.size() - failed, failed, manifest["wall_seconds"].get<double>(),
+                           spec.output.plots && plot_error.empty() && in.results.size() > failed, errors};
+    nlohmann::ordered_json j = results_summary_json(summary);
+    j["shards"] = in.shards.size();
+    std::printf("%s\n", j.dump(2).c_str());
+    std::fflush(stdout);
+  } else if (!vm.count("quiet")) {
     std::printf("%s", frontier.c_str());
     std::printf("\nmerged %zu shard folder(s): %zu of %zu points measured; results in %s\n", in.shards.size(),
                 in.results.size() - failed, in.sweep_points, out.string().c_str());
@@ -146,7 +170,8 @@ int cmd_merge(const Args& args) {
 int cmd_status(const Args& args) {
   po::options_description opts("kvbudget status DIR... [options]");
   std::vector<std::string> dirs;
-  opts.add_options()("help,h", "show this help");
+  opts.add_options()("help,h", "show this help")(
+      "json", "print a JSON array, one object per folder (README \"Command line conventions\")");
   po::options_description hidden;
   hidden.add_options()("dirs", po::value(&dirs)->composing());
   po::options_description all;
@@ -173,15 +198,33 @@ int cmd_status(const Args& args) {
     return kExitUsage;
   }
   int rc = kExitOk;
+  const bool json = vm.count("json") != 0;
+  nlohmann::ordered_json folders = nlohmann::ordered_json::array();
   for (const std::string& dir : dirs) {
     try {
-      std::printf("%s", describe_run_status(dir, read_run_status(dir)).c_str());
+      const RunStatus s = read_run_status(dir);
+      if (json)
+        folders.push_back({{"dir", dir},
+                           {"status", s.status},
+                           {"running", s.running},
+                           {"stale", s.stale},
+                           {"liveness", s.liveness},
+                           {"points_done", s.done},
+                           {"points_total", s.total},
+                           {"points_failed", s.failed},
+                           {"shard", {{"index", s.shard.index}, {"count", s.shard.count}}},
+                           {"sweep_points", s.sweep_total},
+                           {"error", nullptr}});
+      else
+        std::printf("%s", describe_run_status(dir, s).c_str());
     } catch (const std::exception& e) {
+      if (json) folders.push_back({{"dir", dir}, {"error", e.what()}});  // also on stderr, below
       std::fflush(stdout);
       std::fprintf(stderr, "kvbudget status: error: %s\n", e.what());
       rc = kExitError;
     }
   }
+  if (json) std::printf("%s\n", folders.dump(2).c_str());
   return rc;
 }
 

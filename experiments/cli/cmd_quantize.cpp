@@ -32,6 +32,7 @@
 #include "sim/io/tensor_store.h"
 #include "sim/io/tensor_writer.h"
 #include "sim/recording.h"
+#include "sim/strategies/presets.h"
 
 namespace po = boost::program_options;
 
@@ -135,15 +136,17 @@ std::string kind_of_tensor_name(const std::string& name) {
 
 int cmd_quantize(const Args& args) {
   po::options_description opts("kvbudget quantize FILE --format NAME [options]");
-  std::string input, format, tensor, out_prefix, dequant_path, codes_path, kind;
+  std::string input, format, tensor, out_prefix, old_out_prefix, dequant_path, codes_path, kind;
   int64_t rows_per_span = 0;
   int64_t seed_arg = 0;
   std::string pre_rope_tensor;
   double rope_theta = 0;
   opts.add_options()("help,h", "show this help")("format,f", po::value(&format), "format or preset (kvbudget formats)")(
       "tensor,t", po::value(&tensor), "tensor name (default: the file's only tensor)")(
-      "out,o", po::value(&out_prefix),
+      "prefix", po::value(&out_prefix),
       "write PREFIX.dequant.npy (.safetensors for a safetensors input), PREFIX.codes.bin and PREFIX.codes.bin.json")(
+      "out,o", po::value(&old_out_prefix), "deprecated spelling of --prefix (--out names a file or a results base "
+                                            "directory everywhere else)")(
       "dequant", po::value(&dequant_path), "write the dequantized tensor here (.npy or .safetensors), same shape")(
       "codes", po::value(&codes_path), "write the codes here (raw bytes; layout in CODES.json)")(
       "rows-per-span", po::value(&rows_per_span),
@@ -181,11 +184,24 @@ int cmd_quantize(const Args& args) {
     std::cerr << "kvbudget quantize: need FILE and --format\n\n" << opts;
     return kExitUsage;
   }
+  if (!old_out_prefix.empty()) {
+    if (!out_prefix.empty()) throw ConfigError("give --prefix only (--out is its deprecated spelling)");
+    std::fprintf(stderr, "kvbudget quantize: warning: --out PREFIX is deprecated; write --prefix %s\n",
+                 old_out_prefix.c_str());
+    out_prefix = old_out_prefix;
+  }
   if (!kind.empty() && kind != "key" && kind != "value")
     throw ConfigError("--kind must be key or value, got '" + kind + "'");
   const uint64_t seed = checked_seed(seed_arg, "--seed");
 
-  const FormatPtr f = make_format(format);
+  FormatPtr f;
+  try {
+    f = make_format(format);
+  } catch (const ConfigError& e) {
+    throw ConfigError("--format: " + std::string(e.what()) +
+                      preset_not_format_hint(format, "quantize takes a format (`kvbudget strategies` lists the preset's "
+                                                     "formats; `kvbudget eval --strategy " + format + "` applies it)"));
+  }
   if (!out_prefix.empty()) {
     if (dequant_path.empty())
       dequant_path = out_prefix + (std::filesystem::path(input).extension() == ".safetensors" ? ".dequant.safetensors"

@@ -54,7 +54,8 @@ int cmd_run(const Args& args) {
       "budget", po::value(&budgets)->composing(),
       "add a budget query: --budget 'attn_kl_mean <= 1e-3' or --budget 'bpe <= 4' (repeatable)")(
       "threads", po::value(&threads), "OpenMP threads (default: config `threads`, else all cores)")(
-      "out", po::value(&out_dir), "results base directory (default: config output.dir, else results/)")(
+      "out", po::value(&out_dir),
+      "results base directory: writes OUT/<name>/<timestamp>/ (default: config output.dir, else results/)")(
       "backend", po::value(&backend),
       "cpu, cuda or auto: what measures the points (default: config `backend`, else cpu)")(
       "shard", po::value(&shard_text),
@@ -63,7 +64,8 @@ int cmd_run(const Args& args) {
       "resume", po::value(&resume_dir),
       "continue the interrupted or killed run (or shard) in results folder DIR: its finished points are kept "
       "(CONFIG defaults to DIR/config.toml)")(
-      "no-plots", "skip the matplotlib plots")("quiet,q", "no progress output");
+      "no-plots", "skip the matplotlib plots")("quiet,q", "no progress output")(
+      "json", "print the final summary and budget answers as one JSON object (README \"Command line conventions\")");
   po::options_description hidden;
   hidden.add_options()("config", po::value(&config));
   po::options_description all;
@@ -72,9 +74,10 @@ int cmd_run(const Args& args) {
   pos.add("config", 1);
   po::variables_map vm;
   try {
+    check_assignments(args, "--set", "data.max_tokens=256");
     po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
     po::notify(vm);
-  } catch (const po::error& e) {
+  } catch (const std::exception& e) {  // po::error, or check_assignments' ConfigError
     return option_error("run", e);
   }
   if (vm.count("help")) {
@@ -125,14 +128,25 @@ int cmd_run(const Args& args) {
   };
   const RunOutcome run = run_experiment(request);
 
-  std::printf("%s", run.frontier.c_str());
-  if (run.points_lost)  // the measurements must not be lost with the disk: print them
-    std::printf("\npoints.csv or errors.csv could not be written (see the error below); the rows of points.csv:\n%s",
-                run.lost_points_csv.c_str());
-  std::printf("\n%zu of %zu points measured in %.1f s; results in %s%s\n", run.results.size() - run.failed, run.points,
+  const bool json = vm.count("json") != 0;
+  if (json) {
+    ResultsSummary summary{"run", run.dir, run.status, run.points, run.results.size() - run.failed, run.failed,
+                           run.wall_seconds, run.plots_written, run.run_errors};
+    if (!run.plot_error.empty()) summary.errors.push_back("plots not written: " + run.plot_error);
+    std::printf("%s\n", results_summary_json(summary).dump(2).c_str());
+    if (run.points_lost)  // the measurements must not be lost with the disk: print them (stdout holds the JSON)
+      std::fprintf(stderr, "points.csv or errors.csv could not be written (see the error below); the rows of "
+                   "points.csv:\n%s", run.lost_points_csv.c_str());
+  } else {
+    std::printf("%s", run.frontier.c_str());
+    if (run.points_lost)  // the measurements must not be lost with the disk: print them
+      std::printf("\npoints.csv or errors.csv could not be written (see the error below); the rows of points.csv:\n%s",
+                  run.lost_points_csv.c_str());
+  }
+  if (!json) std::printf("\n%zu of %zu points measured in %.1f s; results in %s%s\n", run.results.size() - run.failed, run.points,
               run.wall_seconds, run.dir.string().c_str(),
               run.run_errors.empty() ? "" : " (not every file could be written: see the errors below)");
-  if (run.plots_written) std::printf("plots: %s\n", (run.dir / "plots").string().c_str());
+  if (run.plots_written && !json) std::printf("plots: %s\n", (run.dir / "plots").string().c_str());
   std::fflush(stdout);  // the summary above, before the errors below (one terminal or file for both)
   if (!run.plot_error.empty())
     std::fprintf(stderr, "kvbudget run: error: plots not written: %s\n", run.plot_error.c_str());

@@ -1,10 +1,12 @@
 // `kvbudget formats`, `kvbudget metrics`, `kvbudget strategies`: print the tables
 // every config, sweep and test iterates over.
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <variant>
 
 #include "experiments/cli/commands.h"
 #include "sim/core/error.h"
@@ -22,27 +24,49 @@ namespace kvb::cli {
 
 namespace {
 
-// For the commands that take no options: true when they should print their table;
-// otherwise the exit code is in *code (0 after --help, kExitUsage for anything else).
-bool table_arguments_ok(const Args& args, const char* command, const char* what, int* code) {
+// For the commands whose only option is --json: true when they should print their
+// table (*json: as JSON); otherwise the exit code is in *code (0 after --help,
+// kExitUsage for anything else).
+bool table_arguments_ok(const Args& args, const char* command, const char* what, bool* json, int* code) {
+  *json = false;
   if (args.empty()) return true;
+  if (args.size() == 1 && args[0] == "--json") {
+    *json = true;
+    return true;
+  }
   if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
-    std::printf("kvbudget %s: prints %s; takes no options\n", command, what);
+    std::printf("kvbudget %s: prints %s; --json prints it as JSON (README \"Command line conventions\")\n", command, what);
     *code = kExitOk;
     return false;
   }
-  std::fprintf(stderr, "kvbudget %s: unexpected argument '%s' (the command takes no options)\n", command,
-               args[0].c_str());
+  std::fprintf(stderr, "kvbudget %s: unexpected argument '%s' (the only option is --json)%s\n", command,
+               args[0].c_str(), did_you_mean(args[0], {"--json", "--help"}).c_str());
   *code = kExitUsage;
   return false;
+}
+
+nlohmann::ordered_json param_json(const ParamValue& v) {
+  return std::visit([](const auto& x) { return nlohmann::ordered_json(x); }, v);
+}
+
+nlohmann::ordered_json params_json(const std::vector<ParamDef>& params) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const ParamDef& p : params)
+    out.push_back({{"name", p.name},
+                   {"type", param_type_name(p.type)},
+                   {"default", p.default_value ? param_json(*p.default_value) : nlohmann::ordered_json()},
+                   {"required", !p.default_value && !p.optional},
+                   {"per_kind", p.per_kind},
+                   {"description", p.description}});
+  return out;
 }
 
 }  // namespace
 
 int cmd_formats(const Args& args) {
-  po::options_description opts("kvbudget formats [--head-dim D] [--tokens T]");
+  po::options_description opts("kvbudget formats [--head-dim D] [--tokens T] [--json]");
   int64_t head_dim = 128, tokens = 4096;
-  opts.add_options()("help,h", "show this help")("head-dim", po::value(&head_dim), "head_dim of the span (default 128)")(
+  opts.add_options()("help,h", "show this help")("json", "print the table as JSON (README \"Command line conventions\")")("head-dim", po::value(&head_dim), "head_dim of the span (default 128)")(
       "tokens", po::value(&tokens), "tokens of the span (default 4096): per-channel and calibrated formats' "
                                     "metadata is spread over them, as in a points.csv at that context");
   po::variables_map vm;
@@ -61,6 +85,30 @@ int cmd_formats(const Args& args) {
   if (head_dim < 1 || tokens < 1) {
     std::fprintf(stderr, "kvbudget formats: --head-dim and --tokens must be >= 1\n");
     return kExitUsage;
+  }
+  if (vm.count("json")) {
+    nlohmann::ordered_json families = nlohmann::ordered_json::array(), presets = nlohmann::ordered_json::array();
+    for (const FormatFamily& f : format_families()) {
+      nlohmann::ordered_json examples = nlohmann::ordered_json::array();
+      for (const FormatExample& ex : f.examples) {
+        FormatPtr p = make_format(ex.name);
+        const std::string bad = p->check_shape(tokens, head_dim);
+        examples.push_back({{"name", ex.name},
+                            {"bpe", bad.empty() ? nlohmann::ordered_json(p->bpe(tokens, head_dim)) : nullptr},
+                            {"shape_error", bad.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(bad)}});
+      }
+      families.push_back({{"family", f.name},
+                          {"syntax", f.syntax},
+                          {"description", f.description},
+                          {"cuda", f.cuda_twin},
+                          {"examples", examples}});
+    }
+    for (const FormatAlias& a : format_aliases())
+      presets.push_back({{"name", a.alias}, {"format", a.canonical}, {"reproduces", a.reproduces}});
+    const nlohmann::ordered_json j = {
+        {"head_dim", head_dim}, {"tokens", tokens}, {"families", families}, {"presets", presets}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
   }
   std::printf("Format families (bits per element at head_dim %lld, %lld tokens, all metadata counted;\n"
               "[cuda]: has a CUDA twin, runs under backend = \"cuda\"):\n\n",
@@ -85,7 +133,22 @@ int cmd_formats(const Args& args) {
 }
 
 int cmd_metrics(const Args& args) {
-  if (int code = 0; !table_arguments_ok(args, "metrics", "the metric table", &code)) return code;
+  bool json = false;
+  if (int code = 0; !table_arguments_ok(args, "metrics", "the metric table", &json, &code)) return code;
+  if (json) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (const MetricDef& m : metric_table())
+      j.push_back({{"name", m.name},
+                   {"level", level_name(m.level)},
+                   {"better", m.better == Better::Lower ? "lower" : "higher"},
+                   {"uncertainty", m.standard_error ? nlohmann::ordered_json("_se")
+                                   : m.has_interval() ? nlohmann::ordered_json("_lo/_hi")
+                                                      : nlohmann::ordered_json()},
+                   {"unit", m.unit},
+                   {"description", m.description}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
   // uncertainty: the points.csv columns after the metric (methods.md §4 "Uncertainty"):
   // "_se" a standard error, "_lo/_hi" an interval (bootstrap or Wilson), "-" none.
   std::printf("%-22s %-10s %-7s %-11s %s\n", "metric", "level", "better", "uncertainty", "definition");
@@ -123,8 +186,28 @@ void print_columns(const std::vector<std::string>& columns, const std::vector<st
 }  // namespace
 
 int cmd_strategies(const Args& args) {
-  if (int code = 0; !table_arguments_ok(args, "strategies", "the strategy types, their parameters and the presets", &code))
+  bool json = false;
+  if (int code = 0;
+      !table_arguments_ok(args, "strategies", "the strategy types, their parameters and the presets", &json, &code))
     return code;
+  if (json) {
+    nlohmann::ordered_json types = nlohmann::ordered_json::array(), presets = nlohmann::ordered_json::array();
+    for (const StrategyType& t : strategy_types())
+      types.push_back({{"name", t.name}, {"description", t.description}, {"params", params_json(t.params)},
+                       {"columns", t.columns}});
+    for (const StrategyPreset& p : strategy_presets()) {
+      nlohmann::ordered_json values = nlohmann::ordered_json::object();
+      for (const auto& [k, v] : p.params) values[k] = param_json(v);
+      presets.push_back({{"name", p.name}, {"type", p.type}, {"reproduces", p.reproduces}, {"params", values}});
+    }
+    const nlohmann::ordered_json j = {{"protections", {{"params", params_json(protection_params())},
+                                                       {"columns", protection_columns()}}},
+                                      {"budget", {{"params", params_json(budget_params())}, {"columns", budget_columns()}}},
+                                      {"types", types},
+                                      {"presets", presets}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
   std::printf("Strategy types. [key_|value_]X: X also exists as key_X and value_X, which override it for keys\n"
               "or values. Columns: parameter, type, default, meaning.\n\n");
   std::vector<ParamDef> shared = protection_params();

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "experiments/output_paths.h"
 
 namespace kvb::cli {
@@ -27,6 +29,26 @@ uint64_t checked_seed(int64_t seed, const std::string& option);
 // and where to find the options, "kvbudget COMMAND: error: ... (kvbudget COMMAND
 // --help lists the options)", and returns kExitUsage.
 int option_error(const std::string& command, const std::exception& e);
+
+// Refuses `OPTION key value` written for `OPTION key=value` (--set, --param): boost
+// would take `value` for a positional argument and report something else. Throws
+// kvb::ConfigError saying to write key=value as one argument.
+void check_assignments(const Args& args, const std::string& option, const std::string& example);
+
+// What `run --json` and `merge --json` print (README "Command line conventions", stable keys):
+// command, dir, status, points_total, points_measured, points_failed, wall_seconds,
+// files {points, pareto, budgets, plots (null when not written)}, budgets (budgets.json's
+// queries and answers, [] when it could not be read) and errors (messages).
+struct ResultsSummary {
+  std::string command;  // "run" or "merge"
+  std::filesystem::path dir;
+  std::string status;
+  size_t points_total = 0, points_measured = 0, points_failed = 0;
+  double wall_seconds = 0;
+  bool plots_written = false;
+  std::vector<std::string> errors;
+};
+nlohmann::ordered_json results_summary_json(const ResultsSummary& s);
 
 // require_writable_output(path, option), require_writable_dir(dir, where):
 // experiments/output_paths.h.

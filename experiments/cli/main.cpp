@@ -5,10 +5,12 @@
 #include <iostream>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "experiments/cli/commands.h"
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
+#include "sim/core/strings.h"
 
 namespace {
 
@@ -77,7 +79,9 @@ int main(int argc, char** argv) {
       return kvb::kExitError;
     }
   }
-  std::fprintf(stderr, "kvbudget: unknown command '%s'\n\n", name.c_str());
+  std::vector<std::string> names;
+  for (const Command& c : kCommands) names.push_back(c.name);
+  std::fprintf(stderr, "kvbudget: unknown command '%s'%s\n\n", name.c_str(), kvb::did_you_mean(name, names).c_str());
   usage(stderr);
   return kvb::kExitUsage;
 }

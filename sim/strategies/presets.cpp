@@ -5,6 +5,7 @@
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/formats/registry.h"
 
 namespace kvb {
 
@@ -113,6 +114,35 @@ const StrategyPreset& require_strategy_preset(const std::string& name, const std
   std::string msg = where + ": unknown preset '" + name + "'";
   msg += did_you_mean(name, names);
   throw ConfigError(msg + "; known: " + join(names, ", "));
+}
+
+NamedStrategy resolve_strategy_name(const std::string& name, const std::string& where,
+                                    const std::string& format_option) {
+  std::vector<std::string> names;
+  for (const StrategyType& t : strategy_types()) {
+    if (t.name == name) return {&t, nullptr};
+    names.push_back(t.name);
+  }
+  if (const StrategyPreset* p = find_strategy_preset(name))
+    return {&require_strategy_type(p->type, where + " (preset '" + p->name + "')"), p};
+  for (const StrategyPreset& p : strategy_presets()) names.push_back(p.name);
+  std::string msg = where + ": unknown strategy type or preset '" + name + "'";
+  bool is_format = false;
+  try {
+    make_format(name);
+    is_format = true;
+  } catch (const ConfigError&) {
+  }
+  if (is_format)
+    msg += "; '" + name + "' is a format, not a strategy: give " + format_option + " " + name;
+  else
+    msg += did_you_mean(name, names);
+  throw ConfigError(msg + "; types and presets: " + join(names, ", ") + " (kvbudget strategies describes them)");
+}
+
+std::string preset_not_format_hint(const std::string& name, const std::string& advice) {
+  if (!find_strategy_preset(name)) return {};
+  return "; '" + name + "' is a strategy preset, not a format: " + advice;
 }
 
 namespace {

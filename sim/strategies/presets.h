@@ -33,6 +33,23 @@ const StrategyPreset& require_strategy_preset(const std::string& name, const std
 // of `type`, the base X (a block's `format` overrides the preset's key_format too), or
 // an alternative to it (a block's `prompt` overrides the preset's `prompt_fraction`,
 // `budget_bpe` its `mean_bits` or `low_bits`, `sink_head_threshold` its `sink_heads`).
+// A strategy named by a type (`kvbudget strategies`) or a preset, as eval's --strategy
+// and the Python API take it: the type, and the preset (null for a type name).
+struct NamedStrategy {
+  const StrategyType* type = nullptr;
+  const StrategyPreset* preset = nullptr;
+};
+// Throws kvb::ConfigError naming `where` for a name that is neither, with the closest
+// type or preset ("did you mean 'kivi-2'?"), or, for a format's name, that it is a
+// format (`format_option` says how to give one, e.g. "--format q4_0").
+NamedStrategy resolve_strategy_name(const std::string& name, const std::string& where,
+                                    const std::string& format_option);
+
+// For a name given where a format belongs that is a strategy preset's name rather than
+// a format: "; 'kivi-2' is a strategy preset, not a format: give <use_instead> kivi-2";
+// else "". (`eval --format kivi-2` should point to `--strategy kivi-2`.)
+std::string preset_not_format_hint(const std::string& name, const std::string& use_instead);
+
 bool preset_value_overridden(const StrategyType& type, const std::string& name,
                              const std::function<bool(const std::string&)>& is_set);
 

@@ -2,6 +2,7 @@
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/strategies/presets.h"
 
 namespace kvb {
 
@@ -72,7 +73,10 @@ const StrategyType& require_strategy_type(const std::string& name, const std::st
     names.push_back(t.name);
   }
   std::string msg = where + ": unknown strategy type '" + name + "'";
-  msg += did_you_mean(name, names);
+  if (find_strategy_preset(name))  // a preset named as a type
+    msg += "; '" + name + "' is a preset: select it with preset = \"" + name + "\"";
+  else
+    msg += did_you_mean(name, names);
   msg += "; known: " + join(names, ", ");
   throw ConfigError(msg);
 }

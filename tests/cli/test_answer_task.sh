@@ -83,7 +83,7 @@ expect "$single/manifest.json" '"answer_regex"' "manifest"
 for i in 0 1; do
   "$kvb" run "$tmp/cloze.toml" --quiet --shard "$i/2" --out "$tmp/sh" >"$tmp/sh$i.out" 2>&1 || fail "shard $i/2 exited $?: $(cat "$tmp/sh$i.out")"
 done
-"$kvb" merge "$tmp"/sh/cloze/*-shard* --out "$tmp/merged" >"$tmp/merge.out" 2>&1 || fail "merge exited $?: $(cat "$tmp/merge.out")"
+"$kvb" merge "$tmp"/sh/cloze/*-shard* --merged-dir "$tmp/merged" >"$tmp/merge.out" 2>&1 || fail "merge exited $?: $(cat "$tmp/merge.out")"
 diff <(numbers "$single/points.csv") <(numbers "$tmp/merged/points.csv") >/dev/null || fail "merged shards' points.csv differs from the single run"
 
 # The bundled config, made small: uniform and phase bits on the reasoning model.

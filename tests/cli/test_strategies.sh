@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Strategies end to end: `kvbudget strategies` lists types and presets; a sweep of
 # budgeted and composed strategies meets every budget, reports its annotations, an
-# impossible budget fails alone with both numbers, attribution shares sum to 1, the
+# impossible budget refuses the run before the sweep with both numbers, attribution shares sum to 1, the
 # manifest records calibration and evaluated positions, results are identical for any
 # thread count; `kvbudget bounds --quick` writes its table.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
@@ -47,17 +47,25 @@ done
   echo '[[strategy]]'
   echo 'preset = "kivi-2"'
   echo 'window = 32'
+} >"$tmp/s.toml"
+# An impossible budget needs the data (the family's cheapest allocation on it): the
+# run refuses after the load, before any point is measured, naming the point.
+{
+  cat "$tmp/s.toml"
   echo '[[strategy]]'
   echo 'type = "uniform"'
   echo 'budget_bpe = 1.5'
   echo 'family = "int{b}-asym-g32"'
-} >"$tmp/s.toml"
-"$kvb" run "$tmp/s.toml" --out "$tmp/r1" --threads 2 --quiet >"$tmp/run1.out" 2>&1
-[ $? -eq 1 ] || fail "a run with one impossible budget: expected exit 1"
+} >"$tmp/impossible.toml"
+"$kvb" run "$tmp/impossible.toml" --out "$tmp/r0" --threads 2 --quiet >"$tmp/run0.out" 2>&1
+[ $? -eq 2 ] || fail "a run with one impossible budget: expected exit 2 before the sweep"
+expect "$tmp/run0.out" "1 of 12 points cannot run on this data" "impossible budget"
+expect "$tmp/run0.out" "uniform(budget_bpe=1.5,family=int{b}-asym-g32)" "impossible budget"
+expect "$tmp/run0.out" "budget_bpe 1.5 is below the cheapest allocation, 3 bpe" "impossible budget"
+[ -z "$(ls -d "$tmp"/r0/s/2* 2>/dev/null)" ] || fail "a refused run wrote a results folder"
+"$kvb" run "$tmp/s.toml" --out "$tmp/r1" --threads 2 --quiet >"$tmp/run1.out" 2>&1 || fail "the sweep exited $?"
 d1=$(ls -d "$tmp"/r1/s/2*)
 [ "$(numbers "$d1/points.csv" | wc -l)" -eq 11 ] || fail "expected 11 measured points"
-expect "$d1/errors.csv" "uniform(budget_bpe=1.5,family=int{b}-asym-g32)" "errors.csv"
-expect "$d1/errors.csv" "budget_bpe 1.5 is below the cheapest allocation, 3 bpe" "errors.csv"
 for c in budget_bpe rho_first rho_second additivity budget_slack_bpe sink_heads_selected; do
   has_column "$d1/points.csv" "$c" || fail "points.csv has no $c column"
 done

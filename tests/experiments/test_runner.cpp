@@ -1,5 +1,5 @@
 // run_experiment() in process (experiments/runner.*): the results layout, the same
-// numbers at another thread count, failing points beside good ones, a stop during the
+// numbers at another thread count, points that cannot run refused before the sweep, a stop during the
 // sweep and before the results folder, errors before anything is written. (The
 // signal handling and the console of `kvbudget run` stay in tests/cli/test_run.sh.)
 #include <algorithm>
@@ -92,15 +92,65 @@ TEST_CASE("run_experiment: the results layout, and the same numbers on one threa
   CHECK(read_text(again.dir / "pareto.csv") == read_text(run.dir / "pareto.csv"));
 }
 
-TEST_CASE("run_experiment: a point that cannot run is reported, the good ones are written") {
+TEST_CASE("run_experiment: points that cannot run on the data refuse the run before anything is written") {
   const fs::path out = test::scratch_dir("runner_failing");
-  // Group 48 does not divide head_dim 64: 4 of the 8 points fail.
-  const RunOutcome run = run_experiment(quickstart_request(out, {"strategy.0.vars.group=[32, 48]", "output.plots=false"}));
-  CHECK(run.failed == 4);
-  CHECK(run.status == "failed");
-  CHECK(lines_of(run.dir / "points.csv") == 5);
-  CHECK(read_text(run.dir / "errors.csv").find("does not divide head_dim 64") != std::string::npos);
-  CHECK(read_text(run.dir / "manifest.json").find("\"status\": \"failed\"") != std::string::npos);
+  // Group 48 does not divide head_dim 64: 4 of the 8 points cannot run; the check
+  // needs the data (head_dim), so it runs after the load, before the sweep.
+  std::string message;
+  try {
+    run_experiment(quickstart_request(out, {"strategy.0.vars.group=[32, 48]", "output.plots=false"}));
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("4 of 8 points cannot run on this data") != std::string::npos);
+  CHECK(message.find("nothing was measured or written") != std::string::npos);
+  CHECK(message.find("does not divide head_dim 64") != std::string::npos);
+  CHECK(message.find("-g48)") != std::string::npos);  // the key names the point: uniform(format=int3-sym-g48)
+  bool any_results_folder = false;
+  if (fs::exists(out / "quickstart"))
+    for (const fs::directory_entry& e : fs::directory_iterator(out / "quickstart")) any_results_folder |= e.is_directory();
+  CHECK_FALSE(any_results_folder);
+}
+
+// An entropy sweep over budget_bpe on the first 64 tokens of gpt2-bytes, as a config file.
+fs::path entropy_config(const fs::path& dir, const std::string& budgets) {
+  fs::create_directories(dir);
+  const fs::path file = dir / "entropy.toml";
+  std::ofstream(file) << "name = \"entropy\"\n[data]\npath = \""
+                      << (test::source_dir() / "data/records/gpt2-bytes-record.safetensors").string()
+                      << "\"\nmax_tokens = 64\n[[strategy]]\ntype = \"entropy\"\nbudget_bpe = " << budgets
+                      << "\nfamily = \"int{b}-asym-g32\"\n[output]\nplots = false\ndir = \"" << (dir / "out").string()
+                      << "\"\n";
+  return file;
+}
+
+TEST_CASE("run_experiment: a budget below the cheapest allocation refuses the run up front") {
+  const fs::path dir = test::scratch_dir("runner_infeasible");
+  RunRequest request;
+  request.spec = load_experiment(entropy_config(dir, "[1.5, 4.5]"), {});
+  request.quiet = true;
+  std::string message;
+  try {
+    run_experiment(request);
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("1 of 2 points cannot run on this data") != std::string::npos);
+  CHECK(message.find("budget_bpe 1.5 is below the cheapest allocation") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "out" / "entropy" / "latest"));
+}
+
+TEST_CASE("check_plans: an allocation that gives every unit one width is a warning, a spread one is not") {
+  const fs::path dir = test::scratch_dir("runner_uniform_allocation");
+  // The default widths 2..8 with g32 metadata (1 bpe): 3 bpe buys int2 everywhere.
+  const ExperimentSpec spec = load_experiment(entropy_config(dir, "[3.0, 4.5]"), {});
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  const Recording rec = build_recording(spec.data);
+  const PlanCheck check = check_plans(spec, rec, points);
+  CHECK(check.errors.empty());
+  REQUIRE(check.warnings.size() == 1);
+  CHECK(check.warnings[0].find("budget_bpe=3") != std::string::npos);
+  CHECK(check.warnings[0].find("K:int2-asym-g32 V:int2-asym-g32") != std::string::npos);
 }
 
 TEST_CASE("run_experiment: a stop during the sweep writes the finished points, interrupted") {

@@ -219,11 +219,12 @@ def test_run_errors_carry_the_cli_messages(tmp_path):
     assert f"kvbudget run: error: {e.value}" in cli.stderr
     assert "unknown key 'data.max_tokns' (did you mean 'max_tokens'?)" in str(e.value)
     assert not (tmp_path / "r").exists()
-    # Failing points beside good ones: the folder is written, the error names it.
-    with pytest.raises(kvbudget.Error, match="4 point\\(s\\) failed") as failed:
+    # Points that cannot run on the data (group 48 vs head_dim 64): refused after the
+    # load, before the sweep, nothing written (README "Command line conventions").
+    with pytest.raises(kvbudget.ConfigError, match="4 of 8 points cannot run on this data"):
         kvbudget.run(QUICKSTART, overrides=SMALL + ["strategy.0.vars.group=[32, 48]"], out=tmp_path / "f",
                      plots=False, quiet=True)
-    assert len(failed.value.result.points) == 4 and len(failed.value.result.errors) == 4
+    assert not list((tmp_path / "f").glob("*/2*"))
 
 
 def test_ctrl_c_stops_a_run_cleanly(tmp_path):

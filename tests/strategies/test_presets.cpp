@@ -98,3 +98,28 @@ TEST_CASE("quant.cpp --k-window: the fp32 key window is an extra copy costing WÂ
   CHECK(512.0 / 957 == doctest::Approx(0.535).epsilon(0.01));
   CHECK(512.0 / 3970 == doctest::Approx(0.129).epsilon(0.01));
 }
+
+TEST_CASE("resolve_strategy_name: a type, a preset, and for neither the closest name or what it is") {
+  const NamedStrategy type = resolve_strategy_name("entropy", "--strategy", "--format");
+  REQUIRE(type.type != nullptr);
+  CHECK(type.type->name == "entropy");
+  CHECK(type.preset == nullptr);
+  const NamedStrategy preset = resolve_strategy_name("kivi-2", "--strategy", "--format");
+  REQUIRE(preset.preset != nullptr);
+  CHECK(preset.type->name == preset.preset->type);
+  CHECK_THROWS_WITH_AS(resolve_strategy_name("kivi-3", "--strategy", "--format"),
+                       doctest::Contains("--strategy: unknown strategy type or preset 'kivi-3' (did you mean 'kivi-2'?)"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(resolve_strategy_name("q4_0", "--strategy", "--format"),
+                       doctest::Contains("'q4_0' is a format, not a strategy: give --format q4_0"), ConfigError);
+}
+
+TEST_CASE("a preset named where a format belongs: the hint; a format or an unknown name: none") {
+  CHECK(preset_not_format_hint("kivi-2", "give --strategy kivi-2") ==
+        "; 'kivi-2' is a strategy preset, not a format: give --strategy kivi-2");
+  CHECK(preset_not_format_hint("q4_0", "x").empty());
+  CHECK(preset_not_format_hint("kivi-9", "x").empty());
+  // A type's check says a preset is one (a config's type = "kivi-2").
+  CHECK_THROWS_WITH_AS(require_strategy_type("kivi-2", "strategy.type"),
+                       doctest::Contains("'kivi-2' is a preset: select it with preset = \"kivi-2\""), ConfigError);
+}
