@@ -237,8 +237,8 @@ void write_safetensors_dict(const std::filesystem::path& path, const py::dict& t
   write_safetensors_f32(path, named, metadata);
 }
 
-// A tensor of `shape` from a float array (any float dtype, converted once); `what`
-// names it in errors.
+// A tensor of a float array's shape and values (any float dtype, converted to float32
+// once); `what` names it in errors.
 Tensor tensor_from_array(const py::handle& value, const std::string& what) {
   auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(value);
   if (!a) throw ConfigError(what + " cannot be read as a float32 array");
