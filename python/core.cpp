@@ -13,6 +13,7 @@
 #include <cmath>
 #include <csignal>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -234,6 +235,67 @@ void write_safetensors_dict(const std::filesystem::path& path, const py::dict& t
     keep.push_back(std::move(a));
   }
   write_safetensors_f32(path, named, metadata);
+}
+
+// A tensor of a float array's shape and values (any float dtype, converted to float32
+// once); `what` names it in errors.
+Tensor tensor_from_array(const py::handle& value, const std::string& what) {
+  auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(value);
+  if (!a) throw ConfigError(what + " cannot be read as a float32 array");
+  Tensor t(std::vector<int64_t>(a.shape(), a.shape() + a.ndim()));
+  std::copy(a.data(), a.data() + a.size(), t.ptr());
+  return t;
+}
+
+// A Recording from per-layer arrays already in the canonical layout (what the PyTorch
+// recorder captured): layers[l] = {"query": [q_heads, T, d], "key", "value":
+// [kv_heads, T, d], optionally "key_pre_rope" [kv_heads, T, d] and "attn_output"
+// [T, q_heads * d]}; token_ids [T] or empty; RoPE as the model applied it (theta, and
+// inv_freq when they are not theta's); metadata as `kvbudget record` writes it. Checked
+// as a loaded recording is (shapes, GQA, finite values); rec.save() writes the file.
+RecordingPtr recording_from_layers(const py::list& layers, const std::vector<int64_t>& token_ids, bool rope_applied,
+                                   double rope_theta, const std::vector<float>& rope_inv_freq,
+                                   const std::map<std::string, std::string>& metadata, const std::string& name,
+                                   const std::string& source) {
+  auto rec = std::make_shared<Recording>();
+  rec->name = name;
+  rec->source = source;
+  rec->metadata = metadata;
+  if (layers.empty()) throw ConfigError("recording_from_layers: no layers");
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto parts = py::cast<py::dict>(layers[l]);
+    const std::string where = "layer " + std::to_string(l) + " ";
+    LayerTensors L;
+    for (const auto& [key, value] : parts) {
+      const std::string part = py::cast<std::string>(key);
+      Tensor* slot = part == "query" ? &L.query : part == "key" ? &L.key : part == "value" ? &L.value
+                   : part == "key_pre_rope" ? &L.key_pre_rope : part == "attn_output" ? &L.attn_output : nullptr;
+      if (!slot)
+        throw ConfigError(where + "has a tensor '" + part +
+                          "'; expected query, key, value, key_pre_rope, attn_output");
+      if (!value.is_none()) *slot = tensor_from_array(value, where + part);
+    }
+    for (const auto& [part, t] : {std::pair{"query", &L.query}, std::pair{"key", &L.key}, std::pair{"value", &L.value}})
+      if (t->rank() != 3) throw ConfigError(where + part + " has shape " + shape_str(t->shape) + ", expected [heads, tokens, head_dim]");
+    rec->layers.push_back(std::move(L));
+    rec->layer_ids.push_back(static_cast<int>(l));
+  }
+  const LayerTensors& first = rec->layers.front();
+  rec->q_heads = first.query.dim(0);
+  rec->kv_heads = first.key.dim(0);
+  rec->tokens = first.query.dim(1);
+  rec->head_dim = first.query.dim(2);
+  rec->token_ids = token_ids;
+  rec->positions.resize(static_cast<size_t>(rec->tokens));
+  std::iota(rec->positions.begin(), rec->positions.end(), int64_t{0});
+  rec->rope.applied = rope_applied;
+  rec->rope.theta = rope_theta;
+  rec->rope.inv_freq = rope_inv_freq;
+  for (const LayerTensors& L : rec->layers)
+    if (L.key_pre_rope.empty() != first.key_pre_rope.empty() || L.attn_output.empty() != first.attn_output.empty())
+      throw ConfigError("key_pre_rope and attn_output must be given for every layer or for none");
+  rec->validate();
+  return rec;
 }
 
 // The checkpoint (its load warnings printed) and the tokens to run it on, read as the
@@ -646,6 +708,9 @@ PYBIND11_MODULE(_core, m) {
       py::arg("continuation_tokens"));
   m.def("write_safetensors", &write_safetensors_dict, py::arg("path"), py::arg("tensors"),
         py::arg("metadata") = std::map<std::string, std::string>{});
+  m.def("recording_from_layers", &recording_from_layers, py::arg("layers"), py::arg("token_ids"),
+        py::arg("rope_applied"), py::arg("rope_theta"), py::arg("rope_inv_freq"), py::arg("metadata"), py::arg("name"),
+        py::arg("source"));
 
   m.def(
       "run",

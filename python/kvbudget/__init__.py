@@ -13,6 +13,9 @@ results as pandas DataFrames:
     r.comparisons                                   # against metrics.baseline: paired verdicts
     r.budget("attn_kl_mean <= 1e-3")                # the budgets.json answer, as rows of r.points
     r.plot("attn_kl_mean")                          # matplotlib axes
+    with kvbudget.TorchRecorder(model) as rec:      # a PyTorch model's attention (torch_recorder.py)
+        model(input_ids)
+    rec.save("run.safetensors")                     # the layout `kvbudget record` writes
 
 run() writes the same results folder as `kvbudget run` (r.dir). Errors raise
 kvbudget.ConfigError (a ValueError: a bad config, option or input) or kvbudget.Error
@@ -30,9 +33,10 @@ from pathlib import Path
 from . import _core
 from ._core import ConfigError, Error, Quantized, Recording  # noqa: F401
 from ._toml import dumps as _toml_dumps
+from .torch_recorder import TorchRecorder, record_torch  # torch is imported when a recorder is made
 
 __all__ = ["ConfigError", "Error", "Quantized", "Recording", "Result", "formats", "quantize", "load_recording",
-           "recording_from_arrays", "record", "evaluate", "run", "open_results"]
+           "recording_from_arrays", "record", "evaluate", "run", "open_results", "TorchRecorder", "record_torch"]
 
 
 def _as_numpy(x):
