@@ -13,8 +13,12 @@ src="$3"
 out="$4"
 rm -rf "$out/$name"
 mkdir -p "$out"
-# What the run must leave alone: the notebooks and the published results in the source tree.
-fingerprint() { find "$src/notebooks" "$src/results/reproductions" -type f -print0 | sort -z | xargs -0 md5sum; }
+# What the run must leave alone: the notebook itself and its published results in the source
+# tree (only those, so that editing other files while the tests run does not fail them).
+fingerprint() {
+  find "$src/notebooks/$name.ipynb" "$src/results/reproductions/$name" -type f -print0 2>/dev/null | sort -z |
+    xargs -0 md5sum
+}
 before=$(fingerprint)
 start=$(date +%s)
 env -u KVB_SOURCE_DIR -u KVB_REPRO_OUT -u KVB_BIN bash "$src/scripts/reproduce.sh" --build "$build" --out "$out" "$name"
