@@ -22,6 +22,7 @@
 #include "experiments/experiment.h"
 #include "experiments/frontier.h"
 #include "experiments/runner.h"
+#include "kvb/build_config.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/formats/registry.h"
@@ -609,6 +610,9 @@ using namespace kvb::python;
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "kvbudget's library: formats, quantize, recordings, experiment runs";
+  // The source tree this module was built from (configs/, data/): where kvbudget.source_dir()
+  // and a config's relative data paths look last, as the CLI's do.
+  m.attr("source_dir") = std::string(KVB_SOURCE_DIR);
   static py::exception<ConfigError> config_error(m, "ConfigError", PyExc_ValueError);
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {

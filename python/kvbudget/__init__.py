@@ -16,6 +16,12 @@ results as pandas DataFrames:
     with kvbudget.TorchRecorder(model) as rec:      # a PyTorch model's attention (torch_recorder.py)
         model(input_ids)
     rec.save("run.safetensors")                     # the layout `kvbudget record` writes
+    kvbudget.publish(r, "published/mine", ["points.csv"])  # small result files, timing column dropped
+    kvbudget.data_path("data/tasks/reasoning_eval.npz")  # a bundled file, from anywhere
+
+Bundled files (configs/, data/) are found from any working directory: a relative config
+path or data path is looked up from the working directory, then from the source tree the
+module was built from (kvbudget.source_dir()), as the CLI looks up a config's data paths.
 
 run() writes the same results folder as `kvbudget run` (r.dir). Errors raise
 kvbudget.ConfigError (a ValueError: a bad config, option or input) or kvbudget.Error
@@ -32,11 +38,51 @@ from pathlib import Path
 
 from . import _core
 from ._core import ConfigError, Error, Quantized, Recording  # noqa: F401
+from ._publish import publish, save_figure  # noqa: F401
 from ._toml import dumps as _toml_dumps
 from .torch_recorder import TorchRecorder, record_torch  # torch is imported when a recorder is made
 
 __all__ = ["ConfigError", "Error", "Quantized", "Recording", "Result", "formats", "quantize", "load_recording",
-           "recording_from_arrays", "record", "evaluate", "run", "open_results", "TorchRecorder", "record_torch"]
+           "recording_from_arrays", "record", "evaluate", "run", "open_results", "source_dir", "data_path", "publish",
+           "save_figure", "TorchRecorder", "record_torch"]
+
+
+def source_dir():
+    """The source tree this module was built from (its configs/ and data/), a Path."""
+    return Path(_core.source_dir)
+
+
+def _find(path, what):
+    """`path` as given when absolute or present from the working directory, else under
+    source_dir(); ConfigError naming both places when neither holds it."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        if not p.exists():
+            raise ConfigError(f"{what} '{path}' not found")
+        return p
+    bundled = source_dir() / p
+    if bundled.exists():
+        return bundled
+    raise ConfigError(f"{what} '{path}' not found (looked in {Path.cwd() / p}, {bundled})")
+
+
+def _bundled(path):
+    """A relative input path missing from the working directory but present under
+    source_dir(): that one, as a string; any other path unchanged (the loader reports
+    a missing one)."""
+    if path is None or path == "":
+        return path
+    p = Path(path)
+    if not p.is_absolute() and not p.exists() and (source_dir() / p).exists():
+        return os.fspath(source_dir() / p)
+    return os.fspath(p)
+
+
+def data_path(*parts):
+    """A bundled file or folder, e.g. data_path("data/tasks/reasoning_eval.npz") or
+    data_path("configs", "quickstart.toml"): from the working directory when it is
+    there, else from source_dir(); ConfigError when neither holds it."""
+    return _find(Path(*parts), "data path")
 
 
 def _as_numpy(x):
@@ -125,7 +171,7 @@ def load_recording(path, layout="heads,tokens,head_dim", query="layers.{layer}.q
     directory of .npy) as a config's [data] section does; the arguments are its keys.
     rec.layer(i) gives layer i's tensors as read-only float32 arrays
     ([heads, tokens, head_dim]); rec.save(path) writes it as a recording file."""
-    return _core.load_recording(os.fspath(path), layout, query, key, value, list(layers), max_tokens, rope_theta)
+    return _core.load_recording(_bundled(path), layout, query, key, value, list(layers), max_tokens, rope_theta)
 
 
 def recording_from_arrays(arrays, layout="heads,tokens,head_dim", name="arrays", rope_theta=None, max_tokens=0):
@@ -164,7 +210,7 @@ def record(checkpoint, text=None, tokens=None, tokenizer="bytes", bos=None, max_
     per layer query, key, value (post-RoPE), key_pre_rope (RoPE models) and
     attn_output; metadata["nll_mean"] is the exact run's mean next-token NLL.
     rec.save(path, "F16") writes the file `kvbudget record` writes."""
-    return _core.record(os.fspath(checkpoint), os.fspath(text) if text else "", os.fspath(tokens) if tokens else "",
+    return _core.record(_bundled(checkpoint), _bundled(text) if text else "", _bundled(tokens) if tokens else "",
                         tokenizer, bos, max_tokens)
 
 
@@ -178,7 +224,7 @@ def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, v
     plan; with a plan also bpe, plan_formats, metrics and standard_errors (the metric
     table's model metrics: ppl, ppl_ratio, next_token_kl_*, same_top_rate, and with
     continuations > 0 the greedy continuations' token_match and bleu4), logits, nll."""
-    return _core.evaluate(os.fspath(checkpoint), os.fspath(text) if text else "", os.fspath(tokens) if tokens else "",
+    return _core.evaluate(_bundled(checkpoint), _bundled(text) if text else "", _bundled(tokens) if tokens else "",
                           tokenizer, bos, max_tokens, format or "", key_format or "", value_format or "",
                           strategy or "", dict(params or {}), seed, continuations, continuation_prompt,
                           continuation_tokens)
@@ -186,14 +232,15 @@ def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, v
 
 def _config_argument(config):
     """(text or path, is_text) for run(): a dict becomes TOML text; a str naming an
-    existing file, or any os.PathLike, is a path; another str is TOML text."""
+    existing file or ending in .toml, or any os.PathLike, is a path (relative ones
+    looked up from the working directory, then source_dir()); another str is TOML text."""
     if isinstance(config, dict):
         return _toml_dumps(config), True
     if isinstance(config, os.PathLike):
-        return os.fspath(config), False
+        return os.fspath(_find(config, "config file")), False
     if isinstance(config, str):
         if "\n" not in config and (os.path.exists(config) or config.endswith(".toml")):
-            return config, False
+            return os.fspath(_find(config, "config file")), False
         return config, True
     raise TypeError(f"config must be a path, a TOML string or a dict, got {type(config).__name__}")
 
@@ -202,7 +249,9 @@ def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None
         resume=None):
     """Runs an experiment as `kvbudget run` does and returns its Result.
 
-    config: a config file's path, a TOML string or a dict (the TOML's tables).
+    config: a config file's path (relative: from the working directory, else from
+    source_dir(), so "configs/quickstart.toml" runs from anywhere), a TOML string or a
+    dict (the TOML's tables).
     overrides: ["data.max_tokens=128", ...] as --set; budgets: queries as --budget;
     threads, out, backend ("cpu", "cuda", "auto"), plots (False = --no-plots), quiet,
     shard ("I/N"), resume (a results folder) as the options of the same names.

@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
-# Executes one notebook of notebooks/ through Debian's `jupyter nbconvert --execute`
-# with /usr/bin/python3's ipykernel, so notebooks cannot rot. The executed copy and the
-# files it publishes go to OUT_DIR (never into the source tree).
-#   $1 = notebook, $2 = kvbudget binary, $3 = source dir, $4 = output directory
-# Exit 0 pass, 1 fail, 77 skipped (no jupyter / nbconvert / ipykernel here).
+# Executes one notebook of notebooks/ as scripts/reproduce.sh does, so notebooks cannot rot:
+# Debian's `jupyter nbconvert --execute` with /usr/bin/python3's kernel, on a copy in a
+# scratch directory outside the repository, with none of the old KVB_* variables set (the
+# package finds configs and data by itself), publishing into OUT_DIR instead of
+# results/reproductions/. Checks that it published files and rewrote nothing in the source tree.
+#   $1 = notebook name (taqg_phases), $2 = build directory, $3 = source dir, $4 = output directory
+# Exit 0 pass, 1 fail, 77 skipped (no jupyter / nbconvert / ipykernel / pandas here).
 set -u
-nb="$1"
-kvb="$2"
+name="$1"
+build="$2"
 src="$3"
 out="$4"
-jupyter=/usr/bin/jupyter
-if [ ! -x "$jupyter" ] || ! /usr/bin/python3 -c 'import nbconvert, ipykernel, matplotlib, numpy' 2>/dev/null; then
-  echo "SKIP: Debian's jupyter, nbconvert, ipykernel, matplotlib or numpy missing (scripts/setup.sh installs them)"
-  exit 77
-fi
-rm -rf "$out"
+rm -rf "$out/$name"
 mkdir -p "$out"
-export KVB_BIN="$kvb" KVB_SOURCE_DIR="$src" KVB_REPRO_OUT="$out/published" PYDEVD_DISABLE_FILE_VALIDATION=1
+# What the run must leave alone: the notebook itself and its published results in the source
+# tree (only those, so that editing other files while the tests run does not fail them).
+fingerprint() {
+  find "$src/notebooks/$name.ipynb" "$src/results/reproductions/$name" -type f -print0 2>/dev/null | sort -z |
+    xargs -0 md5sum
+}
+before=$(fingerprint)
 start=$(date +%s)
-if ! "$jupyter" nbconvert --to notebook --execute --ExecutePreprocessor.kernel_name=python3 \
-    --ExecutePreprocessor.timeout=300 --output-dir "$out" "$nb" >"$out/nbconvert.log" 2>&1; then
-  echo "FAIL: $nb did not execute cleanly:"
-  grep -v -e 'Debugger warning' -e 'frozen modules' -e 'make the debugger' -e 'to python to disable' \
-    "$out/nbconvert.log" | tail -40
+env -u KVB_SOURCE_DIR -u KVB_REPRO_OUT -u KVB_BIN bash "$src/scripts/reproduce.sh" --build "$build" --out "$out" "$name"
+rc=$?
+if [ "$rc" -ne 0 ]; then
+  exit "$rc"  # 77: skipped; 1: the notebook failed (reproduce.sh printed why)
+fi
+if [ -z "$(ls -A "$out/$name" 2>/dev/null)" ]; then
+  echo "FAIL: $name published nothing into $out/$name"
   exit 1
 fi
-echo "executed $(basename "$nb") in $(($(date +%s) - start)) s; published files in $out/published"
+if [ "$(fingerprint)" != "$before" ]; then
+  echo "FAIL: executing $name changed files in the source tree:"
+  diff <(echo "$before") <(fingerprint)
+  exit 1
+fi
+echo "executed $name from a copy outside the repository in $(($(date +%s) - start)) s; published: $(ls "$out/$name" | tr '\n' ' ')"
 exit 0

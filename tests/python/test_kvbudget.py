@@ -171,6 +171,54 @@ def test_budget_answers_as_budgets_json(quickstart_runs):
         api.budget("attn_kl_mean < 1e-3")
 
 
+def test_bundled_configs_and_data_are_found_from_any_directory(tmp_path, monkeypatch):
+    # A notebook copied anywhere: relative configs and data paths fall back to the source tree.
+    monkeypatch.chdir(tmp_path)
+    assert kvbudget.source_dir().resolve() == SOURCE
+    assert kvbudget.data_path("configs/quickstart.toml").resolve() == QUICKSTART
+    assert kvbudget.data_path("data", "records").resolve() == SOURCE / "data" / "records"
+    with pytest.raises(kvbudget.ConfigError, match="not found \\(looked in .*nowhere.npz"):
+        kvbudget.data_path("data/nowhere.npz")
+    (tmp_path / "configs").mkdir()  # the working directory comes first
+    (tmp_path / "configs" / "quickstart.toml").write_text("mine")
+    assert kvbudget.data_path("configs/quickstart.toml") == Path("configs/quickstart.toml")
+    (tmp_path / "configs" / "quickstart.toml").unlink()
+    r = kvbudget.run("configs/quickstart.toml", overrides=SMALL, out=tmp_path / "r", plots=False, quiet=True)
+    assert len(r.points) == 8 and r.manifest["status"] == "complete"
+    rec = kvbudget.load_recording(RECORD.relative_to(SOURCE), max_tokens=16)
+    assert rec.tokens == 16
+    with pytest.raises(kvbudget.ConfigError, match="config file 'configs/nothing.toml' not found"):
+        kvbudget.run("configs/nothing.toml")
+
+
+def test_publish_drops_the_timing_column_and_repeats_byte_for_byte(tmp_path, quickstart_runs):
+    cli_dir, api = quickstart_runs
+    dest = tmp_path / "published" / "quick"
+    written = kvbudget.publish(api, dest, ["points.csv", "attribution.csv"], prefix="q_")
+    assert written == [dest / "q_points.csv", dest / "q_attribution.csv"]
+    points = (dest / "q_points.csv").read_text()
+    assert "seconds" not in points.splitlines()[0]
+    assert points == without_column(cli_dir / "points.csv", "seconds")  # the CLI's numbers, every other cell as written
+    assert (dest / "q_attribution.csv").read_text() == (api.dir / "attribution.csv").read_text()
+    first = {p.name: p.read_bytes() for p in dest.iterdir()}
+    kvbudget.publish(cli_dir, dest, ["points.csv", "attribution.csv"], prefix="q_")  # another run, the same numbers
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == first
+    with pytest.raises(FileNotFoundError, match="missing.csv does not exist"):
+        kvbudget.publish(api, dest, ["points.csv", "missing.csv"], prefix="x_")
+    assert (dest / "x_points.csv").exists()  # the files before the missing one are kept
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    path = kvbudget.save_figure(fig, dest / "figs", "line.png")
+    plt.close(fig)
+    assert path == dest / "figs" / "line.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_plot(quickstart_runs):
     import matplotlib
 
