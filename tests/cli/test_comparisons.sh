@@ -86,7 +86,7 @@ for i in 0 1; do
   "$kvb" run "$tmp/cmp.toml" --quiet --shard "$i/2" --out "$tmp/sh" >"$tmp/sh$i.out" 2>&1 \
     || fail "shard $i/2 exited $?: $(cat "$tmp/sh$i.out")"
 done
-"$kvb" merge "$tmp"/sh/cmp/*-shard* --out "$tmp/merged" >"$tmp/merge.out" 2>&1 || fail "merge exited $?: $(cat "$tmp/merge.out")"
+"$kvb" merge "$tmp"/sh/cmp/*-shard* --merged-dir "$tmp/merged" >"$tmp/merge.out" 2>&1 || fail "merge exited $?: $(cat "$tmp/merge.out")"
 cmp -s "$d/comparisons.csv" "$tmp/merged/comparisons.csv" || fail "merged comparisons.csv differs from the single run's"
 
 # metrics.primary picks another one.

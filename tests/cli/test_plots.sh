@@ -14,7 +14,8 @@ source "$(dirname "$0")/lib.sh"
 rec="$src/data/records/gpt2-bytes-record.safetensors"
 
 # Named blocks: flat int2..8 at groups 32 and 64 (14 points), `same` = flat's int4-g32
-# point again (it overlaps it on every plot), `tight` = an infeasible budget.
+# point again (it overlaps it on every plot). (An infeasible budget is refused before the
+# sweep, so the caption's list of failed points is left to points that fail while measured.)
 cat >"$tmp/named.toml" <<TOML
 name = "named"
 [data]
@@ -31,22 +32,17 @@ group = [32, 64]
 name = "same"
 type = "uniform"
 format = "int4-asym-g32"
-[[strategy]]
-name = "tight"
-type = "uniform"
-budget_bpe = 1.5
-family = "int{b}-asym-g32"
 [metrics]
 pareto = ["attn_kl_mean", "topk_overlap"]
 [budgets]
 queries = ["attn_kl_mean <= 1e-2"]
 TOML
 "$kvb" run "$tmp/named.toml" --out "$tmp/r1" --quiet >"$tmp/r1.out" 2>&1
-[ $? -eq 1 ] || fail "a run with one infeasible budget: expected exit 1"
+[ $? -eq 0 ] || fail "the named run exited non-zero: $(cat "$tmp/r1.out")"
 d=$(ls -d "$tmp"/r1/named/2*)
 
 # 1. Names, not keys, label the points when given.
-/usr/bin/python3 - "$d" <<'PY' || fail "points.csv / pareto.csv / budgets.json / errors.csv do not carry the names"
+/usr/bin/python3 - "$d" <<'PY' || fail "points.csv / pareto.csv / budgets.json / do not carry the names"
 import csv, json, os, sys
 d = sys.argv[1]
 points = list(csv.DictReader(open(os.path.join(d, "points.csv"))))
@@ -57,8 +53,6 @@ pareto = list(csv.DictReader(open(os.path.join(d, "pareto.csv"))))
 assert pareto and all(r["strategy"] in ("flat", "same") and r["label"].startswith(r["strategy"]) for r in pareto), pareto
 answer = json.load(open(os.path.join(d, "budgets.json")))[0]["answers"][0]
 assert answer["strategy"] in ("flat", "same") and answer["label"].startswith(answer["strategy"]), answer
-errors = list(csv.DictReader(open(os.path.join(d, "errors.csv"))))
-assert [e["label"] for e in errors] == ["tight"], errors
 PY
 grep -F '  flat(bits=' "$tmp/r1.out" >/dev/null || fail "the console's frontier does not name points by their strategy's name"
 grep -F 'uniform(format=' "$tmp/r1.out" && fail "the console names a named point by its key"
@@ -81,8 +75,6 @@ grep -q 'strategy=flat' "$d/plots/attn_kl_mean.svg" && fail "the legend says str
 # flat(bits=4, group=32) and same are one point twice: annotated on the figure, named in the caption.
 expect "$d/plots/attn_kl_mean.svg" "flat: bits=4, group=32" "overlap annotation"
 expect "$d/plots/attn_kl_mean.caption.txt" "Overlapping, annotated: flat(bits=4, group=32)" "caption (overlap)"
-expect "$d/plots/attn_kl_mean.caption.txt" "infeasible: point 15 tight: " "caption (infeasible point)"
-expect "$d/plots/attn_kl_mean.caption.txt" "is below the cheapest allocation" "caption (why infeasible)"
 
 # 3. Attribution: 15 points, 12 a page: two pages that together name every point.
 for name in concentration attribution_layers; do
