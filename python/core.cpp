@@ -404,7 +404,8 @@ py::array_t<float> matrix_array(const RowMatrix& m) {
 py::dict evaluate(const std::string& checkpoint, const std::string& text, const std::string& token_file,
                   const std::string& tokenizer, std::optional<bool> bos, int64_t max_tokens, const std::string& format,
                   const std::string& key_format, const std::string& value_format, const std::string& strategy_in,
-                  const py::dict& params, uint64_t seed, const ContinuationSpec& cont) {
+                  const py::dict& params, uint64_t seed, const ContinuationSpec& cont, int64_t ctx,
+                  const std::string& score_text) {
   const int quant_choices = (format.empty() ? 0 : 1) + (key_format.empty() && value_format.empty() ? 0 : 1) +
                             (strategy_in.empty() ? 0 : 1);
   if (quant_choices > 1) throw ConfigError("give one of format, key_format/value_format and strategy");
@@ -414,6 +415,9 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
     throw ConfigError("continuations must be >= 0, continuation_prompt and continuation_tokens >= 1");
   if (text.empty() == token_file.empty()) throw ConfigError("give exactly one of text and tokens");
   if (max_tokens < 0) throw ConfigError("max_tokens must be >= 0");
+  if (ctx < 0 || ctx == 1) throw ConfigError("ctx must be 0 (one window of every token) or >= 2, got " + std::to_string(ctx));
+  const ScoreRule score = parse_score_rule(score_text, "score");
+  if (score == ScoreRule::SecondHalf && ctx == 0) throw ConfigError("score=\"second_half\" needs windows (ctx > 0)");
   std::unique_ptr<Strategy> strat;
   std::string plan_source = "exact";
   py::dict given = params;
@@ -440,13 +444,17 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   py::gil_scoped_release release;
   const auto [model, tokens] = load_model_and_tokens(checkpoint, text, token_file, tokenizer, bos, max_tokens);
   const std::string source = "model " + checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
-  const ModelEvaluator evaluator(model, tokens, cont, source);
+  // Windows of `ctx` tokens as `kvbudget eval --ctx` runs them (the recording and the
+  // calibration positions are the first window's).
+  ModelEvalOptions eval_options;
+  eval_options.windows = WindowSpec{ctx, score};
+  const ModelEvaluator evaluator(model, tokens, cont, source, nullptr, eval_options);
   RowMatrix quant_logits;
   ErrorStats stats;
   std::string plan_text;
   double plan_bpe = 16;
   if (strat) {
-    const QueryPositions positions = resolve_positions(ExperimentSpec{}, static_cast<int64_t>(tokens.size()));
+    const QueryPositions positions = resolve_positions(ExperimentSpec{}, evaluator.recording().tokens);
     RecordingStats calibration(evaluator.recording(), positions.calibration);
     const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed, &calibration});
     const std::string bad = plan.check();
@@ -457,12 +465,14 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
         evaluator.evaluate(plan, seed, &quant_logits, strat->needs_statistics() ? &positions.evaluation : nullptr);
   }
   py::gil_scoped_acquire acquire;
-  const double exact_ppl = perplexity(evaluator.base_nll());
+  const std::vector<double> exact_nll = evaluator.base_scored_nll();
+  const double exact_ppl = perplexity(exact_nll);
   out["tokens"] = tokens;
+  out["windows"] = evaluator.windows().size();
   out["exact_ppl"] = exact_ppl;
-  out["exact_ppl_se"] = exact_ppl * standard_error_of_mean(evaluator.base_nll());
+  out["exact_ppl_se"] = exact_ppl * standard_error_of_mean(exact_nll);
   out["exact_logits"] = matrix_array(evaluator.base_logits());
-  out["exact_nll"] = evaluator.base_nll();
+  out["exact_nll"] = exact_nll;
   out["plan"] = plan_source;
   if (strat) {
     out["plan_formats"] = plan_text;
@@ -476,7 +486,7 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
     out["metrics"] = metrics;
     out["standard_errors"] = errors;
     out["logits"] = matrix_array(quant_logits);
-    out["nll"] = next_token_nll(quant_logits, tokens);
+    out["nll"] = stats.model.nll;
   }
   return out;
 }
@@ -702,14 +712,16 @@ PYBIND11_MODULE(_core, m) {
       [](const std::string& checkpoint, const std::string& text, const std::string& tokens, const std::string& tokenizer,
          std::optional<bool> bos, int64_t max_tokens, const std::string& format, const std::string& key_format,
          const std::string& value_format, const std::string& strategy, const py::dict& params, uint64_t seed,
-         int64_t continuations, int64_t continuation_prompt, int64_t continuation_tokens) {
+         int64_t continuations, int64_t continuation_prompt, int64_t continuation_tokens, int64_t ctx,
+         const std::string& score) {
         return evaluate(checkpoint, text, tokens, tokenizer, bos, max_tokens, format, key_format, value_format,
-                        strategy, params, seed, ContinuationSpec{continuations, continuation_prompt, continuation_tokens});
+                        strategy, params, seed, ContinuationSpec{continuations, continuation_prompt, continuation_tokens},
+                        ctx, score);
       },
       py::arg("checkpoint"), py::arg("text"), py::arg("tokens"), py::arg("tokenizer"), py::arg("bos"),
       py::arg("max_tokens"), py::arg("format"), py::arg("key_format"), py::arg("value_format"), py::arg("strategy"),
       py::arg("params"), py::arg("seed"), py::arg("continuations"), py::arg("continuation_prompt"),
-      py::arg("continuation_tokens"));
+      py::arg("continuation_tokens"), py::arg("ctx"), py::arg("score"));
   m.def("write_safetensors", &write_safetensors_dict, py::arg("path"), py::arg("tensors"),
         py::arg("metadata") = std::map<std::string, std::string>{});
   m.def("recording_from_layers", &recording_from_layers, py::arg("layers"), py::arg("token_ids"),

@@ -216,18 +216,21 @@ def record(checkpoint, text=None, tokens=None, tokenizer="bytes", bos=None, max_
 
 def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, value_format=None, strategy=None,
              params=None, seed=0, continuations=0, continuation_prompt=64, continuation_tokens=20, tokenizer="bytes",
-             bos=None, max_tokens=512):
+             bos=None, max_tokens=512, ctx=512, score="all"):
     """Runs a checkpoint on a text (or token-id file) as `kvbudget eval` does: the exact
     cache, and with a plan (format; key_format and value_format; or a strategy or
-    preset with params {name: value}) the quantized cache compared with it. Returns a
-    dict: tokens, exact_ppl, exact_ppl_se, exact_logits [T, vocab], exact_nll [T-1],
-    plan; with a plan also bpe, plan_formats, metrics and standard_errors (the metric
-    table's model metrics: ppl, ppl_ratio, next_token_kl_*, same_top_rate, and with
-    continuations > 0 the greedy continuations' token_match and bleu4), logits, nll."""
+    preset with params {name: value}) the quantized cache compared with it, in windows of
+    `ctx` tokens each from an empty cache (`eval --ctx`; 0 = one window of every token),
+    scoring "all" positions after a window's first or llama.cpp's "second_half". Returns a
+    dict: tokens, windows, exact_ppl, exact_ppl_se, exact_logits [T, vocab] (each row as
+    its window computed it), exact_nll (the scored positions), plan; with a plan also bpe,
+    plan_formats, metrics and standard_errors (the metric table's model metrics: ppl,
+    ppl_ratio, next_token_kl_*, same_top_rate, Δp, and with continuations > 0 the greedy
+    continuations' token_match and bleu4), logits, nll (the positions the metrics use)."""
     return _core.evaluate(_bundled(checkpoint), _bundled(text) if text else "", _bundled(tokens) if tokens else "",
                           tokenizer, bos, max_tokens, format or "", key_format or "", value_format or "",
                           strategy or "", dict(params or {}), seed, continuations, continuation_prompt,
-                          continuation_tokens)
+                          continuation_tokens, ctx, score)
 
 
 def _config_argument(config):

@@ -374,6 +374,26 @@ def test_record_equals_the_cli(tmp_path):
         kvbudget.record(GPT2)
 
 
+def test_evaluate_in_windows_equals_the_cli():
+    """ctx windows (and llama.cpp's second_half scoring) as `kvbudget eval --ctx` runs them."""
+    out = subprocess.run([KVB, "eval", str(LLAMA), "--text", str(TEXT), "--max-tokens", "96", "--ctx", "32",
+                          "--score", "second_half", "--format", "int4-asym-g32", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    cli = json.loads(out)
+    r = kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, ctx=32, score="second_half", format="int4-asym-g32")
+    assert r["windows"] == cli["windows"] == 3
+    assert len(r["nll"]) == len(r["exact_nll"]) == cli["positions"] == 3 * 15  # positions 16..30 of each window
+    assert r["metrics"]["ppl"] == pytest.approx(cli["ppl"], rel=1e-6)
+    assert r["metrics"]["next_token_kl_mean"] == pytest.approx(cli["kl_mean"], rel=1e-6)
+    assert r["metrics"]["same_top_rate"] == pytest.approx(cli["same_top"], rel=1e-6)
+    one = kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, ctx=0, format="int4-asym-g32")
+    assert one["windows"] == 1 and len(one["nll"]) == 95
+    with pytest.raises(kvbudget.ConfigError, match="ctx"):
+        kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, ctx=1)
+    with pytest.raises(kvbudget.ConfigError):
+        kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, score="half")
+
+
 def test_evaluate_equals_the_cli(tmp_path):
     out = subprocess.run([KVB, "eval", str(LLAMA), "--text", str(TEXT), "--max-tokens", "96", "--format",
                           "int4-asym-g32", "--out", str(tmp_path / "e.safetensors")],
