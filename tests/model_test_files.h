@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "sim/io/tensor_writer.h"
+#include "sim/model/transformer.h"
 #include "test_util.h"
 
 namespace kvb::test {
@@ -188,6 +190,14 @@ inline double worst_relative_row_error(const std::vector<std::vector<double>>& r
     worst = std::max(worst, diff / scale);
   }
   return worst;
+}
+
+// A bundled fixture checkpoint (data/models/<name>), loaded once per test program.
+inline std::shared_ptr<const Transformer> fixture_model(const std::string& name) {
+  static std::map<std::string, std::shared_ptr<const Transformer>> cache;
+  auto& m = cache[name];
+  if (!m) m = Transformer::load(data_dir() / "models" / name);
+  return m;
 }
 
 }  // namespace kvb::test

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "io_test_files.h"
+#include "model_test_files.h"
 #include "sim/formats/registry.h"
 #include "sim/io/tensor_store.h"
 #include "sim/metrics/metric_table.h"
@@ -20,13 +21,6 @@ using namespace kvb::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::shared_ptr<const Transformer> fixture_model(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const Transformer>> cache;
-  auto& m = cache[name];
-  if (!m) m = Transformer::load(data_dir() / "models" / name);
-  return m;
-}
 
 // The first n token ids of a fixture's reference input (they start with BOS).
 std::vector<int64_t> reference_ids(const std::string& name, size_t n) {

@@ -27,13 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::shared_ptr<const Transformer> fixture_model(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const Transformer>> cache;
-  auto& m = cache[name];
-  if (!m) m = Transformer::load(data_dir() / "models" / name);
-  return m;
-}
-
 std::vector<int64_t> reference_ids(const std::string& name) {
   return TensorStore::open(data_dir() / "reference" / (name + "-reference.safetensors"))->read_i64("input_ids");
 }
