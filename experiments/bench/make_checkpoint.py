@@ -50,10 +50,19 @@ def bf16(rng, shape, norm):
     return (x.view(np.uint32) >> 16).astype(np.uint16)
 
 
+def write_tiled(f, block, n):
+    """n BF16 values: `block` repeated (for --fill tiled)."""
+    for i in range(0, n, block.size):
+        block[: min(block.size, n - i)].tofile(f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
+    ap.add_argument("--fill", default="random", choices=["random", "tiled"],
+                    help="tiled: one random block of 2^25 values repeated (an 8B checkpoint in seconds; "
+                         "for timing the loader, not for logits)")
     a = ap.parse_args()
     c = dict(SHAPES[a.shape], architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
              rope_theta=500000.0, max_position_embeddings=8192, torch_dtype="bfloat16", bos_token_id=1,
@@ -71,8 +80,12 @@ def main():
     rng = np.random.default_rng(0)
     with open(os.path.join(a.out, "model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
+        block = bf16(rng, (1 << 25,), False) if a.fill == "tiled" else None
         for name, shape in tensors(c):
-            bf16(rng, shape, name.endswith("norm.weight")).tofile(f)
+            if block is not None and not name.endswith("norm.weight"):
+                write_tiled(f, block, int(np.prod(shape)))
+            else:
+                bf16(rng, shape, name.endswith("norm.weight")).tofile(f)
     print(f"{a.out}: {a.shape}, {offset / 2**30:.2f} GiB of BF16 weights")
 
 
