@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "sim/core/error.h"
 #include "sim/io/input_file.h"
@@ -41,12 +42,42 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::filesystem::path& 
     }
     file->data_ = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);  // the mapping stays valid without the descriptor
+  file->fd_ = fd;  // the mapping stays valid without it; copy_out reads through it
   return file;
 }
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MappedFile::copy_out(const uint8_t* p, uint64_t n, void* dst) const {
+  if (n == 0) return;
+  if (p < data_ || static_cast<uint64_t>(p - data_) + n > size_)
+    fail(where(), "copy_out: range outside the file (" + std::to_string(n) + " bytes)");
+  constexpr uint64_t kChunk = uint64_t{8} << 20;
+  const uint64_t first = static_cast<uint64_t>(p - data_);
+  const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+  std::vector<int> errors(static_cast<size_t>(chunks), 0);  // errno per chunk (-1: end of file)
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    uint64_t done = static_cast<uint64_t>(c) * kChunk;
+    const uint64_t end = std::min(n, done + kChunk);
+    while (done < end) {
+      const ssize_t got = ::pread(fd_, static_cast<uint8_t*>(dst) + done, static_cast<size_t>(end - done),
+                                  static_cast<off_t>(first + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        errors[static_cast<size_t>(c)] = got < 0 ? errno : -1;
+        break;
+      }
+      done += static_cast<uint64_t>(got);
+    }
+  }
+  for (const int err : errors)
+    if (err != 0)
+      fail(where(), err < 0 ? std::string("the file ended while reading ") + std::to_string(n) + " bytes"
+                            : std::string("cannot read: ") + std::strerror(err));
 }
 
 namespace {

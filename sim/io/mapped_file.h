@@ -30,11 +30,19 @@ class MappedFile {
   void prefetch(const uint8_t* p, uint64_t n) const;
   void release(const uint8_t* p, uint64_t n) const;
 
+  // Copies [p, p + n) (p inside the mapping) to dst with pread() on the file, in chunks
+  // read by all OpenMP threads: the kernel copies from the page cache, so neither the
+  // mapping's pages nor a second copy of them enter this process (no page fault per
+  // 4 KiB of source). The bytes are those the mapping reads. Throws kvb::Error naming
+  // the file when a read fails or ends early.
+  void copy_out(const uint8_t* p, uint64_t n, void* dst) const;
+
  private:
   MappedFile() = default;
   std::filesystem::path path_;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  int fd_ = -1;  // kept open for copy_out
 };
 
 // Little-endian unsigned integer of N bytes at p (any alignment).

@@ -156,11 +156,9 @@ Tensor SafetensorsStore::read_f32(const std::string& name) const {
 void SafetensorsStore::read_raw(const std::string& name, void* dst) const {
   const TensorInfo& inf = info(name);
   const uint64_t n = static_cast<uint64_t>(Tensor::count(inf.shape) * dtype_bytes(inf.dtype));
-  // Copied once, start to end: read ahead, and drop the mapped pages afterwards, so that a
-  // checkpoint being loaded is not held twice (its mapping and its copy).
-  file_->prefetch(bytes_of(name), n);
-  std::memcpy(dst, bytes_of(name), static_cast<size_t>(n));
-  file_->release(bytes_of(name), n);
+  // Read from the file straight into dst (MappedFile::copy_out): the mapping's pages are
+  // not touched, so a checkpoint being loaded is not held twice.
+  file_->copy_out(bytes_of(name), n, dst);
 }
 
 std::vector<int64_t> SafetensorsStore::read_i64(const std::string& name) const {

@@ -1,7 +1,11 @@
 #include "sim/model/weights.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 
 #include "sim/core/error.h"
 #include "sim/core/half.h"
@@ -11,6 +15,18 @@
 namespace kvb {
 
 namespace fs = std::filesystem;
+
+void* allocate_weight_bytes(size_t bytes) {
+  constexpr size_t kHugePage = size_t{2} << 20, kLarge = size_t{4} << 20, kSmallAlign = 64;
+  const size_t align = bytes >= kLarge ? kHugePage : kSmallAlign;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + align - 1) / align * align;  // aligned_alloc's rule
+  void* p = std::aligned_alloc(align, rounded);
+  if (!p) throw std::bad_alloc();
+  if (align == kHugePage) ::madvise(p, rounded, MADV_HUGEPAGE);  // a hint: failure changes nothing
+  return p;
+}
+
+void free_weight_bytes(void* p) noexcept { std::free(p); }
 
 namespace {
 
@@ -49,8 +65,21 @@ void require_finite_weight(DType dtype, const uint16_t* bits, const std::vector<
                            const std::string& file, const std::string& name) {
   const uint16_t exponent = dtype == DType::BF16 ? 0x7F80 : 0x7C00;
   const int64_t n = Tensor::count(shape);
-  for (int64_t i = 0; i < n; ++i)
-    if ((bits[i] & exponent) == exponent) throw_non_finite(shape, i, half_value(dtype, bits[i]), file, name);
+  // All threads scan blocks of kScanBlock values; the first non-finite index is the
+  // smallest one found, whatever the thread count.
+  constexpr int64_t kScanBlock = int64_t{1} << 22;
+  const int64_t blocks = (n + kScanBlock - 1) / kScanBlock;
+  int64_t first = n;
+#pragma omp parallel for schedule(dynamic, 1) reduction(min : first) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t end = std::min(n, (b + 1) * kScanBlock);
+    for (int64_t i = b * kScanBlock; i < end; ++i)
+      if ((bits[i] & exponent) == exponent) {
+        first = std::min(first, i);
+        break;
+      }
+  }
+  if (first < n) throw_non_finite(shape, first, half_value(dtype, bits[first]), file, name);
 }
 
 // Reads named tensors with the shapes the config implies; errors name the file and key.

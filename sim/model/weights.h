@@ -23,10 +23,21 @@ namespace kvb {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// Memory for weights: buffers of 4 MiB or more are aligned to 2 MiB and advised as
+// transparent huge pages (madvise MADV_HUGEPAGE; a hint the kernel may ignore), so that
+// filling gigabytes of weights takes one page fault per 2 MiB instead of per 4 KiB;
+// smaller ones are 64-byte aligned. Throws std::bad_alloc when none is left.
+void* allocate_weight_bytes(size_t bytes);
+void free_weight_bytes(void* p) noexcept;
+
 // A vector whose elements start uninitialized (a checkpoint's bits are copied straight
-// in; zeroing gigabytes first would cost as much as the copy).
+// in; zeroing gigabytes first would cost as much as the copy), in allocate_weight_bytes.
 template <class T>
 struct NoInitAllocator : std::allocator<T> {
+  using value_type = T;
+  NoInitAllocator() = default;
+  template <class U>
+  NoInitAllocator(const NoInitAllocator<U>&) noexcept {}
   template <class U>
   struct rebind {
     using other = NoInitAllocator<U>;
@@ -39,7 +50,13 @@ struct NoInitAllocator : std::allocator<T> {
   void construct(U* p, Args&&... args) {
     ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
+  T* allocate(size_t n) { return static_cast<T*>(allocate_weight_bytes(n * sizeof(T))); }
+  void deallocate(T* p, size_t) noexcept { free_weight_bytes(p); }
 };
+template <class T, class U>
+bool operator==(const NoInitAllocator<T>&, const NoInitAllocator<U>&) noexcept {
+  return true;
+}
 
 // A row-major [rows, cols] matrix held in F32, F16 or BF16.
 class WeightMatrix {
