@@ -24,6 +24,9 @@ void SamplingSpec::check() const {
   if (top_k < 0) throw ConfigError("--top-k must be >= 0 (0 = no limit), got " + std::to_string(top_k));
   if (!(top_p > 0.0 && top_p <= 1.0))
     throw ConfigError("--top-p must be in (0, 1] (1 = no limit), got " + format_double(top_p));
+  if (temperature == 0.0 && (top_k > 1 || top_p < 1.0))
+    throw ConfigError("--top-k and --top-p choose the tokens to sample from: give --temperature > 0 with them "
+                      "(temperature 0 is greedy)");
 }
 
 std::string SamplingSpec::describe() const {

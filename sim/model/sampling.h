@@ -33,7 +33,8 @@ struct SamplingSpec {
   // Whether the choice is the argmax: temperature 0, or top_k 1.
   bool greedy() const { return temperature <= 0.0 || top_k == 1; }
   // Throws kvb::ConfigError naming the option (--temperature, --top-k, --top-p) unless
-  // temperature >= 0 and finite, top_k >= 0, 0 < top_p <= 1.
+  // temperature >= 0 and finite, top_k >= 0, 0 < top_p <= 1, and top_k > 1 or
+  // top_p < 1 only with a temperature > 0 (they would do nothing).
   void check() const;
   // "greedy" or e.g. "temperature 0.8, top-k 40, top-p 0.95, seed 3".
   std::string describe() const;

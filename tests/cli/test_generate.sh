@@ -136,6 +136,7 @@ refused 2 "--max-new-tokens must be >= 1, got 0" "$llama" --prompt "$prompt" -n 
 refused 2 "--max-new-tokens must be >= 1, got -5" "$llama" --prompt "$prompt" -n -5
 refused 2 "--temperature must be" "$llama" --prompt "$prompt" --temperature -1
 refused 2 "--top-p must be in (0, 1]" "$llama" --prompt "$prompt" --temperature 1 --top-p 0
+refused 2 "give --temperature > 0 with them" "$llama" --prompt "$prompt" --top-p 0.9
 refused 2 "give exactly one of --prompt and --prompt-file" "$llama"
 refused 2 "give exactly one of --prompt and --prompt-file" "$llama" --prompt x --prompt-file "$tmp/prompt.txt"
 refused 2 "--out $tmp/x.txt: expected a .json file" "$llama" --prompt "$prompt" --out "$tmp/x.txt"

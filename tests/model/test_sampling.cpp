@@ -172,6 +172,9 @@ TEST_CASE("sampling: settings out of range are refused with the option's name") 
   CHECK(has(error_of([] { spec_of(1.0, -2).check(); }), "--top-k"));
   CHECK(has(error_of([] { spec_of(1.0, 0, 0.0).check(); }), "--top-p"));
   CHECK(has(error_of([] { spec_of(1.0, 0, 1.5).check(); }), "--top-p"));
+  CHECK(has(error_of([] { spec_of(0.0, 40).check(); }), "give --temperature > 0"));
+  CHECK(has(error_of([] { spec_of(0.0, 0, 0.9).check(); }), "give --temperature > 0"));
+  CHECK_NOTHROW(spec_of(0.0, 1).check());
   CHECK_THROWS_AS(spec_of(-1.0).check(), ConfigError);
   std::vector<float> bad = known_logits();
   bad[1] = std::nanf("");
