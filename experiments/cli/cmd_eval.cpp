@@ -17,6 +17,7 @@
 
 #include "experiments/cli/commands.h"
 #include "experiments/cli/model_input.h"
+#include "experiments/cli/plan_options.h"
 #include "experiments/experiment.h"
 #include "experiments/progress.h"
 #include "sim/core/error.h"
@@ -32,81 +33,6 @@ namespace po = boost::program_options;
 namespace kvb::cli {
 
 namespace {
-
-// The parameter name of "name=value".
-std::string assigned_name(const std::string& assignment) {
-  return trim(assignment.substr(0, assignment.find('=')));
-}
-
-// "--param name=value" against a strategy's parameter table (per-kind variants
-// included), defaults filled in, then a preset's values (when --strategy names a
-// preset), then the assignments. As in a config block, an assigned base parameter X
-// also overrides the preset's key_X / value_X. Lists of integers are written "2,3,4".
-Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
-                       const std::vector<std::string>& assignments) {
-  const std::vector<ParamDef> defs = type.all_params();
-  std::map<std::string, ParamValue> values;
-  for (const ParamDef& d : defs)
-    if (d.default_value) values[d.name] = *d.default_value;
-  std::set<std::string> assigned;
-  for (const std::string& a : assignments)
-    if (!assigned.insert(assigned_name(a)).second)
-      throw ConfigError("--param " + assigned_name(a) + " is given twice");
-  if (preset)
-    for (const auto& [name, value] : preset->params)
-      if (!preset_value_overridden(type, name, [&](const std::string& k) { return assigned.count(k) > 0; }))
-        values[name] = value;
-  std::vector<std::string> names;
-  for (const ParamDef& d : defs) names.push_back(d.name);
-  for (const std::string& a : assignments) {
-    const size_t eq = a.find('=');
-    if (eq == std::string::npos) throw ConfigError("--param '" + a + "': expected name=value");
-    const std::string name = trim(a.substr(0, eq)), text = trim(a.substr(eq + 1));
-    const auto def = std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return d.name == name; });
-    if (def == defs.end()) {
-      std::string msg = "--param '" + a + "': strategy '" + type.name + "' has no parameter '" + name + "'";
-      msg += did_you_mean(name, names);
-      throw ConfigError(msg + "; parameters: " + join(names, ", "));
-    }
-    auto whole_int = [](const std::string& t) {
-      size_t used = 0;
-      const int64_t v = std::stoll(t, &used);
-      if (used != t.size()) throw std::invalid_argument(t);
-      return v;
-    };
-    try {
-      switch (def->type) {
-        case ParamType::Bool:
-          if (text != "true" && text != "false") throw std::invalid_argument(text);
-          values[name] = text == "true";
-          break;
-        case ParamType::Int: values[name] = whole_int(text); break;
-        case ParamType::Real: {
-          size_t used = 0;
-          const double v = std::stod(text, &used);
-          if (used != text.size() || !std::isfinite(v)) throw std::invalid_argument(text);
-          values[name] = v;
-          break;
-        }
-        case ParamType::String: values[name] = text; break;
-        case ParamType::IntList: {
-          IntList list;
-          for (const std::string& part : split(text, ',')) list.push_back(whole_int(trim(part)));
-          values[name] = list;
-          break;
-        }
-      }
-    } catch (const std::exception&) {
-      throw ConfigError("--param '" + a + "': expected a " + std::string(def->type == ParamType::Real ? "finite " : "") +
-                        param_type_name(def->type) +
-                        (def->type == ParamType::IntList ? " (e.g. 2,3,4)" : ""));
-    }
-  }
-  for (const ParamDef& d : defs)
-    if (!values.count(d.name) && !d.optional)
-      throw ConfigError("strategy '" + type.name + "' needs --param " + d.name + "=...");
-  return Params(values);
-}
 
 std::vector<float> as_floats(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
@@ -167,8 +93,8 @@ nlohmann::json json_number(double v) { return std::isfinite(v) ? nlohmann::json(
 int cmd_eval(const Args& args) {
   po::options_description opts("kvbudget eval MODEL_DIR (--text FILE | --tokens FILE) [options]");
   ModelInput in;
-  std::string format, key_format, value_format, strategy, out, nll_out;
-  std::vector<std::string> params;
+  PlanOptions plan_options;
+  std::string out, nll_out;
   int64_t seed_arg = 0;
   ContinuationSpec cont;
   AnswerTaskSpec task_spec;
@@ -178,12 +104,9 @@ int cmd_eval(const Args& args) {
   int64_t n_ctx = 512;
   std::string score_text = "all", kl_base;
   bool json = false;
-  opts.add_options()("help,h", "show this help")(
-      "format", po::value(&format), "quantize keys and values with this format (e.g. int4-asym-g32)")(
-      "key-format", po::value(&key_format), "format of keys (with --value-format)")(
-      "value-format", po::value(&value_format), "format of values (with --key-format)")(
-      "strategy", po::value(&strategy), "an allocation strategy or a preset (`kvbudget strategies`), with --param")(
-      "param", po::value(&params)->composing(), "a strategy parameter: --param format=int4-asym-g32 (repeatable)")(
+  opts.add_options()("help,h", "show this help");
+  plan_options.add_options(opts);
+  opts.add_options()(
       "seed", po::value(&seed_arg)->default_value(0), "seed for seeded formats and strategies")(
       "continuations", po::value(&cont.count)->default_value(0), "greedy continuations to compare (token match, BLEU)")(
       "continuation-prompt", po::value(&cont.prompt)->default_value(64), "shortest continuation prompt, tokens")(
@@ -219,12 +142,10 @@ int cmd_eval(const Args& args) {
                  "(what strategies build their plan from) and the quantized run is compared with it.\n";
     return kExitOk;
   }
-  const int quant_choices = (format.empty() ? 0 : 1) + (key_format.empty() && value_format.empty() ? 0 : 1) +
-                            (strategy.empty() ? 0 : 1);
-  if (quant_choices > 1) throw ConfigError("give one of --format, --key-format/--value-format and --strategy");
+  // The strategy is built before any work so that a bad name fails fast.
+  const std::unique_ptr<Strategy> strat = plan_options.make_strategy();
+  const std::string plan_source = strat ? plan_options.source() : std::string();
   const uint64_t seed = checked_seed(seed_arg, "--seed");
-  if (key_format.empty() != value_format.empty()) throw ConfigError("--key-format and --value-format go together");
-  if (!params.empty() && strategy.empty()) throw ConfigError("--param needs --strategy");
   if (cont.count < 0 || cont.prompt < 1 || cont.tokens < 1)
     throw ConfigError("--continuations must be >= 0, --continuation-prompt and --continuation-tokens >= 1");
   if (!out.empty() && std::filesystem::path(out).extension() != ".safetensors" &&
@@ -246,35 +167,6 @@ int cmd_eval(const Args& args) {
   if (!kl_base.empty() && !std::filesystem::exists(kl_base)) require_writable_output(kl_base, "--kl-base");
   if (!out.empty()) require_writable_output(out, "--out");
   if (!nll_out.empty()) require_writable_output(nll_out, "--nll");
-  // The strategy is built before any work so that a bad name fails fast.
-  std::unique_ptr<Strategy> strat;
-  std::string plan_source;
-  if (!format.empty()) {
-    strategy = "uniform";
-    params = {"format=" + format};
-  } else if (!key_format.empty()) {
-    strategy = "uniform";
-    params = {"key_format=" + key_format, "value_format=" + value_format};
-  }
-  if (!strategy.empty()) {
-    // --strategy names a type (`kvbudget strategies`) or a preset of one.
-    const NamedStrategy named = resolve_strategy_name(strategy, "--strategy", "--format");
-    const StrategyType& type = *named.type;
-    const StrategyPreset* preset = named.preset;
-    try {
-      strat = type.make(strategy_params(type, preset, params));
-    } catch (const ConfigError& e) {
-      // A format option naming a preset: --format kivi-2 means --strategy kivi-2.
-      std::string hint;
-      for (const auto& [option, value] : {std::pair{"--format", format}, std::pair{"--key-format", key_format},
-                                          std::pair{"--value-format", value_format}})
-        if (hint.empty() && !value.empty()) hint = preset_not_format_hint(value, "give --strategy " + value);
-      if (hint.empty()) throw;
-      throw ConfigError(e.what() + hint);
-    }
-    plan_source = strategy + "(" + join(params, ",") + ")";
-  }
-
   const std::shared_ptr<const Transformer> model = in.load_model();
   const ModelConfig& cfg = model->config();
   const std::vector<int64_t> tokens = in.load_tokens(cfg, n_ctx);
@@ -349,16 +241,14 @@ int cmd_eval(const Args& args) {
     // on the default calibration positions of `kvbudget run` ([calibration]: every 8th
     // from 7); the model metrics then leave those positions out.
     // With windows, the recording is the first window's, and the positions are window-local.
-    const QueryPositions positions = resolve_positions(ExperimentSpec{}, evaluator.recording().tokens);
-    RecordingStats calibration(evaluator.recording(), positions.calibration);
-    const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed, &calibration});
-    const std::string bad = plan.check();
-    if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
+    const CommandPlan built = build_plan(*strat, evaluator.recording(), seed, plan_source);
+    const Plan& plan = built.plan;
+    const QueryPositions& positions = built.positions;
     say(json, "plan: %s = %s, %.4f bits per element (%.4g bytes at %lld tokens)\n", plan_source.c_str(),
         plan.describe().c_str(), plan.bpe(), plan.bytes_at(plan.tokens()), static_cast<long long>(plan.tokens()));
     plan_bpe = plan.bpe();
     plan_text = plan.describe();
-    const bool calibrated = strat->needs_statistics();
+    const bool calibrated = built.calibrated;
     pass = "quantized";
     stats.model = evaluator.evaluate(plan, seed, &quant_logits, calibrated ? &positions.evaluation : nullptr);
     say(json, "quantized cache%s:\n",

@@ -59,6 +59,7 @@ int cmd_run(const Args& args);
 int cmd_inspect(const Args& args);
 int cmd_record(const Args& args);
 int cmd_eval(const Args& args);
+int cmd_generate(const Args& args);
 int cmd_quantize(const Args& args);
 int cmd_formats(const Args& args);
 int cmd_metrics(const Args& args);

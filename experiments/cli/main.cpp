@@ -29,6 +29,8 @@ const Command kCommands[] = {
     {"inspect", "print a tensor file's tensors, statistics and per-head attention entropy", &kvb::cli::cmd_inspect},
     {"record", "run a checkpoint on a text and write per-layer q/k/v and attention outputs", &kvb::cli::cmd_record},
     {"eval", "run a checkpoint with an exact or quantized KV cache: PPL, KL, logits/NLL files", &kvb::cli::cmd_eval},
+    {"generate", "continue a prompt with the exact and a quantized KV cache, side by side, with token match",
+     &kvb::cli::cmd_generate},
     {"quantize", "quantize + dequantize one tensor file with any format: error, exact bpe, codes", &kvb::cli::cmd_quantize},
     {"formats", "list the format table (quantizers, names, bits per element)", &kvb::cli::cmd_formats},
     {"metrics", "list the metric table", &kvb::cli::cmd_metrics},

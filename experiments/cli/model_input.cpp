@@ -17,11 +17,15 @@ namespace kvb::cli {
 void ModelInput::add_options(po::options_description& opts) {
   opts.add_options()("text", po::value(&text), "text file to run on (tokenized by --tokenizer)")(
       "tokens", po::value(&token_file), "token ids instead of text: .npy, .safetensors (its input_ids), or whitespace-separated integers")(
-      "tokenizer", po::value(&tokenizer)->default_value("bytes"),
-      "'bytes' (ids 0..255, the fixtures' scheme) or a tokenizer.json (GPT-2 byte-level BPE)")(
+      "max-tokens", po::value(&max_tokens)->default_value(512), "keep the first N tokens (0 = all)");
+  add_model_options(opts);
+}
+
+void ModelInput::add_model_options(po::options_description& opts) {
+  opts.add_options()("tokenizer", po::value(&tokenizer)->default_value("bytes"),
+                     "'bytes' (ids 0..255, the fixtures' scheme) or a tokenizer.json (GPT-2 byte-level BPE)")(
       "bos", po::bool_switch(&bos), "prepend the model's bos_token_id (default for --tokenizer bytes)")(
       "no-bos", po::bool_switch(&no_bos), "do not prepend BOS")(
-      "max-tokens", po::value(&max_tokens)->default_value(512), "keep the first N tokens (0 = all)")(
       "threads", po::value(&threads), "OpenMP threads (default: all cores)");
 }
 
@@ -50,6 +54,12 @@ std::shared_ptr<const Transformer> ModelInput::load_model() const {
   if (!token_file.empty() && (tokenizer != "bytes" || bos))
     throw ConfigError("--tokenizer and --bos apply to --text only");
   if (max_tokens < 0) throw ConfigError("--max-tokens must be >= 0");
+  return load_checkpoint();
+}
+
+std::shared_ptr<const Transformer> ModelInput::load_checkpoint() const {
+  if (checkpoint.empty()) throw ConfigError("missing MODEL_DIR (a Hugging Face checkpoint directory)");
+  if (bos && no_bos) throw ConfigError("--bos and --no-bos contradict each other");
   check_threads(threads, "--threads");
   if (threads > 0) omp_set_num_threads(threads);
   std::shared_ptr<const Transformer> model = Transformer::load(checkpoint);
@@ -70,6 +80,31 @@ std::vector<int64_t> ModelInput::load_tokens(const ModelConfig& config, int64_t 
   const std::string warning = config.context_warning(window > 0 ? std::min(T, window) : T);
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
   return tokens;
+}
+
+std::unique_ptr<Tokenizer> ModelInput::make_tokenizer() const {
+  if (tokenizer == "bytes") return std::make_unique<ByteTokenizer>(std::nullopt);
+  return BpeTokenizer::load(tokenizer);
+}
+
+std::vector<int64_t> ModelInput::encode_text(std::string_view input, const ModelConfig& config,
+                                             const std::string& where) const {
+  const bool bytes = tokenizer == "bytes";
+  const bool add_bos = bos || (bytes && !no_bos);
+  if (add_bos && !config.bos_token_id)
+    throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
+                      " has no bos_token_id (give --no-bos)");
+  if (bytes && config.vocab_size < 256)
+    throw ConfigError(where + ": the byte tokenizer needs a vocabulary of at least 256 ids, but " +
+                      config.config_file.string() + " has vocab_size " + std::to_string(config.vocab_size));
+  std::vector<int64_t> ids = make_tokenizer()->encode(input);
+  if (add_bos) ids.insert(ids.begin(), *config.bos_token_id);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= config.vocab_size)
+      throw Error(where + ": token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) + " (from " +
+                  make_tokenizer()->name() + ") is outside the vocabulary of " + config.dir.string() + " (vocab_size " +
+                  std::to_string(config.vocab_size) + " in " + config.config_file.string() + ")");
+  return ids;
 }
 
 std::string ModelInput::token_origin() const { return text.empty() ? token_file : text; }

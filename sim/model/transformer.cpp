@@ -206,6 +206,15 @@ std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<con
 std::vector<int64_t> greedy_generate(const Transformer& model, std::span<const int64_t> prompt,
                                      int64_t max_new_tokens, const CacheQuantization& cache,
                                      const std::function<bool(const std::vector<int64_t>&)>& stop) {
+  const TokenChooser choose = [](std::span<const float> logits, int64_t) {
+    return argmax(logits.data(), static_cast<int64_t>(logits.size()));
+  };
+  return generate(model, prompt, max_new_tokens, cache, choose, stop);
+}
+
+std::vector<int64_t> generate(const Transformer& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
+                              const CacheQuantization& cache, const TokenChooser& choose,
+                              const std::function<bool(const std::vector<int64_t>&)>& stop) {
   std::vector<int64_t> out;
   if (max_new_tokens <= 0) return out;
   Transformer::State state = model.new_state();
@@ -216,7 +225,8 @@ std::vector<int64_t> greedy_generate(const Transformer& model, std::span<const i
   opt.all_logits = false;
   RowMatrix logits = model.extend(state, prompt, opt);
   while (true) {
-    const int64_t next = argmax(logits.data(), logits.cols());
+    const int64_t next = choose(std::span<const float>(logits.data(), static_cast<size_t>(logits.cols())),
+                                static_cast<int64_t>(out.size()));
     out.push_back(next);
     if (static_cast<int64_t>(out.size()) == max_new_tokens || (stop && stop(out))) break;
     logits = model.extend(state, std::span<const int64_t>(&out.back(), 1), opt);

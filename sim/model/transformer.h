@@ -94,6 +94,15 @@ std::vector<int64_t> greedy_generate(const Transformer& model, std::span<const i
                                      int64_t max_new_tokens, const CacheQuantization& cache,
                                      const std::function<bool(const std::vector<int64_t>&)>& stop);
 
+// Chooses a new token from the logits [vocab] of the last token; `step` counts the new
+// tokens before it (0 for the first).
+using TokenChooser = std::function<int64_t(std::span<const float> logits, int64_t step)>;
+// Generation with any choice of token (greedy_generate: the argmax; sampling.h: seeded
+// sampling), with greedy_generate's prompt rule and stop.
+std::vector<int64_t> generate(const Transformer& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
+                              const CacheQuantization& cache, const TokenChooser& choose,
+                              const std::function<bool(const std::vector<int64_t>&)>& stop);
+
 // Index of the largest value (the first one on ties).
 int64_t argmax(const float* values, int64_t n);
 

@@ -1,0 +1,46 @@
+// Options shared by the commands that quantize a model's KV cache (`eval`, `generate`):
+// one of --format, --key-format/--value-format and --strategy (a type or a preset,
+// with --param), and the plan it builds from an exact run's recording.
+#pragma once
+#include <boost/program_options.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "experiments/experiment.h"
+#include "sim/plan.h"
+#include "sim/recording.h"
+#include "sim/strategies/strategy.h"
+
+namespace kvb::cli {
+
+struct PlanOptions {
+  std::string format, key_format, value_format, strategy;
+  std::vector<std::string> params;  // --param name=value, in order
+
+  // Adds --format, --key-format, --value-format, --strategy, --param.
+  void add_options(boost::program_options::options_description& opts);
+  // Checks the combination and makes the strategy (a format is strategy `uniform`), so
+  // that a bad name fails before any work; nullptr when no option was given. Throws
+  // kvb::ConfigError naming the option (with "did you mean", and a preset given as a
+  // format pointing to --strategy).
+  std::unique_ptr<Strategy> make_strategy();
+  // What the plan was made from, e.g. "uniform(format=int4-asym-g32)" (after
+  // make_strategy()).
+  std::string source() const;
+};
+
+// A plan built from an exact run's recording, as `eval` builds it.
+struct CommandPlan {
+  Plan plan;
+  // Query positions of the recording: a strategy that reads statistics (entropies,
+  // received attention) measures them on `calibration` (`kvbudget run`'s default
+  // [calibration]: every 8th from 7); `evaluation` are the others.
+  QueryPositions positions;
+  bool calibrated = false;  // the strategy read statistics
+};
+// Throws kvb::Error "<source>: invalid plan: ..." for a plan that fails Plan::check().
+CommandPlan build_plan(const Strategy& strategy, const Recording& recording, uint64_t seed, const std::string& source);
+
+}  // namespace kvb::cli
