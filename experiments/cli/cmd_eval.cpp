@@ -22,7 +22,9 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/io/tensor_writer.h"
+#include "sim/formats/registry.h"
 #include "sim/metrics/metric_table.h"
+#include "sim/model/layer_selection.h"
 #include "sim/strategies/statistics.h"
 #include "sim/strategies/presets.h"
 #include "sim/strategies/strategy.h"
@@ -168,6 +170,8 @@ int cmd_eval(const Args& args) {
   po::options_description opts("kvbudget eval MODEL_DIR (--text FILE | --tokens FILE) [options]");
   ModelInput in;
   std::string format, key_format, value_format, strategy, out, nll_out;
+  // Quantize only these layers (hybrids: full or sliding ones); the others at other_layers_format.
+  std::string layers_text, other_layers_format = kDefaultKeptLayerFormat;
   std::vector<std::string> params;
   int64_t seed_arg = 0;
   ContinuationSpec cont;
@@ -184,6 +188,12 @@ int cmd_eval(const Args& args) {
       "value-format", po::value(&value_format), "format of values (with --key-format)")(
       "strategy", po::value(&strategy), "an allocation strategy or a preset (`kvbudget strategies`), with --param")(
       "param", po::value(&params)->composing(), "a strategy parameter: --param format=int4-asym-g32 (repeatable)")(
+      "layers", po::value(&layers_text),
+      "quantize only these layers with the plan: all, full (full-attention layers), sliding (sliding-window "
+      "layers) or indices such as 0,2,5-7; the others are stored at --other-layers-format")(
+      "other-layers-format", po::value(&other_layers_format)->default_value(kDefaultKeptLayerFormat),
+      "with --layers: the format of the layers left out (keep-fp16: the model's half-precision cache; keep-fp32: "
+      "exact, counted at 32 bits)")(
       "seed", po::value(&seed_arg)->default_value(0), "seed for seeded formats and strategies")(
       "continuations", po::value(&cont.count)->default_value(0), "greedy continuations to compare (token match, BLEU)")(
       "continuation-prompt", po::value(&cont.prompt)->default_value(64), "shortest continuation prompt, tokens")(
@@ -225,6 +235,18 @@ int cmd_eval(const Args& args) {
   const uint64_t seed = checked_seed(seed_arg, "--seed");
   if (key_format.empty() != value_format.empty()) throw ConfigError("--key-format and --value-format go together");
   if (!params.empty() && strategy.empty()) throw ConfigError("--param needs --strategy");
+  if (!layers_text.empty() && quant_choices == 0)
+    throw ConfigError("--layers needs a plan: give --format, --key-format/--value-format or --strategy");
+  if (vm.count("other-layers-format") && !vm["other-layers-format"].defaulted() && layers_text.empty())
+    throw ConfigError("--other-layers-format needs --layers");
+  FormatPtr other_layers;
+  if (!layers_text.empty()) {
+    try {
+      other_layers = make_format(other_layers_format);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--other-layers-format: ") + e.what());
+    }
+  }
   if (cont.count < 0 || cont.prompt < 1 || cont.tokens < 1)
     throw ConfigError("--continuations must be >= 0, --continuation-prompt and --continuation-tokens >= 1");
   if (!out.empty() && std::filesystem::path(out).extension() != ".safetensors" &&
@@ -262,7 +284,14 @@ int cmd_eval(const Args& args) {
     const StrategyType& type = *named.type;
     const StrategyPreset* preset = named.preset;
     try {
-      strat = type.make(strategy_params(type, preset, params));
+      const Params resolved = strategy_params(type, preset, params);
+      // A budget is met over every layer: leaving layers out afterwards would break it.
+      for (const char* budget : {"budget_bpe", "key_budget_bpe", "value_budget_bpe"})
+        if (!layers_text.empty() && resolved.has(budget))
+          throw ConfigError("--layers with " + std::string(budget) + ": the strategy meets its budget over every "
+                            "layer, which --layers would break by storing the others at " + other_layers_format +
+                            "; give a fixed format (--format, or the strategy's format parameters) with --layers");
+      strat = type.make(resolved);
     } catch (const ConfigError& e) {
       // A format option naming a preset: --format kivi-2 means --strategy kivi-2.
       std::string hint;
@@ -275,6 +304,10 @@ int cmd_eval(const Args& args) {
     plan_source = strategy + "(" + join(params, ",") + ")";
   }
 
+  // The layer selection is checked against config.json before the weights load.
+  std::vector<int64_t> quantized_layers;
+  if (!layers_text.empty())
+    quantized_layers = parse_layer_selection(layers_text, load_model_config(in.checkpoint), "--layers");
   const std::shared_ptr<const Transformer> model = in.load_model();
   const ModelConfig& cfg = model->config();
   const std::vector<int64_t> tokens = in.load_tokens(cfg, n_ctx);
@@ -351,7 +384,11 @@ int cmd_eval(const Args& args) {
     // With windows, the recording is the first window's, and the positions are window-local.
     const QueryPositions positions = resolve_positions(ExperimentSpec{}, evaluator.recording().tokens);
     RecordingStats calibration(evaluator.recording(), positions.calibration);
-    const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed, &calibration});
+    Plan plan = strat->build(StrategyInput{evaluator.recording(), seed, &calibration});
+    if (!layers_text.empty()) {
+      quantize_only_layers(plan, quantized_layers, other_layers);
+      plan_source += " on layers " + format_layer_list(quantized_layers) + " (others " + other_layers->name() + ")";
+    }
     const std::string bad = plan.check();
     if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
     say(json, "plan: %s = %s, %.4f bits per element (%.4g bytes at %lld tokens)\n", plan_source.c_str(),
