@@ -13,6 +13,7 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/formats/registry.h"
+#include "sim/model/layer_selection.h"
 #include "sim/strategies/budget.h"
 #include "sim/strategies/presets.h"
 
@@ -148,6 +149,28 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
       t.fail("continuation_prompt", "continuation_prompt + continuation_tokens (" +
                                         std::to_string(m.continuations.prompt + m.continuations.tokens) +
                                         ") exceeds max_tokens " + std::to_string(d.max_tokens));
+    // quantize_layers: "all", "full", "sliding", "0,2,5-7", or a list of indices;
+    // resolved now against config.json (its layer types), before anything runs.
+    if (t.has("quantize_layers")) {
+      const toml::node* n = t.node("quantize_layers");
+      std::string text;
+      if (n->is_string()) {
+        text = t.required_string("quantize_layers");
+      } else if (n->is_array() || n->is_integer()) {
+        for (int64_t l : t.int_list("quantize_layers")) text += (text.empty() ? "" : ",") + std::to_string(l);
+      } else {
+        t.fail("quantize_layers", "expected \"all\", \"full\", \"sliding\", \"0,2,5-7\" or a list of layer indices");
+      }
+      m.quantize_layers_where = t.where("quantize_layers");
+      try {
+        m.quantize_layers = parse_layer_selection(text, load_model_config(m.checkpoint), "quantize_layers");
+        m.other_layers_format = make_format(t.string("other_layers_format", kDefaultKeptLayerFormat));
+      } catch (const Error& e) {  // a bad selection, config.json or format
+        throw ConfigError(m.quantize_layers_where + ": " + e.what());
+      }
+    } else if (t.has("other_layers_format")) {
+      t.fail("other_layers_format", "only used with quantize_layers");
+    }
     m.windows.n_ctx = t.integer("n_ctx", 0);
     if (m.windows.n_ctx < 0 || m.windows.n_ctx == 1)
       t.fail("n_ctx", "must be 0 (one window of every token) or >= 2 tokens per window");

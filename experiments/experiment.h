@@ -46,6 +46,12 @@ struct ModelDataSpec {
   // its tokenizer and BOS setting are [data]'s.
   std::optional<AnswerTaskSpec> task;
   std::string task_where;            // "file:line: task.file", for messages about the task
+  // data.quantize_layers: the layers every point's plan quantizes (resolved against
+  // config.json's layer types; empty = every layer), the others stored whole at
+  // other_layers_format (sim/model/layer_selection.h).
+  std::vector<int64_t> quantize_layers;
+  std::string quantize_layers_where;  // "file:line: data.quantize_layers"
+  FormatPtr other_layers_format;
 };
 
 struct DataSpec {

@@ -13,6 +13,7 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/exact_attention.h"
+#include "sim/model/layer_selection.h"
 #include "sim/simulator.h"
 #include "sim/strategies/presets.h"
 #include "sim/strategies/statistics.h"
@@ -260,6 +261,16 @@ namespace {
 Plan build_point_plan(const ExperimentSpec& spec, const Recording& rec, const SweepPoint& point,
                       const Strategy& strategy, RecordingStats& stats) {
   Plan plan = strategy.build(StrategyInput{rec, spec.seed, &stats});
+  const ModelDataSpec& model = spec.data.model;
+  if (spec.data.source == DataSpec::Source::Model && !model.quantize_layers.empty()) {
+    // A budget is met over every layer: storing some layers at another format afterwards would break it.
+    for (const char* budget : {"budget_bpe", "key_budget_bpe", "value_budget_bpe"})
+      if (point.params.has(budget))
+        throw ConfigError(model.quantize_layers_where + " with " + budget +
+                          ": the strategy meets its budget over every layer, which quantize_layers would break by "
+                          "storing the others at " + model.other_layers_format->name() + "; give a fixed format");
+    quantize_only_layers(plan, model.quantize_layers, model.other_layers_format);
+  }
   const std::string bad = plan.check();
   if (!bad.empty()) throw Error(bad);
   require_declared_columns(plan, point.type);

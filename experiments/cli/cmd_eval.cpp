@@ -24,6 +24,7 @@
 #include "sim/core/strings.h"
 #include "sim/io/tensor_writer.h"
 #include "sim/metrics/metric_table.h"
+#include "sim/model/layer_selection.h"
 #include "sim/strategies/statistics.h"
 #include "sim/strategies/presets.h"
 #include "sim/strategies/strategy.h"
@@ -94,6 +95,8 @@ int cmd_eval(const Args& args) {
   po::options_description opts("kvbudget eval MODEL_DIR (--text FILE | --tokens FILE) [options]");
   ModelInput in;
   PlanOptions plan_options;
+  // Quantize only these layers (hybrids: full or sliding ones); the others at other_layers_format.
+  std::string layers_text, other_layers_format = kDefaultKeptLayerFormat;
   std::string out, nll_out;
   int64_t seed_arg = 0;
   ContinuationSpec cont;
@@ -107,6 +110,12 @@ int cmd_eval(const Args& args) {
   opts.add_options()("help,h", "show this help");
   plan_options.add_options(opts);
   opts.add_options()(
+      "layers", po::value(&layers_text),
+      "quantize only these layers with the plan: all, full (full-attention layers), sliding (sliding-window "
+      "layers) or indices such as 0,2,5-7; the others are stored at --other-layers-format")(
+      "other-layers-format", po::value(&other_layers_format)->default_value(kDefaultKeptLayerFormat),
+      "with --layers: the format of the layers left out (keep-fp16: the model's half-precision cache; keep-fp32: "
+      "exact, counted at 32 bits)")(
       "seed", po::value(&seed_arg)->default_value(0), "seed for seeded formats and strategies")(
       "continuations", po::value(&cont.count)->default_value(0), "greedy continuations to compare (token match, BLEU)")(
       "continuation-prompt", po::value(&cont.prompt)->default_value(64), "shortest continuation prompt, tokens")(
@@ -144,7 +153,24 @@ int cmd_eval(const Args& args) {
   }
   // The strategy is built before any work so that a bad name fails fast.
   const std::unique_ptr<Strategy> strat = plan_options.make_strategy();
-  const std::string plan_source = strat ? plan_options.source() : std::string();
+  std::string plan_source = strat ? plan_options.source() : std::string();
+  if (!layers_text.empty() && !strat)
+    throw ConfigError("--layers needs a plan: give --format, --key-format/--value-format or --strategy");
+  if (vm.count("other-layers-format") && !vm["other-layers-format"].defaulted() && layers_text.empty())
+    throw ConfigError("--other-layers-format needs --layers");
+  // A budget is met over every layer: leaving layers out afterwards would break it.
+  if (!layers_text.empty() && plan_options.budgeted)
+    throw ConfigError("--layers with a memory budget: the strategy meets its budget over every layer, which --layers "
+                      "would break by storing the others at " + other_layers_format +
+                      "; give a fixed format (--format, or the strategy's format parameters) with --layers");
+  FormatPtr other_layers;
+  if (!layers_text.empty()) {
+    try {
+      other_layers = make_format(other_layers_format);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--other-layers-format: ") + e.what());
+    }
+  }
   const uint64_t seed = checked_seed(seed_arg, "--seed");
   if (cont.count < 0 || cont.prompt < 1 || cont.tokens < 1)
     throw ConfigError("--continuations must be >= 0, --continuation-prompt and --continuation-tokens >= 1");
@@ -167,6 +193,10 @@ int cmd_eval(const Args& args) {
   if (!kl_base.empty() && !std::filesystem::exists(kl_base)) require_writable_output(kl_base, "--kl-base");
   if (!out.empty()) require_writable_output(out, "--out");
   if (!nll_out.empty()) require_writable_output(nll_out, "--nll");
+  // The layer selection is checked against config.json before the weights load.
+  std::vector<int64_t> quantized_layers;
+  if (!layers_text.empty())
+    quantized_layers = parse_layer_selection(layers_text, load_model_config(in.checkpoint), "--layers");
   const std::shared_ptr<const Transformer> model = in.load_model();
   const ModelConfig& cfg = model->config();
   const std::vector<int64_t> tokens = in.load_tokens(cfg, n_ctx);
@@ -241,8 +271,14 @@ int cmd_eval(const Args& args) {
     // on the default calibration positions of `kvbudget run` ([calibration]: every 8th
     // from 7); the model metrics then leave those positions out.
     // With windows, the recording is the first window's, and the positions are window-local.
-    const CommandPlan built = build_plan(*strat, evaluator.recording(), seed, plan_source);
-    const Plan& plan = built.plan;
+    CommandPlan built = build_plan(*strat, evaluator.recording(), seed, plan_source);
+    Plan& plan = built.plan;
+    if (!layers_text.empty()) {
+      quantize_only_layers(plan, quantized_layers, other_layers);
+      plan_source += " on layers " + format_layer_list(quantized_layers) + " (others " + other_layers->name() + ")";
+      const std::string bad = plan.check();
+      if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
+    }
     const QueryPositions& positions = built.positions;
     say(json, "plan: %s = %s, %.4f bits per element (%.4g bytes at %lld tokens)\n", plan_source.c_str(),
         plan.describe().c_str(), plan.bpe(), plan.bytes_at(plan.tokens()), static_cast<long long>(plan.tokens()));

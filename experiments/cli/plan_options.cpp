@@ -120,7 +120,9 @@ std::unique_ptr<Strategy> PlanOptions::make_strategy() {
   const StrategyType& type = *named.type;
   const StrategyPreset* preset = named.preset;
   try {
-    return type.make(strategy_params(type, preset, params));
+    const Params resolved = strategy_params(type, preset, params);
+    budgeted = resolved.has("budget_bpe") || resolved.has("key_budget_bpe") || resolved.has("value_budget_bpe");
+    return type.make(resolved);
   } catch (const ConfigError& e) {
     // A format option naming a preset: --format kivi-2 means --strategy kivi-2.
     std::string hint;

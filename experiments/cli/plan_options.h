@@ -18,6 +18,7 @@ namespace kvb::cli {
 struct PlanOptions {
   std::string format, key_format, value_format, strategy;
   std::vector<std::string> params;  // --param name=value, in order
+  bool budgeted = false;  // after make_strategy(): the strategy meets a memory budget (budget_bpe, ...)
 
   // Adds --format, --key-format, --value-format, --strategy, --param.
   void add_options(boost::program_options::options_description& opts);

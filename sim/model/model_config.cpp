@@ -27,6 +27,8 @@ class JsonKeys {
       : j_(j), file_(std::move(file)), prefix_(std::move(prefix)) {}
 
   bool has(const std::string& key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  // Whether the key is written at all, null included.
+  bool present(const std::string& key) const { return j_.contains(key); }
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     throw Error(file_ + ": key '" + prefix_ + key + "': " + what);
   }
@@ -101,8 +103,21 @@ RopeConfig parse_rope(const JsonKeys& k) {
   RopeConfig r;
   r.enabled = true;
   std::optional<JsonKeys> params;
-  if (k.has("rope_parameters")) params.emplace(k.object("rope_parameters"));
-  else if (k.has("rope_scaling")) params.emplace(k.object("rope_scaling"));
+  if (k.has("rope_parameters")) {
+    params.emplace(k.object("rope_parameters"));
+    // transformers 5 may write them per layer type ({"full_attention": {...},
+    // "sliding_attention": {...}}, as for Ministral): one RoPE for every layer type.
+    std::optional<std::string> first;
+    for (const char* type : {"full_attention", "sliding_attention"}) {
+      if (!params->has(type)) continue;
+      if (!first) first = type;
+      else if (params->raw(type) != params->raw(*first))
+        params->fail(type, std::string("differs from ") + *first + ": RoPE that differs per layer type is not supported");
+    }
+    if (first) params.emplace(k.object("rope_parameters").object(*first));
+  } else if (k.has("rope_scaling")) {
+    params.emplace(k.object("rope_scaling"));
+  }
   // A positive, finite number (theta, scaling factors); the error names the key.
   const auto positive_real = [](const JsonKeys& keys, const std::string& key) {
     const double v = keys.real(key);
@@ -150,6 +165,93 @@ void parse_gpt2(const JsonKeys& k, ModelConfig& c) {
   c.scale_attn_weights = k.boolean("scale_attn_weights", true);
   c.scale_by_inverse_layer_idx = k.boolean("scale_attn_by_inverse_layer_idx", false);
   c.sliding_window.assign(static_cast<size_t>(c.layers), 0);
+  c.attention_kinds.assign(static_cast<size_t>(c.layers), AttentionKind::Full);
+}
+
+// A layer_types entry: "full_attention" or "sliding_attention"; anything else is an
+// error naming the file, the key and the index.
+AttentionKind parse_layer_type(const JsonKeys& k, const json& entry, int64_t index) {
+  if (entry.is_string()) {
+    const std::string s = entry.get<std::string>();
+    if (s == "full_attention") return AttentionKind::Full;
+    if (s == "sliding_attention") return AttentionKind::Sliding;
+  }
+  k.fail("layer_types", "entry " + std::to_string(index) + ": unsupported layer type " + entry.dump() +
+                            " (supported: \"full_attention\", \"sliding_attention\")");
+}
+
+// Per-layer attention as Hugging Face's configs derive it (transformers' config
+// classes), into c.attention_kinds and c.sliding_window:
+//   MistralForCausalLM   every layer slides over `sliding_window` (default 4096; null:
+//                        full attention); HF ignores `layer_types` for Mistral, so a
+//                        list that disagrees with that is refused
+//   MinistralForCausalLM `layer_types`, else every layer sliding when `sliding_window`
+//                        (default 4096) is not null, else every layer full
+//   Qwen2ForCausalLM     the window is `sliding_window` (default 4096) only with
+//                        `use_sliding_window`; `layer_types`, else layers from
+//                        `max_window_layers` (default 28) on slide when there is a window
+//   LlamaForCausalLM     full attention (HF's Llama has no window): a sliding layer in
+//                        `layer_types` or a `sliding_window` is refused
+// `layer_types` must have num_hidden_layers entries.
+void parse_attention_types(const JsonKeys& k, ModelConfig& c) {
+  const auto n = static_cast<size_t>(c.layers);
+  std::optional<std::vector<AttentionKind>> listed;
+  if (k.has("layer_types")) {
+    const json& types = k.raw("layer_types");
+    if (!types.is_array()) k.fail("layer_types", "expected a list of layer types, got " + types.dump());
+    if (types.size() != n)
+      k.fail("layer_types", "has " + std::to_string(types.size()) + " entries, but num_hidden_layers is " +
+                                std::to_string(c.layers) + " (one entry per layer)");
+    listed.emplace();
+    for (size_t l = 0; l < n; ++l) listed->push_back(parse_layer_type(k, types[l], static_cast<int64_t>(l)));
+  }
+  // sliding_window: absent takes HF's default 4096, null means none.
+  const bool window_given = k.has("sliding_window");
+  std::optional<int64_t> window;
+  if (window_given) window = k.positive("sliding_window");
+  else if (!k.present("sliding_window")) window = 4096;
+  const std::string& arch = c.architecture;
+  std::vector<AttentionKind> kinds(n, AttentionKind::Full);
+  if (arch == "MistralForCausalLM") {
+    kinds.assign(n, window ? AttentionKind::Sliding : AttentionKind::Full);
+    if (listed)
+      for (size_t l = 0; l < n; ++l)
+        if ((*listed)[l] != kinds[l])
+          k.fail("layer_types", "entry " + std::to_string(l) + " is " + attention_kind_name((*listed)[l]) +
+                                    ", but MistralForCausalLM gives every layer " + attention_kind_name(kinds[l]) +
+                                    " (Hugging Face ignores layer_types for Mistral); a checkpoint with per-layer "
+                                    "attention types is MinistralForCausalLM (model_type \"ministral\")");
+  } else if (arch == "MinistralForCausalLM") {
+    kinds = listed ? *listed : std::vector<AttentionKind>(n, window ? AttentionKind::Sliding : AttentionKind::Full);
+  } else if (arch == "Qwen2ForCausalLM") {
+    if (!k.boolean("use_sliding_window", false)) window.reset();
+    if (listed) {
+      kinds = *listed;
+    } else if (window) {
+      const int64_t from = k.integer("max_window_layers", 28);
+      for (int64_t l = std::max<int64_t>(from, 0); l < c.layers; ++l) kinds[static_cast<size_t>(l)] = AttentionKind::Sliding;
+    }
+  } else {  // LlamaForCausalLM
+    if (listed)
+      for (size_t l = 0; l < n; ++l)
+        if ((*listed)[l] == AttentionKind::Sliding)
+          k.fail("layer_types", "entry " + std::to_string(l) + " is sliding_attention, but " + arch +
+                                    " has no sliding-window attention in Hugging Face (which would ignore it)");
+    if (window_given)
+      k.fail("sliding_window", arch + " has no sliding-window attention in Hugging Face (which would ignore it); "
+                                      "remove the key, or set it to null");
+  }
+  c.attention_kinds = kinds;
+  c.sliding_window.assign(n, 0);
+  for (size_t l = 0; l < n; ++l) {
+    if (kinds[l] == AttentionKind::Full) continue;
+    if (!window)
+      k.fail("layer_types", "entry " + std::to_string(l) + " is sliding_attention, but there is no window: " +
+                                (arch == "Qwen2ForCausalLM" ? std::string("use_sliding_window is false")
+                                                            : std::string("sliding_window is null")) +
+                                " (Hugging Face fails on it too)");
+    c.sliding_window[l] = *window;
+  }
 }
 
 void parse_llama_family(const JsonKeys& k, ModelConfig& c) {
@@ -177,6 +279,8 @@ void parse_llama_family(const JsonKeys& k, ModelConfig& c) {
   if (c.architecture == "Qwen2ForCausalLM") {
     c.qkv_bias = true;
     c.o_bias = false;
+  } else if (c.architecture == "MinistralForCausalLM") {  // Mistral's projections: no biases
+    c.qkv_bias = c.o_bias = false;
   } else {
     c.qkv_bias = c.o_bias = k.boolean("attention_bias", false);
   }
@@ -185,35 +289,7 @@ void parse_llama_family(const JsonKeys& k, ModelConfig& c) {
   if (k.has("partial_rotary_factor") && k.real("partial_rotary_factor") != 1.0)
     k.fail("partial_rotary_factor", "only full rotary embeddings (1.0) are supported");
   c.rope = parse_rope(k);
-
-  // Sliding windows: explicit per-layer `layer_types`, else Mistral's `sliding_window`
-  // on every layer, else Qwen2's use_sliding_window from max_window_layers on.
-  c.sliding_window.assign(static_cast<size_t>(c.layers), 0);
-  const int64_t window = k.integer("sliding_window", 0);
-  if (k.has("sliding_window") && window <= 0) k.fail("sliding_window", "must be > 0 or null");
-  if (k.has("layer_types")) {
-    const json& types = k.raw("layer_types");
-    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.layers)
-      k.fail("layer_types", "expected an array of " + std::to_string(c.layers) + " layer types");
-    for (int64_t l = 0; l < c.layers; ++l) {
-      const json& t = types[static_cast<size_t>(l)];
-      const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
-      if (s == "sliding_attention") {
-        if (window <= 0) k.fail("layer_types", "layer " + std::to_string(l) + " is sliding_attention but sliding_window is not set");
-        c.sliding_window[static_cast<size_t>(l)] = window;
-      } else if (s != "full_attention") {
-        k.fail("layer_types", "layer " + std::to_string(l) + ": unsupported layer type '" + s +
-                                  "' (full_attention or sliding_attention)");
-      }
-    }
-  } else if (c.architecture == "Qwen2ForCausalLM") {
-    if (k.boolean("use_sliding_window", false) && window > 0) {
-      const int64_t from = k.integer("max_window_layers", c.layers);
-      for (int64_t l = from; l < c.layers; ++l) c.sliding_window[static_cast<size_t>(l)] = window;
-    }
-  } else if (window > 0) {
-    c.sliding_window.assign(static_cast<size_t>(c.layers), window);
-  }
+  parse_attention_types(k, c);
 }
 
 }  // namespace
@@ -228,7 +304,8 @@ struct ArchitectureEntry {
 constexpr ArchitectureEntry kArchitectures[] = {{"GPT2LMHeadModel", "gpt2"},
                                                 {"LlamaForCausalLM", "llama"},
                                                 {"Qwen2ForCausalLM", "qwen2"},
-                                                {"MistralForCausalLM", "mistral"}};
+                                                {"MistralForCausalLM", "mistral"},
+                                                {"MinistralForCausalLM", "ministral"}};
 
 }  // namespace
 
@@ -259,12 +336,38 @@ std::string ModelConfig::summary() const {
   os << architecture << ": " << layers << " layers, " << q_heads << "/" << kv_heads << " q/kv heads, head_dim "
      << head_dim << ", hidden " << hidden_size << ", mlp " << intermediate_size << ", vocab " << vocab_size;
   if (rope.enabled) os << ", RoPE theta " << format_double(rope.theta) << (rope.type == "default" ? "" : " " + rope.type);
-  for (int64_t w : sliding_window)
-    if (w > 0) {
-      os << ", sliding window " << w;
-      break;
-    }
+  const int64_t sliding = sliding_layers();
+  if (sliding == layers) {
+    os << ", sliding window " << sliding_window.front();
+  } else if (sliding > 0) {  // a hybrid: name the layers of each kind
+    std::vector<int64_t> which;
+    for (int64_t l = 0; l < layers; ++l)
+      if (is_sliding(l)) which.push_back(l);
+    os << ", hybrid: " << sliding << " sliding-window layers (W " << sliding_window[static_cast<size_t>(which[0])]
+       << ": " << format_layer_list(which) << "), " << layers - sliding << " full";
+  }
   return os.str();
+}
+
+int64_t ModelConfig::sliding_layers() const {
+  return static_cast<int64_t>(std::count(attention_kinds.begin(), attention_kinds.end(), AttentionKind::Sliding));
+}
+
+const char* attention_kind_name(AttentionKind kind) {
+  return kind == AttentionKind::Sliding ? "sliding_attention" : "full_attention";
+}
+
+std::string format_layer_list(const std::vector<int64_t>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(layers[i]);
+    if (j > i) out += "-" + std::to_string(layers[j]);
+    i = j + 1;
+  }
+  return out;
 }
 
 ModelConfig load_model_config(const fs::path& dir) {

@@ -6,7 +6,14 @@
 //   LlamaForCausalLM    RoPE (default, linear or llama3 scaling), RMSNorm, SwiGLU, GQA,
 //                       tied or untied embeddings
 //   Qwen2ForCausalLM    Llama with q/k/v biases (and optional sliding-window layers)
-//   MistralForCausalLM  Llama with a sliding attention window
+//   MistralForCausalLM  Llama with a sliding attention window on every layer
+//   MinistralForCausalLM Mistral with per-layer attention types (`layer_types`: a
+//                       hybrid of full and sliding-window layers)
+//
+// Per-layer attention types follow transformers' config classes: `layer_types`
+// ("full_attention" / "sliding_attention"), Qwen2's use_sliding_window +
+// max_window_layers, Mistral's sliding_window (model_config.cpp,
+// parse_attention_types, says which architecture reads which key).
 //
 // Both generations of Hugging Face's RoPE keys are read: `rope_parameters` (transformers
 // 5) and `rope_theta` + `rope_scaling` (transformers 4).
@@ -21,6 +28,10 @@ namespace kvb {
 
 enum class ModelFamily { Gpt2, Llama };       // Llama also covers Qwen2 and Mistral
 enum class Activation { GeluTanh, GeluErf, Relu, Silu };
+// A layer's attention: full causal, or over a sliding window of the last W tokens
+// (Hugging Face's layer_types "full_attention" / "sliding_attention").
+enum class AttentionKind { Full, Sliding };
+const char* attention_kind_name(AttentionKind kind);  // "full_attention" / "sliding_attention"
 
 struct RopeConfig {
   bool enabled = false;
@@ -55,8 +66,10 @@ struct ModelConfig {
   bool mlp_bias = false;
   bool tied_embeddings = false;   // lm_head reuses the token embedding
   RopeConfig rope;
-  // Per layer: 0 = full causal attention, W > 0 = key j is visible from query t only
-  // when t - W < j <= t (Hugging Face's sliding window).
+  // Per layer: its attention kind, and its window: 0 for a full layer, W > 0 for a
+  // sliding one, where key j is visible from query t only when t - W < j <= t
+  // (Hugging Face's sliding window: the query and the W - 1 tokens before it).
+  std::vector<AttentionKind> attention_kinds;
   std::vector<int64_t> sliding_window;
   // Attention scores are q·k * score_scale(layer): 1/sqrt(head_dim), and for GPT-2
   // with scale_attn_by_inverse_layer_idx also / (layer + 1).
@@ -65,6 +78,8 @@ struct ModelConfig {
   std::optional<int64_t> bos_token_id, eos_token_id;
 
   float score_scale(int64_t layer) const;
+  bool is_sliding(int64_t layer) const { return attention_kinds[static_cast<size_t>(layer)] == AttentionKind::Sliding; }
+  int64_t sliding_layers() const;  // how many layers slide (0: full attention everywhere)
   int64_t qkv_width() const { return (q_heads + 2 * kv_heads) * head_dim; }
   // A warning when `tokens` exceed max_position_embeddings of a RoPE model (which will
   // compute any position, but was not trained on them), else "". GPT-2 refuses instead.
@@ -75,6 +90,9 @@ struct ModelConfig {
 // Reads dir/config.json. Errors (kvb::Error) name the file and the key: malformed
 // JSON, a missing or mistyped key, an unsupported architecture or RoPE type.
 ModelConfig load_model_config(const std::filesystem::path& dir);
+
+// "0,2,5-7": ascending layer indices, runs written as ranges.
+std::string format_layer_list(const std::vector<int64_t>& layers);
 
 // The architectures load_model_config accepts, for messages and listings.
 const std::vector<std::string>& supported_architectures();

@@ -400,6 +400,8 @@ TEST_CASE("Llama family options against a plain reference forward pass") {
   TinyLlamaOptions mistral;
   mistral.architecture = "MistralForCausalLM";
   mistral.kv_heads = 1;
+  TinyLlamaOptions ministral;
+  ministral.architecture = "MinistralForCausalLM";
   // llama3 scaling with a short original context so that every branch is taken.
   std::vector<double> l3 = llama_inv_freq(10000.0, 8);
   const double factor = 8, low = 1, high = 4, old_ctx = 64;
@@ -429,7 +431,7 @@ TEST_CASE("Llama family options against a plain reference forward pass") {
        l3, {0, 0}},
       {"linear scaling", llama, {{"rope_theta", 500.0}, {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}},
        linear, {0, 0}},
-      {"layer_types", llama,
+      {"ministral layer_types", ministral,
        {{"rope_theta", 10000.0}, {"sliding_window", 2}, {"layer_types", {"sliding_attention", "full_attention"}}},
        llama_inv_freq(10000.0, 8), {2, 0}},
   };
