@@ -39,12 +39,7 @@ struct UnitDelta {
   // decoded key: for those, Δs = estimate - exact in the stored version, on columns
   // [keep_begin, keep_end) (the segment, less what an attribution region leaves out:
   // there Δs stays the zeroed stored error's 0).
-  struct Estimated {
-    int64_t begin = 0, end = 0;
-    std::unique_ptr<ScoreEstimator> estimator;
-    int64_t keep_begin = 0, keep_end = 0;
-  };
-  std::vector<Estimated> estimated;
+  std::vector<EstimatedKeys> estimated;
   bool has_window() const { return !window.empty(); }
   // What the query at t reads of this unit (plan.h).
   RowVersions versions(int64_t t, int64_t prefill) const { return row_versions(*unit, prefill, t); }
