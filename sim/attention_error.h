@@ -123,6 +123,10 @@ inline void check_stop(const SimOptions& opt, size_t block, int64_t layer, int64
 // p̂ from s + Δs. Fills h.p, h.dp = p̂ - p and h.phat; returns KL(p || p̂) in nats.
 double row_attention_reference(const float* s, const float* ds, int64_t n, HeadScratch& h);
 
+// Both measurements fill every value of an AttentionRow (kAttentionRowValues, error_stats.h).
+static_assert(sizeof(kAttentionRowValues) / sizeof(kAttentionRowValues[0]) == 6,
+              "a new AttentionRow value: fill it in measure_head_reference and measure_head_fast");
+
 // Adds the rows of query head h (positions `pos`) to stats, in position order.
 void measure_head_reference(const Recording& rec, const Plan& plan, int64_t layer, int64_t h, const UnitDelta& dk,
                             const UnitDelta& dv, const std::vector<int64_t>& pos, const SimOptions& opt,
