@@ -36,61 +36,60 @@ std::vector<AttributionRegion> attribution_regions(const Plan& plan, const Recor
   return out;
 }
 
-ErrorPair error_sums(const ErrorStats& stats) {
-  ErrorPair e;
-  for (const AttentionRow& r : stats.rows) {
-    e.kl += r.kl;
-    e.out_err2 += r.out_err2;
-  }
+const std::vector<const AdditiveError*>& default_attributed_errors() {
+  static const std::vector<const AdditiveError*> errors = {&require_additive_error("attn_kl_mean", "attribution"),
+                                                           &require_additive_error("attn_out_rel_fro", "attribution")};
+  return errors;
+}
+
+ErrorSums error_sums(const ErrorStats& stats, const std::vector<const AdditiveError*>& errors) {
+  ErrorSums e;
+  for (const AdditiveError* error : errors) e.push_back(error->sum(stats.rows));
   return e;
 }
 
 double error_share(double part, double total) { return total > 0 ? part / total : 0.0; }
 
 Attribution attribute(const ErrorStats& full, const std::vector<AttributionRegion>& regions,
-                      const std::vector<ErrorStats>& region_stats, int64_t layers, int64_t q_heads) {
+                      const std::vector<ErrorStats>& region_stats, int64_t layers, int64_t q_heads,
+                      const std::vector<const AdditiveError*>& errors) {
+  const size_t n = errors.size();
   Attribution a;
+  a.errors = errors;
   a.layers = layers;
   a.q_heads = q_heads;
-  a.head.assign(static_cast<size_t>(layers * q_heads), ErrorPair{});
+  a.head.assign(static_cast<size_t>(layers * q_heads), ErrorSums(n, 0.0));
   for (const AttentionRow& r : full.rows) {
-    ErrorPair& h = a.head[static_cast<size_t>(r.layer * q_heads + r.q_head)];
-    h.kl += r.kl;
-    h.out_err2 += r.out_err2;
+    ErrorSums& h = a.head[static_cast<size_t>(r.layer * q_heads + r.q_head)];
+    for (size_t i = 0; i < n; ++i) h[i] += errors[i]->of_row(r);
   }
-  a.total = error_sums(full);
+  a.total = error_sums(full, errors);
   auto close_partition = [&](const std::string& partition) {
-    ErrorPair sum;
+    ErrorSums sum(n, 0.0);
     for (const Attribution::Region& r : a.regions)
-      if (r.partition == partition) {
-        sum.kl += r.error.kl;
-        sum.out_err2 += r.error.out_err2;
-      }
-    a.regions.push_back({partition, "interaction", {a.total.kl - sum.kl, a.total.out_err2 - sum.out_err2}});
+      if (r.partition == partition)
+        for (size_t i = 0; i < n; ++i) sum[i] += r.error[i];
+    ErrorSums rest(n);
+    for (size_t i = 0; i < n; ++i) rest[i] = a.total[i] - sum[i];
+    a.regions.push_back({partition, "interaction", rest});
   };
   const bool has_protection = std::any_of(regions.begin(), regions.end(),
                                           [](const AttributionRegion& r) { return r.partition == "protection"; });
   if (!has_protection) {
     a.regions.push_back({"protection", "rest", a.total});
-    a.regions.push_back({"protection", "interaction", {0, 0}});
+    a.regions.push_back({"protection", "interaction", ErrorSums(n, 0.0)});
   }
   std::string current;
   for (size_t i = 0; i < regions.size(); ++i) {
     if (!current.empty() && regions[i].partition != current) close_partition(current);
     current = regions[i].partition;
-    a.regions.push_back({regions[i].partition, regions[i].name, error_sums(region_stats[i])});
+    a.regions.push_back({regions[i].partition, regions[i].name, error_sums(region_stats[i], errors)});
   }
   if (!current.empty()) close_partition(current);
   return a;
 }
 
 namespace {
-
-struct MetricPick {
-  const char* name;
-  double ErrorPair::*field;
-};
-constexpr MetricPick kMetrics[] = {{"kl", &ErrorPair::kl}, {"out_err2", &ErrorPair::out_err2}};
 
 std::string head_label(int64_t layer, int64_t head) { return "L" + std::to_string(layer) + "H" + std::to_string(head); }
 
@@ -99,21 +98,21 @@ std::string head_label(int64_t layer, int64_t head) { return "L" + std::to_strin
 std::string attribution_rows(size_t id, const std::string& key, const Attribution& a) {
   std::ostringstream os;
   const std::string prefix = std::to_string(id) + "," + key + ",";
-  for (const MetricPick& m : kMetrics) {
-    const double total = a.total.*m.field;
+  for (size_t m = 0; m < a.errors.size(); ++m) {
+    const double total = a.total[m];
     auto row = [&](const std::string& scope, const std::string& name, double e) {
-      os << prefix << m.name << "," << scope << "," << name << "," << format_double(e) << ","
+      os << prefix << a.errors[m]->name << "," << scope << "," << name << "," << format_double(e) << ","
          << format_double(error_share(e, total)) << "\n";
     };
     for (int64_t l = 0; l < a.layers; ++l) {
       double e = 0;
-      for (int64_t h = 0; h < a.q_heads; ++h) e += a.head[static_cast<size_t>(l * a.q_heads + h)].*m.field;
+      for (int64_t h = 0; h < a.q_heads; ++h) e += a.head[static_cast<size_t>(l * a.q_heads + h)][m];
       row("layer", "L" + std::to_string(l), e);
     }
     for (int64_t l = 0; l < a.layers; ++l)
       for (int64_t h = 0; h < a.q_heads; ++h)
-        row("head", head_label(l, h), a.head[static_cast<size_t>(l * a.q_heads + h)].*m.field);
-    for (const Attribution::Region& r : a.regions) row(r.partition, r.name, r.error.*m.field);
+        row("head", head_label(l, h), a.head[static_cast<size_t>(l * a.q_heads + h)][m]);
+    for (const Attribution::Region& r : a.regions) row(r.partition, r.name, r.error[m]);
   }
   return os.str();
 }
@@ -121,17 +120,16 @@ std::string attribution_rows(size_t id, const std::string& key, const Attributio
 std::string concentration_rows(size_t id, const std::string& key, const Attribution& a) {
   std::ostringstream os;
   const size_t n = a.head.size();
-  for (const MetricPick& m : kMetrics) {
+  for (size_t m = 0; m < a.errors.size(); ++m) {
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t x, size_t y) { return a.head[x].*m.field > a.head[y].*m.field; });
-    const double total = a.total.*m.field;
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return a.head[x][m] > a.head[y][m]; });
+    const double total = a.total[m];
     double cum = 0;
     for (size_t r = 0; r < n; ++r) {
-      cum += a.head[order[r]].*m.field;
+      cum += a.head[order[r]][m];
       const int64_t l = static_cast<int64_t>(order[r]) / a.q_heads, h = static_cast<int64_t>(order[r]) % a.q_heads;
-      os << id << "," << key << "," << m.name << "," << (r + 1) << "," << head_label(l, h) << ","
+      os << id << "," << key << "," << a.errors[m]->name << "," << (r + 1) << "," << head_label(l, h) << ","
          << format_double(static_cast<double>(r + 1) / static_cast<double>(n)) << ","
          << format_double(error_share(cum, total)) << "\n";
     }

@@ -1,8 +1,10 @@
 // Error-budget attribution: which layers, heads and token regions a point's
 // attention error comes from (written to attribution.csv and concentration.csv).
 //
-// Two errors are attributed, both sums over the evaluated rows (layer, query head,
-// position), so shares add up exactly:
+// What is attributed are additive per-row errors (AdditiveError,
+// sim/metrics/metric_table.h: sums over the evaluated rows (layer, query head,
+// position), so shares add up exactly); any additive metric of the metric table can
+// be. By default two:
 //   kl        Σ KL(p ‖ p̂)     (attn_kl_mean × rows)
 //   out_err2  Σ ‖o − ô‖²      (the numerator of attn_out_rel_fro²)
 // Layers and heads: at attention level a row only reads its own KV head, so the
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "sim/metrics/error_stats.h"
+#include "sim/metrics/metric_table.h"
 #include "sim/plan.h"
 #include "sim/recording.h"
 #include "sim/simulator.h"
@@ -41,34 +44,42 @@ struct AttributionRegion {
 // has two or more parts).
 std::vector<AttributionRegion> attribution_regions(const Plan& plan, const Recording& rec);
 
-struct ErrorPair {
-  double kl = 0, out_err2 = 0;
-};
-ErrorPair error_sums(const ErrorStats& stats);
+// The errors attributed unless told otherwise: kl (attn_kl_mean's) and out_err2
+// (attn_out_rel_fro's), in that order.
+const std::vector<const AdditiveError*>& default_attributed_errors();
+
+// One sum per attributed error, in the order of Attribution::errors.
+using ErrorSums = std::vector<double>;
+// Σ over the rows of `stats` of each error.
+ErrorSums error_sums(const ErrorStats& stats,
+                     const std::vector<const AdditiveError*>& errors = default_attributed_errors());
 
 struct Attribution {
+  std::vector<const AdditiveError*> errors = default_attributed_errors();  // what every ErrorSums holds
   int64_t layers = 0, q_heads = 0;
-  ErrorPair total;
-  std::vector<ErrorPair> head;  // [layer * q_heads + q_head]
+  ErrorSums total;
+  std::vector<ErrorSums> head;  // [layer * q_heads + q_head]
   struct Region {
     std::string partition, name;
-    ErrorPair error;  // error with only this region quantized (interaction: the rest)
+    ErrorSums error;  // error with only this region quantized (interaction: the rest)
   };
   std::vector<Region> regions;  // per partition: its parts, then "interaction"
 };
 
 // From the point's full statistics and one statistics per region (aligned with
-// `regions`). A plan without protections gets the protection partition's "rest" =
-// the total error.
+// `regions`), for each of `errors`. A plan without protections gets the protection
+// partition's "rest" = the total error.
 Attribution attribute(const ErrorStats& full, const std::vector<AttributionRegion>& regions,
-                      const std::vector<ErrorStats>& region_stats, int64_t layers, int64_t q_heads);
+                      const std::vector<ErrorStats>& region_stats, int64_t layers, int64_t q_heads,
+                      const std::vector<const AdditiveError*>& errors = default_attributed_errors());
 
 // Share of `part` in `total` (0 when the total is 0).
 double error_share(double part, double total);
 
 // CSV rows (no header) for one point; `key` must already be CSV-quoted.
 // attribution.csv columns:
-//   id,key,metric,scope,name,error,share   (scope: layer, head, region partition)
+//   id,key,metric,scope,name,error,share   (metric: the error's name, AdditiveError::name;
+//                                          scope: layer, head, region partition)
 // concentration.csv columns: id,key,metric,rank,head,head_fraction,error_share
 std::string attribution_rows(size_t id, const std::string& key, const Attribution& a);
 std::string concentration_rows(size_t id, const std::string& key, const Attribution& a);

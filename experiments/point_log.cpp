@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/core/error.h"
+#include "sim/core/strings.h"
 
 namespace kvb {
 
@@ -36,11 +37,36 @@ double number_from(const json& j, const std::string& what) {
   throw Error(what + " is not a number");
 }
 
-json pair(const ErrorPair& p) { return json::array({number(p.kl), number(p.out_err2)}); }
+// An attribution's sums: one number per attributed error, in their order.
+json sums_json(const ErrorSums& e) {
+  json j = json::array();
+  for (double v : e) j.push_back(number(v));
+  return j;
+}
 
-ErrorPair pair_from(const json& j, const std::string& what) {
-  if (!j.is_array() || j.size() != 2) throw Error(what + " is not a [kl, out_err2] pair");
-  return {number_from(j[0], what), number_from(j[1], what)};
+ErrorSums sums_from(const json& j, const std::vector<const AdditiveError*>& errors, const std::string& what) {
+  std::vector<std::string> names;
+  for (const AdditiveError* e : errors) names.push_back(e->name);
+  if (!j.is_array() || j.size() != errors.size()) throw Error(what + " is not a [" + join(names, ", ") + "] array");
+  ErrorSums e;
+  for (const json& v : j) e.push_back(number_from(v, what));
+  return e;
+}
+
+// The attributed errors named in a results.jsonl line: "errors", else the default
+// (lines written before attribution named them).
+std::vector<const AdditiveError*> attributed_errors_from(const json& ja) {
+  if (!ja.contains("errors")) return default_attributed_errors();
+  std::vector<const AdditiveError*> errors;
+  for (const json& name : ja.at("errors")) {
+    const std::string n = name.get<std::string>();
+    const AdditiveError* found = nullptr;
+    for (const AdditiveError& e : additive_errors())
+      if (n == e.name) found = &e;
+    if (!found) throw Error("attribution names an unknown error '" + n + "'");
+    errors.push_back(found);
+  }
+  return errors;
 }
 
 }  // namespace
@@ -86,16 +112,16 @@ std::string point_result_json(const PointResult& r, const std::string& key) {
   j["block_sums"] = block_sums;
   if (r.attribution) {
     const Attribution& a = *r.attribution;
-    json heads = json::array();
-    for (const ErrorPair& p : a.head) heads.push_back(pair(p));
-    json regions = json::array();
-    for (const Attribution::Region& g : a.regions)
-      regions.push_back({{"partition", g.partition},
-                         {"name", g.name},
-                         {"kl", number(g.error.kl)},
-                         {"out_err2", number(g.error.out_err2)}});
-    j["attribution"] = {
-        {"layers", a.layers}, {"q_heads", a.q_heads}, {"total", pair(a.total)}, {"head", heads}, {"regions", regions}};
+    json names = json::array(), heads = json::array(), regions = json::array();
+    for (const AdditiveError* e : a.errors) names.push_back(e->name);
+    for (const ErrorSums& h : a.head) heads.push_back(sums_json(h));
+    for (const Attribution::Region& g : a.regions) {
+      json region = {{"partition", g.partition}, {"name", g.name}};
+      for (size_t i = 0; i < a.errors.size(); ++i) region[a.errors[i]->name] = number(g.error[i]);
+      regions.push_back(region);
+    }
+    j["attribution"] = {{"errors", names},     {"layers", a.layers}, {"q_heads", a.q_heads},
+                        {"total", sums_json(a.total)}, {"head", heads}, {"regions", regions}};
   }
   j["seconds"] = number(r.seconds);
   return j.dump();
@@ -146,17 +172,20 @@ PointResult point_result_from_json(const std::string& line, const std::string& w
     if (j.contains("attribution")) {
       const json& ja = j["attribution"];
       Attribution a;
+      a.errors = attributed_errors_from(ja);
       a.layers = ja.at("layers").get<int64_t>();
       a.q_heads = ja.at("q_heads").get<int64_t>();
-      a.total = pair_from(ja.at("total"), "attribution total");
-      for (const json& h : ja.at("head")) a.head.push_back(pair_from(h, "attribution head"));
+      a.total = sums_from(ja.at("total"), a.errors, "attribution total");
+      for (const json& h : ja.at("head")) a.head.push_back(sums_from(h, a.errors, "attribution head"));
       if (static_cast<int64_t>(a.head.size()) != a.layers * a.q_heads)
         throw Error("attribution has " + std::to_string(a.head.size()) +
                     " head entries, not layers x q_heads = " + std::to_string(a.layers * a.q_heads));
-      for (const json& g : ja.at("regions"))
-        a.regions.push_back({g.at("partition").get<std::string>(),
-                             g.at("name").get<std::string>(),
-                             {number_from(g.at("kl"), "region kl"), number_from(g.at("out_err2"), "region out_err2")}});
+      for (const json& g : ja.at("regions")) {
+        Attribution::Region region{g.at("partition").get<std::string>(), g.at("name").get<std::string>(), {}};
+        for (const AdditiveError* e : a.errors)
+          region.error.push_back(number_from(g.at(e->name), std::string("region ") + e->name));
+        a.regions.push_back(std::move(region));
+      }
       r.attribution = std::move(a);
     }
     r.seconds = number_from(j.at("seconds"), "seconds");

@@ -130,8 +130,7 @@ void require_finite_errors(const ErrorStats& s, const Recording& rec) {
   if (!std::isfinite(s.k_err2) || !std::isfinite(s.v_err2))
     throw Error(std::string("the key/value error sums are not finite") + why);
   for (const AttentionRow& r : s.rows)
-    if (!std::isfinite(r.kl) || !std::isfinite(r.topk_overlap) || !std::isfinite(r.out_err2) ||
-        !std::isfinite(r.out_norm2) || !std::isfinite(r.logit_err2) || !std::isfinite(r.logit_err_max))
+    if (first_nonfinite_value(r))
       throw Error("attention of layer " + std::to_string(rec.layer_ids[static_cast<size_t>(r.layer)]) + " head " +
                   std::to_string(r.q_head) + " at position " + std::to_string(r.position) + " is not finite" + why);
 }

@@ -113,6 +113,13 @@ __device__ void block_topk(const LocalTopK& mine, int k, Cand (*warp_lists)[kMax
 // One block per row r of a row block: query head head0 + r / npos at position
 // t = positions[r % npos] over keys j <= t.
 // ---------------------------------------------------------------------------
+
+// The values of an AttentionRow (sim/metrics/error_stats.h) these kernels fill:
+// attention_rows_kernel kl, topk_overlap, logit_err2, logit_err_max;
+// output_norms_kernel out_norm2, out_err2. A new value must be filled here too.
+static_assert(sizeof(kAttentionRowValues) / sizeof(kAttentionRowValues[0]) == 6,
+              "a new AttentionRow value: fill it in attention_rows_kernel or output_norms_kernel");
+
 enum class Seen { Exact, Stored, Window };
 
 __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArgs a) {

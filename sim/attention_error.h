@@ -39,12 +39,7 @@ struct UnitDelta {
   // decoded key: for those, Δs = estimate - exact in the stored version, on columns
   // [keep_begin, keep_end) (the segment, less what an attribution region leaves out:
   // there Δs stays the zeroed stored error's 0).
-  struct Estimated {
-    int64_t begin = 0, end = 0;
-    std::unique_ptr<ScoreEstimator> estimator;
-    int64_t keep_begin = 0, keep_end = 0;
-  };
-  std::vector<Estimated> estimated;
+  std::vector<EstimatedKeys> estimated;
   bool has_window() const { return !window.empty(); }
   // What the query at t reads of this unit (plan.h).
   RowVersions versions(int64_t t, int64_t prefill) const { return row_versions(*unit, prefill, t); }
@@ -127,6 +122,10 @@ inline void check_stop(const SimOptions& opt, size_t block, int64_t layer, int64
 // Causal attention of one row in fp64 (the reference): p from the scores s[0..n),
 // p̂ from s + Δs. Fills h.p, h.dp = p̂ - p and h.phat; returns KL(p || p̂) in nats.
 double row_attention_reference(const float* s, const float* ds, int64_t n, HeadScratch& h);
+
+// Both measurements fill every value of an AttentionRow (kAttentionRowValues, error_stats.h).
+static_assert(sizeof(kAttentionRowValues) / sizeof(kAttentionRowValues[0]) == 6,
+              "a new AttentionRow value: fill it in measure_head_reference and measure_head_fast");
 
 // Adds the rows of query head h (positions `pos`) to stats, in position order.
 void measure_head_reference(const Recording& rec, const Plan& plan, int64_t layer, int64_t h, const UnitDelta& dk,

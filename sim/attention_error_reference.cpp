@@ -79,7 +79,7 @@ void block_scores(const RowMat& Qb, const RowMat& Qs, const ConstRowMap& K, cons
   ConstRowMap dK(dk.stored.data(), T, d);
   if (need_scores || !dk.estimated.empty()) exact_scores(Qs, K, cols, s);
   HeadScratch::blk(s.dscores, rows, cols).noalias() = Qs * dK.topRows(cols).transpose();
-  for (const UnitDelta::Estimated& e : dk.estimated) {  // estimated logits replace decoded-key ones
+  for (const EstimatedKeys& e : dk.estimated) {  // estimated logits replace decoded-key ones
     if (e.begin >= cols) continue;
     const int64_t n = std::min(e.end, cols) - e.begin;
     s.est.resize(rows, n);

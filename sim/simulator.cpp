@@ -1,7 +1,6 @@
 #include "sim/simulator.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <numeric>
 #include <utility>
@@ -28,21 +27,21 @@ void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int
   };
   // Estimated columns follow the stored version: keep [b, e) of each, drop the empty.
   auto keep_estimated = [&](auto keep_range) {
-    for (UnitDelta::Estimated& e : u.estimated) {
+    for (EstimatedKeys& e : u.estimated) {
       const auto [kb, ke] = keep_range(e);
       e.keep_begin = std::max(e.begin, kb);
       e.keep_end = std::min(e.end, ke);
     }
-    std::erase_if(u.estimated, [](const UnitDelta::Estimated& e) { return e.keep_end <= e.keep_begin; });
+    std::erase_if(u.estimated, [](const EstimatedKeys& e) { return e.keep_end <= e.keep_begin; });
   };
-  auto none = [](const UnitDelta::Estimated&) { return std::pair<int64_t, int64_t>{0, 0}; };
+  auto none = [](const EstimatedKeys&) { return std::pair<int64_t, int64_t>{0, 0}; };
   if (region.part == Part::Tokens) {
     const int64_t b = std::clamp<int64_t>(region.begin, 0, T), e = std::clamp<int64_t>(region.end, b, T);
     for (std::vector<float>* delta : {&u.stored, &u.window}) {
       zero_rows(*delta, 0, b);
       zero_rows(*delta, e, T);
     }
-    keep_estimated([&](const UnitDelta::Estimated&) { return std::pair<int64_t, int64_t>{b, e}; });
+    keep_estimated([&](const EstimatedKeys&) { return std::pair<int64_t, int64_t>{b, e}; });
     return;
   }
   if (region.part == Part::SinkHeads) {
@@ -65,15 +64,13 @@ void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int
   auto kept = [&](const Segment& s) { return region.part != Part::Window && s.role == keep; };
   for (const Segment& s : unit.segments)
     if (!kept(s)) zero_rows(u.stored, s.begin, s.end);
-  keep_estimated([&](const UnitDelta::Estimated& e) {
+  keep_estimated([&](const EstimatedKeys& e) {
     for (const Segment& s : unit.segments)
       if (s.begin == e.begin) return kept(s) ? std::pair<int64_t, int64_t>{e.begin, e.end} : std::pair<int64_t, int64_t>{0, 0};
     return std::pair<int64_t, int64_t>{0, 0};
   });
 }
 
-// Reconstructs one unit and returns its errors (stored and window versions), adding
-// the tensor-level error of the stored version to stats.
 // x̂ - x into xhat [n], adding Σ (x̂ - x)² to err2 and Σ x² to norm2 (fp64, lane order fixed).
 void subtract_and_sum(float* xhat, const float* x, int64_t n, double& err2, double& norm2) {
   using namespace simd;
@@ -97,29 +94,18 @@ void unit_delta_of(const Recording& rec, const Plan& plan, int64_t layer, int64_
   const int64_t T = rec.tokens, d = rec.head_dim, n = T * d;
   const float* x = (kind == Kind::Key ? L.key : L.value).slice(g);
   const UnitPlan& unit = plan.unit(layer, g, kind);
-  const SpanInfo span = make_span_info(rec, layer, g, kind, 0, opt.seed);
-  u.estimated.clear();
   u.unit = &unit;
-  u.window.clear();
   u.stored.resize(static_cast<size_t>(n));
-  reconstruct_unit(unit, x, T, d, span, u.stored.data());
+  u.window.clear();
+  if (unit.window.active()) u.window.resize(static_cast<size_t>(n));
+  reconstruct_unit_versions(unit, x, T, d, unit_span(rec, layer, g, kind, opt.seed), u.stored.data(),
+                            u.window.data(), u.estimated);
   subtract_and_sum(u.stored.data(), x, n, err2, norm2);
-  if (kind == Kind::Key)
-    for (const Segment& seg : unit.segments) {
-      auto est = seg.format->score_estimator(ConstMatView{x + seg.begin * d, seg.end - seg.begin, d, d},
-                                             make_span_info(rec, layer, g, kind, seg.begin, opt.seed));
-      if (est) u.estimated.push_back({seg.begin, seg.end, std::move(est), seg.begin, seg.end});
-    }
-  if (unit.window.active()) {
-    u.window.resize(static_cast<size_t>(n));
-    reconstruct_window(unit, x, T, d, span, u.window.data());
+  if (u.has_window())
     for (int64_t i = 0; i < n; ++i) u.window[i] -= x[i];
-  }
   if (opt.region) keep_region(*opt.region, unit, rec.tokens, rec.head_dim, u);
 }
 
-// unit_delta_of with errors naming the unit's KV head and kind (the sweep names the
-// layer), keeping the error's type.
 // unit_delta_of with errors naming the unit's KV head and kind (the sweep names the
 // layer), keeping the error's type.
 void unit_delta(const Recording& rec, const Plan& plan, int64_t layer, int64_t g, Kind kind, const SimOptions& opt,
@@ -159,73 +145,6 @@ std::vector<int64_t> detail::evaluated_positions(const Recording& rec, const Sim
     std::iota(pos.begin(), pos.end(), 0);
   }
   return pos;
-}
-
-SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Kind kind, int64_t first_token,
-                        uint64_t seed) {
-  SpanInfo span{layer, kv_head, kind == Kind::Key, first_token, seed};
-  span.recording = rec.name.c_str();
-  span.rope_applied = rec.rope.applied;
-  span.rope_theta = rec.rope.theta;
-  if (!rec.rope.inv_freq.empty()) span.rope_inv_freq = &rec.rope.inv_freq;
-  if (!rec.positions.empty()) span.positions = rec.positions.data() + first_token;
-  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
-  if (kind == Kind::Key && !L.key_pre_rope.empty()) {
-    span.key_pre_rope = L.key_pre_rope.slice(kv_head) + first_token * rec.head_dim;
-    span.key_pre_rope_stride = rec.head_dim;
-  }
-  return span;
-}
-
-SpanInfo span_from(const SpanInfo& unit_span, int64_t offset) {
-  SpanInfo span = unit_span;
-  span.first_token += offset;
-  if (span.key_pre_rope) span.key_pre_rope += offset * span.key_pre_rope_stride;
-  if (span.positions) span.positions += offset;
-  return span;
-}
-
-namespace {
-
-// Throws NonFiniteReconstruction when `format` turned a finite value of x [n, d] into Inf or NaN
-// in out (a value beyond its range: keep-fp16 beyond 65504, an fp16 scale that
-// overflows): every metric of the point would be meaningless (a KL of 0 next to a
-// NaN output error), so the point fails instead.
-void require_finite_reconstruction(const Format& format, const float* x, const float* out, int64_t n, int64_t d,
-                                   const SpanInfo& span) {
-  // A branch-free count first (this runs on every reconstruction); the details only
-  // when something is wrong.
-  int64_t nonfinite = 0;
-  for (int64_t i = 0; i < n * d; ++i) nonfinite += (std::bit_cast<uint32_t>(out[i]) & 0x7f800000u) == 0x7f800000u;
-  if (nonfinite == 0) return;
-  int64_t bad = 0, first = -1;
-  for (int64_t i = 0; i < n * d; ++i)
-    if (!std::isfinite(out[i]) && std::isfinite(x[i]) && bad++ == 0) first = i;
-  if (bad == 0) return;  // the input was not finite either (a model's own overflow)
-  const int64_t row = first / d;
-  // The callers name the layer, KV head and kind.
-  throw NonFiniteReconstruction("format '" + format.name() + "' turned " + std::to_string(bad) + " finite " +
-                                (span.is_key ? "key" : "value") + " element(s) into Inf or NaN (the first at token " +
-                                std::to_string(span.first_token + row) + ", channel " + std::to_string(first % d) +
-                                ": " + format_double(x[first]) + "): they exceed the format's range");
-}
-
-}  // namespace
-
-void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d, SpanInfo unit_span, float* out) {
-  for (const Segment& seg : unit.segments) {
-    if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
-    const int64_t n = seg.end - seg.begin;
-    const SpanInfo span = span_from(unit_span, seg.begin);
-    seg.format->roundtrip(ConstMatView{x + seg.begin * d, n, d, d}, MatView{out + seg.begin * d, n, d, d}, span);
-    require_finite_reconstruction(*seg.format, x + seg.begin * d, out + seg.begin * d, n, d, span);
-  }
-}
-
-void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& span,
-                        float* out) {
-  unit.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{out, T, d, d}, span);
-  require_finite_reconstruction(*unit.window.format, x, out, T, d, span);
 }
 
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {

@@ -2,9 +2,9 @@
 // causes (methods.md §4, tensor and attention level).
 //
 // For each layer: every unit's K and V are reconstructed (quantized, then
-// dequantized) segment by segment; then, for each query head and each evaluated
-// position t, the causal attention with the original and the reconstructed cache
-// are compared: p = softmax(q·Kᵀ/√d), p̂ from K̂; o = p·V, ô = p̂·V̂.
+// dequantized) segment by segment (sim/reconstruction.h); then, for each query head
+// and each evaluated position t, the causal attention with the original and the
+// reconstructed cache are compared: p = softmax(q·Kᵀ/√d), p̂ from K̂; o = p·V, ô = p̂·V̂.
 // Score and output differences are computed directly (ΔS = Q·ΔKᵀ,
 // Δo = p̂·ΔV + (p̂ - p)·V) so that tiny errors are not lost to cancellation.
 #pragma once
@@ -15,6 +15,7 @@
 #include "sim/core/error.h"
 #include "sim/metrics/error_stats.h"
 #include "sim/plan.h"
+#include "sim/reconstruction.h"
 #include "sim/recording.h"
 
 namespace kvb {
@@ -64,38 +65,6 @@ class SimulationStopped : public Error {
  public:
   using Error::Error;
 };
-
-// Thrown when a format turns finite keys or values into Inf or NaN (a value beyond its
-// range): what() names the format, the count and the first element.
-class NonFiniteReconstruction : public Error {
- public:
-  using Error::Error;
-};
-
-// Quantizes then dequantizes one unit's source matrix x [T, head_dim] (row-major)
-// segment by segment as `unit` says, into out [T, head_dim]. `unit_span` describes the
-// whole unit from token 0 (identity, seed, RoPE context with pre-RoPE keys and
-// positions at row 0); each segment gets it shifted to its first token. The model
-// forward pass (quantized KV cache) uses this too.
-void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, SpanInfo span,
-                      float* out);
-
-// The window version of a unit with an active window: every row of x [T, head_dim]
-// through the window's format, into out; `span` describes the unit from token 0, as
-// for reconstruct_unit. Which (query, token) pairs read it, row_versions() says
-// (plan.h). Shared with the model's KV cache.
-void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t head_dim, const SpanInfo& span,
-                        float* out);
-
-// The span of the same unit starting `offset` rows later: first_token, the pre-RoPE
-// key pointer and the positions move along. (reconstruct_unit gives each segment this.)
-SpanInfo span_from(const SpanInfo& unit_span, int64_t offset);
-
-// What a format learns about the span of unit (layer, kv_head, kind) starting at token
-// first_token: its identity and seed, and for keys the recording's RoPE context
-// (pre-RoPE keys when recorded, positions, theta).
-SpanInfo make_span_info(const Recording& rec, int64_t layer, int64_t kv_head, Kind kind, int64_t first_token,
-                        uint64_t seed);
 
 // Error of the query heads of one KV head (rows in (q_head, position) order). Only
 // that KV head's K and V units of `plan` are read. Single-threaded, deterministic.

@@ -1,5 +1,6 @@
 // bench_formats: quantize + dequantize throughput of every format in the table, next
-// to this machine's memory-copy bandwidth measured the same way.
+// to this machine's memory-copy bandwidth measured the same way, and each format's
+// relative MSE on the benchmark span (quantize_tensor, as `kvbudget quantize`).
 //
 // Throughput = fp32 input bytes per second through Format::roundtrip() on a
 // realistic [tokens, head_dim] span (default 4096 x 128 = 2 MiB), on one thread and
@@ -23,6 +24,8 @@
 
 #include "sim/formats/registry.h"
 #include "sim/core/error.h"
+#include "sim/core/tensor.h"
+#include "sim/reconstruction.h"
 
 namespace {
 
@@ -92,6 +95,7 @@ struct Row {
   std::string name;
   double bpe = 0;
   double single = 0, multi = 0;  // bytes/s
+  double rel_mse = 0;            // ||x̂ - x||² / ||x||² of the span
   std::string error;
 };
 
@@ -115,13 +119,12 @@ Row bench_format(const Options& o, const std::string& name, int threads) {
     const float u = static_cast<float>(s >> 40) / 16777216.0f - 0.5f;
     x[i] = (i % static_cast<size_t>(d) < 4 ? 8.0f : 1.0f) * u;
   }
-  auto span_of = [&](int64_t unit) {
-    kvb::SpanInfo span{0, unit, true, 0, 1};
-    span.rope_applied = true;
-    span.key_pre_rope = x.data();
-    span.key_pre_rope_stride = d;
-    return span;
-  };
+  kvb::SpanSource source;  // post-RoPE keys whose pre-RoPE copy is x itself (prerope formats)
+  source.rope_applied = true;
+  auto span_of = [&](int64_t unit) { return kvb::unit_span(source, 0, unit, kvb::Kind::Key, 1, x.data(), d); };
+  kvb::Tensor keys({T, d});
+  keys.data = x;
+  row.rel_mse = kvb::quantize_tensor(keys, *f, T, kvb::Kind::Key, 1, source, &keys).relative_mse();
   const kvb::ConstMatView in{x.data(), T, d, d};
   std::vector<std::vector<float>> out(static_cast<size_t>(threads), std::vector<float>(x.size()));
   const double bytes = static_cast<double>(x.size() * sizeof(float));
@@ -172,7 +175,7 @@ int main(int argc, char** argv) {
         try {
           rows.push_back(bench_format(o, name, threads));
         } catch (const std::exception& e) {
-          rows.push_back(Row{name, 0, 0, 0, e.what()});
+          rows.push_back(Row{name, 0, 0, 0, 0, e.what()});
         }
         if (!o.markdown) std::fprintf(stderr, "  %s done\n", name.c_str());
       }
@@ -182,25 +185,26 @@ int main(int argc, char** argv) {
                 "%.2f GB/s on %d.\n\n",
                 static_cast<long long>(o.tokens), static_cast<long long>(o.head_dim),
                 static_cast<double>(o.tokens * o.head_dim * 4) / (1 << 20), threads, copy1 / GB, copyN / GB, threads);
-    std::printf("| format | bpe | GB/s, 1 thread | GB/s, %d threads | 1 thread vs memcpy |\n|---|---:|---:|---:|---:|\n",
+    std::printf("| format | bpe | rel. MSE | GB/s, 1 thread | GB/s, %d threads | 1 thread vs memcpy |\n"
+                "|---|---:|---:|---:|---:|---:|\n",
                 threads);
     for (const Row& r : rows) {
-      if (!r.error.empty()) std::printf("| `%s` | %.4f | (%s) | | |\n", r.name.c_str(), r.bpe, r.error.c_str());
+      if (!r.error.empty()) std::printf("| `%s` | %.4f | | (%s) | | |\n", r.name.c_str(), r.bpe, r.error.c_str());
       else
-        std::printf("| `%s` | %.4f | %.3f | %.3f | %.1f%% |\n", r.name.c_str(), r.bpe, r.single / GB, r.multi / GB,
-                    100.0 * r.single / copy1);
+        std::printf("| `%s` | %.4f | %.3g | %.3f | %.3f | %.1f%% |\n", r.name.c_str(), r.bpe, r.rel_mse,
+                    r.single / GB, r.multi / GB, 100.0 * r.single / copy1);
     }
     return 0;
   }
   std::printf("span [%lld, %lld] fp32, %d threads\n", static_cast<long long>(o.tokens),
               static_cast<long long>(o.head_dim), threads);
-  std::printf("%-36s %8s %12s %12s %9s\n", "format", "bpe", "GB/s 1thr", "GB/s all", "vs copy");
-  std::printf("%-36s %8s %12.3f %12.3f %9s\n", "memcpy", "", copy1 / GB, copyN / GB, "100%");
+  std::printf("%-36s %8s %10s %12s %12s %9s\n", "format", "bpe", "rel MSE", "GB/s 1thr", "GB/s all", "vs copy");
+  std::printf("%-36s %8s %10s %12.3f %12.3f %9s\n", "memcpy", "", "", copy1 / GB, copyN / GB, "100%");
   for (const Row& r : rows) {
     if (!r.error.empty()) std::printf("%-36s %8.4f  (%s)\n", r.name.c_str(), r.bpe, r.error.c_str());
     else
-      std::printf("%-36s %8.4f %12.3f %12.3f %8.1f%%\n", r.name.c_str(), r.bpe, r.single / GB, r.multi / GB,
-                  100.0 * r.single / copy1);
+      std::printf("%-36s %8.4f %10.3g %12.3f %12.3f %8.1f%%\n", r.name.c_str(), r.bpe, r.rel_mse, r.single / GB,
+                  r.multi / GB, 100.0 * r.single / copy1);
   }
   return 0;
 }

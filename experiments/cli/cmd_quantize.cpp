@@ -31,6 +31,7 @@
 #include "sim/formats/registry.h"
 #include "sim/io/tensor_store.h"
 #include "sim/io/tensor_writer.h"
+#include "sim/reconstruction.h"
 #include "sim/recording.h"
 #include "sim/strategies/presets.h"
 
@@ -39,63 +40,6 @@ namespace po = boost::program_options;
 namespace kvb::cli {
 
 namespace {
-
-struct QuantizeResult {
-  Tensor dequantized;
-  BitWriter codes;
-  uint64_t storage_bits = 0;
-  double err2 = 0, norm2 = 0, max_abs = 0;
-  int64_t nonfinite = 0;  // dequantized values that are NaN or ±inf (finite input overflowed the format)
-  int64_t clipped = 0;    // values clipped to the format's range (Format::clipped_values)
-
-  double relative_mse() const { return nonfinite ? INFINITY : (norm2 > 0 ? err2 / norm2 : 0.0); }
-  double snr_db() const { return nonfinite ? -INFINITY : (err2 > 0 ? 10.0 * std::log10(norm2 / err2) : INFINITY); }
-};
-
-// RoPE context of the spans: pre-RoPE keys shaped like the tensor, and the base.
-struct RopeInput {
-  const Tensor* key_pre_rope = nullptr;  // null: the tensor has no RoPE
-  RopeInfo rotation;                     // theta, and scaled frequencies if the file has them
-};
-
-QuantizeResult quantize_tensor(const Tensor& x, const Format& f, int64_t rows_per_span, bool is_key, uint64_t seed,
-                               const std::string& source, const RopeInput& rope) {
-  const int64_t d = x.shape.back();
-  const int64_t rows = d > 0 ? x.numel() / d : 0;
-  QuantizeResult r;
-  r.dequantized = Tensor(x.shape);
-  for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
-    const int64_t n = std::min(rows_per_span, rows - r0);
-    const std::string bad = f.check_shape(n, d);
-    if (!bad.empty()) throw ConfigError("format '" + f.name() + "' on " + source + ": " + bad);
-    SpanInfo span{0, s, is_key, 0, seed};
-    span.recording = source.c_str();
-    if (rope.key_pre_rope) {
-      span.rope_applied = true;
-      span.rope_theta = rope.rotation.theta;
-      if (!rope.rotation.inv_freq.empty()) span.rope_inv_freq = &rope.rotation.inv_freq;
-      span.key_pre_rope = rope.key_pre_rope->ptr() + r0 * d;
-      span.key_pre_rope_stride = d;
-    }
-    const ConstMatView in{x.ptr() + r0 * d, n, d, d};
-    f.roundtrip(in, MatView{r.dequantized.ptr() + r0 * d, n, d, d}, span);
-    f.encode(in, span, r.codes);
-    r.clipped += f.clipped_values(in, span);
-    r.storage_bits += f.storage_bits(n, d);
-  }
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const double a = x.data[i], b = r.dequantized.data[i];
-    if (!std::isfinite(b)) {
-      ++r.nonfinite;
-      r.max_abs = INFINITY;
-      continue;
-    }
-    r.err2 += (a - b) * (a - b);
-    r.norm2 += a * a;
-    r.max_abs = std::max(r.max_abs, std::fabs(a - b));
-  }
-  return r;
-}
 
 std::string pick_tensor(const TensorStore& store, const std::string& requested) {
   if (!requested.empty()) {
@@ -235,7 +179,10 @@ int cmd_quantize(const Args& args) {
   const int64_t d = x.shape.back(), rows = x.numel() / d;
   if (vm.count("rows-per-span") && rows_per_span < 1)
     throw ConfigError("--rows-per-span must be >= 1, got " + std::to_string(rows_per_span));
-  RopeInput rope;
+  const std::string source_name = input + ":" + name;
+  SpanSource source;
+  source.name = source_name.c_str();
+  RopeInfo rotation;  // theta, and scaled frequencies if the file has them
   Tensor pre_rope;
   if (!pre_rope_tensor.empty()) {
     pre_rope = store->read_f32(pick_tensor(*store, pre_rope_tensor));
@@ -243,25 +190,27 @@ int cmd_quantize(const Args& args) {
       throw ConfigError("--pre-rope " + pre_rope_tensor + ": shape " + shape_str(pre_rope.shape) + " is not the shape " +
                         shape_str(x.shape) + " of '" + name + "'");
     require_finite(pre_rope, input + ": tensor '" + pre_rope_tensor + "'");
-    rope.key_pre_rope = &pre_rope;
     if (vm.count("rope-theta")) {
       if (!std::isfinite(rope_theta) || !(rope_theta > 0))
         throw ConfigError("--rope-theta must be a finite number > 0, got " + format_double(rope_theta));
-      rope.rotation.theta = rope_theta;
+      rotation.theta = rope_theta;
     } else {
       try {
-        rope.rotation = rope_from_metadata(store->metadata(), d, input);
+        rotation = rope_from_metadata(store->metadata(), d, input);
       } catch (const Error& e) {
         throw Error(std::string(e.what()) + "; give --rope-theta");
       }
     }
+    source.rope_applied = true;
+    source.rope_theta = rotation.theta;
+    source.rope_inv_freq = &rotation.inv_freq;
     if (rows_per_span <= 0 && x.rank() >= 2) rows_per_span = x.shape[static_cast<size_t>(x.rank() - 2)];
   } else if (vm.count("rope-theta")) {
     throw ConfigError("--rope-theta needs --pre-rope (the tensor of pre-RoPE keys)");
   }
   if (rows_per_span <= 0) rows_per_span = rows;
-  const std::string source = input + ":" + name;
-  const QuantizeResult r = quantize_tensor(x, *f, rows_per_span, kind == "key", seed, source, rope);
+  const TensorQuantization r = quantize_tensor(x, *f, rows_per_span, kind == "key" ? Kind::Key : Kind::Value, seed,
+                                               source, pre_rope_tensor.empty() ? nullptr : &pre_rope);
 
   if (!dequant_path.empty()) write_dequantized(dequant_path, name, r.dequantized, f->name());
   const int64_t spans = (rows + rows_per_span - 1) / rows_per_span;

@@ -2,6 +2,7 @@
 // metric table (metric_table.h) is a reduction: tensor and attention level from the
 // recording simulator, model level from the forward pass (model_metrics.h).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,40 @@ struct AttentionRow {
   float logit_err2 = 0;    // sum over keys j <= t of (ŝ_tj - s_tj)²
   float logit_err_max = 0; // max over j <= t of |ŝ_tj - s_tj|
 };
+
+// The fields of AttentionRow, listed once, for code that goes over all of them (the
+// sweep's finiteness check, the CPU/GPU comparison): the row's identity and its
+// measured values. A new field goes into the struct, one of these lists and both
+// simulators (sim/attention_error_*.cpp, kernels/attention_rows.cu); the
+// static_assert below fails until it is listed.
+struct AttentionRowId {
+  const char* name;
+  int32_t AttentionRow::*member;
+};
+struct AttentionRowValue {
+  const char* name;
+  float AttentionRow::*member;
+};
+inline constexpr AttentionRowId kAttentionRowIds[] = {
+    {"layer", &AttentionRow::layer}, {"q_head", &AttentionRow::q_head}, {"position", &AttentionRow::position}};
+inline constexpr AttentionRowValue kAttentionRowValues[] = {
+    {"kl", &AttentionRow::kl},
+    {"topk_overlap", &AttentionRow::topk_overlap},
+    {"out_err2", &AttentionRow::out_err2},
+    {"out_norm2", &AttentionRow::out_norm2},
+    {"logit_err2", &AttentionRow::logit_err2},
+    {"logit_err_max", &AttentionRow::logit_err_max},
+};
+static_assert(sizeof(AttentionRow) == sizeof(kAttentionRowIds) / sizeof(kAttentionRowIds[0]) * sizeof(int32_t) +
+                                          sizeof(kAttentionRowValues) / sizeof(kAttentionRowValues[0]) * sizeof(float),
+              "every field of AttentionRow is listed in kAttentionRowIds or kAttentionRowValues");
+
+// The first value of r that is not finite, or nullptr when all are.
+inline const AttentionRowValue* first_nonfinite_value(const AttentionRow& r) {
+  for (const AttentionRowValue& v : kAttentionRowValues)
+    if (!std::isfinite(r.*v.member)) return &v;
+  return nullptr;
+}
 
 struct ErrorStats {
   // Tensor level, summed over every unit: ||x̂ - x||² and ||x||².

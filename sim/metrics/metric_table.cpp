@@ -52,6 +52,11 @@ RowReduction quantile_of(double (*value)(const AttentionRow&), double q) {
 RowReduction sqrt_ratio_of(double (*num)(const AttentionRow&), double (*den)(const AttentionRow&)) {
   return {RowReduction::Kind::RatioOfSums, num, den, &square_root, 0};
 }
+// A reduction whose numerator is an additive per-row error named `error` (AdditiveError).
+RowReduction additive(RowReduction r, const char* error) {
+  r.additive_error = error;
+  return r;
+}
 
 double k_rel_mse(const ErrorStats& s) { return ratio(s.k_err2, s.k_norm2); }
 double v_rel_mse(const ErrorStats& s) { return ratio(s.v_err2, s.v_norm2); }
@@ -263,22 +268,22 @@ const std::vector<MetricDef>& metric_table() {
       {"k_snr_db", "dB", "key SNR", "key signal-to-noise ratio 10 log10(||K||² / ||K - K̂||²) of the stored keys", B::Higher, L::Tensor, &k_snr},
       {"v_snr_db", "dB", "value SNR", "value signal-to-noise ratio of the stored values", B::Higher, L::Tensor, &v_snr},
       {"logit_rmse", "", "attention logit error, RMS", "RMS of ŝ - s over causal (t, j) of the evaluated rows, s = q·k/√d", B::Lower, L::Attention,
-       &logit_rmse, nullptr, sqrt_ratio_of(&logit_err2_of, &logit_pairs_of)},
+       &logit_rmse, nullptr, additive(sqrt_ratio_of(&logit_err2_of, &logit_pairs_of), "logit_err2")},
       {"logit_err_max", "", "attention logit error, max", "max |ŝ - s| over causal (t, j) of the evaluated rows", B::Lower, L::Attention,
        &logit_max, nullptr, quantile_of(&logit_err_max_of, 1.0)},
       {"attn_kl_mean", "nats", "attention KL, mean", "mean over (layer, head, t) of KL(p || p̂)", B::Lower, L::Attention, &kl_mean,
-       nullptr, mean_of(&kl)},
+       nullptr, additive(mean_of(&kl), "kl")},
       {"attn_kl_p99", "nats", "attention KL, 99th percentile", "99th percentile of KL(p || p̂)", B::Lower, L::Attention, &kl_p99, nullptr,
        quantile_of(&kl, 0.99)},
       {"attn_kl_max", "nats", "attention KL, max", "max of KL(p || p̂)", B::Lower, L::Attention, &kl_max, nullptr, quantile_of(&kl, 1.0)},
       {"topk_overlap", "", "top-k attention overlap, fraction of k", "mean |topk(p) ∩ topk(p̂)| / k over evaluated rows (k = metrics.topk, at most t + 1 keys)",
        B::Higher, L::Attention, &topk, nullptr, mean_of(&topk_of)},
       {"attn_out_rel_err", "", "attention-output relative error, mean", "mean over (layer, head, t) of ||o - ô|| / ||o||, o = softmax(s)·v", B::Lower,
-       L::Attention, &out_rel_mean, nullptr, mean_of(&out_rel)},
+       L::Attention, &out_rel_mean, nullptr, additive(mean_of(&out_rel), "out_rel")},
       {"attn_out_rel_err_p99", "", "attention-output relative error, 99th percentile", "99th percentile of ||o - ô|| / ||o||", B::Lower, L::Attention, &out_rel_p99,
        nullptr, quantile_of(&out_rel, 0.99)},
       {"attn_out_rel_fro", "", "attention-output relative error, Frobenius", "sqrt(sum ||o - ô||² / sum ||o||²) over all rows", B::Lower, L::Attention,
-       &out_rel_total, nullptr, sqrt_ratio_of(&out_err2_of, &out_norm2_of)},
+       &out_rel_total, nullptr, additive(sqrt_ratio_of(&out_err2_of, &out_norm2_of), "out_err2")},
       position_mean_metric("ppl", "", "perplexity",
                            "perplexity exp(mean NLL) of the next token, teacher-forced, quantized cache", B::Lower, &ppl,
                            &ppl_se, &nll_at, &exponential),
@@ -346,6 +351,42 @@ const std::vector<MetricDef>& metric_table() {
                   B::Higher, &flips_wrong_to_right),
   };
   return table;
+}
+
+double AdditiveError::sum(const std::vector<AttentionRow>& rows) const {
+  double total = 0;
+  for (const AttentionRow& r : rows) total += of_row(r);
+  return total;
+}
+
+const std::vector<AdditiveError>& additive_errors() {
+  static const std::vector<AdditiveError> errors = [] {
+    std::vector<AdditiveError> e;
+    for (const MetricDef& m : metric_table()) {
+      if (!m.rows.additive_error) continue;
+      if (m.rows.kind != RowReduction::Kind::RatioOfSums || m.better != Better::Lower)
+        throw Error("internal: metric '" + m.name + "' names an additive error but is no lower-is-better sum over rows");
+      e.push_back({m.rows.additive_error, &m, m.rows.numerator});
+    }
+    return e;
+  }();
+  return errors;
+}
+
+const AdditiveError* find_additive_error(std::string_view metric) {
+  for (const AdditiveError& e : additive_errors())
+    if (e.metric->name == metric) return &e;
+  return nullptr;
+}
+
+const AdditiveError& require_additive_error(std::string_view metric, const std::string& where) {
+  if (const AdditiveError* e = find_additive_error(metric)) return *e;
+  std::vector<std::string> names;
+  for (const AdditiveError& e : additive_errors()) names.push_back(e.metric->name);
+  std::string msg = where + ": '" + std::string(metric) + "' is not an additive attention metric";
+  msg += did_you_mean(metric, names);
+  msg += "; additive metrics: " + join(names, ", ");
+  throw ConfigError(msg);
 }
 
 const MetricDef* find_metric(std::string_view name) {

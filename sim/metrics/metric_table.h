@@ -28,6 +28,10 @@ struct RowReduction {
   double (*denominator)(const AttentionRow&) = nullptr;
   double (*finish)(double) = nullptr;  // nullptr: the ratio itself
   double q = 0;
+  // Set when Σ numerator(row) is an additive per-row error (AdditiveError, below): a
+  // lower-is-better RatioOfSums whose denominator does not depend on the quantization,
+  // so the metric is an increasing function of that sum alone. Names the row error.
+  const char* additive_error = nullptr;
 };
 
 // How a model metric reduces independent samples, for paired comparisons (paired.h):
@@ -82,6 +86,27 @@ struct MetricDef {
 };
 
 const std::vector<MetricDef>& metric_table();
+
+// An additive per-row error: Σ over the evaluated rows of error(row), the numerator of
+// an attention metric that is an increasing function of that sum alone (its
+// RowReduction names it). Being a sum over rows, it splits exactly over layers, query
+// heads and token regions (error attribution, experiments/attribution.h), and it is
+// what the optimal allocator minimizes as a sum of per-unit distortions
+// (sim/strategies/optimal.h). One per metric that names one, in table order:
+//   attn_kl_mean: kl, attn_out_rel_fro: out_err2, logit_rmse: logit_err2,
+//   attn_out_rel_err: out_rel (‖o − ô‖ / ‖o‖ per row).
+struct AdditiveError {
+  const char* name = "";              // the row error: "kl", "out_err2" (attribution.csv's `metric`)
+  const MetricDef* metric = nullptr;  // the metric it is the numerator of
+  double (*of_row)(const AttentionRow&) = nullptr;
+  // Σ of_row over the rows, in fp64, in row order.
+  double sum(const std::vector<AttentionRow>& rows) const;
+};
+const std::vector<AdditiveError>& additive_errors();
+// By its metric's name ("attn_kl_mean"); nullptr when that metric has none.
+const AdditiveError* find_additive_error(std::string_view metric);
+// The same; throws kvb::ConfigError naming `where` and the metrics that have one.
+const AdditiveError& require_additive_error(std::string_view metric, const std::string& where);
 // nullptr if unknown.
 const MetricDef* find_metric(std::string_view name);
 // Throws kvb::ConfigError naming the closest metric when unknown.

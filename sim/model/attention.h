@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "sim/plan.h"
+#include "sim/reconstruction.h"
 
 namespace kvb {
 
@@ -16,13 +17,6 @@ struct AttentionGeometry {
   int64_t window = 0;     // sliding-window attention: 0 = full causal; W > 0: query t sees keys t - W < j <= t
 };
 
-// Key segments [begin, end) whose stored-version logits q·k come from their format's
-// estimator (keys-only formats such as QJL) instead of decoded keys.
-struct EstimatedKeys {
-  int64_t begin = 0, end = 0;
-  std::unique_ptr<ScoreEstimator> estimator;
-};
-
 // The versions of one KV head's keys (or values) a query may read, each
 // [context, head_dim] rows. Without a plan all three are the exact cache.
 struct KvUnitView {
@@ -31,7 +25,7 @@ struct KvUnitView {
   const float* window = nullptr;         // the window-precision version, or nullptr
   UnitPlan plan;                         // the plan's unit at the cache's length (Plan::unit_at):
                                          // its window and open groups; no segments without a plan
-  std::vector<EstimatedKeys> estimated;  // keys only: estimated segments, ascending
+  std::vector<EstimatedKeys> estimated;  // keys only: estimated segments, ascending (keep range: the segment)
 };
 
 // What attention reads for one layer: per KV head, keys and values, and the plan's

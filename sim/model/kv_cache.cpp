@@ -6,7 +6,7 @@
 
 #include "sim/core/error.h"
 #include "sim/model/layers.h"
-#include "sim/simulator.h"
+#include "sim/reconstruction.h"
 
 namespace kvb {
 
@@ -47,17 +47,13 @@ void KvCache::append_pre_rope_keys(int64_t layer, const float* keys, int64_t str
 }
 
 SpanInfo KvCache::unit_span(int64_t layer, int64_t kv_head, Kind kind, uint64_t seed) const {
-  SpanInfo span{layer, kv_head, kind == Kind::Key, 0, seed};
-  span.recording = rope_.model.c_str();
-  span.rope_applied = rope_.applied;
-  span.rope_theta = rope_.theta;
-  span.rope_inv_freq = rope_.inv_freq;
+  SpanSource source;
+  source.name = rope_.model.c_str();
+  source.rope_applied = rope_.applied;
+  source.rope_theta = rope_.theta;
+  source.rope_inv_freq = rope_.inv_freq;
   const std::vector<float>& pre = unit(layer, kv_head, kPreRopeKeys);
-  if (kind == Kind::Key && !pre.empty()) {
-    span.key_pre_rope = pre.data();
-    span.key_pre_rope_stride = head_dim_;
-  }
-  return span;
+  return kvb::unit_span(source, layer, kv_head, kind, seed, pre.empty() ? nullptr : pre.data(), head_dim_);
 }
 
 KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const {
@@ -88,18 +84,10 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
       const UnitPlan& plan = view.plan;
       const SpanInfo span = unit_span(layer, g, kind, q.seed);
       float* stored = scratch.data() + (2 * u) * unit_floats;
-      reconstruct_unit(plan, view.exact, length, d, span, stored);
+      float* window = scratch.data() + (2 * u + 1) * unit_floats;
+      reconstruct_unit_versions(plan, view.exact, length, d, span, stored, window, view.estimated);
       view.stored = stored;
-      if (kind == Kind::Key)  // key segments whose logits come from an estimator (QJL)
-        for (const Segment& seg : plan.segments)
-          if (auto est = seg.format->score_estimator(
-                  ConstMatView{view.exact + seg.begin * d, seg.end - seg.begin, d, d}, span_from(span, seg.begin)))
-            view.estimated.push_back({seg.begin, seg.end, std::move(est)});
-      if (plan.window.active()) {
-        float* window = scratch.data() + (2 * u + 1) * unit_floats;
-        reconstruct_window(plan, view.exact, length, d, span, window);
-        view.window = window;
-      }
+      if (plan.window.active()) view.window = window;
     } catch (const std::exception& e) {
       errors[static_cast<size_t>(u)] = "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " +
                                        kind_name(kind) + ": " + e.what();

@@ -2,12 +2,12 @@
 // processed so far, and what attention reads from it, which is either those exact
 // values or what a Plan makes of them.
 //
-// Reconstruction goes through the simulator's shared functions: reconstruct_unit()
-// with the Plan's segments for the cache's current length (Plan::unit_at), and
-// reconstruct_window() for a unit's recency window; attention then picks, for query t
-// and token j, the version row_versions() names (exact before the plan's prefill,
-// the residual's while the window holds j or j's group along tokens is still open,
-// else the stored one), exactly as the recording simulator does. So whatever a Plan
+// Reconstruction goes through the functions the recording simulator uses
+// (sim/reconstruction.h): reconstruct_unit_versions() with the Plan's unit for the
+// cache's current length (Plan::unit_at), its recency window and its estimated key
+// segments; attention then picks, for query t and token j, the version
+// row_versions() names (exact before the plan's prefill, the residual's while the
+// window holds j or j's group along tokens is still open, else the stored one), exactly as the recording simulator does. So whatever a Plan
 // and its formats express applies to the model unchanged. Semantics:
 //  - teacher forcing (all T tokens in one pass): each layer's cache of T tokens is
 //    reconstructed once and every query reads it (its own token included), as in the

@@ -19,26 +19,14 @@ const std::vector<ParamDef>& optimal_params() {
   static const std::vector<ParamDef> params = with_shared_params(
       {
           {"objective", ParamType::String,
-           "error minimised: \"attn_kl_mean\" (sum of attention KL) or \"attn_out_rel_fro\" (sum of squared attention-"
-           "output error), measured on the calibration queries",
+           "error minimised, an attention metric with an additive per-row error: \"attn_kl_mean\" (sum of "
+           "attention KL), \"attn_out_rel_fro\" (sum of squared attention-output error), \"logit_rmse\" (sum of "
+           "squared logit error) or \"attn_out_rel_err\" (sum of relative output error), measured on the "
+           "calibration queries",
            std::string("attn_kl_mean")},
       },
       true);
   return params;
-}
-
-Objective parse_objective(const std::string& s) {
-  if (s == "attn_kl_mean") return Objective::KlMean;
-  if (s == "attn_out_rel_fro") return Objective::OutRelFro;
-  throw ConfigError("objective: must be \"attn_kl_mean\" or \"attn_out_rel_fro\", got \"" + s + "\"");
-}
-
-const char* objective_name(Objective o) { return o == Objective::KlMean ? "attn_kl_mean" : "attn_out_rel_fro"; }
-
-double objective_sum(const ErrorStats& stats, Objective o) {
-  double sum = 0;
-  for (const AttentionRow& r : stats.rows) sum += o == Objective::KlMean ? static_cast<double>(r.kl) : r.out_err2;
-  return sum;
 }
 
 namespace {
@@ -87,7 +75,8 @@ Plan exact_plan_like(const Plan& plan) {
 
 // D_u(f): only unit u quantized (open cells at f, its protections kept), everything
 // else exact; the objective over its query heads at the calibration positions.
-double measure_unit(const StrategyInput& in, const Plan& plan, const AllocUnit& u, const FormatPtr& f, Objective obj) {
+double measure_unit(const StrategyInput& in, const Plan& plan, const AllocUnit& u, const FormatPtr& f,
+                    const AdditiveError& objective) {
   const Recording& rec = in.rec;
   Plan m = exact_plan_like(plan);
   UnitPlan& target = m.unit(u.layer, u.kv_head, u.kind);
@@ -97,7 +86,7 @@ double measure_unit(const StrategyInput& in, const Plan& plan, const AllocUnit& 
   opt.positions = in.stats->calibration();
   opt.seed = in.seed;
   try {
-    return objective_sum(simulate_kv_head(rec, m, u.layer, u.kv_head, opt), obj);
+    return objective.sum(simulate_kv_head(rec, m, u.layer, u.kv_head, opt).rows);
   } catch (const NonFiniteReconstruction&) {
     return std::numeric_limits<double>::infinity();  // a width that overflows is never worth choosing
   }
@@ -179,7 +168,7 @@ std::vector<size_t> solve_lagrangian(const BudgetProblem& prob, const std::vecto
 }
 
 OptimalStrategy::OptimalStrategy(const Params& p) : ProtectedStrategy(p) {
-  objective_ = parse_objective(p.str("objective"));
+  objective_ = &require_additive_error(p.str("objective"), "objective");
   std::optional<BudgetSetup> b = read_budget_setup(p, "optimal");
   if (!b) throw ConfigError("optimal needs budget_bpe and a family with {b} (e.g. family = \"int{b}-asym-g32\")");
   budget_ = std::move(*b);
@@ -202,9 +191,9 @@ void OptimalStrategy::allocate(const StrategyInput& in, Plan& plan) const {
     const size_t u = (start + k) % n;
     const std::string sig = unit_signature(plan, units[u]);
     for (const FormatPtr& f : alloc.family(u).formats) {
-      const std::string key = std::string("distortion:") + objective_name(objective_) + ":" + std::to_string(in.seed) +
-                              ":" + sig + ":" + f->name();
-      D[u].push_back(stats.memo<double>(key, [&] { return measure_unit(in, plan, units[u], f, objective_); }));
+      const std::string key =
+          "distortion:" + objective_->metric->name + ":" + std::to_string(in.seed) + ":" + sig + ":" + f->name();
+      D[u].push_back(stats.memo<double>(key, [&] { return measure_unit(in, plan, units[u], f, *objective_); }));
     }
   }
 
@@ -223,13 +212,13 @@ void OptimalStrategy::allocate(const StrategyInput& in, Plan& plan) const {
   SimOptions opt;
   opt.positions = stats.calibration();
   opt.seed = in.seed;
-  const double joint = objective_sum(simulate(in.rec, plan, opt), objective_);
+  const double joint = objective_->sum(simulate(in.rec, plan, opt).rows);
   // Additivity compares like with like: units no allocation unit touches (fixed
   // formats, sink heads) are in `joint` but in no per-unit distortion, so they are
   // made exact for the check.
   const std::optional<Plan> part = allocated_part(plan, units);
-  const double joint_allocated = part ? objective_sum(simulate(in.rec, *part, opt), objective_) : joint;
-  plan.annotate("objective", std::string(objective_name(objective_)));
+  const double joint_allocated = part ? objective_->sum(simulate(in.rec, *part, opt).rows) : joint;
+  plan.annotate("objective", objective_->metric->name);
   plan.annotate("objective_predicted", predicted);
   plan.annotate("objective_joint", joint);
   plan.annotate("additivity", predicted > 0 ? joint_allocated / predicted : std::nan(""));

@@ -6,23 +6,20 @@
 // that read u, on the calibration queries. C_u(s) is its exact cost in bits. The
 // allocation minimises Σ D_u subject to Σ C_u <= budget: bisection on λ over
 // min_s D_u(s) + λ·C_u(s), a greedy marginal repair (ΔD/ΔC) to meet the budget
-// exactly, and pairwise exchanges while they lower Σ D_u. The objective is
-// attn_kl_mean (Σ KL) or attn_out_rel_fro (Σ ‖Δo‖²), both additive over rows.
+// exactly, and pairwise exchanges while they lower Σ D_u. The objective is any
+// attention metric with an additive per-row error (sim/metrics/metric_table.h,
+// AdditiveError): attn_kl_mean (Σ KL), attn_out_rel_fro (Σ ‖Δo‖²), logit_rmse
+// (Σ logit error²) or attn_out_rel_err (Σ ‖Δo‖ / ‖o‖); D_u is that sum.
 //
 // Additivity is checked and reported: objective_predicted = Σ_u D_u(s_u) against
 // objective_joint, the same objective measured with every unit quantized at once, on
 // the same calibration queries; additivity = joint / predicted.
 #pragma once
-#include "sim/metrics/error_stats.h"
+#include "sim/metrics/metric_table.h"
 #include "sim/strategies/protected_strategy.h"
 
 namespace kvb {
 
-enum class Objective { KlMean, OutRelFro };
-Objective parse_objective(const std::string& s);
-const char* objective_name(Objective o);
-// The objective summed over the rows of `stats` (Σ KL, or Σ ‖Δo‖²).
-double objective_sum(const ErrorStats& stats, Objective o);
 
 // min Σ D subject to Σ cost <= budget over one candidate per unit (D[u][i] aligned
 // with prob.cost[u][i]): Lagrangian bisection, greedy repair, pairwise exchanges.
@@ -39,7 +36,7 @@ class OptimalStrategy final : public ProtectedStrategy {
   bool allocator_needs_statistics() const override { return true; }
 
  private:
-  Objective objective_ = Objective::KlMean;
+  const AdditiveError* objective_ = nullptr;  // the metric minimized, by its row error
   BudgetSetup budget_;
 };
 

@@ -2,6 +2,7 @@
 // a region's simulation equals the simulation of a plan where everything outside the
 // region is exact; layer, head and region shares each sum to 1; the concentration
 // curve is cumulative and ends at 1.
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -46,6 +47,9 @@ Plan with_exact(Plan plan, bool sink_heads, bool sink_tokens, bool window, bool 
   return plan;
 }
 
+// Indices of the default attributed errors in every ErrorSums.
+constexpr size_t kKl = 0, kOutErr2 = 1;
+
 void check_same_rows(const ErrorStats& a, const ErrorStats& b) {
   REQUIRE(a.rows.size() == b.rows.size());
   for (size_t i = 0; i < a.rows.size(); ++i) {
@@ -73,7 +77,7 @@ TEST_CASE("a region's simulation keeps exactly that region's quantization error"
   check_same_rows(region_stats({Part::Window}), simulate(rec, with_exact(plan, true, true, false, true), opt));
   // Every part has error of its own.
   for (Part p : {Part::Rest, Part::SinkHeads, Part::SinkTokens, Part::Window})
-    CHECK(error_sums(region_stats({p})).kl > 0);
+    CHECK(error_sums(region_stats({p}))[kKl] > 0);
   // Tokens: only keys/values from the boundary on; queries before it see no error.
   const ErrorStats second = region_stats({Part::Tokens, 72, 96});
   for (const AttentionRow& r : second.rows)
@@ -81,7 +85,7 @@ TEST_CASE("a region's simulation keeps exactly that region's quantization error"
       CHECK(r.kl == 0);
       CHECK(r.out_err2 == 0);
     }
-  CHECK(error_sums(second).out_err2 > 0);
+  CHECK(error_sums(second)[kOutErr2] > 0);
 }
 
 TEST_CASE("regions mask keys-only formats' estimated logits too (QJL keys)") {
@@ -107,11 +111,11 @@ TEST_CASE("regions mask keys-only formats' estimated logits too (QJL keys)") {
   check_same_rows(region_stats({Part::SinkTokens}), simulate(rec, with_exact(plan, true, false, true, true), SimOptions{}));
   check_same_rows(region_stats({Part::SinkHeads}), simulate(rec, with_exact(plan, false, true, true, true), SimOptions{}));
   const ErrorStats rest = region_stats({Part::Rest});
-  CHECK(error_sums(rest).kl > 0);
+  CHECK(error_sums(rest)[kKl] > 0);
   const ErrorStats late = region_stats({Part::Tokens, 72, 96});
   for (const AttentionRow& r : late.rows)
     if (r.position < 72) CHECK(r.kl == 0);
-  CHECK(error_sums(late).kl > 0);
+  CHECK(error_sums(late)[kKl] > 0);
 }
 
 TEST_CASE("attribution shares sum to 1: layers, heads, each region partition; concentration ends at 1") {
@@ -132,6 +136,9 @@ TEST_CASE("attribution shares sum to 1: layers, heads, each region partition; co
     per_region.push_back(simulate(rec, plan, o));
   }
   const Attribution a = attribute(full, regions, per_region, rec.num_layers(), rec.q_heads);
+  REQUIRE(a.errors.size() == 2);
+  CHECK(std::string(a.errors[kKl]->name) == "kl");
+  CHECK(std::string(a.errors[kOutErr2]->name) == "out_err2");
   const std::string csv = attribution_rows(3, "k", a);
   // Sum the shares per (metric, scope) from the CSV itself.
   std::map<std::string, double> sums;
@@ -154,8 +161,8 @@ TEST_CASE("attribution shares sum to 1: layers, heads, each region partition; co
   // The interaction rows carry what the parts' errors do not add up to.
   double parts = 0, interaction = 0;
   for (const Attribution::Region& r : a.regions)
-    if (r.partition == "protection") (r.name == "interaction" ? interaction : parts) += r.error.kl;
-  CHECK(parts + interaction == doctest::Approx(a.total.kl));
+    if (r.partition == "protection") (r.name == "interaction" ? interaction : parts) += r.error[kKl];
+  CHECK(parts + interaction == doctest::Approx(a.total[kKl]));
   // Concentration: cumulative, worst heads first, ending at 1.
   std::istringstream cin(concentration_rows(3, "k", a));
   double last = 0;
@@ -193,7 +200,46 @@ TEST_CASE("a plan without protections is 100% rest, with no region simulation") 
   }
   const Attribution a = attribute(full, regions, per, rec.num_layers(), rec.q_heads);
   CHECK(a.regions[0].name == "rest");
-  CHECK(a.regions[0].error.kl == a.total.kl);
+  CHECK(a.regions[0].error[kKl] == a.total[kKl]);
   CHECK(a.regions[1].name == "interaction");
-  CHECK(a.regions[1].error.kl == 0);
+  CHECK(a.regions[1].error[kKl] == 0);
+}
+
+TEST_CASE("any additive metric can be attributed: its row error summed per head, region and total") {
+  const Recording& rec = strategy_recording();
+  RecordingStats stats(rec, test::calibration_of(rec));
+  const Plan plan = protected_plan(stats);
+  const std::vector<AttributionRegion> regions = attribution_regions(plan, rec);
+  const ErrorStats full = simulate(rec, plan, SimOptions{});
+  std::vector<ErrorStats> per_region;
+  for (const AttributionRegion& r : regions) {
+    SimOptions o;
+    o.region = &r.region;
+    per_region.push_back(simulate(rec, plan, o));
+  }
+  std::vector<const AdditiveError*> errors;
+  for (const AdditiveError& e : additive_errors()) errors.push_back(&e);
+  REQUIRE(errors.size() >= 4);  // logit_err2, kl, out_rel, out_err2 (table order)
+  const Attribution a = attribute(full, regions, per_region, rec.num_layers(), rec.q_heads, errors);
+  for (size_t m = 0; m < errors.size(); ++m) {
+    INFO(errors[m]->name);
+    double rows = 0;
+    for (const AttentionRow& r : full.rows) rows += errors[m]->of_row(r);
+    CHECK(a.total[m] == rows);
+    double heads = 0;
+    for (const ErrorSums& h : a.head) heads += h[m];
+    CHECK(heads == doctest::Approx(a.total[m]).epsilon(1e-12));
+    CHECK(a.total[m] > 0);
+    // The region rows of the CSV are this error's sums over the region's simulation.
+    CHECK(a.regions[0].error[m] == errors[m]->sum(per_region[0].rows));
+  }
+  const std::string csv = attribution_rows(0, "k", a);
+  CHECK(csv.find(",logit_err2,layer,L0,") != std::string::npos);
+  CHECK(csv.find(",out_rel,protection,interaction,") != std::string::npos);
+  // The metric each error drives is an increasing function of its sum: attn_kl_mean is Σ kl / rows.
+  const size_t kl = static_cast<size_t>(
+      std::find(errors.begin(), errors.end(), find_additive_error("attn_kl_mean")) - errors.begin());
+  REQUIRE(kl < errors.size());
+  CHECK(a.total[kl] / static_cast<double>(full.rows.size()) ==
+        doctest::Approx(find_metric("attn_kl_mean")->compute(full)).epsilon(1e-12));
 }

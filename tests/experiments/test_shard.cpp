@@ -15,6 +15,8 @@
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "experiments/config.h"
 #include "experiments/merge.h"
 #include "experiments/point_log.h"
@@ -192,10 +194,29 @@ TEST_CASE("results.jsonl: a point result reads back bit for bit, non-finite numb
   CHECK(back.metrics[1] == HUGE_VAL);
   CHECK(back.metrics[2] == -HUGE_VAL);
   REQUIRE(back.attribution);
-  CHECK(back.attribution->total.kl == a.total.kl);
-  CHECK(back.attribution->head[1].kl == a.head[1].kl);
+  CHECK(back.attribution->errors == a.errors);
+  CHECK(back.attribution->total == a.total);
+  CHECK(back.attribution->head == a.head);
   CHECK(back.attribution->regions[1].name == "interaction");
-  CHECK(back.attribution->regions[1].error.kl == -1e-17);
+  CHECK(back.attribution->regions[1].error[0] == -1e-17);
+  // Other additive errors travel by name; lines without names hold the default two.
+  Attribution other = a;
+  other.errors = {&require_additive_error("logit_rmse", "test")};
+  other.total = {0.1 / 3.0};
+  other.head = {{0.25}, {1.0 / 7.0}};
+  other.regions = {{"protection", "rest", {0.5}}};
+  r.attribution = other;
+  const PointResult back_other = point_result_from_json(point_result_json(r, "k"), "t");
+  REQUIRE(back_other.attribution);
+  CHECK(back_other.attribution->errors == other.errors);
+  CHECK(back_other.attribution->head == other.head);
+  CHECK(back_other.attribution->regions[0].error == other.regions[0].error);
+  nlohmann::json old_line = nlohmann::json::parse(point_result_json(back, "k"));
+  old_line["attribution"].erase("errors");
+  const PointResult back_old = point_result_from_json(old_line.dump(), "t");
+  REQUIRE(back_old.attribution);
+  CHECK(back_old.attribution->errors == default_attributed_errors());
+  CHECK(back_old.attribution->total == a.total);
   CHECK(error_of([] { point_result_from_json("{\"id\": 1}", "f.jsonl:3"); }).find("f.jsonl:3") != std::string::npos);
 }
 

@@ -67,7 +67,7 @@ TEST_CASE("every format dumps exactly storage_bits() and reconstructs finite val
     const FormatPtr f = make_format(name);
     for (int64_t rows : {1, 33, 70}) {
       if (!f->check_shape(rows, 64).empty()) continue;
-      const SpanInfo span = make_span_info(rec, 0, 1, Kind::Key, 0, 3);
+      const SpanInfo span = unit_span(rec, 0, 1, Kind::Key, 3);
       const ConstMatView x{k, rows, 64, 64};
       BitWriter w;
       f->encode(x, span, w);

@@ -121,7 +121,7 @@ TEST_CASE("simulator: QJL keys take their logits from the estimator, not from de
 
   const float* K = rec.layers[0].key.ptr();
   const auto f = qjl(64);
-  const SpanInfo span = make_span_info(rec, 0, 0, Kind::Key, split, opt.seed);
+  const SpanInfo span = span_from(unit_span(rec, 0, 0, Kind::Key, opt.seed), split);
   const auto est = f->score_estimator(ConstMatView{K + split * d, T - split, d, d}, span);
   std::vector<float> khat(static_cast<size_t>((T - split) * d));
   f->roundtrip(ConstMatView{K + split * d, T - split, d, d}, MatView{khat.data(), T - split, d, d}, span);

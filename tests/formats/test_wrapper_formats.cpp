@@ -142,7 +142,7 @@ TEST_CASE("prerope: quantizes pre-RoPE keys and re-applies RoPE at the recording
   const int64_t T = 48, d = 64;
   const Recording rec = rope_recording(T, d, true);
   const int64_t first = 8, n = T - first;
-  const SpanInfo span = make_span_info(rec, 0, 0, Kind::Key, first, 0);
+  const SpanInfo span = span_from(unit_span(rec, 0, 0, Kind::Key, 0), first);
   const float* post = rec.layers[0].key.ptr() + first * d;
   const std::vector<float> post_keys(post, post + n * d);
   const std::vector<int64_t> pos(rec.positions.begin() + first, rec.positions.end());
@@ -158,7 +158,7 @@ TEST_CASE("prerope: quantizes pre-RoPE keys and re-applies RoPE at the recording
   // Lossless inner format: the post-RoPE keys come back exactly.
   CHECK(identical(run("prerope:keep-fp32", post_keys, n, d, span), post_keys));
   // Values are stored with the inner format unchanged.
-  const SpanInfo vspan = make_span_info(rec, 0, 0, Kind::Value, 0, 0);
+  const SpanInfo vspan = unit_span(rec, 0, 0, Kind::Value, 0);
   const std::vector<float> v(rec.layers[0].value.data.begin(), rec.layers[0].value.data.end());
   CHECK(identical(run("prerope:int4-asym-g32", v, T, d, vspan), run("int4-asym-g32", v, T, d)));
   // Per-channel structure survives pre-RoPE quantization better than post-RoPE.

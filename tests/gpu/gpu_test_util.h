@@ -41,13 +41,22 @@ inline MetricAgreement check_metrics_agree(const ErrorStats& cpu, const ErrorSta
   MetricAgreement agree;
   REQUIRE_MESSAGE(cpu.rows.size() == gpu.rows.size(), label << ": row counts differ");
   CHECK_MESSAGE(cpu.logit_pairs == gpu.logit_pairs, label << ": logit pair counts differ");
+  // Rows in the same order, and every value of a row finite on both sides or on neither.
   for (size_t i = 0; i < cpu.rows.size(); ++i) {
     const AttentionRow &a = cpu.rows[i], &b = gpu.rows[i];
-    if (a.layer != b.layer || a.q_head != b.q_head || a.position != b.position) {
-      FAIL_CHECK(label << ": row " << i << " is (" << b.layer << ", " << b.q_head << ", " << b.position
-                       << ") on the GPU, (" << a.layer << ", " << a.q_head << ", " << a.position << ") on the CPU");
-      break;
+    bool same_row = true;
+    for (const AttentionRowId& id : kAttentionRowIds) {
+      if (a.*id.member == b.*id.member) continue;
+      FAIL_CHECK(label << ": row " << i << " has " << id.name << " " << b.*id.member << " on the GPU, "
+                       << a.*id.member << " on the CPU");
+      same_row = false;
     }
+    if (!same_row) break;
+    for (const AttentionRowValue& v : kAttentionRowValues)
+      CHECK_MESSAGE(std::isfinite(a.*v.member) == std::isfinite(b.*v.member),
+                    label << ": row " << i << " (layer " << a.layer << ", q_head " << a.q_head << ", position "
+                          << a.position << ") " << v.name << " is " << a.*v.member << " on the CPU, " << b.*v.member
+                          << " on the GPU");
   }
   for (const MetricDef& m : metric_table()) {
     // Model-level metrics need a forward pass: neither simulator measures them (NaN).

@@ -1,0 +1,147 @@
+#include "sim/reconstruction.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "sim/core/strings.h"
+
+namespace kvb {
+
+SpanSource span_source(const Recording& rec) {
+  SpanSource s;
+  s.name = rec.name.c_str();
+  s.rope_applied = rec.rope.applied;
+  s.rope_theta = rec.rope.theta;
+  s.rope_inv_freq = &rec.rope.inv_freq;
+  if (!rec.positions.empty()) s.positions = rec.positions.data();
+  return s;
+}
+
+SpanInfo unit_span(const SpanSource& source, int64_t layer, int64_t kv_head, Kind kind, uint64_t seed,
+                   const float* key_pre_rope, int64_t head_dim) {
+  SpanInfo span{layer, kv_head, kind == Kind::Key, 0, seed};
+  span.recording = source.name;
+  span.rope_applied = source.rope_applied;
+  span.rope_theta = source.rope_theta;
+  if (source.rope_inv_freq && !source.rope_inv_freq->empty()) span.rope_inv_freq = source.rope_inv_freq;
+  span.positions = source.positions;
+  if (kind == Kind::Key && key_pre_rope) {
+    span.key_pre_rope = key_pre_rope;
+    span.key_pre_rope_stride = head_dim;
+  }
+  return span;
+}
+
+SpanInfo unit_span(const Recording& rec, int64_t layer, int64_t kv_head, Kind kind, uint64_t seed) {
+  const LayerTensors& L = rec.layers[static_cast<size_t>(layer)];
+  const float* pre = L.key_pre_rope.empty() ? nullptr : L.key_pre_rope.slice(kv_head);
+  return unit_span(span_source(rec), layer, kv_head, kind, seed, pre, rec.head_dim);
+}
+
+SpanInfo span_from(const SpanInfo& unit_span, int64_t offset) {
+  SpanInfo span = unit_span;
+  span.first_token += offset;
+  if (span.key_pre_rope) span.key_pre_rope += offset * span.key_pre_rope_stride;
+  if (span.positions) span.positions += offset;
+  return span;
+}
+
+namespace {
+
+// Throws NonFiniteReconstruction when `format` turned a finite value of x [n, d] into
+// Inf or NaN in out (a value beyond its range: keep-fp16 beyond 65504, an fp16 scale
+// that overflows): every metric of the point would be meaningless (a KL of 0 next to
+// a NaN output error), so the point fails instead.
+void require_finite_reconstruction(const Format& format, const float* x, const float* out, int64_t n, int64_t d,
+                                   const SpanInfo& span) {
+  // A branch-free count first (this runs on every reconstruction); the details only
+  // when something is wrong.
+  int64_t nonfinite = 0;
+  for (int64_t i = 0; i < n * d; ++i) nonfinite += (std::bit_cast<uint32_t>(out[i]) & 0x7f800000u) == 0x7f800000u;
+  if (nonfinite == 0) return;
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n * d; ++i)
+    if (!std::isfinite(out[i]) && std::isfinite(x[i]) && bad++ == 0) first = i;
+  if (bad == 0) return;  // the input was not finite either (a model's own overflow)
+  const int64_t row = first / d;
+  // The callers name the layer, KV head and kind.
+  throw NonFiniteReconstruction("format '" + format.name() + "' turned " + std::to_string(bad) + " finite " +
+                                (span.is_key ? "key" : "value") + " element(s) into Inf or NaN (the first at token " +
+                                std::to_string(span.first_token + row) + ", channel " + std::to_string(first % d) +
+                                ": " + format_double(x[first]) + "): they exceed the format's range");
+}
+
+}  // namespace
+
+void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& unit_span,
+                      float* out) {
+  for (const Segment& seg : unit.segments) {
+    if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
+    const int64_t n = seg.end - seg.begin;
+    const SpanInfo span = span_from(unit_span, seg.begin);
+    seg.format->roundtrip(ConstMatView{x + seg.begin * d, n, d, d}, MatView{out + seg.begin * d, n, d, d}, span);
+    require_finite_reconstruction(*seg.format, x + seg.begin * d, out + seg.begin * d, n, d, span);
+  }
+}
+
+void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& unit_span,
+                        float* out) {
+  unit.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{out, T, d, d}, unit_span);
+  require_finite_reconstruction(*unit.window.format, x, out, T, d, unit_span);
+}
+
+void reconstruct_unit_versions(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& unit_span,
+                               float* stored, float* window, std::vector<EstimatedKeys>& estimated) {
+  estimated.clear();
+  reconstruct_unit(unit, x, T, d, unit_span, stored);
+  if (unit_span.is_key)
+    for (const Segment& seg : unit.segments)
+      if (auto est = seg.format->score_estimator(ConstMatView{x + seg.begin * d, seg.end - seg.begin, d, d},
+                                                 span_from(unit_span, seg.begin)))
+        estimated.push_back({seg.begin, seg.end, std::move(est), seg.begin, seg.end});
+  if (unit.window.active()) reconstruct_window(unit, x, T, d, unit_span, window);
+}
+
+double TensorQuantization::relative_mse() const {
+  return nonfinite ? INFINITY : (norm2 > 0 ? err2 / norm2 : 0.0);
+}
+
+double TensorQuantization::snr_db() const {
+  return nonfinite ? -INFINITY : (err2 > 0 ? 10.0 * std::log10(norm2 / err2) : INFINITY);
+}
+
+TensorQuantization quantize_tensor(const Tensor& x, const Format& f, int64_t rows_per_span, Kind kind, uint64_t seed,
+                                   const SpanSource& source, const Tensor* key_pre_rope) {
+  const int64_t d = x.shape.back();
+  const int64_t rows = d > 0 ? x.numel() / d : 0;
+  if (rows_per_span < 1) throw Error("internal: quantize_tensor needs rows_per_span >= 1");
+  TensorQuantization r;
+  r.dequantized = Tensor(x.shape);
+  for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
+    const int64_t n = std::min(rows_per_span, rows - r0);
+    const std::string bad = f.check_shape(n, d);
+    if (!bad.empty()) throw ConfigError("format '" + f.name() + "' on " + source.name + ": " + bad);
+    const SpanInfo span =
+        unit_span(source, 0, s, kind, seed, key_pre_rope ? key_pre_rope->ptr() + r0 * d : nullptr, d);
+    const ConstMatView in{x.ptr() + r0 * d, n, d, d};
+    f.roundtrip(in, MatView{r.dequantized.ptr() + r0 * d, n, d, d}, span);
+    f.encode(in, span, r.codes);
+    r.clipped += f.clipped_values(in, span);
+    r.storage_bits += f.storage_bits(n, d);
+  }
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double a = x.data[i], b = r.dequantized.data[i];
+    if (!std::isfinite(b)) {
+      ++r.nonfinite;
+      r.max_abs = INFINITY;
+      continue;
+    }
+    r.err2 += (a - b) * (a - b);
+    r.norm2 += a * a;
+    r.max_abs = std::max(r.max_abs, std::fabs(a - b));
+  }
+  return r;
+}
+
+}  // namespace kvb
