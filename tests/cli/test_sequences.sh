@@ -100,6 +100,56 @@ keys8 = [r for r in comparisons if r["strategy"] == "8-bit keys" and r["metric"]
 assert len(keys8) == 2 and all(r["verdict"] == "better" for r in keys8), keys8
 PY
 
+# Shards of the two-recording run merge into the same comparisons (the per-sequence
+# block sums travel in results.jsonl).
+for i in 0 1; do
+  "$kvb" run "$tmp/two.toml" --quiet --shard "$i/2" --out "$tmp/sh" >"$tmp/sh$i.out" 2>&1 \
+    || fail "shard $i/2 exited $?: $(cat "$tmp/sh$i.out")"
+done
+"$kvb" merge "$tmp"/sh/two/*-shard* --merged-dir "$tmp/merged" >"$tmp/merge.out" 2>&1 || fail "merge exited $?: $(cat "$tmp/merge.out")"
+cmp -s "$d/comparisons.csv" "$tmp/merged/comparisons.csv" || fail "merged comparisons.csv differs from the single run's"
+/usr/bin/python3 - "$d/points_by_sequence.csv" "$tmp/merged/points_by_sequence.csv" <<'PY' || fail "merged points_by_sequence.csv differs from the single run's"
+import csv, sys
+rows = lambda p: [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(open(p))]
+assert rows(sys.argv[1]) == rows(sys.argv[2])
+PY
+
+# A model on two texts: the model-level metrics aggregate too.
+cat >"$tmp/texts.toml" <<TOML
+name = "texts"
+[data]
+source = "model"
+model = "$gpt2"
+texts = ["$src/data/text/eval_kjv_revelation.txt", "$src/data/text/eval_fortunes_science_work.txt"]
+max_tokens = 64
+continuations = 0
+[[strategy]]
+type = "uniform"
+format = "int{bits}-asym-g32"
+[strategy.vars]
+bits = [2, 4]
+[metrics]
+report = ["ppl_ratio", "next_token_kl_mean", "attn_kl_mean"]
+[output]
+plots = false
+TOML
+"$kvb" run "$tmp/texts.toml" --quiet --out "$tmp/t" >"$tmp/texts.out" 2>&1 || fail "two texts exited $?: $(cat "$tmp/texts.out")"
+/usr/bin/python3 - "$tmp/t/texts/latest" <<'PY' || fail "the model run over two texts is wrong"
+import csv, math, sys
+d = sys.argv[1]
+points = list(csv.DictReader(open(f"{d}/points.csv")))
+seq = list(csv.DictReader(open(f"{d}/points_by_sequence.csv")))
+assert len(points) == 2 and len(seq) == 4, (len(points), len(seq))
+for p in points:
+    mine = [r for r in seq if r["id"] == p["id"]]
+    for m in ["ppl_ratio", "next_token_kl_mean"]:
+        mean = (float(mine[0][m]) + float(mine[1][m])) / 2
+        assert abs(float(p[m]) - mean) <= 1e-12 * max(1.0, mean), (m, p[m], mean)
+        # The sum of the two texts' variances.
+        se = math.sqrt(float(mine[0][m + "_se"]) ** 2 + float(mine[1][m + "_se"]) ** 2) / 2
+        assert abs(float(p[m + "_se"]) - se) <= 1e-9 * se, (m, p[m + "_se"], se)
+PY
+
 # A list of one recording is the single form: the same numbers and comparisons.
 config one "recordings = [\"$tmp/a.safetensors\"]"
 "$kvb" run "$tmp/one.toml" --quiet --out "$tmp/r" >"$tmp/one.out" 2>&1 || fail "one-recording list exited $?: $(cat "$tmp/one.out")"
