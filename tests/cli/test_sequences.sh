@@ -4,7 +4,8 @@
 # mean over them with intervals from the two-level bootstrap, points_by_sequence.csv
 # each sequence's rows, comparisons.csv verdicts paired within sequences; a list of one
 # recording gives the single form's numbers; a missing file names its entry; sequences
-# of different lengths are refused until max_tokens cuts them alike.
+# of different lengths are refused until max_tokens cuts them alike, and so are points
+# whose memory differs by sequence.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -174,6 +175,25 @@ expect "$tmp/short.out" "96 tokens" "the length error"
 expect "$tmp/short.out" "data.max_tokens" "the length error"
 "$kvb" run "$tmp/short.toml" --quiet --out "$tmp/s" --set data.max_tokens=96 >"$tmp/short2.out" 2>&1 \
   || fail "recordings cut to 96 tokens exited $?: $(cat "$tmp/short2.out")"
+
+# Memory that differs by sequence (sink heads chosen by each text's entropies): refused
+# before anything is measured, naming the points and the sequences.
+cat >"$tmp/sinks.toml" <<TOML
+name = "sinks"
+[data]
+recordings = ["$tmp/a.safetensors", "$tmp/b.safetensors"]
+[[strategy]]
+type = "uniform"
+format = "int3-asym-g32"
+sink_head_threshold = [2.0, 2.5, 3.0, 3.5]
+[output]
+plots = false
+TOML
+"$kvb" run "$tmp/sinks.toml" --quiet --out "$tmp/k" >"$tmp/sinks.out" 2>&1
+[ $? -eq 2 ] || fail "memory that differs by sequence: expected exit 2"
+expect "$tmp/sinks.out" "would cost different memory on different sequences" "the memory error"
+expect "$tmp/sinks.out" "on sequence 0 ($tmp/a.safetensors) but" "the memory error"
+[ ! -d "$tmp/k/sinks" ] || fail "memory that differs by sequence wrote results"
 
 # Synthetic seeds: two sequences of one spec.
 cat >"$tmp/seeds.toml" <<TOML
