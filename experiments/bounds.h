@@ -20,11 +20,13 @@
 //                 reverse water-filling.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "experiments/experiment.h"
+#include "sim/metrics/model_metrics.h"
 
 namespace kvb {
 
@@ -34,10 +36,26 @@ struct BoundRow {
   std::string claim;     // the bound or prediction as stated
   double predicted = 0;  // its value
   double measured = 0;
-  bool holds = false;
+  bool holds = false;     // the criterion applied to the measured value itself
   std::string criterion;  // when it counts as holding
   std::string note;
+  // The uncertainty behind the verdict (methods.md §5, "Verdicts"): a 95 % interval of
+  // the quantity the criterion tests (interval_of: "measured", "measured/predicted",
+  // "error at the prediction - minimum error", ...), from the samples the measurement
+  // averages; {NaN, NaN} with interval_of "exact" when the row is computed exactly (no
+  // sampling), and then the verdict is the criterion's.
+  Interval interval{std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
+  std::string interval_of = "exact";
+  // "holds" or "violated" only when the interval lies wholly inside or outside what the
+  // criterion accepts, else "within uncertainty" (bound_verdict).
+  std::string verdict;
 };
+
+// The verdict of a criterion that accepts a quantity in [accept_lo, accept_hi] (either
+// end infinite), given its interval: "holds" when the interval lies inside, "violated"
+// when it lies wholly outside, else "within uncertainty"; without an interval (NaN, an
+// exact computation) `holds` decides.
+std::string bound_verdict(bool holds, const Interval& interval, double accept_lo, double accept_hi);
 
 struct BoundsOptions {
   uint64_t seed = 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fnmatch.h>
 #include <numeric>
 #include <regex>
 #include <sstream>
@@ -54,6 +55,59 @@ std::filesystem::path resolve_data_path(const std::string& raw, const std::files
     if (std::find(looked.begin(), looked.end(), s) == looked.end()) looked.push_back(s);
   }
   throw ConfigError(where + ": data path '" + raw + "' not found (looked in " + join(looked, ", ") + ")");
+}
+
+// A list of data paths (data.recordings, data.texts, data.token_files): an array of
+// strings, each resolved as resolve_data_path does; an entry whose file name holds a
+// glob ('*', '?', '[') stands for the files of its folder that match it, sorted. Errors
+// name the entry's index: "file:line: data.recordings[1]: ...".
+std::vector<std::filesystem::path> data_path_list(const ConfigTable& t, std::string_view key,
+                                                  const std::filesystem::path& config) {
+  const toml::node* n = t.node(key);
+  const toml::array* a = n ? n->as_array() : nullptr;
+  if (!a) t.fail(key, "expected an array of paths, got " + toml_type_with_article(*n));
+  if (a->empty()) t.fail(key, "an empty list names no sequence; give at least one path");
+  std::vector<std::filesystem::path> out;
+  std::vector<size_t> index_of;  // the entry each path came from
+  for (size_t i = 0; i < a->size(); ++i) {
+    const std::string where = t.where(key) + "[" + std::to_string(i) + "]";
+    const std::optional<std::string> raw = (*a)[i].value<std::string>();
+    if (!raw || raw->empty())
+      throw ConfigError(where + ": expected a path (a non-empty string), got " + toml_type_with_article((*a)[i]));
+    const std::filesystem::path p(*raw);
+    const std::string name = p.filename().string();
+    if (name.find_first_of("*?[") == std::string::npos) {
+      out.push_back(resolve_data_path(*raw, config, where));
+      if (!std::filesystem::exists(out.back()))  // an absolute path is not looked up: checked here
+        throw ConfigError(where + ": data path '" + *raw + "' not found");
+      index_of.push_back(i);
+      continue;
+    }
+    const std::string dir_raw = p.has_parent_path() ? p.parent_path().string() : ".";
+    if (dir_raw.find_first_of("*?[") != std::string::npos)
+      throw ConfigError(where + ": '" + *raw + "': only the file name may hold a glob, not its folders");
+    const std::filesystem::path dir = resolve_data_path(dir_raw, config, where);
+    std::vector<std::filesystem::path> matches;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+      if (fnmatch(name.c_str(), entry.path().filename().c_str(), 0) == 0 && !entry.is_directory())
+        matches.push_back(std::filesystem::weakly_canonical(entry.path()));
+    if (ec) throw ConfigError(where + ": cannot list " + dir.string() + " for '" + *raw + "': " + ec.message());
+    if (matches.empty()) throw ConfigError(where + ": '" + *raw + "' matches no file in " + dir.string());
+    std::sort(matches.begin(), matches.end());
+    for (auto& m : matches) {
+      out.push_back(std::move(m));
+      index_of.push_back(i);
+    }
+  }
+  // The same file twice would count one sequence as two independent ones.
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (std::filesystem::equivalent(out[i], out[j]))
+        throw ConfigError(t.where(key) + "[" + std::to_string(index_of[i]) + "]: " + out[i].string() +
+                          " is listed already (entry " + std::to_string(index_of[j]) +
+                          "): each sequence once, or the interval would count it as two");
+  return out;
 }
 
 SyntheticSpec parse_synthetic(const ConfigTable& t, uint64_t seed) {
@@ -114,22 +168,56 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
     if (!synth) t.fail("source", "source = \"synthetic\" needs a [data.synthetic] table");
     d.source = DataSpec::Source::Synthetic;
     d.synthetic = parse_synthetic(*synth, seed);
-    for (const char* k : {"path", "query", "key", "value"})
+    if (synth->has("seeds")) {  // several synthetic sequences, one per seed
+      if (synth->has("seed")) synth->fail("seeds", "give `seed` (one sequence) or `seeds` (several), not both");
+      std::vector<int64_t> seeds;
+      const toml::node* n = synth->node("seeds");
+      if (!n->is_array() || n->as_array()->empty())
+        synth->fail("seeds", "expected a non-empty array of seeds (integers >= 0)");
+      seeds = synth->int_list("seeds");
+      for (size_t i = 0; i < seeds.size(); ++i) {
+        if (seeds[i] < 0) synth->fail("seeds", "seeds[" + std::to_string(i) + "] must be >= 0");
+        for (size_t j = 0; j < i; ++j)
+          if (seeds[j] == seeds[i])
+            synth->fail("seeds", "seeds[" + std::to_string(i) + "] = " + std::to_string(seeds[i]) +
+                                     " is listed already: each sequence once");
+        d.sequence_seeds.push_back(static_cast<uint64_t>(seeds[i]));
+      }
+      d.synthetic.seed = d.sequence_seeds.front();
+      d.sequences_where = synth->where("seeds");
+    }
+    for (const char* k : {"path", "recordings", "query", "key", "value"})
       if (t.has(k)) t.fail(k, "not used with synthetic data; remove it or drop [data.synthetic]");
     return d;
   }
   if (source == "model") {
     if (synth) t.fail("synthetic", "[data.synthetic] given but source = \"model\"");
-    for (const char* k : {"path", "query", "key", "value", "key_pre_rope", "attn_output", "token_ids", "layout",
+    for (const char* k : {"path", "recordings", "query", "key", "value", "key_pre_rope", "attn_output", "token_ids", "layout",
                           "attn_output_layout", "layers", "rope_theta"})
       if (t.has(k)) t.fail(k, "not used with source = \"model\" (the recording comes from the model's own run)");
     d.source = DataSpec::Source::Model;
     ModelDataSpec& m = d.model;
     m.checkpoint = resolve_data_path(t.required_string("model"), config, t.where("model"));
-    const bool has_text = t.has("text"), has_ids = t.has("token_file");
-    if (has_text == has_ids) t.fail(has_text ? "token_file" : "text", "give exactly one of `text` and `token_file`");
-    if (has_text) m.tokens.text = resolve_data_path(t.required_string("text"), config, t.where("text"));
-    else m.tokens.token_file = resolve_data_path(t.required_string("token_file"), config, t.where("token_file"));
+    // One text (text, token_file) or several (texts, token_files): exactly one key.
+    const char* given = nullptr;
+    for (const char* k : {"text", "token_file", "texts", "token_files"}) {
+      if (!t.has(k)) continue;
+      if (given) t.fail(k, std::string("give exactly one of `text`, `token_file`, `texts` and `token_files` (`") +
+                               given + "` is given too)");
+      given = k;
+    }
+    if (!given) t.fail("text", "give exactly one of `text`, `token_file`, `texts` and `token_files`");
+    const std::string which = given;
+    const bool has_ids = which == "token_file" || which == "token_files";
+    if (which == "texts" || which == "token_files") {
+      d.sequence_paths = data_path_list(t, which, config);
+      d.sequences_where = t.where(which);
+      (has_ids ? m.tokens.token_file : m.tokens.text) = d.sequence_paths.front();
+    } else if (!has_ids) {
+      m.tokens.text = resolve_data_path(t.required_string("text"), config, t.where("text"));
+    } else {
+      m.tokens.token_file = resolve_data_path(t.required_string("token_file"), config, t.where("token_file"));
+    }
     for (const char* k : {"tokenizer", "add_bos"})
       if (has_ids && t.has(k)) t.fail(k, "only used with `text` (a token_file's ids are used as written)");
     const std::string tokenizer = t.string("tokenizer", "bytes");
@@ -190,8 +278,15 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
   if (synth) t.fail("synthetic", "[data.synthetic] given but source = \"file\"");
   d.source = DataSpec::Source::File;
   RecordingSpec& r = d.file;
-  const std::string raw = t.required_string("path");
-  r.path = resolve_data_path(raw, config, t.where("path"));
+  if (t.has("path") && t.has("recordings"))
+    t.fail("recordings", "give `path` (one recording) or `recordings` (several), not both");
+  if (t.has("recordings")) {
+    d.sequence_paths = data_path_list(t, "recordings", config);
+    d.sequences_where = t.where("recordings");
+    r.path = d.sequence_paths.front();
+  } else {
+    r.path = resolve_data_path(t.required_string("path"), config, t.where("path"));
+  }
   r.query = t.string("query", r.query);
   r.key = t.string("key", r.key);
   r.value = t.string("value", r.value);
@@ -966,6 +1061,35 @@ QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
                       " tokens is a calibration position, none is left to evaluate");
   q.evaluation_text = c.overlap ? "all" : "all not used for calibration";
   return q;
+}
+
+std::vector<DataSpec> expand_sequences(const DataSpec& data) {
+  if (data.sequence_paths.empty() && data.sequence_seeds.empty()) return {data};
+  std::vector<DataSpec> out;
+  for (size_t s = 0; s < data.sequence_count(); ++s) {
+    DataSpec one = data;
+    one.sequence_paths.clear();
+    one.sequence_seeds.clear();
+    if (!data.sequence_seeds.empty()) {
+      one.synthetic.seed = data.sequence_seeds[s];
+    } else if (data.source == DataSpec::Source::Model) {
+      (data.model.tokens.text.empty() ? one.model.tokens.token_file : one.model.tokens.text) = data.sequence_paths[s];
+    } else {
+      one.file.path = data.sequence_paths[s];
+    }
+    out.push_back(std::move(one));
+  }
+  return out;
+}
+
+std::string sequence_source(const DataSpec& one) {
+  switch (one.source) {
+    case DataSpec::Source::Synthetic: return "synthetic seed " + std::to_string(one.synthetic.seed);
+    case DataSpec::Source::Model:
+      return (one.model.tokens.text.empty() ? one.model.tokens.token_file : one.model.tokens.text).string();
+    case DataSpec::Source::File: break;
+  }
+  return one.file.path.string();
 }
 
 Recording build_recording(const DataSpec& data) {

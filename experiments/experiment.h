@@ -17,6 +17,7 @@
 //   [output]        results directory, plots, target context
 //   [budgets]       queries = ["attn_kl_mean <= 1e-3", "bpe <= 4"]
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -61,7 +62,26 @@ struct DataSpec {
   ModelDataSpec model;
   int64_t max_tokens = 0;  // applied to synthetic and model data too
   std::string where;       // config location, for messages
+  // Several sequences (methods.md §4 "Several sequences"): every point is measured on
+  // each and results aggregate over them. data.recordings (source = "file"),
+  // data.texts or data.token_files (source = "model"): the paths, resolved, in order
+  // (a glob expanded in place, sorted), with the fields above holding the first;
+  // data.synthetic.seeds: the seeds, synthetic.seed the first. Both empty: one
+  // sequence, the fields above.
+  std::vector<std::filesystem::path> sequence_paths;
+  std::vector<uint64_t> sequence_seeds;
+  std::string sequences_where;  // "file:line: data.recordings", for messages
+  size_t sequence_count() const {
+    return std::max<size_t>(1, std::max(sequence_paths.size(), sequence_seeds.size()));
+  }
 };
+
+// One DataSpec per sequence of `data` (a copy of `data` with its path or seed set and
+// the lists cleared); `data` itself when it names one sequence.
+std::vector<DataSpec> expand_sequences(const DataSpec& data);
+// How messages and per-sequence results name a sequence of expand_sequences(): its
+// recording, text or token file path, or "synthetic seed N".
+std::string sequence_source(const DataSpec& one);
 
 // One sweep axis or fixed value of a strategy block.
 struct Axis {

@@ -101,13 +101,16 @@ std::string point_result_json(const PointResult& r, const std::string& key) {
   for (const Interval& iv : r.intervals) intervals.push_back(json::array({number(iv.lo), number(iv.hi)}));
   j["standard_errors"] = ses;
   j["intervals"] = intervals;
-  // Per metric: [[num per block], [den per block]], or [] when not pairable.
+  // Per metric: [[num per block], [den per block]], or [] when not pairable; over
+  // several sequences a third array holds the blocks of each sequence.
   json block_sums = json::array();
   for (const BlockSums& b : r.block_sums) {
     json num = json::array(), den = json::array();
     for (double v : b.num) num.push_back(number(v));
     for (double v : b.den) den.push_back(number(v));
-    block_sums.push_back(b.empty() ? json::array() : json::array({num, den}));
+    json entry = b.empty() ? json::array() : json::array({num, den});
+    if (!b.empty() && !b.sequence_blocks.empty()) entry.push_back(b.sequence_blocks);
+    block_sums.push_back(std::move(entry));
   }
   j["block_sums"] = block_sums;
   if (r.attribution) {
@@ -165,6 +168,14 @@ PointResult point_result_from_json(const std::string& line, const std::string& w
           for (const json& v : b.at(0)) sums.num.push_back(number_from(v, "a block sum"));
           for (const json& v : b.at(1)) sums.den.push_back(number_from(v, "a block sum"));
           if (sums.num.size() != sums.den.size()) throw Error("block_sums: numerators and denominators differ in length");
+          if (b.size() > 2) {
+            size_t total = 0;
+            for (const json& n : b.at(2)) {
+              sums.sequence_blocks.push_back(n.get<uint32_t>());
+              total += sums.sequence_blocks.back();
+            }
+            if (total != sums.num.size()) throw Error("block_sums: the sequences' block counts do not add up");
+          }
         }
         r.block_sums.push_back(std::move(sums));
       }

@@ -22,6 +22,7 @@
 
 #include "sim/io/atomic_file.h"
 #include "experiments/point_log.h"
+#include "experiments/sequences.h"
 #include "kvb/build_config.h"
 #include "kvb/git_info.h"
 #include "sim/core/error.h"
@@ -223,6 +224,13 @@ std::string Report::manifest_text(const RunInfo& info) const {
   // How points.csv states the uncertainty of a metric (methods.md §4, "Uncertainty").
   const BootstrapSettings bootstrap = bootstrap_settings(spec_);
   const auto evaluated = static_cast<int64_t>(info.positions.evaluation.size());
+  if (!info.sequences.empty()) {
+    j["sequences"] = info.sequences;
+    j["sequence_aggregate"] =
+        "each metric: the mean over the sequences of its value on each (every sequence weighs the same; they have "
+        "the same tokens and evaluated positions); per-sequence rows in points_by_sequence.csv; memory is the same "
+        "on every sequence";
+  }
   j["uncertainty"] = {
       {"attention_interval",
        {{"columns", "<metric>_lo, <metric>_hi"},
@@ -255,6 +263,20 @@ std::string Report::manifest_text(const RunInfo& info) const {
         {"level", bootstrap.level},
         {"resamples", bootstrap.resamples},
         {"seed", bootstrap.seed}};
+  if (!info.sequences.empty()) {  // several sequences: how the aggregate's uncertainty is formed
+    j["uncertainty"]["sequences"] = {
+        {"count", info.sequences.size()},
+        {"interval_method",
+         "two-level (hierarchical) percentile bootstrap of the mean over sequences: each resample draws as many "
+         "sequences as there are, with replacement, and within each drawn sequence one resample of its own block "
+         "bootstrap above (attention metrics) or of its problems (answer_accuracy); replaces the one-sequence "
+         "intervals above"},
+        {"standard_error_method", "sqrt(sum over sequences of se^2) / sequences: the sum of the sequences' variances "
+                                  "(sequences independent)"},
+        {"paired_method",
+         "two-level paired bootstrap: the same sequences and, within each, the same blocks for point and baseline; "
+         "the difference of the means over sequences"}};
+  }
   j["primary_metric"] = spec_.metrics.primary;
   nlohmann::json budgets = nlohmann::json::array();
   for (const BudgetQuery& q : spec_.budgets) budgets.push_back(q.text);
@@ -352,6 +374,25 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
     os << "," << secs << "\n";
   }
   return os.str();
+}
+
+void Report::write_points_by_sequence(const std::vector<std::string>& sources,
+                                      const std::vector<std::vector<PointResult>>& results_by_sequence) const {
+  std::vector<std::string> texts;
+  for (std::vector<PointResult> rows : results_by_sequence) {
+    std::sort(rows.begin(), rows.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
+    texts.push_back(points_csv(rows));
+  }
+  std::string text = points_by_sequence_csv(sources, texts);
+  // A resumed folder: the kept points' rows stay (they are not measured again).
+  const std::filesystem::path file = dir_ / "points_by_sequence.csv";
+  if (std::filesystem::exists(file)) {
+    std::ifstream in(file);
+    std::stringstream before;
+    before << in.rdbuf();
+    text = merge_points_by_sequence(before.str(), text);
+  }
+  write_file_atomic(file, text);
 }
 
 void Report::write_point_log(const std::vector<PointResult>& results) const {

@@ -10,8 +10,11 @@
 //                   (experiments/point_log.h)
 //   points.csv      one row per point: strategy name, key, label, coordinates, bpe, bytes,
 //                   extrapolated, every metric, then the strategies' annotations
-//                   (rho_first, budget_bpe, ...)
+//                   (rho_first, budget_bpe, ...); with several sequences, the aggregate
+//                   over them (experiments/sequences.h)
 //   errors.csv      points that failed, with the reason (only when some failed)
+//   points_by_sequence.csv   with several sequences (data.recordings, ...): points.csv's
+//                   rows on each sequence, with `sequence` and `source` columns first
 //   attribution.csv, concentration.csv   error-budget attribution of the selected
 //                   points (experiments/attribution.h)
 //   pareto.csv      the non-dominated points for each Pareto metric (strategy, label),
@@ -74,7 +77,10 @@ struct RunInfo {
   size_t sweep_points_total = 0;
   size_t points_resumed = 0;  // finished points kept from the run --resume continued
   std::string config_hash;    // sweep_config_hash
-  std::string data_identity;  // recording_identity
+  std::string data_identity;  // recording_identity (several sequences: each, joined by " + ")
+  // Several sequences (methods.md §4 "Several sequences"): each one's source, in order;
+  // empty for one sequence.
+  std::vector<std::string> sequences;
   double heartbeat_interval_s = 0;
 };
 
@@ -91,6 +97,10 @@ class Report {
   std::string manifest_text(const RunInfo& info) const;
   // points.csv (and errors.csv) for the results so far; safe to call repeatedly.
   void write_points(const std::vector<PointResult>& results) const;
+  // points_by_sequence.csv (several sequences): points.csv's rows on each sequence,
+  // `results_by_sequence[s]` being sequence s's (experiments/sequences.h).
+  void write_points_by_sequence(const std::vector<std::string>& sources,
+                                const std::vector<std::vector<PointResult>>& results_by_sequence) const;
   // results.jsonl in id order (experiments/point_log.h), replacing what was appended.
   void write_point_log(const std::vector<PointResult>& results) const;
   // attribution.csv and concentration.csv (when any point has an attribution).

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 
 #include "experiments/crash_marker.h"
@@ -16,6 +17,7 @@
 #include "experiments/progress.h"
 #include "experiments/report.h"
 #include "experiments/run_state.h"
+#include "experiments/sequences.h"
 #include "sim/core/strings.h"
 
 namespace kvb {
@@ -79,33 +81,83 @@ RunOutcome run_experiment(const RunRequest& request) {
   }
   // A model source runs the exact model once: its recording is what strategies see,
   // and the evaluator compares every point's quantized forward pass against it.
-  std::shared_ptr<const ModelEvaluator> model;
-  Recording loaded;
-  if (spec.data.source == DataSpec::Source::Model) model = build_model_evaluator(spec.data);
-  else loaded = build_recording(spec.data);
-  const Recording& rec = model ? model->recording() : loaded;
-  if (!quiet) std::fprintf(stderr, "kvbudget: recording %s: %s\n", rec.name.c_str(), rec.summary().c_str());
+  // Several sequences (data.recordings, data.texts, data.synthetic.seeds; methods.md §4
+  // "Several sequences"): each is loaded (a model source runs the model on each text),
+  // every point is measured on each, and results aggregate over them
+  // (experiments/sequences.h). One sequence runs as it always did.
+  const std::vector<DataSpec> sequence_data = expand_sequences(spec.data);
+  const size_t S = sequence_data.size();
+  std::vector<std::string> sources;
+  for (const DataSpec& d : sequence_data) sources.push_back(sequence_source(d));
+  std::vector<std::shared_ptr<const ModelEvaluator>> models(S);
+  std::vector<Recording> loaded(S);
+  std::vector<const Recording*> recs(S);
+  for (size_t s = 0; s < S; ++s) {
+    if (s > 0 && stopped()) throw RunInterrupted("interrupted while loading the data; nothing was written");
+    try {
+      if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s]);
+      else loaded[s] = build_recording(sequence_data[s]);
+    } catch (const RunInterrupted&) {
+      throw;
+    } catch (const ConfigError& e) {
+      if (S == 1) throw;
+      throw ConfigError(spec.data.sequences_where + "[" + std::to_string(s) + "] (" + sources[s] + "): " + e.what());
+    } catch (const Error& e) {
+      if (S == 1) throw;
+      throw Error(spec.data.sequences_where + "[" + std::to_string(s) + "] (" + sources[s] + "): " + e.what());
+    }
+    recs[s] = models[s] ? &models[s]->recording() : &loaded[s];
+    if (!quiet)
+      std::fprintf(stderr, "kvbudget: recording %s%s: %s\n", recs[s]->name.c_str(),
+                   S > 1 ? (" (sequence " + std::to_string(s) + ")").c_str() : "", recs[s]->summary().c_str());
+  }
+  check_sequences_alike(recs, sources, spec.data.sequences_where);
+  const Recording& rec = *recs.front();
 
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
   check_model_metric_positions(spec, positions, rec.tokens);
   check_attention_rows(spec, positions, rec.tokens);
-  const std::string data_identity = recording_identity(rec);
+  std::string data_identity = recording_identity(rec);
+  for (size_t s = 1; s < S; ++s) data_identity += " + " + recording_identity(*recs[s]);
   if (resumed) check_resume_data(resume_dir, *resumed, data_identity);
   // The checks that need the data (a group size against head_dim, a budget against
-  // the family's cheapest and dearest allocation) run on every point's plan now,
-  // before anything is measured or written.
-  PlanCheck plan_check = check_plans(spec, rec, to_run, request.stop);
-  if (!plan_check.errors.empty()) {
+  // the family's cheapest and dearest allocation) run on every point's plan now, on
+  // every sequence, before anything is measured or written.
+  std::vector<PlanCheck> plan_checks;
+  std::vector<std::string> plan_errors;
+  for (size_t s = 0; s < S; ++s) {
+    plan_checks.push_back(check_plans(spec, *recs[s], to_run, request.stop));
+    const std::string on = S > 1 ? "sequence " + std::to_string(s) + " (" + sources[s] + "): " : "";
+    for (const std::string& e : plan_checks.back().errors) plan_errors.push_back(on + e);
+  }
+  if (!plan_errors.empty()) {
     constexpr size_t kShown = 5;
-    std::string msg = std::to_string(plan_check.errors.size()) + " of " + std::to_string(to_run.size()) +
-                      " points cannot run on this data (" + rec.name + ": " + rec.summary() +
-                      "); nothing was measured or written; fix or remove them:";
-    for (size_t i = 0; i < plan_check.errors.size() && i < kShown; ++i) msg += "\n  " + plan_check.errors[i];
-    if (plan_check.errors.size() > kShown)
-      msg += "\n  ... and " + std::to_string(plan_check.errors.size() - kShown) + " more";
+    std::string msg = std::to_string(plan_errors.size()) + (S > 1 ? " plans" : "") + " of " +
+                      std::to_string(to_run.size()) + " points cannot run on this data (" + rec.name + ": " +
+                      rec.summary() + "); nothing was measured or written; fix or remove them:";
+    for (size_t i = 0; i < plan_errors.size() && i < kShown; ++i) msg += "\n  " + plan_errors[i];
+    if (plan_errors.size() > kShown) msg += "\n  ... and " + std::to_string(plan_errors.size() - kShown) + " more";
     throw ConfigError(msg);
   }
-  for (const std::string& w : plan_check.warnings) std::fprintf(stderr, "kvbudget run: warning: %s\n", w.c_str());
+  // Memory is a point's, not a sequence's: each point must cost the same on every one.
+  if (const std::vector<std::string> mismatches = plan_memory_mismatches(spec, to_run, plan_checks, sources,
+                                                                         rec.tokens);
+      !mismatches.empty()) {
+    constexpr size_t kShown = 5;
+    std::string msg = spec.data.sequences_where + ": " + std::to_string(mismatches.size()) + " of " +
+                      std::to_string(to_run.size()) +
+                      " points would cost different memory on different sequences (their strategies allocate from "
+                      "each sequence's statistics), so their aggregate would pair one error with several memories; "
+                      "nothing was measured or written; give these points a fixed allocation, or run each sequence "
+                      "on its own:";
+    for (size_t i = 0; i < mismatches.size() && i < kShown; ++i) msg += "\n  " + mismatches[i];
+    if (mismatches.size() > kShown) msg += "\n  ... and " + std::to_string(mismatches.size() - kShown) + " more";
+    throw ConfigError(msg);
+  }
+  for (size_t s = 0; s < S; ++s)
+    for (const std::string& w : plan_checks[s].warnings)
+      std::fprintf(stderr, "kvbudget run: warning: %s%s\n",
+                   S > 1 ? ("sequence " + std::to_string(s) + ": ").c_str() : "", w.c_str());
   const std::string shard_suffix =
       shard.whole() ? "" : "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count);
   // A stop while the data loaded (a caller that does not end the process then) leaves
@@ -124,7 +176,12 @@ RunOutcome run_experiment(const RunRequest& request) {
   info.started_iso = time_now("%Y-%m-%dT%H:%M:%S%z");
   info.points_total = points.size();
   info.recording_summary = rec.name + ": " + rec.summary();
-  info.warnings = data_warnings(rec);
+  for (size_t s = 1; s < S; ++s) info.recording_summary += "; " + recs[s]->name + ": " + recs[s]->summary();
+  for (size_t s = 0; s < S; ++s) {
+    const std::string on = S > 1 ? "sequence " + std::to_string(s) + ": " : "";
+    for (const std::string& w : data_warnings(*recs[s])) info.warnings.push_back(on + w);
+  }
+  if (S > 1) info.sequences = sources;
   info.backend.requested = spec.backend;
   info.positions = positions;
   info.shard = shard;
@@ -157,7 +214,8 @@ RunOutcome run_experiment(const RunRequest& request) {
   // sweep runs, so a crash loses at most the last second of points.
   std::vector<PointResult> done_results = resumed ? resumed->kept : std::vector<PointResult>{};
   auto last_write = std::chrono::steady_clock::now();
-  Progress progress(to_run.size(), quiet);
+  Progress progress(to_run.size() * S, quiet);
+  size_t progress_offset = 0;  // points finished on the sequences before this one
   // Failures outside any point (writing a file, a callback): each is reported, the
   // rest is still written, and the run exits non-zero.
   std::vector<std::string>& run_errors = out.run_errors;
@@ -174,7 +232,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   std::string first_intermediate_error;
   auto on_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t total) {
     done_results.push_back(r);
-    progress.update(done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
+    progress.update(progress_offset + done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
     const auto now = std::chrono::steady_clock::now();
     if (std::chrono::duration<double>(now - last_write).count() >= 1.0) {
       last_write = now;
@@ -188,8 +246,53 @@ RunOutcome run_experiment(const RunRequest& request) {
     if (request.on_point) request.on_point(p, r, done, total);
   };
   std::vector<std::string> sweep_errors;
-  std::vector<PointResult> results =
-      run_sweep(spec, rec, to_run, on_point, request.stop, &info.backend, model.get(), &sweep_errors, &plan_check);
+  std::vector<PointResult> results;
+  // Several sequences: one sweep each; as the last sequence finishes a point, its
+  // results on every sequence are aggregated and handed to the run's bookkeeping.
+  std::vector<std::map<size_t, PointResult>> by_sequence(S);
+  for (size_t s = 0; s < S; ++s) {
+    const bool last = s + 1 == S;
+    PointCallback on_sequence_point = on_point;
+    if (!last) {
+      on_sequence_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t) {
+        progress.update(progress_offset + done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
+      };
+    } else if (S > 1) {
+      on_sequence_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t total) {
+        std::vector<const PointResult*> per_sequence;
+        for (size_t e = 0; e + 1 < S; ++e) {
+          const auto it = by_sequence[e].find(r.id);
+          if (it == by_sequence[e].end()) return;  // not finished there (a stop): not finished
+          per_sequence.push_back(&it->second);
+        }
+        per_sequence.push_back(&r);
+        PointResult aggregate = aggregate_sequences(spec, per_sequence, sources);
+        for (size_t e = 0; e + 1 < S; ++e) by_sequence[e][r.id].resamples.clear();
+        results.push_back(aggregate);
+        on_point(p, aggregate, done, total);
+      };
+    }
+    std::vector<std::string> errors_here;
+    std::vector<PointResult> finished = run_sweep(spec, *recs[s], to_run, on_sequence_point, request.stop,
+                                                  &info.backend, models[s].get(), &errors_here, &plan_checks[s]);
+    const std::string on = S > 1 ? "sequence " + std::to_string(s) + " (" + sources[s] + "): " : "";
+    for (const std::string& e : errors_here) sweep_errors.push_back(on + e);
+    progress_offset += to_run.size();
+    if (S == 1) {
+      results = std::move(finished);
+    } else {
+      for (PointResult& r : finished) by_sequence[s][r.id] = std::move(r);
+    }
+  }
+  if (S > 1) {
+    std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
+    // Per-sequence rows (points_by_sequence.csv), for the points finished on every sequence.
+    std::vector<std::vector<PointResult>> rows(S);
+    for (const PointResult& agg : results)
+      for (size_t s = 0; s < S; ++s)
+        if (const auto it = by_sequence[s].find(agg.id); it != by_sequence[s].end()) rows[s].push_back(it->second);
+    attempt("points_by_sequence.csv", [&] { report.write_points_by_sequence(sources, rows); });
+  }
   if (resumed) {
     results.insert(results.end(), resumed->kept.begin(), resumed->kept.end());
     std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });

@@ -494,7 +494,9 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
           r.metrics.push_back(m->compute(merged[0]));
           r.standard_errors.push_back(m->standard_error ? m->standard_error(merged[0]) : std::nan(""));
         }
-        r.intervals = bootstrap_intervals(merged[0], metrics, bootstrap_settings(spec));
+        // Over several sequences the resamples feed the aggregate's interval.
+        r.intervals = bootstrap_intervals(merged[0], metrics, bootstrap_settings(spec),
+                                          spec.data.sequence_count() > 1 ? &r.resamples : nullptr);
         for (size_t k = 0; k < metrics.size(); ++k)  // closed-form intervals (answer_accuracy)
           if (metrics[k]->interval) r.intervals[k] = metrics[k]->interval(merged[0]);
         for (const MetricDef* m : metrics) r.block_sums.push_back(metric_block_sums(*m, merged[0]));
@@ -512,6 +514,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       r.metrics.clear();
       r.standard_errors.clear();
       r.intervals.clear();
+      r.resamples.clear();
       r.attribution.reset();
       if (r.error.empty()) r.error = points[i].key + ": " + describe_current_exception();
     }

@@ -79,6 +79,10 @@ struct PointResult {
   // paired.h), which paired comparisons against metrics.baseline resample; empty for
   // a metric that is not pairable.
   std::vector<BlockSums> block_sums;
+  // Aligned with metrics, only while a run over several sequences aggregates them
+  // (experiments/sequences.h): the block bootstrap's resampled values of each metric
+  // with a bootstrap interval (bootstrap_intervals' `resamples`). Never written.
+  std::vector<std::vector<double>> resamples;
   std::optional<Attribution> attribution;  // when [attribution] selects the point
   double seconds = 0;                      // CPU seconds spent on the point (cuda: wall seconds on the device)
 };

@@ -53,7 +53,12 @@ int cmd_bounds(const Args& args) {
   b.seed = checked_seed(seed, "--seed");
   b.quick = vm.count("quick") != 0;
   if (b.quick && !vm.count("samples")) b.samples = 1 << 16;
-  if (!data_config.empty()) b.data = load_experiment(data_config, {}).data;
+  if (!data_config.empty()) {
+    b.data = load_experiment(data_config, {}).data;
+    if (b.data->sequence_count() > 1)
+      throw ConfigError(b.data->sequences_where + ": --data takes one recording, but " + data_config + " names " +
+                        std::to_string(b.data->sequence_count()) + " sequences; give a config with one");
+  }
   check_threads(threads, "--threads");
   if (threads > 0) omp_set_num_threads(threads);
 
@@ -72,10 +77,16 @@ int cmd_bounds(const Args& args) {
   j["data"] = data_config.empty() ? "synthetic (built in)" : data_config;
   j["git_commit"] = KVB_GIT_COMMIT;
   j["wall_seconds"] = secs;
-  size_t held = 0;
-  for (const BoundRow& r : rows) held += r.holds ? 1 : 0;
+  size_t held = 0, uncertain = 0;
+  for (const BoundRow& r : rows) {
+    held += r.verdict == "holds" ? 1 : 0;
+    uncertain += r.verdict == "within uncertainty" ? 1 : 0;
+  }
   j["rows"] = rows.size();
   j["rows_holding"] = held;
+  j["rows_within_uncertainty"] = uncertain;
+  j["verdicts"] = "holds / violated only when the 95 % interval of the tested quantity lies wholly inside / outside "
+                  "what the criterion accepts, else within uncertainty; exact rows are computed, not sampled";
   write_file_atomic(dir / "manifest.json", j.dump(2) + "\n");
   if (vm.count("json")) {
     nlohmann::ordered_json out_rows = nlohmann::ordered_json::array();
@@ -86,16 +97,22 @@ int cmd_bounds(const Args& args) {
                           {"predicted", std::isfinite(r.predicted) ? nlohmann::ordered_json(r.predicted) : nullptr},
                           {"measured", std::isfinite(r.measured) ? nlohmann::ordered_json(r.measured) : nullptr},
                           {"holds", r.holds},
+                          {"verdict", r.verdict},
+                          {"interval", std::isnan(r.interval.lo)
+                                           ? nlohmann::ordered_json(nullptr)
+                                           : nlohmann::ordered_json::array({r.interval.lo, r.interval.hi})},
+                          {"interval_of", r.interval_of},
                           {"criterion", r.criterion},
                           {"note", r.note}});
     const nlohmann::ordered_json summary = {{"command", "bounds"},     {"dir", dir.string()},
                                             {"rows_total", rows.size()}, {"rows_holding", held},
+                                            {"rows_within_uncertainty", uncertain},
                                             {"wall_seconds", secs},      {"rows", out_rows}};
     std::printf("%s\n", summary.dump(2).c_str());
     return kExitOk;
   }
-  std::printf("%s\n%zu of %zu rows hold; written to %s (%.1f s)\n", md.c_str(), held, rows.size(), dir.string().c_str(),
-              secs);
+  std::printf("%s\n%zu of %zu rows hold, %zu within uncertainty; written to %s (%.1f s)\n", md.c_str(), held,
+              rows.size(), uncertain, dir.string().c_str(), secs);
   return kExitOk;
 }
 

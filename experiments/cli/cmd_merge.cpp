@@ -4,8 +4,10 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "sim/io/atomic_file.h"
 #include "experiments/cli/commands.h"
@@ -13,6 +15,7 @@
 #include "experiments/merge.h"
 #include "experiments/report.h"
 #include "experiments/run_state.h"
+#include "experiments/sequences.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 
@@ -122,6 +125,19 @@ int cmd_merge(const Args& args) {
   attempt("points.csv / errors.csv", [&] { report.write_points(in.results); });
   attempt("results.jsonl", [&] { report.write_point_log(in.results); });
   attempt("attribution.csv / concentration.csv", [&] { report.write_attribution(in.results); });
+  // Several sequences: each shard's per-sequence rows, together (experiments/sequences.h).
+  attempt("points_by_sequence.csv", [&] {
+    std::string merged;
+    for (const ShardFolder& s : in.shards) {
+      const std::filesystem::path file = s.dir / "points_by_sequence.csv";
+      if (!std::filesystem::exists(file)) continue;
+      std::ifstream stream(file);
+      std::stringstream text;
+      text << stream.rdbuf();
+      merged = merged.empty() ? text.str() : merge_points_by_sequence(merged, text.str());
+    }
+    if (!merged.empty()) write_file_atomic(report.dir() / "points_by_sequence.csv", merged);
+  });
   std::string frontier;
   attempt("pareto.csv / budgets.json", [&] {
     std::string write_error;

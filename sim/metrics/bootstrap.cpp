@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 
 #include "sim/core/error.h"
 
@@ -105,7 +106,9 @@ double reduce_rows(const RowReduction& reduction, const std::vector<AttentionRow
 }
 
 std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::vector<const MetricDef*>& metrics,
-                                          const BootstrapSettings& settings) {
+                                          const BootstrapSettings& settings,
+                                          std::vector<std::vector<double>>* resamples_out) {
+  if (resamples_out) resamples_out->assign(metrics.size(), {});
   if (settings.resamples < 1) throw Error("bootstrap: resamples must be >= 1");
   if (!(settings.level > 0 && settings.level < 1)) throw Error("bootstrap: level must be in (0, 1)");
   std::vector<Interval> out(metrics.size(), Interval{kNaN, kNaN});
@@ -167,8 +170,42 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
         resampled[r] = quantile_in_place(gathered, red.q);
       }
     }
+    if (resamples_out) (*resamples_out)[m] = resampled;
     out[m].lo = quantile(resampled, tail);
     out[m].hi = quantile_in_place(resampled, 1 - tail);
+  }
+  return out;
+}
+
+Interval percentile_interval(std::vector<double> resamples, double level) {
+  if (resamples.empty()) return {kNaN, kNaN};
+  const double tail = (1 - level) / 2;
+  Interval out;
+  out.lo = quantile(resamples, tail);
+  out.hi = quantile_in_place(resamples, 1 - tail);
+  return out;
+}
+
+std::vector<double> pooled_sequence_resamples(const std::vector<std::vector<double>>& pools,
+                                              const BootstrapSettings& settings, uint64_t tag) {
+  const size_t sequences = pools.size();
+  const size_t resamples = static_cast<size_t>(settings.resamples);
+  if (sequences == 0) return {};
+  for (const std::vector<double>& p : pools) {
+    if (p.empty()) return {};
+    if (p.size() != resamples)
+      throw Error("bootstrap over sequences: a sequence has " + std::to_string(p.size()) + " resamples, not " +
+                  std::to_string(resamples));
+  }
+  const std::vector<uint32_t> chosen = bootstrap_draws(settings, sequences, tag);
+  std::vector<double> out(resamples);
+  for (size_t r = 0; r < resamples; ++r) {
+    double sum = 0;
+    for (size_t k = 0; k < sequences; ++k) {
+      const double v = pools[chosen[r * sequences + k]][(r + k) % resamples];
+      sum = k == 0 ? v : sum + v;
+    }
+    out[r] = sum / static_cast<double>(sequences);
   }
   return out;
 }

@@ -48,8 +48,28 @@ std::vector<uint32_t> bootstrap_draws(const BootstrapSettings& settings, size_t 
 // One interval per metric, aligned with `metrics`; {NaN, NaN} for a metric whose
 // RowReduction is Kind::None, or when `stats` has no rows. Rows may come in any order
 // (they are grouped by the rank of their position among the distinct positions).
+// `resamples` (optional) receives, aligned with `metrics`, each metric's resampled
+// values in resample order (empty where the interval is NaN): what a bootstrap over
+// several sequences draws from (pooled_sequence_resamples).
 std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::vector<const MetricDef*>& metrics,
-                                          const BootstrapSettings& settings);
+                                          const BootstrapSettings& settings,
+                                          std::vector<std::vector<double>>* resamples = nullptr);
+
+// The percentile interval of `resamples` at `level`: its (1 − level)/2 and
+// (1 + level)/2 quantiles; {NaN, NaN} when empty.
+Interval percentile_interval(std::vector<double> resamples, double level);
+
+// A two-level bootstrap of the mean over S sequences of a metric (methods.md §4,
+// "Several sequences"), from each sequence's own block bootstrap: pools[s] holds
+// sequence s's R resampled values (bootstrap_intervals' `resamples`, R =
+// settings.resamples). Resample r draws S sequences uniformly with replacement (a
+// splitmix64 stream seeded with settings.seed ^ tag); the k-th draw s contributes
+// pools[s][(r + k) mod R], a within-sequence resample of its own, so that a sequence
+// drawn twice contributes two independent within-sequence draws and different
+// sequences never share a pattern of blocks; the resample is their mean. Empty when
+// any pool is empty; throws kvb::Error when a pool does not hold R values.
+std::vector<double> pooled_sequence_resamples(const std::vector<std::vector<double>>& pools,
+                                              const BootstrapSettings& settings, uint64_t tag);
 
 // A metric's RowReduction applied to `rows` (all of them, once): equals the metric's
 // value up to summation order; the bootstrap applies it to resampled rows.

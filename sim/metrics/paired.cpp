@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "sim/core/error.h"
 
@@ -64,14 +66,106 @@ BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats) {
   return {};
 }
 
+BlockSums join_sequences(const std::vector<BlockSums>& per_sequence) {
+  if (per_sequence.size() == 1) return per_sequence.front();
+  BlockSums out;
+  for (const BlockSums& s : per_sequence) {
+    if (s.empty()) return {};
+    if (!s.sequence_blocks.empty()) throw Error("join_sequences: an input already spans several sequences");
+    out.num.insert(out.num.end(), s.num.begin(), s.num.end());
+    out.den.insert(out.den.end(), s.den.begin(), s.den.end());
+    out.sequence_blocks.push_back(static_cast<uint32_t>(s.num.size()));
+  }
+  return out;
+}
+
+double mean_over_sequences(const std::vector<double>& values) {
+  if (values.empty()) return kNaN;
+  double sum = values[0];
+  for (size_t k = 1; k < values.size(); ++k) sum += values[k];
+  return sum / static_cast<double>(values.size());
+}
+
+namespace {
+
+// [first, end) block range of each sequence of `sums`.
+std::vector<size_t> sequence_starts(const BlockSums& sums) {
+  std::vector<size_t> start{0};
+  if (sums.sequence_blocks.empty()) {
+    start.push_back(sums.num.size());
+    return start;
+  }
+  for (uint32_t n : sums.sequence_blocks) start.push_back(start.back() + n);
+  if (start.back() != sums.num.size()) throw Error("block sums: sequence_blocks do not add up to the blocks");
+  return start;
+}
+
+// Stream of slot k of a two-level resample (tag ^ a mix of k; slot 0: tag itself).
+uint64_t slot_tag(uint64_t tag, size_t slot) { return tag ^ (static_cast<uint64_t>(slot) * 0x9E3779B97F4A7C15ull); }
+
+// Tag of the sequence draws of a two-level bootstrap ("seqdraws").
+constexpr uint64_t kSequenceTag = 0x7365716472617773ull;
+
+}  // namespace
+
 double metric_from_block_sums(const MetricDef& metric, const BlockSums& sums) {
   if (sums.empty()) return kNaN;
-  double num = 0, den = 0;
-  for (size_t b = 0; b < sums.num.size(); ++b) {
-    num += sums.num[b];
-    den += sums.den[b];
+  const std::vector<size_t> start = sequence_starts(sums);
+  std::vector<double> per_sequence;
+  for (size_t s = 0; s + 1 < start.size(); ++s) {
+    double num = 0, den = 0;
+    for (size_t b = start[s]; b < start[s + 1]; ++b) {
+      num += sums.num[b];
+      den += sums.den[b];
+    }
+    per_sequence.push_back(finish_of(metric, den > 0 ? num / den : 0.0));
   }
-  return finish_of(metric, den > 0 ? num / den : 0.0);
+  return mean_over_sequences(per_sequence);
+}
+
+std::vector<double> two_level_resamples(const MetricDef& metric, const BlockSums* a, const BlockSums& b,
+                                        const BootstrapSettings& settings, uint64_t tag) {
+  if (settings.resamples < 1) throw Error("bootstrap: resamples must be >= 1");
+  if (!(settings.level > 0 && settings.level < 1)) throw Error("bootstrap: level must be in (0, 1)");
+  const std::vector<size_t> start = sequence_starts(b);
+  if (a && (a->num.size() != b.num.size() || a->den.size() != a->num.size() ||
+            sequence_starts(*a) != start))
+    throw Error("two-level bootstrap: the two points were not measured on the same sequences and blocks");
+  if (b.den.size() != b.num.size()) throw Error("block sums: numerators and denominators differ in length");
+  const size_t sequences = start.size() - 1;
+  const size_t resamples = static_cast<size_t>(settings.resamples);
+  // Which sequence each slot of each resample takes (one sequence: always 0, no draw).
+  std::vector<uint32_t> chosen(resamples * sequences, 0);
+  if (sequences > 1) chosen = bootstrap_draws(settings, sequences, tag ^ kSequenceTag);
+  // Block draws per (slot, block count): slot k of resample r reads draws[r·blocks ...].
+  std::map<std::pair<size_t, size_t>, std::vector<uint32_t>> streams;
+  auto stream = [&](size_t slot, size_t blocks) -> const std::vector<uint32_t>& {
+    auto [it, fresh] = streams.try_emplace({slot, blocks});
+    if (fresh) it->second = bootstrap_draws(settings, blocks, slot_tag(tag, slot));
+    return it->second;
+  };
+  std::vector<double> out(resamples), value_a(sequences), value_b(sequences);
+  for (size_t r = 0; r < resamples; ++r) {
+    for (size_t k = 0; k < sequences; ++k) {
+      const size_t s = chosen[r * sequences + k];
+      const size_t first = start[s], blocks = start[s + 1] - start[s];
+      const uint32_t* pick = stream(k, blocks).data() + r * blocks;
+      double num_a = 0, den_a = 0, num_b = 0, den_b = 0;
+      for (size_t j = 0; j < blocks; ++j) {
+        const size_t at = first + pick[j];
+        if (a) {
+          num_a += a->num[at];
+          den_a += a->den[at];
+        }
+        num_b += b.num[at];
+        den_b += b.den[at];
+      }
+      value_b[k] = finish_of(metric, den_b > 0 ? num_b / den_b : 0.0);
+      if (a) value_a[k] = finish_of(metric, den_a > 0 ? num_a / den_a : 0.0);
+    }
+    out[r] = a ? mean_over_sequences(value_b) - mean_over_sequences(value_a) : mean_over_sequences(value_b);
+  }
+  return out;
 }
 
 PairedDifference paired_difference(const MetricDef& metric, const BlockSums& a, const BlockSums& b,
@@ -80,25 +174,9 @@ PairedDifference paired_difference(const MetricDef& metric, const BlockSums& a, 
   d.value = metric_from_block_sums(metric, b) - metric_from_block_sums(metric, a);
   d.interval = {kNaN, kNaN};
   if (a.empty() || b.empty() || a.num.size() != b.num.size() || a.den.size() != a.num.size() ||
-      b.den.size() != b.num.size())
+      b.den.size() != b.num.size() || a.sequence_blocks != b.sequence_blocks)
     return d;
-  if (settings.resamples < 1) throw Error("paired bootstrap: resamples must be >= 1");
-  if (!(settings.level > 0 && settings.level < 1)) throw Error("paired bootstrap: level must be in (0, 1)");
-  const size_t blocks = a.num.size();
-  const size_t resamples = static_cast<size_t>(settings.resamples);
-  const std::vector<uint32_t> draws = bootstrap_draws(settings, blocks, kPairedTag);
-  std::vector<double> diffs(resamples);
-  for (size_t r = 0; r < resamples; ++r) {
-    const uint32_t* pick = draws.data() + r * blocks;
-    double num_a = 0, den_a = 0, num_b = 0, den_b = 0;
-    for (size_t k = 0; k < blocks; ++k) {
-      num_a += a.num[pick[k]];
-      den_a += a.den[pick[k]];
-      num_b += b.num[pick[k]];
-      den_b += b.den[pick[k]];
-    }
-    diffs[r] = finish_of(metric, den_b > 0 ? num_b / den_b : 0.0) - finish_of(metric, den_a > 0 ? num_a / den_a : 0.0);
-  }
+  std::vector<double> diffs = two_level_resamples(metric, &a, b, settings, kPairedTag);
   const double tail = (1 - settings.level) / 2;
   d.interval.lo = quantile(diffs, tail);
   d.interval.hi = quantile_in_place(diffs, 1 - tail);

@@ -27,6 +27,9 @@ FirstOrderCheck value_error_first_order(const Recording& rec, const Format& form
                                         const std::vector<int64_t>& positions, uint64_t seed) {
   const int64_t T = rec.tokens, d = rec.head_dim;
   FirstOrderCheck c;
+  c.measured_at.assign(positions.size(), 0.0);
+  c.predicted_at.assign(positions.size(), 0.0);
+  c.predicted_renyi2_at.assign(positions.size(), 0.0);
   std::vector<float> s(static_cast<size_t>(T));
   std::vector<double> p(static_cast<size_t>(T)), dout(static_cast<size_t>(d)), enorm2(static_cast<size_t>(T));
   for (int64_t l = 0; l < rec.num_layers(); ++l)
@@ -41,7 +44,8 @@ FirstOrderCheck value_error_first_order(const Recording& rec, const Format& form
       }
       const LayerTensors& L = rec.layers[static_cast<size_t>(l)];
       for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-        for (int64_t t : positions) {
+        for (size_t at = 0; at < positions.size(); ++at) {
+          const int64_t t = positions[at];
           attention_scores(L.query.slice(h), L.key.slice(g), t + 1, d, t, t + 1, s.data());
           softmax_row(s.data(), t + 1, p.data());
           std::fill(dout.begin(), dout.end(), 0.0);
@@ -57,6 +61,9 @@ FirstOrderCheck value_error_first_order(const Recording& rec, const Format& form
           c.measured += meas;
           c.predicted += pred;
           c.predicted_renyi2 += sum_p2 * sigma2;  // 2^(−H₂) = Σ p²
+          c.measured_at[at] += meas;
+          c.predicted_at[at] += pred;
+          c.predicted_renyi2_at[at] += sum_p2 * sigma2;
           ++c.rows;
         }
     }
@@ -73,6 +80,8 @@ FirstOrderCheck key_error_first_order(const Recording& rec, const Format& format
   const int64_t T = rec.tokens, d = rec.head_dim;
   const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
   FirstOrderCheck c;
+  c.measured_at.assign(positions.size(), 0.0);
+  c.predicted_at.assign(positions.size(), 0.0);
   std::vector<float> s(static_cast<size_t>(T));
   std::vector<double> p(static_cast<size_t>(T)), ds(static_cast<size_t>(T));
   for (int64_t l = 0; l < rec.num_layers(); ++l)
@@ -80,7 +89,8 @@ FirstOrderCheck key_error_first_order(const Recording& rec, const Format& format
       const std::vector<double> e = unit_error(rec, format, l, g, true, seed);
       const LayerTensors& L = rec.layers[static_cast<size_t>(l)];
       for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
-        for (int64_t t : positions) {
+        for (size_t at = 0; at < positions.size(); ++at) {
+          const int64_t t = positions[at];
           const float* q = L.query.slice(h) + t * d;
           attention_scores(L.query.slice(h), L.key.slice(g), t + 1, d, t, t + 1, s.data());
           softmax_row(s.data(), t + 1, p.data());
@@ -99,8 +109,11 @@ FirstOrderCheck key_error_first_order(const Recording& rec, const Format& format
             mean += pj * x;
             mean2 += pj * x * x;
           }
-          c.measured += std::max(0.0, std::log(z) + mx - mean);
-          c.predicted += 0.5 * (mean2 - mean * mean);
+          const double kl = std::max(0.0, std::log(z) + mx - mean), pred = 0.5 * (mean2 - mean * mean);
+          c.measured += kl;
+          c.predicted += pred;
+          c.measured_at[at] += kl;
+          c.predicted_at[at] += pred;
           ++c.rows;
         }
     }

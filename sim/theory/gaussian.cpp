@@ -93,15 +93,21 @@ ScalarQuantizer lloyd_max_gaussian(int bits) {
 
 double shannon_mse_bound(double bits) { return std::pow(4.0, -bits); }
 
-double sampled_mse(const ScalarQuantizer& q, int64_t samples, uint64_t seed) {
+double sampled_mse(const ScalarQuantizer& q, int64_t samples, uint64_t seed, double* standard_error) {
   synth::Rng rng(synth::derive_seed({seed, 0x7465737473ull}));
-  double sum = 0;
+  double sum = 0, sum4 = 0;
   for (int64_t i = 0; i < samples; ++i) {
     const double x = rng.normal();
     const double e = x - q.quantize(x);
     sum += e * e;
+    sum4 += e * e * e * e;
   }
-  return samples ? sum / static_cast<double>(samples) : 0.0;
+  const double mean = samples ? sum / static_cast<double>(samples) : 0.0;
+  if (standard_error) {
+    const double n = static_cast<double>(samples);
+    *standard_error = samples < 2 ? std::nan("") : std::sqrt(std::max(0.0, sum4 / n - mean * mean) / (n - 1));
+  }
+  return mean;
 }
 
 }  // namespace kvb::theory

@@ -38,6 +38,8 @@ double best_uniform_step(int bits);
 double shannon_mse_bound(double bits);
 
 // MSE of q on seeded N(0, 1) samples (an empirical check of the exact value).
-double sampled_mse(const ScalarQuantizer& q, int64_t samples, uint64_t seed);
+// `standard_error` (optional) receives the standard error of that mean of squared
+// errors, sqrt((mean(e⁴) − mean(e²)²) / (n − 1)) (NaN for fewer than 2 samples).
+double sampled_mse(const ScalarQuantizer& q, int64_t samples, uint64_t seed, double* standard_error = nullptr);
 
 }  // namespace kvb::theory

@@ -5,6 +5,7 @@
 #include <set>
 
 #include <algorithm>
+#include <limits>
 
 #include "experiments/bounds.h"
 #include "sim/core/error.h"
@@ -47,11 +48,54 @@ TEST_CASE("the bounds report has every row of methods.md §5, and the Gaussian r
     if (r.name == "bound as written (control: equal rho)") CHECK(r.predicted == 1.0);
     if (r.name == "bound as written (control: swapped rho)") CHECK(r.predicted == -1.0);
   }
+  // Every row has a verdict; sampled rows an interval of what their criterion tests,
+  // exact ones none; a verdict never contradicts the measured value's own criterion.
+  for (const BoundRow& r : rows) {
+    INFO(r.name << ": " << r.verdict << " [" << r.interval.lo << ", " << r.interval.hi << "]");
+    CHECK((r.verdict == "holds" || r.verdict == "violated" || r.verdict == "within uncertainty"));
+    if (r.verdict == "holds") CHECK(r.holds);
+    if (r.verdict == "violated") CHECK_FALSE(r.holds);
+    const bool exact = r.name.rfind("lloyd-max b=", 0) == 0 || r.name.rfind("uniform-step", 0) == 0 ||
+                       r.name.rfind("high-rate", 0) == 0;
+    CHECK(exact == (r.interval_of == "exact"));
+    if (exact) CHECK(std::isnan(r.interval.lo));
+    const bool sampled = r.name.rfind("shannon", 0) == 0 || r.name.rfind("mse ", 0) == 0 ||
+                         r.name.rfind("inner-product", 0) == 0 || r.section == "first-order" ||
+                         r.name == "4/3 vs 3/3 (unequal budgets)";
+    if (sampled) {
+      CHECK(r.interval.lo <= r.interval.hi);
+      CHECK(std::isfinite(r.interval.lo));
+    }
+    // Shannon's bound is far below every quantizer's MSE: the samples cannot blur it.
+    if (r.name.rfind("shannon", 0) == 0) CHECK(r.verdict == "holds");
+    if (r.section == "entropy-rule" || (r.section == "taqg" && r.name != "4/3 vs 3/3 (unequal budgets)"))
+      CHECK(r.interval_of != "exact");
+  }
   const std::string csv = bounds_csv(rows), md = bounds_markdown(rows);
-  CHECK(csv.rfind("section,name,claim,predicted,measured,holds,criterion,note\n", 0) == 0);
+  CHECK(csv.rfind("section,name,claim,predicted,measured,holds,verdict,interval_lo,interval_hi,interval_of,criterion,"
+                  "note\n", 0) == 0);
+  CHECK(md.find("| verdict | 95 % interval |") != std::string::npos);
+  CHECK(md.find("\"within uncertainty\"") != std::string::npos);
   CHECK(md.find("| gaussian | lloyd-max b=1 |") != std::string::npos);
   CHECK(md.find("\\|\\|do\\|\\|") != std::string::npos);  // pipes in cells are escaped
   CHECK(md.find("Notes (what is not a row, and why)") != std::string::npos);
+}
+
+TEST_CASE("bounds verdicts: holds or violated only when the interval clears the criterion's boundary") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  // measured >= 0.5
+  CHECK(bound_verdict(true, {1.0, 2.0}, 0.5, inf) == "holds");
+  CHECK(bound_verdict(true, {0.4, 2.0}, 0.5, inf) == "within uncertainty");  // the value holds, its interval straddles
+  CHECK(bound_verdict(false, {0.1, 0.4}, 0.5, inf) == "violated");
+  CHECK(bound_verdict(false, {0.1, 0.6}, 0.5, inf) == "within uncertainty");
+  // measured/predicted in [0.8, 1.25]
+  CHECK(bound_verdict(true, {0.9, 1.1}, 0.8, 1.25) == "holds");
+  CHECK(bound_verdict(true, {0.75, 1.1}, 0.8, 1.25) == "within uncertainty");
+  CHECK(bound_verdict(false, {1.3, 1.5}, 0.8, 1.25) == "violated");
+  CHECK(bound_verdict(false, {1.2, 1.5}, 0.8, 1.25) == "within uncertainty");
+  // An exact computation: the criterion decides.
+  CHECK(bound_verdict(true, {nan, nan}, 0.5, inf) == "holds");
+  CHECK(bound_verdict(false, {nan, nan}, 0.5, inf) == "violated");
 }
 
 TEST_CASE("entropy rule: every alpha reaching the minimal error is a best alpha (ties)") {

@@ -72,7 +72,7 @@ TEST_CASE("model data: errors name the key") {
   CHECK(has(config_error(kModelData + "continuation_tokens = 3\n" + kUniform + "[metrics]\nreport = [\"gen_bleu4\"]\n"),
             "'gen_bleu4' needs continuations of at least 4 tokens, but [data] continuation_tokens = 3"));
   CHECK(has(config_error("[data]\nsource = \"model\"\nmodel = \"data/models/llama-bytes\"\n" + kUniform),
-            "give exactly one of `text` and `token_file`"));
+            "give exactly one of `text`, `token_file`, `texts` and `token_files`"));
   CHECK(has(config_error(kModelData + "token_file = \"x.npy\"\n" + kUniform), "token_file"));
   const std::string ids_data =
       "[data]\nsource = \"model\"\nmodel = \"data/models/llama-bytes\"\ntoken_file = \"data/text/eval_kjv_revelation.txt\"\n";
