@@ -18,8 +18,11 @@ void ModelInput::add_options(po::options_description& opts) {
   opts.add_options()("text", po::value(&text), "text file to run on (tokenized by --tokenizer)")(
       "tokens", po::value(&token_file), "token ids instead of text: .npy, .safetensors (its input_ids), or whitespace-separated integers")(
       "tokenizer", po::value(&tokenizer)->default_value("bytes"),
-      "'bytes' (ids 0..255, the fixtures' scheme) or a tokenizer.json (GPT-2 byte-level BPE)")(
-      "bos", po::bool_switch(&bos), "prepend the model's bos_token_id (default for --tokenizer bytes)")(
+      "'bytes' (ids 0..255, the fixtures' scheme) or a Hugging Face tokenizer.json (the BPE of GPT-2, Llama 3, "
+      "Qwen2, Llama 2, Mistral)")(
+      "bos", po::bool_switch(&bos),
+      "prepend the model's bos_token_id (default for --tokenizer bytes and for a tokenizer.json whose template "
+      "starts with special tokens, as Llama's)")(
       "no-bos", po::bool_switch(&no_bos), "do not prepend BOS")(
       "max-tokens", po::value(&max_tokens)->default_value(512), "keep the first N tokens (0 = all)")(
       "threads", po::value(&threads), "OpenMP threads (default: all cores)");
