@@ -120,6 +120,10 @@ TEST_CASE("GPT-2 BPE: pre-tokenization pieces, merges by rank, added tokens, rou
     const int64_t eot = id_of(*tok, "<|endoftext|>");
     CHECK(tok->encode("x<|endoftext|> the") == std::vector<int64_t>{'x', eot, id_of(*tok, "Ġthe")});
     CHECK(tok->decode({'x', eot}) == "x<|endoftext|>");
+    // Bytes that are not UTF-8 decode as U+FFFD, one per maximal ill-formed run (as
+    // Rust's from_utf8_lossy in tokenizers' ByteLevel decoder).
+    CHECK(tok->decode({'x', 0xC3}) == "x\xEF\xBF\xBD");
+    CHECK(tok->decode({0xE2, 0x82, 'x', 0xFF}) == "\xEF\xBF\xBDx\xEF\xBF\xBD");
   }
   const auto prefixed = BpeTokenizer::load(write_tokenizer(dir, false, true));
   CHECK(prefixed->encode("the") == std::vector<int64_t>{id_of(*prefixed, "Ġthe")});
@@ -267,6 +271,10 @@ TEST_CASE("SentencePiece-style BPE: code points, byte fallback, unk and fuse_unk
   CHECK(has(error_of([&] { load("bad_unk.json", bad_unk)->encode("\xC3\xA9"); }), "model.unk_token '<missing>' is not in model.vocab"));
   // No pre-tokenizer: no stable cut.
   CHECK(tok->stable_prefix_length("hello world hello world") == 0);
+  // Metaspace's decoder: "▁" is a space, dropped in the first token (prepend_scheme always).
+  nlohmann::json meta = spm_style(true, true, true);
+  meta["decoder"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}, {"split", true}};
+  CHECK(load("meta.json", meta)->decode({3, 14, 15, 7}) == "hello wo");
 }
 
 TEST_CASE("BPE: merges apply lowest rank first, then leftmost, as tokenizers' word.rs") {
