@@ -10,10 +10,8 @@ pipeline (normalizer, pre-tokenizer pattern, merges, byte fallback, special toke
   qwen2    byte-level BPE with Qwen2's pattern (single digits) and NFC normalizer,
            its special tokens, no BOS
   spm      SentencePiece BPE with Llama 2's / Mistral's trainer settings (byte fallback,
-           split digits, dummy prefix, identity normalization), assembled into a
-           tokenizer.json as transformers' LlamaConverter does, as Llama 2's (legacy: Prepend
-           and Replace normalizers) and, in spm_metaspace/, as Mistral's later files
-           (Metaspace pre-tokenizer, prepend_scheme "first"); the ids of both the
+           split digits, dummy prefix, identity normalization), converted to
+           tokenizer.json by transformers (LlamaTokenizerFast); the ids of both the
            SentencePiece model and the converted tokenizer.json are recorded
 
 Needs `tokenizers`, `sentencepiece` and `transformers` (not Debian packages; the GPU
@@ -150,29 +148,10 @@ def make_qwen2(out):
     write(out, "qwen2", "tokenizers.Tokenizer (Hugging Face tokenizers, Rust)", hf_cases(tok))
 
 
-def llama_merges(vocab, scores):
-    """The merges transformers' converter derives from a SentencePiece BPE model
-    (convert_slow_tokenizer's SentencePieceExtractor / generate_merges, with the pieces'
-    scores): every split of a piece into two pieces of the vocabulary, ordered by the
-    piece's score (best first), then by the lengths of the two parts."""
-    merges = []
-    for piece, score in scores.items():
-        local = [(piece[:k], piece[k:], score) for k in range(1, len(piece))
-                 if piece[:k] in vocab and piece[k:] in vocab]
-        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
-    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
-    return [(left, right) for left, right, _ in merges]
-
-
 def make_spm(out):
-    """Llama 2's pipeline (legacy: Prepend and Replace normalizers, no pre-tokenizer) in
-    spm/, Mistral's later one (Metaspace with prepend_scheme "first", no normalizer) in
-    spm_metaspace/, both over the same trained SentencePiece model, assembled with
-    `tokenizers` the way transformers' LlamaConverter does (transformers 5.17's own
-    conversion fails: LlamaTokenizerFast(vocab_file=...) gives an empty vocabulary and
-    LlamaConverter raises in SentencePieceExtractor.extract)."""
     import sentencepiece as spm
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import Tokenizer
+    from transformers import LlamaTokenizerFast
 
     d = out / "spm"
     d.mkdir(parents=True, exist_ok=True)
@@ -187,38 +166,20 @@ def make_spm(out):
             unk_id=0, bos_id=1, eos_id=2, pad_id=-1, max_sentence_length=1 << 20, minloglevel=2)
     (d / "tokenizer.vocab").unlink(missing_ok=True)
     sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
-    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-    scores = {sp.id_to_piece(i): sp.get_score(i) for i in range(sp.get_piece_size())}
-    merges = llama_merges(vocab, scores)
-    for name, legacy in (("spm", True), ("spm_metaspace", False)):
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=sp.id_to_piece(sp.unk_id()), fuse_unk=True,
-                                   byte_fallback=True))
-        tok.add_special_tokens([AddedToken(sp.id_to_piece(i), normalized=False, special=True)
-                                for i in (sp.unk_id(), sp.bos_id(), sp.eos_id())])
-        if legacy:
-            tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-        else:
-            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-        # BOS by the template, as LlamaTokenizerFast.update_post_processor sets it (add_bos_token).
-        bos = sp.id_to_piece(sp.bos_id())
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, sp.bos_id())])
-        (out / name).mkdir(parents=True, exist_ok=True)
-        tok.save(str(out / name / "tokenizer.json"))
-        tok = Tokenizer.from_file(str(out / name / "tokenizer.json"))
-        cases, disagree = [], 0
-        for text in sample_cases():
-            case = {"text": text, "ids": tok.encode(text).ids,
-                    "ids_no_special": tok.encode(text, add_special_tokens=False).ids,
-                    "sentencepiece_ids": [sp.bos_id()] + sp.encode(text)}
-            case["decoded"] = tok.decode(case["ids_no_special"], skip_special_tokens=False)
-            disagree += case["ids"] != case["sentencepiece_ids"]
-            cases.append(case)
-        write(out, name, f"tokenizers.Tokenizer assembled as transformers' LlamaConverter (legacy={legacy}); "
-              "sentencepiece_ids: sentencepiece.SentencePieceProcessor with BOS", cases,
-              {"cases_where_converted_differs_from_sentencepiece": disagree})
+    fast = LlamaTokenizerFast(vocab_file=str(d / "tokenizer.model"), from_slow=True, legacy=True)
+    fast.backend_tokenizer.save(str(d / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    cases, disagree = [], 0
+    for text in sample_cases():
+        sp_ids = sp.encode(text)
+        case = {"text": text, "ids": tok.encode(text).ids, "ids_no_special": tok.encode(text, add_special_tokens=False).ids,
+                "sentencepiece_ids": [sp.bos_id()] + sp_ids}
+        case["decoded"] = tok.decode(case["ids_no_special"], skip_special_tokens=False)
+        disagree += case["ids"] != case["sentencepiece_ids"]
+        cases.append(case)
+    write(out, "spm", "tokenizers.Tokenizer on transformers' conversion (LlamaTokenizerFast, legacy=True); "
+          "sentencepiece_ids: sentencepiece.SentencePieceProcessor with BOS", cases,
+          {"cases_where_converted_differs_from_sentencepiece": disagree})
 
 
 def main():

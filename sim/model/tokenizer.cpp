@@ -640,7 +640,10 @@ void BpeTokenizer::Pipeline::encode_word(std::string_view word, std::vector<int6
       continue;  // as tokenizers: a pending unknown stays pending
     }
     if (!unk_token) {
-      std::string shown(word);
+      // The piece, or its start (without a pre-tokenizer the piece is the whole text).
+      size_t cut = std::min<size_t>(word.size(), 80);
+      while (cut < word.size() && (static_cast<unsigned char>(word[cut]) & 0xC0) == 0x80) ++cut;
+      const std::string shown = std::string(word.substr(0, cut)) + (cut < word.size() ? "..." : "");
       throw Error(path.string() + ": the vocabulary has no token '" + ch + "' (from the text piece '" + shown + "')" +
                   (byte_fallback ? ", and no byte fallback tokens for it" : "") + ", and model.unk_token is not set");
     }

@@ -1,8 +1,8 @@
-// BpeTokenizer against Hugging Face `tokenizers` on the pipelines of the models people
-// use: the committed tokenizers of data/tokenizers/ (small vocabularies trained with
-// Llama 3's, Qwen2's and Llama 2's / Mistral's pipelines by
-// scripts/make_tokenizer_references.py) with the ids tokenizers gives on a sample of
-// text, and the pre-tokenizer patterns, Metaspace and NFC step by step on texts chosen
+// BpeTokenizer against the reference implementations on the pipelines of the models
+// people use: the committed tokenizers of data/tokenizers/ (small vocabularies trained
+// with Llama 3's, Qwen2's and Llama 2's / Mistral's pipelines; data/SOURCES.md) with the
+// ids Hugging Face tokenizers gives on a sample of text (sentencepiece's own ids for
+// spm/), and the pre-tokenizer patterns, Metaspace and NFC step by step on texts chosen
 // for their corners (data/tokenizers/pretokenizer_references.json,
 // scripts/make_pretokenizer_references.py).
 #include <nlohmann/json.hpp>
@@ -43,12 +43,12 @@ fs::path pipeline_file(const fs::path& dir, const std::string& name, const nlohm
 
 }  // namespace
 
-TEST_CASE("tokenizer references: every case's ids, ids without special tokens and decoded text match tokenizers'") {
+TEST_CASE("tokenizer references: every case's ids, ids without special tokens and decoded text match the reference's") {
   for (const char* name : {"llama3", "qwen2", "spm", "spm_metaspace"}) {
     CAPTURE(name);
     const auto tok = BpeTokenizer::load(tokenizers_dir() / name / "tokenizer.json");
     const nlohmann::json ref = read_json(tokenizers_dir() / name / "reference_ids.json");
-    REQUIRE(ref["cases"].size() >= 20);
+    REQUIRE(ref["cases"].size() >= 19);
     size_t ids_checked = 0;
     for (const nlohmann::json& c : ref["cases"]) {
       const std::string text = c["text"].get<std::string>();
