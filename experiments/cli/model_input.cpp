@@ -23,8 +23,11 @@ void ModelInput::add_options(po::options_description& opts) {
 
 void ModelInput::add_model_options(po::options_description& opts) {
   opts.add_options()("tokenizer", po::value(&tokenizer)->default_value("bytes"),
-                     "'bytes' (ids 0..255, the fixtures' scheme) or a tokenizer.json (GPT-2 byte-level BPE)")(
-      "bos", po::bool_switch(&bos), "prepend the model's bos_token_id (default for --tokenizer bytes)")(
+                     "'bytes' (ids 0..255, the fixtures' scheme) or a Hugging Face tokenizer.json (the BPE of GPT-2, "
+                     "Llama 3, Qwen2, Llama 2, Mistral)")(
+      "bos", po::bool_switch(&bos),
+      "prepend the model's bos_token_id (default for --tokenizer bytes and for a tokenizer.json whose template "
+      "starts with special tokens, as Llama's)")(
       "no-bos", po::bool_switch(&no_bos), "do not prepend BOS")(
       "threads", po::value(&threads), "OpenMP threads (default: all cores)");
 }
@@ -90,19 +93,23 @@ std::unique_ptr<Tokenizer> ModelInput::make_tokenizer() const {
 std::vector<int64_t> ModelInput::encode_text(std::string_view input, const ModelConfig& config,
                                              const std::string& where) const {
   const bool bytes = tokenizer == "bytes";
-  const bool add_bos = bos || (bytes && !no_bos);
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer();
+  // As load_tokens: BOS by default for bytes and for a tokenizer.json whose template puts
+  // special tokens before the text (Llama's); the text itself is encoded without them.
+  const auto* bpe = dynamic_cast<const BpeTokenizer*>(tok.get());
+  const bool add_bos = bos || (!no_bos && (bytes || (bpe && !bpe->template_prefix().empty())));
   if (add_bos && !config.bos_token_id)
     throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
                       " has no bos_token_id (give --no-bos)");
   if (bytes && config.vocab_size < 256)
     throw ConfigError(where + ": the byte tokenizer needs a vocabulary of at least 256 ids, but " +
                       config.config_file.string() + " has vocab_size " + std::to_string(config.vocab_size));
-  std::vector<int64_t> ids = make_tokenizer()->encode(input);
+  std::vector<int64_t> ids = tok->encode(input);
   if (add_bos) ids.insert(ids.begin(), *config.bos_token_id);
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= config.vocab_size)
       throw Error(where + ": token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) + " (from " +
-                  make_tokenizer()->name() + ") is outside the vocabulary of " + config.dir.string() + " (vocab_size " +
+                  tok->name() + ") is outside the vocabulary of " + config.dir.string() + " (vocab_size " +
                   std::to_string(config.vocab_size) + " in " + config.config_file.string() + ")");
   return ids;
 }

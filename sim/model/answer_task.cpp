@@ -107,14 +107,17 @@ std::vector<AnswerProblem> read_jsonl_task(const fs::path& file, const AnswerTas
     if (j.contains("prompt")) {
       if (!j["prompt"].is_string()) throw ConfigError(where + ": \"prompt\" must be a string");
       const bool bytes = spec.tokenizer == "bytes";
-      const bool add_bos = spec.add_bos.value_or(bytes);
-      if (add_bos && !config.bos_token_id)
-        throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
-                          " has no bos_token_id");
       if (!tokenizer) {
         if (bytes) tokenizer = std::make_unique<ByteTokenizer>(std::nullopt);
         else tokenizer = BpeTokenizer::load(spec.tokenizer);
       }
+      // As load_tokens: BOS by default for bytes and for a template with special tokens
+      // before the text; the prompt itself is encoded without them.
+      const auto* bpe = dynamic_cast<const BpeTokenizer*>(tokenizer.get());
+      const bool add_bos = spec.add_bos.value_or(bytes || (bpe && !bpe->template_prefix().empty()));
+      if (add_bos && !config.bos_token_id)
+        throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
+                          " has no bos_token_id");
       p.prompt = tokenizer->encode(j["prompt"].get<std::string>());
       if (add_bos) p.prompt.insert(p.prompt.begin(), *config.bos_token_id);
     } else {

@@ -34,7 +34,7 @@ struct AnswerTaskSpec {
   int64_t max_problems = 0;              // keep the first N problems (0 = all)
   std::string problem_prefix;            // keep the problems whose name starts with this ("" = all)
   std::string tokenizer = "bytes";       // "bytes" or a tokenizer.json: text prompts and decoding
-  std::optional<bool> add_bos;           // text prompts: prepend BOS; default yes for bytes, no for BPE
+  std::optional<bool> add_bos;           // text prompts: prepend BOS; default yes for bytes and for a template that starts with special tokens
 };
 
 struct AnswerProblem {

@@ -38,7 +38,10 @@ std::vector<int64_t> load_tokens(const TokenSource& src, const ModelConfig& conf
     where = src.text.string();
     if (fs::is_directory(src.text)) throw Error(where + ": is a directory, expected a text file");
     const bool bytes = src.tokenizer == "bytes";
-    const bool add_bos = src.add_bos.value_or(bytes);
+    const std::unique_ptr<BpeTokenizer> bpe = bytes ? nullptr : BpeTokenizer::load(src.tokenizer);
+    // BOS by default for bytes and for a tokenizer whose template puts special tokens
+    // before the text (Llama's); the text itself is encoded without them.
+    const bool add_bos = src.add_bos.value_or(bytes || !bpe->template_prefix().empty());
     if (add_bos && !config.bos_token_id)
       throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
                         " has no bos_token_id");
@@ -51,7 +54,6 @@ std::vector<int64_t> load_tokens(const TokenSource& src, const ModelConfig& conf
       ids = ByteTokenizer(add_bos ? config.bos_token_id : std::nullopt)
                 .encode(read_file_prefix(src.text, "a text file", wanted));  // one token per byte
     } else {
-      const std::unique_ptr<BpeTokenizer> bpe = BpeTokenizer::load(src.tokenizer);
       // Doubling prefixes until the tokens of a stable prefix (one whose tokens no
       // later text changes) are enough, or the file ends.
       size_t read = std::max<size_t>(size_t{1} << 16, wanted < SIZE_MAX / 64 ? wanted * 16 : SIZE_MAX);

@@ -28,8 +28,8 @@ namespace kvb {
 struct TokenSource {
   std::filesystem::path text;        // a text file, tokenized with `tokenizer`, or
   std::filesystem::path token_file;  // token ids: .npy or whitespace-separated text
-  std::string tokenizer = "bytes";   // "bytes" or the path of a tokenizer.json (GPT-2 BPE)
-  std::optional<bool> add_bos;       // prepend the model's bos_token_id; default: yes for bytes, no for BPE
+  std::string tokenizer = "bytes";   // "bytes" or the path of a tokenizer.json (BpeTokenizer: GPT-2, Llama, Qwen2, Mistral)
+  std::optional<bool> add_bos;       // prepend the model's bos_token_id; default: yes for bytes and for a tokenizer whose template starts with special tokens (Llama), no for GPT-2 / Qwen2
   int64_t max_tokens = 0;            // keep the first N tokens (0 = all)
 };
 

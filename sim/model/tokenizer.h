@@ -1,8 +1,10 @@
 // Tokenizers for running models on text:
 //  - ByteTokenizer: the fixtures' byte-level scheme, ids 0..255 are the bytes of the
 //    text, optionally preceded by a BOS id (256 for the fixtures).
-//  - BpeTokenizer: GPT-2's byte-level BPE read from a Hugging Face tokenizer.json
-//    (model type "BPE", pre_tokenizer "ByteLevel", no normalizer).
+//  - BpeTokenizer: a Hugging Face tokenizer.json with a BPE model, in the pipelines of
+//    the models people use: GPT-2, Llama 3 and Qwen2 (byte-level BPE) and Llama 2 /
+//    Mistral (SentencePiece-style BPE with byte fallback), as Hugging Face `tokenizers`
+//    runs them (BpeTokenizer::load lists what is supported).
 // and read_token_ids() for token ids prepared elsewhere.
 #pragma once
 #include <cstdint>
@@ -11,7 +13,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace kvb {
@@ -38,41 +39,66 @@ class ByteTokenizer final : public Tokenizer {
 
 class BpeTokenizer final : public Tokenizer {
  public:
-  // Reads a tokenizer.json. Anything outside GPT-2's byte-level BPE (another model
-  // type, a normalizer, another pre-tokenizer, byte fallback) is a kvb::Error naming
-  // the file and the key.
+  // Reads a tokenizer.json whose pipeline is made of (anything else is a kvb::Error
+  // naming the file and the key, e.g. "key 'normalizer.normalizers[1].type': 'NFKC' is
+  // not supported"):
+  //   normalizer     null, NFC, Prepend, Replace (string pattern), Sequence of these
+  //   pre_tokenizer  null; ByteLevel (use_regex: GPT-2's pattern); Split (a known regex:
+  //                  GPT-2's, Llama 3's or Qwen2's pattern, behavior Isolated); Metaspace
+  //                  (prepend_scheme first/always/never, split); Sequence of these
+  //   model          BPE: merges by rank as tokenizers' word.rs applies them, ignore_merges,
+  //                  byte_fallback (<0xXX> tokens), unk_token and fuse_unk; no dropout,
+  //                  continuing_subword_prefix or end_of_word_suffix
+  //   added_tokens   split the text first (leftmost, longest), before (normalized false)
+  //                  or after (normalized true) normalization, with lstrip/rstrip;
+  //                  single_word is refused
+  //   post_processor null, TemplateProcessing (its `single` template), ByteLevel, Sequence
+  //   decoder        ByteLevel, Metaspace, Sequence of Replace (string), ByteFallback, Fuse,
+  //                  Strip; null: ByteLevel for a byte-level pipeline, else tokens joined
+  //                  by spaces (as tokenizers does)
+  // The pre-tokenizer patterns are matched by hand-written matchers with the regexes'
+  // semantics; letters (\p{L}), numbers (\p{N}) and NFC come from the Unicode tables of
+  // sim/model/unicode_tables.h (scripts/gen_unicode_tables.py).
   static std::unique_ptr<BpeTokenizer> load(const std::filesystem::path& tokenizer_json);
+  ~BpeTokenizer() override;
 
-  // Added tokens (e.g. "<|endoftext|>") are matched literally first; the rest is split
-  // with GPT-2's pre-tokenization pattern
-  //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-  // (letters and numbers beyond ASCII are classified by the C library's C.UTF-8
-  // tables, an approximation of Unicode's L and N categories), each piece is mapped
-  // byte by byte to GPT-2's printable alphabet, and merges apply lowest rank first.
+  // The text's tokens without the post-processor's special tokens: tokenizers'
+  // encode(text, add_special_tokens=False). A character that is neither in the
+  // vocabulary nor covered by byte fallback or unk_token is an error (tokenizers drops it).
   std::vector<int64_t> encode(std::string_view text) const override;
+  // With them: template_prefix() + encode(text) + template_suffix(), tokenizers'
+  // encode(text) (e.g. Llama 3's "<|begin_of_text|> $A", Llama 2's "<s> $A").
+  std::vector<int64_t> encode_with_special_tokens(std::string_view text) const;
+  // The special tokens the post-processor's template puts before / after the text
+  // (empty without a TemplateProcessing).
+  const std::vector<int64_t>& template_prefix() const;
+  const std::vector<int64_t>& template_suffix() const;
+  // The pieces the model encodes one by one: the text between added tokens, normalized
+  // and pre-tokenized (in GPT-2's byte alphabet after a ByteLevel step), as tokenizers'
+  // normalize_str + pre_tokenize_str give them.
+  std::vector<std::string> pieces(std::string_view text) const;
+  // Runs the decoder over the ids' tokens (added tokens included): tokenizers'
+  // decode(ids, skip_special_tokens=False). Unknown ids are an error.
   std::string decode(const std::vector<int64_t>& ids) const override;
-  std::string name() const override { return path_.string(); }
-  // The longest prefix of `text` whose tokens are the first tokens of every text that
-  // starts with it: a cut just before an ASCII space followed by an ASCII letter or
-  // digit, which no piece of the pattern above crosses. 0 when there is no such cut,
-  // or when pieces could cross it (no pre-tokenization pattern, an added token that
-  // contains a space). Lets a reader stop reading a long text once it has enough tokens.
+  std::string name() const override;
+  // The longest prefix of `text` whose tokens (encode()) are the first tokens of every
+  // text that starts with it: a cut just before an ASCII space followed by an ASCII
+  // letter or digit, which no piece of the supported pre-tokenizers crosses (a piece of
+  // the patterns ends before such a space, Metaspace with split starts a piece at it).
+  // 0 when there is no such cut, or when a cut cannot be proven stable: no
+  // pre-tokenizer or Metaspace without split (the text is one piece), a Prepend or
+  // Replace normalizer, an added token that contains a space. Lets a reader stop
+  // reading a long text once it has enough tokens.
   size_t stable_prefix_length(std::string_view text) const;
 
-  int64_t vocab_size() const { return static_cast<int64_t>(id_to_token_.size()); }
+  int64_t vocab_size() const;  // the largest id (model or added token) + 1
   std::optional<int64_t> token_id(const std::string& token) const;
 
- private:
-  void encode_piece(std::string_view bytes, std::vector<int64_t>& out) const;
+  struct Pipeline;  // tokenizer.cpp
 
-  std::filesystem::path path_;
-  std::unordered_map<std::string, int64_t> vocab_;       // byte-level token -> id
-  std::vector<std::string> id_to_token_;                 // id -> token ("" for gaps)
-  std::unordered_map<std::string, int> merge_rank_;      // "left right" -> rank
-  std::vector<std::pair<std::string, int64_t>> added_;   // literal added tokens
-  bool add_prefix_space_ = false;
-  bool use_regex_ = true;
-  bool ignore_merges_ = false;
+ private:
+  BpeTokenizer() = default;
+  std::unique_ptr<const Pipeline> pipeline_;
 };
 
 // Token ids from a file: .npy (an integer array [T] or [1, T]), .safetensors (its tensor

@@ -2,6 +2,8 @@
 // generation that stops at the answer, answer_accuracy with its Wilson interval and
 // the flips; and phases that switch where the marker is generated (Plan::unit_at with
 // second_phase, Transformer::extend).
+#include <nlohmann/json.hpp>
+
 #include <fstream>
 
 #include "sim/core/error.h"
@@ -140,6 +142,28 @@ TEST_CASE("a JSONL task: text or id prompts, string or number answers, and clear
   spec.file = dir / "t.txt";
   std::ofstream(spec.file) << "x\n";
   CHECK_THROWS_WITH_AS(AnswerTask(spec, config), doctest::Contains("a task file is .npz or .jsonl"), ConfigError);
+}
+
+TEST_CASE("a JSONL task's text prompts with a Llama 3 tokenizer get BOS once, as its template; Qwen2's none") {
+  // The committed Llama 3 / Qwen2 tokenizers (data/tokenizers/) and the ids Hugging Face
+  // tokenizers gives on their first sample text.
+  ModelConfig config = reasoning_model()->config();
+  const std::filesystem::path dir = scratch_dir("answer_task_llama_tokenizer");
+  const std::filesystem::path llama3 = data_dir() / "tokenizers" / "llama3";
+  nlohmann::json ref = nlohmann::json::parse(std::ifstream(llama3 / "reference_ids.json"));
+  nlohmann::json line = {{"prompt", ref["cases"][0]["text"]}, {"answer", "x"}};
+  std::ofstream(dir / "t.jsonl") << line.dump() << "\n";
+  config.vocab_size = 2048;
+  config.bos_token_id = ref["cases"][0]["ids"][0].get<int64_t>();
+  AnswerTaskSpec spec;
+  spec.file = dir / "t.jsonl";
+  spec.answer_regex = "(x)";
+  spec.tokenizer = (llama3 / "tokenizer.json").string();
+  CHECK(AnswerTask(spec, config).problems()[0].prompt == ref["cases"][0]["ids"].get<std::vector<int64_t>>());
+  const std::filesystem::path qwen2 = data_dir() / "tokenizers" / "qwen2";
+  ref = nlohmann::json::parse(std::ifstream(qwen2 / "reference_ids.json"));
+  spec.tokenizer = (qwen2 / "tokenizer.json").string();
+  CHECK(AnswerTask(spec, config).problems()[0].prompt == ref["cases"][0]["ids"].get<std::vector<int64_t>>());
 }
 
 TEST_CASE("the reasoning model answers with the exact cache and stops at the answer") {

@@ -1,7 +1,8 @@
 // Tokenizers and token sources (sim/model/tokenizer.h, load_tokens): the fixtures'
-// byte scheme, GPT-2 byte-level BPE from a small hand-written tokenizer.json whose
-// expected ids follow from GPT-2's pre-tokenization pattern and merge ranks, and
-// token id files.
+// byte scheme, BPE from small hand-written tokenizer.json files whose expected ids
+// follow from the pipeline's rules (GPT-2's pre-tokenization pattern and merge ranks,
+// SentencePiece-style byte fallback and unk, added tokens), and token id files. The
+// pipelines of real models against tokenizers' own ids: test_tokenizer_references.cpp.
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
@@ -119,12 +120,16 @@ TEST_CASE("GPT-2 BPE: pre-tokenization pieces, merges by rank, added tokens, rou
     const int64_t eot = id_of(*tok, "<|endoftext|>");
     CHECK(tok->encode("x<|endoftext|> the") == std::vector<int64_t>{'x', eot, id_of(*tok, "Ġthe")});
     CHECK(tok->decode({'x', eot}) == "x<|endoftext|>");
+    // Bytes that are not UTF-8 decode as U+FFFD, one per maximal ill-formed run (as
+    // Rust's from_utf8_lossy in tokenizers' ByteLevel decoder).
+    CHECK(tok->decode({'x', 0xC3}) == "x\xEF\xBF\xBD");
+    CHECK(tok->decode({0xE2, 0x82, 'x', 0xFF}) == "\xEF\xBF\xBDx\xEF\xBF\xBD");
   }
   const auto prefixed = BpeTokenizer::load(write_tokenizer(dir, false, true));
   CHECK(prefixed->encode("the") == std::vector<int64_t>{id_of(*prefixed, "Ġthe")});
 }
 
-TEST_CASE("BPE: what is not GPT-2 byte-level BPE is a named error") {
+TEST_CASE("BPE: what is not supported is a named error") {
   const fs::path dir = scratch_dir("bpe_errors");
   const fs::path good = write_tokenizer(dir, false, false);
   nlohmann::json j = nlohmann::json::parse(std::ifstream(good));
@@ -136,11 +141,47 @@ TEST_CASE("BPE: what is not GPT-2 byte-level BPE is a named error") {
   wp["model"]["type"] = "WordPiece";
   CHECK(has(write("wp.json", wp), "wp.json: key 'model.type': 'WordPiece' is not supported"));
   nlohmann::json norm = j;
-  norm["normalizer"] = {{"type", "NFC"}};
-  CHECK(has(write("norm.json", norm), "key 'normalizer'"));
+  norm["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "NFKC"}}}}};
+  CHECK(has(write("norm.json", norm), "norm.json: key 'normalizer.normalizers[1].type': 'NFKC' is not supported"));
+  nlohmann::json regex_replace = j;
+  regex_replace["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", " "}};
+  CHECK(has(write("regex_replace.json", regex_replace), "key 'normalizer.pattern': only a string pattern"));
   nlohmann::json pre = j;
-  pre["pre_tokenizer"] = {{"type", "Metaspace"}};
-  CHECK(has(write("pre.json", pre), "key 'pre_tokenizer': only the ByteLevel pre-tokenizer"));
+  pre["pre_tokenizer"] = {{"type", "Whitespace"}};
+  CHECK(has(write("pre.json", pre), "key 'pre_tokenizer.type': 'Whitespace' is not supported"));
+  nlohmann::json pattern = j;
+  pattern["pre_tokenizer"] = {{"type", "Sequence"},
+                              {"pretokenizers",
+                               {{{"type", "Split"}, {"pattern", {{"Regex", "\\w+|\\s+"}}}, {"behavior", "Isolated"}, {"invert", false}},
+                                {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+  CHECK(has(write("pattern.json", pattern),
+            "key 'pre_tokenizer.pretokenizers[0].pattern.Regex': the pattern '\\w+|\\s+' is not one of the supported ones"));
+  nlohmann::json removed = pattern;
+  removed["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+  removed["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed";
+  CHECK(has(write("removed.json", removed), "key 'pre_tokenizer.pretokenizers[0].behavior': 'Removed' is not supported"));
+  nlohmann::json dropout = j;
+  dropout["model"]["dropout"] = 0.1;
+  CHECK(has(write("dropout.json", dropout), "key 'model.dropout': BPE dropout (0.1) is not supported"));
+  nlohmann::json prefix = j;
+  prefix["model"]["continuing_subword_prefix"] = "##";
+  CHECK(has(write("prefix.json", prefix), "key 'model.continuing_subword_prefix': is not supported"));
+  nlohmann::json single = j;
+  single["added_tokens"][0]["single_word"] = true;
+  CHECK(has(write("single.json", single), "key 'added_tokens[0].single_word': true is not supported"));
+  nlohmann::json post = j;
+  post["post_processor"] = {{"type", "RobertaProcessing"}};
+  CHECK(has(write("post.json", post), "key 'post_processor.type': 'RobertaProcessing' is not supported"));
+  nlohmann::json dec = j;
+  dec["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "Fuse"}}, {{"type", "WordPiece"}}}}};
+  CHECK(has(write("dec.json", dec), "key 'decoder.decoders[1].type': 'WordPiece' is not supported"));
+  nlohmann::json trunc = j;
+  trunc["truncation"] = {{"max_length", 8}};
+  CHECK(has(write("trunc.json", trunc), "key 'truncation': is not supported"));
+  nlohmann::json missing_merge = j;
+  missing_merge["model"]["merges"].push_back("q z");
+  CHECK(has(write("missing_merge.json", missing_merge), "key 'model.merges': entry 17 (q z): 'qz' is not in model.vocab"));
   nlohmann::json merge = j;
   merge["model"]["merges"][3] = "nospace";
   CHECK(has(write("merge.json", merge), "key 'model.merges': entry 3 'nospace'"));
@@ -154,6 +195,137 @@ TEST_CASE("BPE: what is not GPT-2 byte-level BPE is a named error") {
   std::ofstream(dir / "holes.json") << holes.dump();
   const auto holey = BpeTokenizer::load(dir / "holes.json");
   CHECK(has(error_of([&] { holey->encode("z"); }), "the vocabulary has no token 'z'"));
+}
+
+namespace {
+
+// A SentencePiece-style BPE (symbols are code points, "▁" for spaces) over the letters
+// of "hello world", with byte fallback tokens for the bytes of "é" only.
+nlohmann::json spm_style(bool byte_fallback, bool with_unk, bool fuse_unk) {
+  nlohmann::json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}, {"\xE2\x96\x81", 3}, {"h", 4}, {"e", 5}, {"l", 6},
+                          {"o", 7},     {"w", 8},   {"r", 9},    {"d", 10},           {"he", 11}, {"ll", 12}, {"hell", 13},
+                          {"hello", 14}, {"\xE2\x96\x81w", 15}, {"<0xC3>", 16}, {"<0xA9>", 17}};
+  return {{"added_tokens",
+           {{{"id", 0}, {"content", "<unk>"}, {"special", true}, {"normalized", false}},
+            {{"id", 1}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
+            {{"id", 2}, {"content", "</s>"}, {"special", true}, {"normalized", false}}}},
+          {"normalizer",
+           {{"type", "Sequence"},
+            {"normalizers",
+             {{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
+              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}}}}}},
+          {"pre_tokenizer", nullptr},
+          {"post_processor",
+           {{"type", "TemplateProcessing"},
+            {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+            {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+          {"decoder",
+           {{"type", "Sequence"},
+            {"decoders",
+             {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+              {{"type", "ByteFallback"}},
+              {{"type", "Fuse"}},
+              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+          {"model",
+           {{"type", "BPE"},
+            {"unk_token", with_unk ? nlohmann::json("<unk>") : nlohmann::json()},
+            {"fuse_unk", fuse_unk},
+            {"byte_fallback", byte_fallback},
+            {"vocab", vocab},
+            {"merges", {"h e", "l l", "he ll", "hell o", "\xE2\x96\x81 w"}}}}};
+}
+
+}  // namespace
+
+TEST_CASE("SentencePiece-style BPE: code points, byte fallback, unk and fuse_unk, the template, the decoder") {
+  const fs::path dir = scratch_dir("spm_style");
+  auto load = [&](const std::string& name, const nlohmann::json& j) {
+    std::ofstream(dir / name) << j.dump();
+    return BpeTokenizer::load(dir / name);
+  };
+  const auto tok = load("fallback.json", spm_style(true, true, true));
+  // "hello world" -> "▁hello▁world" (Prepend, Replace), one piece: "▁" "hello" "▁w" "o" "r" "l" "d".
+  const std::vector<int64_t> hello = {3, 14, 15, 7, 9, 6, 10};
+  CHECK(tok->encode("hello world") == hello);
+  std::vector<int64_t> with_bos = hello;
+  with_bos.insert(with_bos.begin(), 1);
+  CHECK(tok->encode_with_special_tokens("hello world") == with_bos);
+  CHECK(tok->template_prefix() == std::vector<int64_t>{1});
+  CHECK(tok->decode(hello) == "hello world");  // "▁" -> " ", the first space stripped
+  // "é" is not in the vocabulary: its bytes; "ü" has no byte tokens: <unk>, fused with
+  // the next unknown "ß" (both pending until a known character).
+  CHECK(tok->encode("e\xC3\xA9") == std::vector<int64_t>{3, 5, 16, 17});
+  CHECK(tok->decode({3, 5, 16, 17}) == "e\xC3\xA9");
+  CHECK(tok->encode("\xC3\xBC\xC3\x9Fo") == std::vector<int64_t>{3, 0, 7});
+  CHECK(load("nofuse.json", spm_style(true, true, false))->encode("\xC3\xBC\xC3\x9Fo") == std::vector<int64_t>{3, 0, 0, 7});
+  // A lone byte token that is not UTF-8 decodes as U+FFFD; added tokens keep their text.
+  CHECK(tok->decode({16, 7}) == "\xEF\xBF\xBDo");
+  CHECK(tok->decode({1, 14, 2}) == "<s>hello</s>");
+  // Added tokens split the text before normalization: each part gets its own "▁".
+  CHECK(tok->encode("hello</s>hello") == std::vector<int64_t>{3, 14, 2, 3, 14});
+  // Without unk_token, an unknown character is an error (tokenizers would drop it).
+  const auto strict = load("strict.json", spm_style(false, false, false));
+  CHECK(has(error_of([&] { strict->encode("caf\xC3\xA9"); }), "the vocabulary has no token"));
+  nlohmann::json bad_unk = spm_style(false, true, false);
+  bad_unk["model"]["unk_token"] = "<missing>";
+  CHECK(has(error_of([&] { load("bad_unk.json", bad_unk)->encode("\xC3\xA9"); }), "model.unk_token '<missing>' is not in model.vocab"));
+  // No pre-tokenizer: no stable cut.
+  CHECK(tok->stable_prefix_length("hello world hello world") == 0);
+  // Metaspace's decoder: "▁" is a space, dropped in the first token (prepend_scheme always).
+  nlohmann::json meta = spm_style(true, true, true);
+  meta["decoder"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}, {"split", true}};
+  CHECK(load("meta.json", meta)->decode({3, 14, 15, 7}) == "hello wo");
+}
+
+TEST_CASE("BPE: merges apply lowest rank first, then leftmost, as tokenizers' word.rs") {
+  const fs::path dir = scratch_dir("bpe_merge_order");
+  // "aab": the leftmost "a a" (rank 0) merges first, and "a b" (rank 3) no longer
+  // applies; "aaaa": "a a" twice, then "aa aa" (rank 2). "ba" is a token no merge makes.
+  const nlohmann::json j = {
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", {{"a", 0}, {"b", 1}, {"aa", 2}, {"aaa", 3}, {"aaaa", 4}, {"ab", 5}, {"ba", 6}}},
+        {"merges", {"a a", "aa a", "aa aa", "a b"}}}}};
+  std::ofstream(dir / "t.json") << j.dump();
+  const auto tok = BpeTokenizer::load(dir / "t.json");
+  CHECK(tok->encode("aa") == std::vector<int64_t>{2});
+  CHECK(tok->encode("aaa") == std::vector<int64_t>{3});
+  CHECK(tok->encode("aaaa") == std::vector<int64_t>{4});
+  CHECK(tok->encode("aab") == std::vector<int64_t>{2, 1});
+  CHECK(tok->encode("ab") == std::vector<int64_t>{5});
+  CHECK(tok->encode("ba") == std::vector<int64_t>{1, 0});
+  // ignore_merges: a piece that is a token is that token, merges or not.
+  nlohmann::json ignore = j;
+  ignore["model"]["ignore_merges"] = true;
+  std::ofstream(dir / "ignore.json") << ignore.dump();
+  CHECK(BpeTokenizer::load(dir / "ignore.json")->encode("ba") == std::vector<int64_t>{6});
+}
+
+TEST_CASE("BPE: added tokens with lstrip / rstrip take the whitespace around them; normalized ones match after normalization") {
+  const fs::path dir = scratch_dir("bpe_added_strip");
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_symbol(b)] = b;
+  const nlohmann::json j = {
+      {"added_tokens",
+       {{{"id", 256}, {"content", "<mask>"}, {"lstrip", true}, {"rstrip", true}, {"normalized", false}, {"special", true}},
+        {{"id", 257}, {"content", "caf\xC3\xA9"}, {"normalized", true}, {"special", false}}}},
+      {"normalizer", {{"type", "NFC"}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  std::ofstream(dir / "t.json") << j.dump();
+  const auto tok = BpeTokenizer::load(dir / "t.json");
+  CHECK(tok->encode("a  <mask>\t b") == std::vector<int64_t>{'a', 256, 'b'});
+  // "cafe" + U+0301 is "café" after NFC: the normalized added token matches it.
+  CHECK(tok->encode("x caf" "e\xCC\x81") == std::vector<int64_t>{'x', ' ', 257});
+  CHECK(tok->encode("x caf\xC3\xA9") == std::vector<int64_t>{'x', ' ', 257});
+}
+
+TEST_CASE("BPE: ByteLevel's add_prefix_space applies to every part between added tokens, as tokenizers") {
+  const fs::path dir = scratch_dir("bpe_prefix_parts");
+  const auto prefixed = BpeTokenizer::load(write_tokenizer(dir, false, true));
+  const int64_t eot = id_of(*prefixed, "<|endoftext|>");
+  CHECK(prefixed->encode("the<|endoftext|>the") == std::vector<int64_t>{id_of(*prefixed, "Ġthe"), eot, id_of(*prefixed, "Ġthe")});
 }
 
 TEST_CASE("token id files: whitespace-separated text and .npy") {
