@@ -37,19 +37,18 @@ std::optional<Attribution> add_attributions(const std::vector<const PointResult*
       continue;
     }
     if (a.layers != sum->layers || a.q_heads != sum->q_heads || a.head.size() != sum->head.size() ||
-        a.regions.size() != sum->regions.size())
+        a.regions.size() != sum->regions.size() || a.errors != sum->errors)
       return std::nullopt;
-    sum->total.kl += a.total.kl;
-    sum->total.out_err2 += a.total.out_err2;
-    for (size_t h = 0; h < a.head.size(); ++h) {
-      sum->head[h].kl += a.head[h].kl;
-      sum->head[h].out_err2 += a.head[h].out_err2;
-    }
+    // Every ErrorSums holds one sum per attributed error (Attribution::errors).
+    auto add = [](ErrorSums& into, const ErrorSums& from) {
+      for (size_t e = 0; e < into.size() && e < from.size(); ++e) into[e] += from[e];
+    };
+    add(sum->total, a.total);
+    for (size_t h = 0; h < a.head.size(); ++h) add(sum->head[h], a.head[h]);
     for (size_t g = 0; g < a.regions.size(); ++g) {
       if (a.regions[g].partition != sum->regions[g].partition || a.regions[g].name != sum->regions[g].name)
         return std::nullopt;
-      sum->regions[g].error.kl += a.regions[g].error.kl;
-      sum->regions[g].error.out_err2 += a.regions[g].error.out_err2;
+      add(sum->regions[g].error, a.regions[g].error);
     }
   }
   return sum;

@@ -22,6 +22,7 @@
 #include "experiments/progress.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/formats/registry.h"
 #include "sim/io/tensor_writer.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/model/layer_selection.h"
