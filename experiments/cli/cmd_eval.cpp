@@ -160,8 +160,9 @@ int cmd_eval(const Args& args) {
   if (vm.count("other-layers-format") && !vm["other-layers-format"].defaulted() && layers_text.empty())
     throw ConfigError("--other-layers-format needs --layers");
   // A budget is met over every layer: leaving layers out afterwards would break it.
-  if (!layers_text.empty() && plan_options.budgeted)
-    throw ConfigError("--layers with a memory budget: the strategy meets its budget over every layer, which --layers "
+  if (!layers_text.empty() && !plan_options.budget_param.empty())
+    throw ConfigError("--layers with " + plan_options.budget_param +
+                      ": the strategy meets its budget over every layer, which --layers "
                       "would break by storing the others at " + other_layers_format +
                       "; give a fixed format (--format, or the strategy's format parameters) with --layers");
   FormatPtr other_layers;

@@ -121,7 +121,8 @@ std::unique_ptr<Strategy> PlanOptions::make_strategy() {
   const StrategyPreset* preset = named.preset;
   try {
     const Params resolved = strategy_params(type, preset, params);
-    budgeted = resolved.has("budget_bpe") || resolved.has("key_budget_bpe") || resolved.has("value_budget_bpe");
+    for (const char* budget : {"budget_bpe", "key_budget_bpe", "value_budget_bpe"})
+      if (budget_param.empty() && resolved.has(budget)) budget_param = budget;
     return type.make(resolved);
   } catch (const ConfigError& e) {
     // A format option naming a preset: --format kivi-2 means --strategy kivi-2.

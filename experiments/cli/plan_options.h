@@ -18,7 +18,9 @@ namespace kvb::cli {
 struct PlanOptions {
   std::string format, key_format, value_format, strategy;
   std::vector<std::string> params;  // --param name=value, in order
-  bool budgeted = false;  // after make_strategy(): the strategy meets a memory budget (budget_bpe, ...)
+  // After make_strategy(): the budget parameter the strategy meets (budget_bpe,
+  // key_budget_bpe, value_budget_bpe), empty when it has none.
+  std::string budget_param;
 
   // Adds --format, --key-format, --value-format, --strategy, --param.
   void add_options(boost::program_options::options_description& opts);
