@@ -15,11 +15,10 @@ It uses make_tokenizer_references.py's sample texts and writer. Needs `tokenizer
 """
 
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tokenizer_references import TEXTS, sample_cases, write  # noqa: E402
+from make_tokenizer_references import sample_cases, train_spm, write  # noqa: E402
 
 
 def llama_merges(vocab, scores):
@@ -47,17 +46,7 @@ def make_spm(out):
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     d = out / "spm"
-    d.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp) / "corpus.txt"
-        corpus.write_text("".join(p.read_text(encoding="utf-8") for p in TEXTS), encoding="utf-8")
-        # Llama 2's trainer settings (its tokenizer.model's trainer_spec), smaller vocabulary.
-        spm.SentencePieceTrainer.train(
-            input=str(corpus), model_prefix=str(d / "tokenizer"), vocab_size=1000, model_type="bpe",
-            byte_fallback=True, split_digits=True, add_dummy_prefix=True, normalization_rule_name="identity",
-            remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, character_coverage=0.99995,
-            unk_id=0, bos_id=1, eos_id=2, pad_id=-1, max_sentence_length=1 << 20, minloglevel=2)
-    (d / "tokenizer.vocab").unlink(missing_ok=True)
+    train_spm(d)
     sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     scores = {sp.id_to_piece(i): sp.get_score(i) for i in range(sp.get_piece_size())}

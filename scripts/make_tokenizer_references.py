@@ -148,25 +148,30 @@ def make_qwen2(out):
     write(out, "qwen2", "tokenizers.Tokenizer (Hugging Face tokenizers, Rust)", hf_cases(tok))
 
 
-def make_spm(out):
-    """Trains the SentencePiece model, then writes tokenizer.json and SentencePiece's ids
-    with scripts/spm_to_tokenizer_json.py (transformers 5.17's LlamaTokenizerFast(from_slow)
-    wrote an empty tokenizer.json); where `tokenizers` is there, also checks that it gives
-    SentencePiece's ids on the converted file."""
+def train_spm(d):
+    """d/tokenizer.model: a SentencePiece BPE trained on the bundled texts with Llama 2's
+    trainer settings (its tokenizer.model's trainer_spec), a smaller vocabulary."""
     import sentencepiece as spm
 
-    d = out / "spm"
     d.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
         corpus.write_text("".join(p.read_text(encoding="utf-8") for p in TEXTS), encoding="utf-8")
-        # Llama 2's trainer settings (its tokenizer.model's trainer_spec), smaller vocabulary.
         spm.SentencePieceTrainer.train(
             input=str(corpus), model_prefix=str(d / "tokenizer"), vocab_size=1000, model_type="bpe",
             byte_fallback=True, split_digits=True, add_dummy_prefix=True, normalization_rule_name="identity",
             remove_extra_whitespaces=False, allow_whitespace_only_pieces=True, character_coverage=0.99995,
             unk_id=0, bos_id=1, eos_id=2, pad_id=-1, max_sentence_length=1 << 20, minloglevel=2)
     (d / "tokenizer.vocab").unlink(missing_ok=True)
+
+
+def make_spm(out):
+    """Trains the SentencePiece model, then writes tokenizer.json and SentencePiece's ids
+    with scripts/spm_to_tokenizer_json.py (transformers 5.17's LlamaTokenizerFast(from_slow)
+    wrote an empty tokenizer.json); where `tokenizers` is there, also checks that it gives
+    SentencePiece's ids on the converted file."""
+    d = out / "spm"
+    train_spm(d)
     sys.path.insert(0, str(Path(__file__).parent))
     import spm_to_tokenizer_json
 
