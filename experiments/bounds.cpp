@@ -9,6 +9,7 @@
 #include <numbers>
 #include <sstream>
 
+#include "experiments/data_building.h"
 #include "experiments/report.h"
 #include "sim/core/error.h"
 #include "sim/core/parallel.h"

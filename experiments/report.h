@@ -37,6 +37,7 @@
 
 #include "experiments/experiment.h"
 #include "experiments/frontier.h"
+#include "experiments/query_positions.h"
 #include "experiments/shard.h"
 #include "experiments/sweep.h"
 #include "sim/recording.h"

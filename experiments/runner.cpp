@@ -1,4 +1,6 @@
 // run_experiment(): one experiment run, config to results folder (experiments/runner.h).
+#include "experiments/data_building.h"
+#include "experiments/query_positions.h"
 #include "experiments/runner.h"
 
 #include <omp.h>

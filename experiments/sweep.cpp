@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "experiments/query_positions.h"
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"

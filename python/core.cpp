@@ -21,6 +21,7 @@
 #include "experiments/crash_marker.h"
 #include "experiments/experiment.h"
 #include "experiments/frontier.h"
+#include "experiments/query_positions.h"
 #include "experiments/runner.h"
 #include "kvb/build_config.h"
 #include "sim/core/error.h"

@@ -31,8 +31,10 @@
 #include <vector>
 
 #include "experiments/config.h"
+#include "experiments/data_building.h"
 #include "experiments/experiment.h"
 #include "experiments/machine_info.h"
+#include "experiments/query_positions.h"
 #include "experiments/sweep.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_simulator.h"

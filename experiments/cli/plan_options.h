@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "experiments/experiment.h"
+#include "experiments/query_positions.h"
 #include "sim/plan.h"
 #include "sim/recording.h"
 #include "sim/strategies/strategy.h"

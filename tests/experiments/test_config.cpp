@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "experiments/data_building.h"
 #include "experiments/experiment.h"
+#include "experiments/query_positions.h"
+#include "experiments/range_grammar.h"
 #include "experiments/sweep.h"
 #include "sim/core/error.h"
 #include "test_util.h"

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "experiments/data_building.h"
 #include "experiments/experiment.h"
 #include "experiments/sweep.h"
 #include "sim/core/error.h"

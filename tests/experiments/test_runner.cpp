@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "experiments/config.h"
+#include "experiments/data_building.h"
 #include "experiments/runner.h"
 #include "sim/core/error.h"
 #include "test_util.h"

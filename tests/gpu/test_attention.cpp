@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "experiments/data_building.h"
 #include "experiments/experiment.h"
 #include "experiments/sweep.h"
 #include "gpu_test_util.h"

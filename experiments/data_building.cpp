@@ -1,0 +1,65 @@
+#include "experiments/data_building.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "sim/core/error.h"
+
+namespace kvb {
+
+std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data) {
+  if (data.source != DataSpec::Source::Model) throw Error("internal: build_model_evaluator without a model source");
+  const ModelDataSpec& m = data.model;
+  std::shared_ptr<const Transformer> model = Transformer::load(m.checkpoint);
+  for (const std::string& w : model->load_warnings()) std::fprintf(stderr, "kvbudget: warning: %s\n", w.c_str());
+  std::vector<int64_t> tokens = load_tokens(m.tokens, model->config());
+  // A learned position table (GPT-2) ends at n_positions: say so before the model runs,
+  // naming the key that sets the length.
+  const ModelConfig& mc = model->config();
+  // The positions a forward pass reaches: a window's length.
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t window = m.windows.n_ctx > 0 ? std::min(T, m.windows.n_ctx) : T;
+  if (mc.family == ModelFamily::Gpt2 && window > mc.max_positions)
+    throw ConfigError((m.windows.n_ctx > 0 ? "data.n_ctx = " + std::to_string(m.windows.n_ctx)
+                                           : "data.max_tokens = " + std::to_string(data.max_tokens)) +
+                      " runs " + std::to_string(window) + " tokens at once, more than the " +
+                      std::to_string(mc.max_positions) + " positions of " + mc.dir.string() +
+                      " (n_positions); set data.max_tokens <= " + std::to_string(mc.max_positions) +
+                      ", or evaluate in windows: data.n_ctx <= " + std::to_string(mc.max_positions));
+  const std::string warning = model->config().context_warning(window);
+  if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
+  const std::filesystem::path& from = m.tokens.text.empty() ? m.tokens.token_file : m.tokens.text;
+  const std::string source = "model " + m.checkpoint.string() + " on " + std::to_string(tokens.size()) +
+                             " tokens of " + from.string();
+  std::shared_ptr<const AnswerTask> task;
+  if (m.task) {
+    try {
+      task = std::make_shared<const AnswerTask>(*m.task, model->config());
+    } catch (const ConfigError& e) {
+      throw ConfigError(m.task_where + ": " + e.what());
+    }
+  }
+  ModelEvalOptions options;
+  options.windows = m.windows;
+  return std::make_shared<const ModelEvaluator>(std::move(model), std::move(tokens), m.continuations, source,
+                                                std::move(task), std::move(options));
+}
+
+Recording build_recording(const DataSpec& data) {
+  Recording rec;
+  if (data.source == DataSpec::Source::Model) {
+    rec = build_model_evaluator(data)->recording();
+  } else if (data.source == DataSpec::Source::Synthetic) {
+    rec = generate_synthetic(data.synthetic);
+    if (data.max_tokens > 0) rec.truncate_tokens(data.max_tokens);
+  } else {
+    rec = load_recording(data.file);
+    if (rec.tokens < 2)  // a synthetic spec and a model's token count are checked before
+      throw Error(data.file.path.string() + ": the recording has " + std::to_string(rec.tokens) +
+                  " token: its one query attends to itself alone, so attention KL would be 0 and top-k overlap 1 "
+                  "whatever the cache holds; a recording needs at least 2 tokens");
+  }
+  return rec;
+}
+
+}  // namespace kvb

@@ -1,0 +1,37 @@
+// The query positions of a run: those strategies calibrate on and those evaluated,
+// resolved for a recording's length from [calibration] and metrics.positions, and the
+// checks that the evaluated rows can measure the reported metrics.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "experiments/experiment.h"
+
+namespace kvb {
+
+// The calibration and evaluated query positions for a recording of T tokens.
+// Evaluated positions: metrics.positions when given ("all": every position, the
+// calibration ones included), else every position not used for calibration (every
+// position with calibration.overlap). Throws ConfigError when
+// explicit evaluated positions overlap calibration ones without calibration.overlap,
+// or when no position lies below T.
+struct QueryPositions {
+  std::vector<int64_t> calibration;
+  std::vector<int64_t> evaluation;  // never empty
+  std::string evaluation_text;      // how they were chosen, for the manifest
+};
+QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T);
+// Throws kvb::ConfigError at metrics.positions when a reported position-level model
+// metric (ppl, next_token_kl_*, same_top_rate: each position t predicts token t + 1)
+// has no evaluated position below T - 1 to average over.
+void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T);
+// Throws kvb::ConfigError where a reported attention distribution metric could only
+// say "exact" whatever the cache holds: at metrics.positions when position 0 alone is
+// evaluated (its query sees one key: attn_kl_* 0, topk_overlap 1), at metrics.topk when
+// topk_overlap is reported and topk reaches every key of every evaluated row (topk >=
+// the last evaluated position + 1, at most T). Logit, output and tensor metrics still
+// measure such rows and are not checked.
+void check_attention_rows(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T);
+
+}  // namespace kvb
