@@ -330,21 +330,8 @@ RecordingPtr record(const std::string& checkpoint, const std::string& text, cons
   const auto [model, tokens] = load_model_and_tokens(checkpoint, text, token_file, tokenizer, bos, max_tokens);
   const std::string warning = model->config().context_warning(static_cast<int64_t>(tokens.size()));
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
-  check_full_causal_attention(model->config(), static_cast<int64_t>(tokens.size()));
-  std::vector<LayerTensors> capture;
-  ExtendOptions opt;
-  opt.capture = &capture;
-  const RowMatrix logits = model->forward(tokens, opt);
-  const std::vector<double> nll = next_token_nll(logits, tokens);
-  double mean_nll = 0;
-  for (double v : nll) mean_nll += v / static_cast<double>(nll.size());
-  const std::string origin = text.empty() ? token_file : text;
-  const std::string source =
-      "model " + checkpoint + " on " + std::to_string(tokens.size()) + " tokens of " + origin;
-  auto rec = std::make_shared<Recording>(recording_from_capture(model->config(), std::move(capture), tokens, source));
-  rec->metadata["text"] = origin;
-  rec->metadata["nll_mean"] = format_double(mean_nll);
-  if (model->config().bos_token_id) rec->metadata["bos"] = std::to_string(*model->config().bos_token_id);
+  RecordedRun run = record_exact_run(*model, tokens, checkpoint, text.empty() ? token_file : text);
+  auto rec = std::make_shared<Recording>(std::move(run.recording));
   return rec;
 }
 

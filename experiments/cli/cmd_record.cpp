@@ -12,7 +12,6 @@
 #include "sim/core/strings.h"
 #include "sim/io/recording_writer.h"
 #include "sim/io/tensor_writer.h"
-#include "sim/metrics/model_metrics.h"
 #include "sim/model/model_eval.h"
 
 namespace po = boost::program_options;
@@ -45,21 +44,10 @@ int cmd_record(const Args& args) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::shared_ptr<const Transformer> model = in.load_model();
   const std::vector<int64_t> tokens = in.load_tokens(model->config());
-  check_full_causal_attention(model->config(), static_cast<int64_t>(tokens.size()));
-  std::vector<LayerTensors> capture;
-  ExtendOptions opt;
-  opt.capture = &capture;
-  const RowMatrix logits = model->forward(tokens, opt);
-  const std::vector<double> nll = next_token_nll(logits, tokens);
-  double mean_nll = 0;
-  for (double v : nll) mean_nll += v / static_cast<double>(nll.size());
-  const std::string source = "model " + in.checkpoint + " on " + std::to_string(tokens.size()) + " tokens of " +
-                             in.token_origin();
-  const Recording rec = recording_from_capture(model->config(), std::move(capture), tokens, source);
-  std::map<std::string, std::string> meta = {{"text", in.token_origin()}, {"nll_mean", format_double(mean_nll)}};
-  if (model->config().bos_token_id) meta["bos"] = std::to_string(*model->config().bos_token_id);
+  const RecordedRun run = record_exact_run(*model, tokens, in.checkpoint, in.token_origin());
+  const Recording& rec = run.recording;
   try {
-    write_recording(out, rec, dtype, meta);
+    write_recording(out, rec, dtype);
   } catch (const Error& e) {
     if (dtype == DType::F32 || std::string(e.what()).find(" overflows ") == std::string::npos) throw;
     throw Error(std::string(e.what()) + " (--dtype f32 keeps every value)");
@@ -67,7 +55,7 @@ int cmd_record(const Args& args) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s\nrecorded %s (%s) to %s in %.2f s; PPL %.4f (mean NLL %.6f nats over %zu positions)\n",
               model->config().summary().c_str(), rec.summary().c_str(), dtype_name(dtype), out.c_str(), secs,
-              std::exp(mean_nll), mean_nll, nll.size());
+              std::exp(run.mean_nll), run.mean_nll, run.nll.size());
   return kExitOk;
 }
 

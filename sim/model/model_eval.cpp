@@ -133,6 +133,25 @@ Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTen
   return rec;
 }
 
+RecordedRun record_exact_run(const Transformer& model, const std::vector<int64_t>& tokens,
+                             const std::string& checkpoint, const std::string& origin) {
+  check_full_causal_attention(model.config(), static_cast<int64_t>(tokens.size()));
+  std::vector<LayerTensors> capture;
+  ExtendOptions opt;
+  opt.capture = &capture;
+  const RowMatrix logits = model.forward(tokens, opt);
+  RecordedRun run;
+  run.nll = next_token_nll(logits, tokens);
+  for (double v : run.nll) run.mean_nll += v / static_cast<double>(run.nll.size());
+  const std::string source =
+      "model " + checkpoint + " on " + std::to_string(tokens.size()) + " tokens of " + origin;
+  run.recording = recording_from_capture(model.config(), std::move(capture), tokens, source);
+  run.recording.metadata["text"] = origin;
+  run.recording.metadata["nll_mean"] = format_double(run.mean_nll);
+  if (model.config().bos_token_id) run.recording.metadata["bos"] = std::to_string(*model.config().bos_token_id);
+  return run;
+}
+
 ScoreRule parse_score_rule(const std::string& text, const std::string& where) {
   if (text == "all") return ScoreRule::All;
   if (text == "second_half") return ScoreRule::SecondHalf;

@@ -184,4 +184,18 @@ void check_full_causal_attention(const ModelConfig& config, int64_t tokens);
 Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTensors> layers,
                                  const std::vector<int64_t>& tokens, const std::string& source);
 
+// An exact run recorded, as `kvbudget record` and kvbudget.record (Python) make it:
+// the recording of what attention consumed in every layer (source "model <checkpoint>
+// on T tokens of <origin>"; metadata "text" = origin, "nll_mean" = mean_nll, "bos" =
+// the model's BOS id when it has one) and the run's next-token NLLs (nats, T - 1).
+struct RecordedRun {
+  Recording recording;
+  std::vector<double> nll;  // next_token_nll of the exact logits
+  double mean_nll = 0;
+};
+// Runs `model` on `tokens` capturing every layer. `checkpoint` and `origin` (the text
+// or token file) only name the run. Throws through check_full_causal_attention().
+RecordedRun record_exact_run(const Transformer& model, const std::vector<int64_t>& tokens,
+                             const std::string& checkpoint, const std::string& origin);
+
 }  // namespace kvb

@@ -11,6 +11,7 @@
 #include "io_test_files.h"
 #include "model_test_files.h"
 #include "sim/core/half.h"
+#include "sim/core/strings.h"
 #include "sim/formats/registry.h"
 #include "sim/io/recording_writer.h"
 #include "sim/io/tensor_store.h"
@@ -90,6 +91,30 @@ TEST_CASE("fixtures: logits match Hugging Face's reference to 1e-4 relative") {
     for (size_t t = 0; t < nll.size(); ++t) worst_nll = std::max(worst_nll, std::fabs(nll[t] - want_nll.data[t]));
     CHECK(worst_nll < 1e-4);
   }
+}
+
+TEST_CASE("record_exact_run: the capture's recording, named, with the exact run's next-token NLL") {
+  const std::shared_ptr<const Transformer> model = fixture_model("gpt2-bytes");
+  const std::vector<int64_t> all = reference_ids("gpt2-bytes");
+  const std::vector<int64_t> ids(all.begin(), all.begin() + 48);
+  const RecordedRun run = record_exact_run(*model, ids, "ckpt", "text.txt");
+  std::vector<LayerTensors> capture;
+  ExtendOptions opt;
+  opt.capture = &capture;
+  const RowMatrix logits = model->forward(ids, opt);
+  const Recording want = recording_from_capture(model->config(), capture, ids, "x");
+  REQUIRE(run.recording.num_layers() == want.num_layers());
+  CHECK(run.recording.tokens == 48);
+  CHECK(run.recording.layers[1].key.data == want.layers[1].key.data);
+  CHECK(run.recording.source == "model ckpt on 48 tokens of text.txt");
+  CHECK(run.nll == next_token_nll(logits, ids));
+  REQUIRE(run.nll.size() == 47);
+  double mean = 0;
+  for (double v : run.nll) mean += v / 47.0;
+  CHECK(run.mean_nll == mean);
+  CHECK(run.recording.metadata.at("text") == "text.txt");
+  CHECK(run.recording.metadata.at("nll_mean") == format_double(mean));
+  CHECK(run.recording.metadata.count("bos") == (model->config().bos_token_id ? 1u : 0u));
 }
 
 TEST_CASE("fixtures: the captured q/k/v and attention outputs reproduce Hugging Face's recordings within fp16 rounding") {
