@@ -339,44 +339,28 @@ RecordingPtr record(const std::string& checkpoint, const std::string& text, cons
 // its preset's values, checked against the type's definitions (as `kvbudget eval
 // --param` reads them from text).
 Params strategy_params(const StrategyType& type, const StrategyPreset* preset, const py::dict& given) {
-  const std::vector<ParamDef> defs = type.all_params();
-  std::map<std::string, ParamValue> values;
-  for (const ParamDef& d : defs)
-    if (d.default_value) values[d.name] = *d.default_value;
-  std::set<std::string> assigned;
-  for (const auto& [k, v] : given) assigned.insert(py::cast<std::string>(k));
-  if (preset)
-    for (const auto& [name, value] : preset->params)
-      if (!preset_value_overridden(type, name, [&](const std::string& k) { return assigned.count(k) > 0; }))
-        values[name] = value;
-  std::vector<std::string> names;
-  for (const ParamDef& d : defs) names.push_back(d.name);
+  std::vector<ParamAssignment> typed;
   for (const auto& [k, v] : given) {
     const std::string name = py::cast<std::string>(k);
-    const auto def = std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return d.name == name; });
-    if (def == defs.end()) {
-      std::string msg = "strategy '" + type.name + "' has no parameter '" + name + "'";
-      const std::string close = closest_match(name, names);
-      if (!close.empty()) msg += " (did you mean '" + close + "'?)";
-      throw ConfigError(msg + "; parameters: " + join(names, ", "));
-    }
-    try {
-      switch (def->type) {
-        case ParamType::Bool: values[name] = py::cast<bool>(v); break;
-        case ParamType::Int: values[name] = py::cast<int64_t>(v); break;
-        case ParamType::Real: values[name] = py::cast<double>(v); break;
-        case ParamType::String: values[name] = py::cast<std::string>(v); break;
-        case ParamType::IntList: values[name] = py::cast<IntList>(v); break;
+    py::object value = py::reinterpret_borrow<py::object>(v);
+    auto read = [name, value](const ParamDef& def) -> ParamValue {
+      try {
+        switch (def.type) {
+          case ParamType::Bool: return py::cast<bool>(value);
+          case ParamType::Int: return py::cast<int64_t>(value);
+          case ParamType::Real: return py::cast<double>(value);
+          case ParamType::String: return py::cast<std::string>(value);
+          case ParamType::IntList: return py::cast<IntList>(value);
+        }
+      } catch (const py::cast_error&) {
       }
-    } catch (const py::cast_error&) {
-      throw ConfigError("params['" + name + "']: expected a " + std::string(param_type_name(def->type)) + ", got " +
-                        std::string(py::str(v)));
-    }
+      throw ConfigError("params['" + name + "']: expected a " + std::string(param_type_name(def.type)) + ", got " +
+                        std::string(py::str(value)));
+    };
+    typed.push_back({name, "", read});
   }
-  for (const ParamDef& d : defs)
-    if (!values.count(d.name) && !d.optional)
-      throw ConfigError("strategy '" + type.name + "' needs params['" + d.name + "']");
-  return Params(values);
+  return resolve_strategy_params(type, preset, typed,
+                                 [](const std::string& name) { return "params['" + name + "']"; });
 }
 
 py::array_t<float> matrix_array(const RowMatrix& m) {
@@ -418,12 +402,8 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
     given = py::dict(py::arg("key_format") = key_format, py::arg("value_format") = value_format);
   }
   if (!strategy.empty()) {
-    const auto& types = strategy_types();
-    const bool is_type =
-        std::any_of(types.begin(), types.end(), [&](const StrategyType& t) { return t.name == strategy; });
-    const StrategyPreset* preset = is_type ? nullptr : find_strategy_preset(strategy);
-    const StrategyType& type = require_strategy_type(preset ? preset->type : strategy, "strategy");
-    strat = type.make(strategy_params(type, preset, given));
+    const NamedStrategy named = resolve_strategy_name(strategy, "strategy", "format =");
+    strat = named.type->make(strategy_params(*named.type, named.preset, given));
     std::vector<std::string> parts;
     for (const auto& [k, v] : given) parts.push_back(py::cast<std::string>(k) + "=" + std::string(py::str(v)));
     plan_source = strategy + "(" + join(parts, ",") + ")";

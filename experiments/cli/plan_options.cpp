@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <set>
 
 #include "sim/core/error.h"
@@ -21,74 +20,56 @@ std::string assigned_name(const std::string& assignment) {
   return trim(assignment.substr(0, assignment.find('=')));
 }
 
-// "--param name=value" against a strategy's parameter table (per-kind variants
-// included), defaults filled in, then a preset's values (when --strategy names a
-// preset), then the assignments. As in a config block, an assigned base parameter X
-// also overrides the preset's key_X / value_X. Lists of integers are written "2,3,4".
+// "--param name=value" against a strategy's parameter table (resolve_strategy_params:
+// defaults, then a preset's values, then the assignments; as in a config block, an
+// assigned base parameter X also overrides the preset's key_X / value_X). Lists of
+// integers are written "2,3,4".
 Params strategy_params(const StrategyType& type, const StrategyPreset* preset,
                        const std::vector<std::string>& assignments) {
-  const std::vector<ParamDef> defs = type.all_params();
-  std::map<std::string, ParamValue> values;
-  for (const ParamDef& d : defs)
-    if (d.default_value) values[d.name] = *d.default_value;
   std::set<std::string> assigned;
   for (const std::string& a : assignments)
     if (!assigned.insert(assigned_name(a)).second)
       throw ConfigError("--param " + assigned_name(a) + " is given twice");
-  if (preset)
-    for (const auto& [name, value] : preset->params)
-      if (!preset_value_overridden(type, name, [&](const std::string& k) { return assigned.count(k) > 0; }))
-        values[name] = value;
-  std::vector<std::string> names;
-  for (const ParamDef& d : defs) names.push_back(d.name);
+  std::vector<ParamAssignment> typed;
   for (const std::string& a : assignments) {
     const size_t eq = a.find('=');
     if (eq == std::string::npos) throw ConfigError("--param '" + a + "': expected name=value");
-    const std::string name = trim(a.substr(0, eq)), text = trim(a.substr(eq + 1));
-    const auto def = std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return d.name == name; });
-    if (def == defs.end()) {
-      std::string msg = "--param '" + a + "': strategy '" + type.name + "' has no parameter '" + name + "'";
-      msg += did_you_mean(name, names);
-      throw ConfigError(msg + "; parameters: " + join(names, ", "));
-    }
-    auto whole_int = [](const std::string& t) {
-      size_t used = 0;
-      const int64_t v = std::stoll(t, &used);
-      if (used != t.size()) throw std::invalid_argument(t);
-      return v;
-    };
-    try {
-      switch (def->type) {
-        case ParamType::Bool:
-          if (text != "true" && text != "false") throw std::invalid_argument(text);
-          values[name] = text == "true";
-          break;
-        case ParamType::Int: values[name] = whole_int(text); break;
-        case ParamType::Real: {
-          size_t used = 0;
-          const double v = std::stod(text, &used);
-          if (used != text.size() || !std::isfinite(v)) throw std::invalid_argument(text);
-          values[name] = v;
-          break;
+    const std::string text = trim(a.substr(eq + 1));
+    auto read = [a, text](const ParamDef& def) -> ParamValue {
+      auto whole_int = [](const std::string& t) {
+        size_t used = 0;
+        const int64_t v = std::stoll(t, &used);
+        if (used != t.size()) throw std::invalid_argument(t);
+        return v;
+      };
+      try {
+        switch (def.type) {
+          case ParamType::Bool:
+            if (text != "true" && text != "false") throw std::invalid_argument(text);
+            return text == "true";
+          case ParamType::Int: return whole_int(text);
+          case ParamType::Real: {
+            size_t used = 0;
+            const double v = std::stod(text, &used);
+            if (used != text.size() || !std::isfinite(v)) throw std::invalid_argument(text);
+            return v;
+          }
+          case ParamType::String: return text;
+          case ParamType::IntList: {
+            IntList list;
+            for (const std::string& part : split(text, ',')) list.push_back(whole_int(trim(part)));
+            return list;
+          }
         }
-        case ParamType::String: values[name] = text; break;
-        case ParamType::IntList: {
-          IntList list;
-          for (const std::string& part : split(text, ',')) list.push_back(whole_int(trim(part)));
-          values[name] = list;
-          break;
-        }
+      } catch (const std::exception&) {
       }
-    } catch (const std::exception&) {
-      throw ConfigError("--param '" + a + "': expected a " + std::string(def->type == ParamType::Real ? "finite " : "") +
-                        param_type_name(def->type) +
-                        (def->type == ParamType::IntList ? " (e.g. 2,3,4)" : ""));
-    }
+      throw ConfigError("--param '" + a + "': expected a " + std::string(def.type == ParamType::Real ? "finite " : "") +
+                        param_type_name(def.type) + (def.type == ParamType::IntList ? " (e.g. 2,3,4)" : ""));
+    };
+    typed.push_back({trim(a.substr(0, eq)), "--param '" + a + "': ", read});
   }
-  for (const ParamDef& d : defs)
-    if (!values.count(d.name) && !d.optional)
-      throw ConfigError("strategy '" + type.name + "' needs --param " + d.name + "=...");
-  return Params(values);
+  return resolve_strategy_params(type, preset, typed,
+                                 [](const std::string& name) { return "--param " + name + "=..."; });
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "sim/strategies/presets.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "sim/core/error.h"
@@ -197,6 +199,34 @@ bool preset_value_overridden(const StrategyType& type, const std::string& name,
   if (prefix.empty() || !is_set(base)) return false;
   return std::any_of(type.params.begin(), type.params.end(),
                      [&](const ParamDef& def) { return def.per_kind && def.name == base; });
+}
+
+Params resolve_strategy_params(const StrategyType& type, const StrategyPreset* preset,
+                               const std::vector<ParamAssignment>& assignments,
+                               const std::function<std::string(const std::string& name)>& how_to_set) {
+  const std::vector<ParamDef> defs = type.all_params();
+  std::map<std::string, ParamValue> values;
+  for (const ParamDef& d : defs)
+    if (d.default_value) values[d.name] = *d.default_value;
+  std::set<std::string> assigned;
+  for (const ParamAssignment& a : assignments) assigned.insert(a.name);
+  if (preset)
+    for (const auto& [name, value] : preset->params)
+      if (!preset_value_overridden(type, name, [&](const std::string& k) { return assigned.count(k) > 0; }))
+        values[name] = value;
+  std::vector<std::string> names;
+  for (const ParamDef& d : defs) names.push_back(d.name);
+  for (const ParamAssignment& a : assignments) {
+    const auto def = std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return d.name == a.name; });
+    if (def == defs.end())
+      throw ConfigError(a.where + "strategy '" + type.name + "' has no parameter '" + a.name + "'" +
+                        did_you_mean(a.name, names) + "; parameters: " + join(names, ", "));
+    values[a.name] = a.value(*def);
+  }
+  for (const ParamDef& d : defs)
+    if (!values.count(d.name) && !d.optional)
+      throw ConfigError("strategy '" + type.name + "' needs " + how_to_set(d.name));
+  return Params(values);
 }
 
 }  // namespace kvb

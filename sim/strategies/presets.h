@@ -53,4 +53,23 @@ std::string preset_not_format_hint(const std::string& name, const std::string& u
 bool preset_value_overridden(const StrategyType& type, const std::string& name,
                              const std::function<bool(const std::string&)>& is_set);
 
+// One parameter a caller assigns (eval's --param, a Python params dict entry).
+struct ParamAssignment {
+  std::string name;
+  std::string where;  // prefix of the unknown-parameter error, e.g. "--param 'bits=4': "; may be ""
+  // The value as def's type; throws kvb::ConfigError naming the assignment when it
+  // cannot be read as one.
+  std::function<ParamValue(const ParamDef& def)> value;
+};
+// A strategy's parameters as eval's --param and the Python API set them: the type's
+// defaults (per-kind variants included), then the preset's values (`preset` may be
+// null), each giving way to an assigned parameter as preset_value_overridden() says,
+// then the assignments. Throws kvb::ConfigError for an assignment that names no
+// parameter of the type ("<where>strategy 'T' has no parameter 'x' (did you mean
+// ...?); parameters: ...") and for a required parameter left unset ("strategy 'T'
+// needs " + how_to_set(name)).
+Params resolve_strategy_params(const StrategyType& type, const StrategyPreset* preset,
+                               const std::vector<ParamAssignment>& assignments,
+                               const std::function<std::string(const std::string& name)>& how_to_set);
+
 }  // namespace kvb

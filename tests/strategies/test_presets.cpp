@@ -123,3 +123,39 @@ TEST_CASE("a preset named where a format belongs: the hint; a format or an unkno
   CHECK_THROWS_WITH_AS(require_strategy_type("kivi-2", "strategy.type"),
                        doctest::Contains("'kivi-2' is a preset: select it with preset = \"kivi-2\""), ConfigError);
 }
+
+TEST_CASE("resolve_strategy_params: defaults, then the preset, then the assignments; unknown and missing ones named") {
+  const NamedStrategy kivi = resolve_strategy_name("kivi-2", "--strategy", "--format");
+  auto assign = [](const std::string& name, ParamValue v) {
+    return ParamAssignment{name, "--param '" + name + "': ", [v](const ParamDef&) { return v; }};
+  };
+  auto how = [](const std::string& name) { return "--param " + name + "=..."; };
+  // The preset's values, over the type's defaults.
+  const Params preset = resolve_strategy_params(*kivi.type, kivi.preset, {}, how);
+  CHECK(preset.str("key_format") == "int2-asym-ch32");
+  CHECK(preset.integer("window") == 128);
+  // An assignment overrides the preset's value; a base `format` its key_ and value_format.
+  const Params windowed = resolve_strategy_params(*kivi.type, kivi.preset, {assign("window", int64_t{64})}, how);
+  CHECK(windowed.integer("window") == 64);
+  CHECK(windowed.str("value_format") == "int2-asym-g32");
+  const Params formatted =
+      resolve_strategy_params(*kivi.type, kivi.preset, {assign("format", std::string("int4-asym-g32"))}, how);
+  CHECK(formatted.str("format") == "int4-asym-g32");
+  CHECK_FALSE(formatted.has("key_format"));
+  // An unknown name: the assignment's place, the closest parameter and the list.
+  CHECK_THROWS_WITH_AS(resolve_strategy_params(*kivi.type, kivi.preset, {assign("windw", int64_t{64})}, how),
+                       doctest::Contains("--param 'windw': strategy 'uniform' has no parameter 'windw' (did you mean "
+                                         "'window'?); parameters: "),
+                       ConfigError);
+  // A required parameter left unset says how to set it; the value reader's own error passes.
+  const StrategyType needy{"needy", "a type with a required parameter", {{"bits", ParamType::Int, "required", std::nullopt}},
+                           nullptr, {}};
+  CHECK_THROWS_WITH_AS(resolve_strategy_params(needy, nullptr, {}, how),
+                       doctest::Contains("strategy 'needy' needs --param bits=..."), ConfigError);
+  CHECK(resolve_strategy_params(needy, nullptr, {assign("bits", int64_t{4})}, how).integer("bits") == 4);
+  const ParamAssignment unreadable{"window", "", [](const ParamDef&) -> ParamValue {
+                                     throw ConfigError("window: not a number");
+                                   }};
+  CHECK_THROWS_WITH_AS(resolve_strategy_params(*kivi.type, kivi.preset, {unreadable}, how),
+                       doctest::Contains("window: not a number"), ConfigError);
+}
