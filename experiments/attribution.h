@@ -4,7 +4,8 @@
 // What is attributed are additive per-row errors (AdditiveError,
 // sim/metrics/metric_table.h: sums over the evaluated rows (layer, query head,
 // position), so shares add up exactly); any additive metric of the metric table can
-// be. By default two:
+// be, chosen by a config's attribution.metrics (AttributionSpec, experiments/experiment.h).
+// By default two:
 //   kl        Σ KL(p ‖ p̂)     (attn_kl_mean × rows)
 //   out_err2  Σ ‖o − ô‖²      (the numerator of attn_out_rel_fro²)
 // Layers and heads: at attention level a row only reads its own KV head, so the

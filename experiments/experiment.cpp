@@ -4,6 +4,7 @@
 #include <regex>
 #include <sstream>
 
+#include "experiments/attribution.h"
 #include "experiments/range_grammar.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
@@ -65,6 +66,18 @@ AttributionSpec parse_attribution(const std::optional<ConfigTable>& t) {
     }
   }
   a.regions = t->boolean("regions", a.regions);
+  if (t->has("metrics")) {
+    const std::vector<std::string> names = t->string_list("metrics", {});
+    if (names.empty())
+      t->fail("metrics", "an empty list attributes nothing; leave `metrics` out for the default "
+                         "(attn_kl_mean, attn_out_rel_fro), or set points = \"none\"");
+    for (size_t i = 0; i < names.size(); ++i) {
+      const AdditiveError& e = require_additive_error(names[i], t->where("metrics"));
+      if (std::find(a.errors.begin(), a.errors.end(), &e) != a.errors.end())
+        t->fail("metrics", "'" + names[i] + "' is listed twice");
+      a.errors.push_back(&e);
+    }
+  }
   return a;
 }
 
@@ -259,6 +272,10 @@ ExperimentSpec load_experiment(const std::filesystem::path& file, const std::vec
   auto doc = ConfigDoc::load(file);
   for (const std::string& o : overrides) doc->apply_override(o);
   return parse_experiment(doc);
+}
+
+const std::vector<const AdditiveError*>& AttributionSpec::attributed_errors() const {
+  return errors.empty() ? default_attributed_errors() : errors;
 }
 
 bool AttributionSpec::selects(size_t id) const {

@@ -48,7 +48,13 @@ struct AttributionSpec {
   std::vector<int64_t> ids;  // Select::Ids: point ids
   std::string ids_where = "attribution.points";  // "file:line: attribution.points" for errors
   bool regions = true;       // token-region shares (costs one extra simulation per region)
+  // attribution.metrics: the additive errors attributed (AdditiveError, by their
+  // metrics' names), in the order given; empty = default_attributed_errors()
+  // (experiments/attribution.h): attn_kl_mean's and attn_out_rel_fro's.
+  std::vector<const AdditiveError*> errors;
   bool selects(size_t id) const;
+  // `errors`, or the default when empty.
+  const std::vector<const AdditiveError*>& attributed_errors() const;
 };
 
 struct MetricsSpec {

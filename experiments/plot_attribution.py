@@ -30,8 +30,20 @@ from plot_style import plt, point_label, read_csv  # noqa: E402
 import numpy as np  # noqa: E402
 
 POINTS_PER_PAGE = 12
-METRICS = [("kl", "attention KL (share of its total, %)"),
-           ("out_err2", "attention-output error ||o - ô||² (share of its total, %)")]
+# Panel titles of the attributed errors (attribution.csv `metric`: AdditiveError::name);
+# one panel per error the CSV holds, in its order (attribution.metrics in the config).
+TITLES = {"kl": "attention KL (share of its total, %)",
+          "out_err2": "attention-output error ||o - ô||² (share of its total, %)",
+          "out_rel": "relative attention-output error ||o - ô|| / ||o|| (share of its total, %)",
+          "logit_err2": "attention-logit error Σ (ŝ - s)² (share of its total, %)"}
+
+
+def panels(metrics, width, height, **kw):
+    """A figure with one panel per attributed error (`width` inches per two panels), its
+    axes and (error, panel title) pairs."""
+    fig, axes = plt.subplots(1, len(metrics), figsize=(width * max(len(metrics), 2) / 2, height), dpi=120,
+                             squeeze=False, **kw)
+    return fig, list(axes[0]), [(m, TITLES.get(m, f"{m} (share of its total, %)")) for m in metrics]
 
 
 def short(text, n=56):
@@ -46,9 +58,9 @@ def page_name(name, page):
     return name if page == 1 else f"{name}-p{page}"
 
 
-def plot_concentration(conc, points, title, out_dir, name):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), dpi=120)
-    for ax, (metric, label) in zip(axes, METRICS):
+def plot_concentration(conc, metrics, points, title, out_dir, name):
+    fig, axes, titled = panels(metrics, 11, 4.8)
+    for ax, (metric, label) in zip(axes, titled):
         for k, (pid, text) in enumerate(points):
             rows = [r for r in conc if r["id"] == pid and r["metric"] == metric]
             x = [0.0] + [float(r["head_fraction"]) * 100 for r in rows]
@@ -64,15 +76,15 @@ def plot_concentration(conc, points, title, out_dir, name):
         ax.set_xlim(0, 100)
         ax.set_ylim(0, 100)
         ax.grid(True, alpha=0.3)
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.suptitle(f"{title}: error concentration over heads", fontsize=11)
     fig.tight_layout()
     plot_style.save(fig, out_dir, name, bbox_inches="tight")
 
 
-def plot_layers(attr, layers, points, title, out_dir, name):
-    fig, axes = plt.subplots(1, 2, figsize=(12, 1.6 + 0.32 * len(points)), dpi=120)
-    for ax, (metric, label) in zip(axes, METRICS):
+def plot_layers(attr, metrics, layers, points, title, out_dir, name):
+    fig, axes, titled = panels(metrics, 12, 1.6 + 0.32 * len(points))
+    for ax, (metric, label) in zip(axes, titled):
         grid = np.zeros((len(points), len(layers)))
         for i, (pid, _) in enumerate(points):
             for r in attr.get((pid, metric, "layer"), []):
@@ -96,12 +108,12 @@ def plot_layers(attr, layers, points, title, out_dir, name):
     plot_style.save(fig, out_dir, name, bbox_inches="tight")
 
 
-def plot_regions(attr, names, points, title, out_dir, name):
+def plot_regions(attr, metrics, names, points, title, out_dir, name):
     # One group of bars per point, one bar per region: colour and hatch tell regions apart.
     per_point = 0.2 * len(names) + 0.25
-    fig, axes = plt.subplots(1, 2, figsize=(12, 1.8 + per_point * len(points)), dpi=120, sharey=True)
+    fig, axes, titled = panels(metrics, 12, 1.8 + per_point * len(points), sharey=True)
     height = 0.8 / len(names)
-    for ax, (metric, label) in zip(axes, METRICS):
+    for ax, (metric, label) in zip(axes, titled):
         shares = defaultdict(float)
         for pid, _ in points:
             for scope in {s for s, _ in names}:
@@ -122,7 +134,7 @@ def plot_regions(attr, names, points, title, out_dir, name):
         ax.set_xlabel("share of the total error with only this region quantized (%)")
         ax.set_title(label, fontsize=9)
         ax.grid(True, axis="x", alpha=0.3)
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.suptitle(f"{title}: error with only one region quantized", fontsize=11)
     fig.tight_layout()
     plot_style.save(fig, out_dir, name, bbox_inches="tight")
@@ -149,6 +161,7 @@ def main():
     attr = defaultdict(list)  # (id, metric, scope) -> rows
     for r in rows:
         attr[(r["id"], r["metric"], r["scope"])].append(r)
+    metrics = list(OrderedDict((r["metric"], 1) for r in rows))
     layers = list(OrderedDict((r["name"], 1) for r in rows if r["scope"] == "layer"))
     regions = list(OrderedDict(((r["scope"], r["name"]), 1) for r in rows if r["scope"] not in ("layer", "head")))
     # Plans without protections or phases are 100% "rest": no regions plot.
@@ -163,11 +176,11 @@ def main():
                f"{len(pages)} page(s) of at most {size} points each: " + ", ".join(drawn) +
                " (page k > 1 in <name>-p<k>)."]
     for k, page in enumerate(pages, start=1):
-        plot_concentration(conc, page, args.title, out_dir, page_name("concentration", k))
+        plot_concentration(conc, metrics, page, args.title, out_dir, page_name("concentration", k))
         if layers:
-            plot_layers(attr, layers, page, args.title, out_dir, page_name("attribution_layers", k))
+            plot_layers(attr, metrics, layers, page, args.title, out_dir, page_name("attribution_layers", k))
         if draw_regions:
-            plot_regions(attr, regions, page, args.title, out_dir, page_name("attribution_regions", k))
+            plot_regions(attr, metrics, regions, page, args.title, out_dir, page_name("attribution_regions", k))
         caption.append(f"page {k}: " + "; ".join(f"point {pid} {text}" for pid, text in page))
     if not draw_regions:
         caption.append("No regions plot: no plan has protections or phases (all of its error is in 'rest').")

@@ -503,7 +503,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
         for (const MetricDef* m : metrics) r.block_sums.push_back(metric_block_sums(*m, merged[0]));
         if (spec.attribution.selects(points[i].id) && variants > 0)
           r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
-                                    rec.num_layers(), rec.q_heads);
+                                    rec.num_layers(), rec.q_heads, spec.attribution.attributed_errors());
         r.ok = true;
       }
       for (size_t t = t0; t < t0 + point_tasks[i]; ++t) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "experiments/attribution.h"
 #include "experiments/data_building.h"
 #include "experiments/experiment.h"
 #include "experiments/query_positions.h"
@@ -313,6 +314,30 @@ TEST_CASE("[attribution] selects points") {
   for (const char* bad : {"[-1]", "[1]"})
     CHECK_THROWS_WITH_AS(expand_sweep(parse(kData + "[attribution]\npoints = " + bad + "\n" + strat)),
                          doctest::Contains(":4: attribution.points: point id"), ConfigError);
+}
+
+TEST_CASE("attribution.metrics chooses the attributed errors among the additive metrics") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  // Left out: the default pair, attn_kl_mean's kl and attn_out_rel_fro's out_err2.
+  CHECK(parse(kData + strat).attribution.errors.empty());
+  CHECK(parse(kData + strat).attribution.attributed_errors() == default_attributed_errors());
+  const ExperimentSpec chosen = parse(kData + "[attribution]\nmetrics = [\"logit_rmse\", \"attn_kl_mean\"]\n" + strat);
+  REQUIRE(chosen.attribution.attributed_errors().size() == 2);
+  CHECK(std::string(chosen.attribution.attributed_errors()[0]->name) == "logit_err2");  // in the order given
+  CHECK(std::string(chosen.attribution.attributed_errors()[1]->name) == "kl");
+  // An unknown metric gets the closest additive one; a metric that is no sum over rows
+  // lists those that are; an empty list or a repeat is refused; each at its line.
+  CHECK_THROWS_WITH_AS(parse(kData + "[attribution]\nmetrics = [\"attn_kl_maen\"]\n" + strat),
+                       doctest::Contains(":4: attribution.metrics: 'attn_kl_maen' is not an additive attention metric "
+                                         "(did you mean 'attn_kl_mean'?); additive metrics: "),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse(kData + "[attribution]\nmetrics = [\"attn_kl_p99\"]\n" + strat),
+                       doctest::Contains("'attn_kl_p99' is not an additive attention metric; additive metrics: "),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse(kData + "[attribution]\nmetrics = []\n" + strat),
+                       doctest::Contains(":4: attribution.metrics: an empty list attributes nothing"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse(kData + "[attribution]\nmetrics = [\"attn_kl_mean\", \"attn_kl_mean\"]\n" + strat),
+                       doctest::Contains("'attn_kl_mean' is listed twice"), ConfigError);
 }
 
 TEST_CASE("budget queries: their metric is validated up front and reported") {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "experiments/config.h"
@@ -91,6 +92,29 @@ TEST_CASE("run_experiment: the results layout, and the same numbers on one threa
   const RunOutcome again = run_experiment(one_thread);
   CHECK(points_without_seconds(again.dir) == points_without_seconds(run.dir));
   CHECK(read_text(again.dir / "pareto.csv") == read_text(run.dir / "pareto.csv"));
+}
+
+TEST_CASE("run_experiment: attribution.metrics chooses the errors attribution.csv splits") {
+  const fs::path out = test::scratch_dir("runner_attribution_metrics");
+  const RunOutcome run = run_experiment(quickstart_request(
+      out, {"output.plots=false", "strategy.0.vars.bits=[4]", "attribution.metrics=[\"logit_rmse\", \"attn_out_rel_err\"]"}));
+  REQUIRE(run.status == "complete");
+  // Every row of both files names one of the chosen errors, and both appear.
+  for (const char* file : {"attribution.csv", "concentration.csv"}) {
+    std::istringstream in(read_text(run.dir / file));
+    std::string line;
+    std::getline(in, line);  // the header
+    std::set<std::string> metrics;
+    while (std::getline(in, line)) {
+      std::vector<std::string> fields;
+      std::stringstream fields_in(line);
+      for (std::string f; std::getline(fields_in, f, ',');) fields.push_back(f);
+      REQUIRE(fields.size() > 2);
+      metrics.insert(fields[2]);  // id,key,metric,...: the keys hold no comma (quickstart's formats)
+    }
+    CHECK_MESSAGE((metrics == std::set<std::string>{"logit_err2", "out_rel"}), file);
+  }
+  CHECK(read_text(run.dir / "config.toml").find("logit_rmse") != std::string::npos);  // the saved config reruns it
 }
 
 TEST_CASE("run_experiment: points that cannot run on the data refuse the run before anything is written") {
