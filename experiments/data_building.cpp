@@ -35,8 +35,9 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   if (m.task) {
     try {
       task = std::make_shared<const AnswerTask>(*m.task, model->config());
-    } catch (const ConfigError& e) {
-      throw ConfigError(m.task_where + ": " + e.what());
+    } catch (ConfigError& e) {
+      e.add_context(m.task_where);
+      throw;
     }
   }
   ModelEvalOptions options;

@@ -169,8 +169,9 @@ int cmd_eval(const Args& args) {
   if (!layers_text.empty()) {
     try {
       other_layers = make_format(other_layers_format);
-    } catch (const ConfigError& e) {
-      throw ConfigError(std::string("--other-layers-format: ") + e.what());
+    } catch (ConfigError& e) {
+      e.add_context("--other-layers-format");
+      throw;
     }
   }
   const uint64_t seed = checked_seed(seed_arg, "--seed");
@@ -216,8 +217,9 @@ int cmd_eval(const Args& args) {
     if (in.no_bos) task_spec.add_bos = false;
     try {
       task = std::make_shared<const AnswerTask>(task_spec, cfg);
-    } catch (const ConfigError& e) {
-      throw ConfigError(std::string("--task: ") + e.what());
+    } catch (ConfigError& e) {
+      e.add_context("--task");
+      throw;
     }
     say(json, "task: %s\n", task->describe().c_str());
   }
