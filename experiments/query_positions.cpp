@@ -6,6 +6,7 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/metrics/metric_table.h"
+#include "sim/strategies/statistics.h"
 
 namespace kvb {
 
@@ -94,6 +95,18 @@ QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
                       " tokens is a calibration position, none is left to evaluate");
   q.evaluation_text = c.overlap ? "all" : "all not used for calibration";
   return q;
+}
+
+CalibratedPlan build_calibrated_plan(const Strategy& strategy, const Recording& recording, uint64_t seed,
+                                     const std::string& source) {
+  CalibratedPlan out;
+  out.positions = resolve_positions(ExperimentSpec{}, recording.tokens);
+  RecordingStats calibration(recording, out.positions.calibration);
+  out.plan = strategy.build(StrategyInput{recording, seed, &calibration});
+  const std::string bad = out.plan.check();
+  if (!bad.empty()) throw Error(source + ": invalid plan: " + bad);
+  out.calibrated = strategy.needs_statistics();
+  return out;
 }
 
 }  // namespace kvb

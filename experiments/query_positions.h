@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "experiments/experiment.h"
+#include "sim/plan.h"
+#include "sim/recording.h"
+#include "sim/strategies/strategy.h"
 
 namespace kvb {
 
@@ -33,5 +36,19 @@ void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositio
 // the last evaluated position + 1, at most T). Logit, output and tensor metrics still
 // measure such rows and are not checked.
 void check_attention_rows(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T);
+
+// A plan built from an exact run's recording outside an experiment, as `kvbudget eval`,
+// `kvbudget generate` and kvbudget.evaluate (Python) build it.
+struct CalibratedPlan {
+  Plan plan;
+  // Query positions of the recording: a strategy that reads statistics (entropies,
+  // received attention) measures them on `calibration` (`kvbudget run`'s default
+  // [calibration]: every 8th from 7); `evaluation` are the others.
+  QueryPositions positions;
+  bool calibrated = false;  // the strategy read statistics
+};
+// Throws kvb::Error "<source>: invalid plan: ..." for a plan that fails Plan::check().
+CalibratedPlan build_calibrated_plan(const Strategy& strategy, const Recording& recording, uint64_t seed,
+                                     const std::string& source);
 
 }  // namespace kvb

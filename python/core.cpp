@@ -33,7 +33,6 @@
 #include "sim/metrics/metric_table.h"
 #include "sim/metrics/model_metrics.h"
 #include "sim/strategies/presets.h"
-#include "sim/strategies/statistics.h"
 #include "sim/strategies/strategy.h"
 #include "sim/model/model_eval.h"
 #include "sim/model/transformer.h"
@@ -422,15 +421,11 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   std::string plan_text;
   double plan_bpe = 16;
   if (strat) {
-    const QueryPositions positions = resolve_positions(ExperimentSpec{}, evaluator.recording().tokens);
-    RecordingStats calibration(evaluator.recording(), positions.calibration);
-    const Plan plan = strat->build(StrategyInput{evaluator.recording(), seed, &calibration});
-    const std::string bad = plan.check();
-    if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
-    plan_text = plan.describe();
-    plan_bpe = plan.bpe();
+    const CalibratedPlan built = build_calibrated_plan(*strat, evaluator.recording(), seed, plan_source);
+    plan_text = built.plan.describe();
+    plan_bpe = built.plan.bpe();
     stats.model =
-        evaluator.evaluate(plan, seed, &quant_logits, strat->needs_statistics() ? &positions.evaluation : nullptr);
+        evaluator.evaluate(built.plan, seed, &quant_logits, built.calibrated ? &built.positions.evaluation : nullptr);
   }
   py::gil_scoped_acquire acquire;
   const std::vector<double> exact_nll = evaluator.base_scored_nll();

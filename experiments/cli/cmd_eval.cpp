@@ -20,6 +20,7 @@
 #include "experiments/cli/plan_options.h"
 #include "experiments/experiment.h"
 #include "experiments/progress.h"
+#include "experiments/query_positions.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/formats/registry.h"
@@ -275,7 +276,7 @@ int cmd_eval(const Args& args) {
     // on the default calibration positions of `kvbudget run` ([calibration]: every 8th
     // from 7); the model metrics then leave those positions out.
     // With windows, the recording is the first window's, and the positions are window-local.
-    CommandPlan built = build_plan(*strat, evaluator.recording(), seed, plan_source);
+    CalibratedPlan built = build_calibrated_plan(*strat, evaluator.recording(), seed, plan_source);
     Plan& plan = built.plan;
     if (!layers_text.empty()) {
       quantize_only_layers(plan, quantized_layers, other_layers);

@@ -24,6 +24,7 @@
 #include "experiments/cli/commands.h"
 #include "experiments/cli/model_input.h"
 #include "experiments/cli/plan_options.h"
+#include "experiments/query_positions.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/io/atomic_file.h"
@@ -305,7 +306,7 @@ int cmd_generate(const Args& args) {
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
 
   // The plan, from the exact run of the prompt.
-  std::optional<CommandPlan> built;
+  std::optional<CalibratedPlan> built;
   if (strat) {
     std::vector<LayerTensors> capture;
     ExtendOptions capture_options;
@@ -313,7 +314,7 @@ int cmd_generate(const Args& args) {
     model->forward(prompt_ids, capture_options);
     const Recording recording = recording_from_capture(cfg, std::move(capture), prompt_ids,
                                                        "model " + in.checkpoint + " on the prompt");
-    built = build_plan(*strat, recording, sampling.seed, plan_source);
+    built = build_calibrated_plan(*strat, recording, sampling.seed, plan_source);
   }
   const std::string plan_text = built ? plan_source + " = " + built->plan.describe() : "exact";
 

@@ -7,7 +7,6 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/strategies/presets.h"
-#include "sim/strategies/statistics.h"
 
 namespace po = boost::program_options;
 
@@ -117,16 +116,5 @@ std::unique_ptr<Strategy> PlanOptions::make_strategy() {
 }
 
 std::string PlanOptions::source() const { return strategy + "(" + join(params, ",") + ")"; }
-
-CommandPlan build_plan(const Strategy& strategy, const Recording& recording, uint64_t seed, const std::string& source) {
-  CommandPlan out;
-  out.positions = resolve_positions(ExperimentSpec{}, recording.tokens);
-  RecordingStats calibration(recording, out.positions.calibration);
-  out.plan = strategy.build(StrategyInput{recording, seed, &calibration});
-  const std::string bad = out.plan.check();
-  if (!bad.empty()) throw Error(source + ": invalid plan: " + bad);
-  out.calibrated = strategy.needs_statistics();
-  return out;
-}
 
 }  // namespace kvb::cli

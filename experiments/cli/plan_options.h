@@ -1,6 +1,6 @@
 // Options shared by the commands that quantize a model's KV cache (`eval`, `generate`):
 // one of --format, --key-format/--value-format and --strategy (a type or a preset,
-// with --param), and the plan it builds from an exact run's recording.
+// with --param); the plan is built by build_calibrated_plan (experiments/query_positions.h).
 #pragma once
 #include <boost/program_options.hpp>
 #include <cstdint>
@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "experiments/experiment.h"
-#include "experiments/query_positions.h"
 #include "sim/plan.h"
 #include "sim/recording.h"
 #include "sim/strategies/strategy.h"
@@ -34,17 +33,5 @@ struct PlanOptions {
   // make_strategy()).
   std::string source() const;
 };
-
-// A plan built from an exact run's recording, as `eval` builds it.
-struct CommandPlan {
-  Plan plan;
-  // Query positions of the recording: a strategy that reads statistics (entropies,
-  // received attention) measures them on `calibration` (`kvbudget run`'s default
-  // [calibration]: every 8th from 7); `evaluation` are the others.
-  QueryPositions positions;
-  bool calibrated = false;  // the strategy read statistics
-};
-// Throws kvb::Error "<source>: invalid plan: ..." for a plan that fails Plan::check().
-CommandPlan build_plan(const Strategy& strategy, const Recording& recording, uint64_t seed, const std::string& source);
 
 }  // namespace kvb::cli
