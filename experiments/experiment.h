@@ -16,6 +16,11 @@
 //   [attribution]   which points get an error-budget attribution
 //   [output]        results directory, plots, target context
 //   [budgets]       queries = ["attn_kl_mean <= 1e-3", "bpe <= 4"]
+// This file holds the spec and reads [calibration], [metrics], [attribution] and
+// [output]; the other pieces have a file each: data_spec.h ([data], [task]),
+// strategy_blocks.h ([[strategy]]), range_grammar.h, budget_queries.h ([budgets]),
+// query_positions.h (a run's calibration and evaluated positions), data_building.h
+// (the recording and the model evaluator a [data] spec describes).
 #pragma once
 #include <cstdint>
 #include <filesystem>
