@@ -39,6 +39,8 @@ bool looks_like_range(const std::string& s) {
   return std::regex_search(s, re);
 }
 
+}  // namespace
+
 // Relative data paths are looked up from the working directory, then from the
 // config file's directory, then from the source tree.
 std::filesystem::path resolve_data_path(const std::string& raw, const std::filesystem::path& config,
@@ -56,6 +58,8 @@ std::filesystem::path resolve_data_path(const std::string& raw, const std::files
   }
   throw ConfigError(where + ": data path '" + raw + "' not found (looked in " + join(looked, ", ") + ")");
 }
+
+namespace {
 
 // A list of data paths (data.recordings, data.texts, data.token_files): an array of
 // strings, each resolved as resolve_data_path does; an entry whose file name holds a
@@ -1014,17 +1018,23 @@ bool AttributionSpec::selects(size_t id) const {
   return std::find(ids.begin(), ids.end(), static_cast<int64_t>(id)) != ids.end();
 }
 
-QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
-  QueryPositions q;
-  const CalibrationSpec& c = spec.calibration;
+std::vector<int64_t> calibration_positions(const CalibrationSpec& c, int64_t T) {
+  std::vector<int64_t> out;
   if (c.explicit_positions) {
     // Positions past the recording are dropped; none left fails only the points that
     // need statistics (RecordingStats::require_calibration), as an offset past T does.
     for (int64_t p : c.positions)
-      if (p < T) q.calibration.push_back(p);
+      if (p < T) out.push_back(p);
   } else {
-    for (int64_t p = c.offset; p < T; p += c.stride) q.calibration.push_back(p);
+    for (int64_t p = c.offset; p < T; p += c.stride) out.push_back(p);
   }
+  return out;
+}
+
+QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
+  QueryPositions q;
+  const CalibrationSpec& c = spec.calibration;
+  q.calibration = calibration_positions(c, T);
   auto is_calibration = [&](int64_t p) { return std::binary_search(q.calibration.begin(), q.calibration.end(), p); };
   if (!spec.metrics.positions.empty()) {
     std::vector<int64_t> overlap;

@@ -228,6 +228,12 @@ inline constexpr int64_t kMaxRangeValues = 1000000;
 // the range has more than kMaxRangeValues values.
 std::optional<std::vector<ParamValue>> parse_range(const std::string& text);
 
+// A data path as a config names it: relative paths are looked up from the working
+// directory, then from the config file's directory, then from the source tree. Throws
+// kvb::ConfigError "WHERE: data path '...' not found (looked in ...)".
+std::filesystem::path resolve_data_path(const std::string& raw, const std::filesystem::path& config,
+                                        const std::string& where);
+
 // Builds the recording the experiment describes (loads or generates, truncates; for
 // a model, records the exact run).
 Recording build_recording(const DataSpec& data);
@@ -248,6 +254,9 @@ struct QueryPositions {
   std::string evaluation_text;      // how they were chosen, for the manifest
 };
 QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T);
+// The calibration positions of a recording of T tokens ([calibration]'s explicit
+// positions below T, or its stride rule), as resolve_positions chooses them.
+std::vector<int64_t> calibration_positions(const CalibrationSpec& calibration, int64_t T);
 // Throws kvb::ConfigError at metrics.positions when a reported position-level model
 // metric (ppl, next_token_kl_*, same_top_rate: each position t predicts token t + 1)
 // has no evaluated position below T - 1 to average over.
