@@ -98,6 +98,15 @@ bad() {  # bad NAME VALUE EXPECTED [data lines...]: a run with calibration_data 
 }
 bad notseed "2" 'calibration_data "2": [data] is synthetic'
 bad badseed "seed two" 'calibration data is named by its seed, as "seed 7"'
+# A misspelt key is an unknown parameter, with the right name suggested.
+{
+  echo 'name = "typo"'
+  synthetic 1 128
+  optimal "calibrated"
+  echo 'calibration_dta = "seed 2"'
+} >"$tmp/typo.toml"
+"$kvb" run "$tmp/typo.toml" --out "$tmp/typo" --quiet >"$tmp/typo.out" 2>&1 && fail "a misspelt calibration_data exited 0"
+expect "$tmp/typo.out" "calibration_data" "the misspelt key's message"
 rec="$src/data/records/gpt2-bytes-record.safetensors"
 if [ -f "$rec" ]; then
   filedata=('[data]' "path = \"$rec\"" 'max_tokens = 64')
@@ -116,5 +125,35 @@ if [ -f "$rec" ]; then
   "$kvb" run "$tmp/same.toml" --out "$tmp/same" --threads 2 --quiet >"$tmp/same.out" 2>&1 || fail "same-file run exited $?"
   [ "$(column "$tmp/same/same/latest/points.csv" plan calibrated)" = "$(column "$tmp/same/same/latest/points.csv" plan in-sample)" ] ||
     fail "calibrated on the evaluated file itself, the plan differs from the in-sample one"
+fi
+
+# 3. A model on one text, calibrated on another text run through the same model.
+gpt2="$src/data/models/gpt2-bytes"
+if [ -d "$gpt2" ]; then
+  {
+    echo 'name = "texts"'
+    echo '[data]'
+    echo 'source = "model"'
+    echo "model = \"$gpt2\""
+    echo "text = \"$src/data/text/eval_kjv_revelation.txt\""
+    echo 'max_tokens = 64'
+    echo 'continuations = 0'
+    optimal "calibrated"
+    echo "calibration_data = \"$src/data/text/eval_fortunes_science_work.txt\""
+    echo '[metrics]'
+    echo 'report = ["attn_kl_mean", "ppl_ratio"]'
+    echo '[output]'
+    echo 'plots = false'
+  } >"$tmp/texts.toml"
+  "$kvb" run "$tmp/texts.toml" --out "$tmp/texts" --threads 2 --quiet >"$tmp/texts.out" 2>&1 ||
+    fail "model run calibrated on another text exited $?: $(tail -3 "$tmp/texts.out")"
+  t="$tmp/texts/texts/latest/points.csv"
+  case "$(column "$t" calibration_data calibrated)" in
+    *eval_fortunes_science_work.txt) ;;
+    *) fail "the model point's calibration_data does not name the other text" ;;
+  esac
+  /usr/bin/python3 -c 'import sys; a, b = map(float, sys.argv[1:3]); sys.exit(not (a > 0 and b > 0 and a != b))' \
+    "$(column "$t" objective_calibration calibrated)" "$(column "$t" attn_kl_mean calibrated)" ||
+    fail "the model point's calibration and evaluation numbers are not both there and distinct"
 fi
 exit $status
