@@ -13,10 +13,6 @@
 
 namespace kvb {
 
-namespace {
-
-// Relative data paths are looked up from the working directory, then from the
-// config file's directory, then from the source tree.
 std::filesystem::path resolve_data_path(const std::string& raw, const std::filesystem::path& config,
                                         const std::string& where) {
   const std::filesystem::path p(raw);
@@ -32,6 +28,8 @@ std::filesystem::path resolve_data_path(const std::string& raw, const std::files
   }
   throw ConfigError(where + ": data path '" + raw + "' not found (looked in " + join(looked, ", ") + ")");
 }
+
+namespace {
 
 // A list of data paths (data.recordings, data.texts, data.token_files): an array of
 // strings, each resolved as resolve_data_path does; an entry whose file name holds a

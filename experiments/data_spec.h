@@ -57,6 +57,12 @@ struct DataSpec {
   }
 };
 
+// A data path as a config names it: relative paths are looked up from the working
+// directory, then from the config file's directory, then from the source tree. Throws
+// kvb::ConfigError "WHERE: data path '...' not found (looked in ...)".
+std::filesystem::path resolve_data_path(const std::string& raw, const std::filesystem::path& config,
+                                        const std::string& where);
+
 // One DataSpec per sequence of `data` (a copy of `data` with its path or seed set and
 // the lists cleared); `data` itself when it names one sequence.
 std::vector<DataSpec> expand_sequences(const DataSpec& data);

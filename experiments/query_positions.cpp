@@ -48,17 +48,23 @@ void check_attention_rows(const ExperimentSpec& spec, const QueryPositions& posi
                     "metrics.report)");
 }
 
-QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
-  QueryPositions q;
-  const CalibrationSpec& c = spec.calibration;
+std::vector<int64_t> calibration_positions(const CalibrationSpec& c, int64_t T) {
+  std::vector<int64_t> out;
   if (c.explicit_positions) {
     // Positions past the recording are dropped; none left fails only the points that
     // need statistics (RecordingStats::require_calibration), as an offset past T does.
     for (int64_t p : c.positions)
-      if (p < T) q.calibration.push_back(p);
+      if (p < T) out.push_back(p);
   } else {
-    for (int64_t p = c.offset; p < T; p += c.stride) q.calibration.push_back(p);
+    for (int64_t p = c.offset; p < T; p += c.stride) out.push_back(p);
   }
+  return out;
+}
+
+QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T) {
+  QueryPositions q;
+  const CalibrationSpec& c = spec.calibration;
+  q.calibration = calibration_positions(c, T);
   auto is_calibration = [&](int64_t p) { return std::binary_search(q.calibration.begin(), q.calibration.end(), p); };
   if (!spec.metrics.positions.empty()) {
     std::vector<int64_t> overlap;

@@ -25,6 +25,9 @@ struct QueryPositions {
   std::string evaluation_text;      // how they were chosen, for the manifest
 };
 QueryPositions resolve_positions(const ExperimentSpec& spec, int64_t T);
+// The calibration positions of a recording of T tokens ([calibration]'s explicit
+// positions below T, or its stride rule), as resolve_positions chooses them.
+std::vector<int64_t> calibration_positions(const CalibrationSpec& calibration, int64_t T);
 // Throws kvb::ConfigError at metrics.positions when a reported position-level model
 // metric (ppl, next_token_kl_*, same_top_rate: each position t predicts token t + 1)
 // has no evaluated position below T - 1 to average over.

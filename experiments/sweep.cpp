@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "experiments/calibration_data.h"
 #include "experiments/query_positions.h"
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
@@ -260,7 +261,8 @@ namespace {
 // a point that cannot run throws.
 Plan build_point_plan(const ExperimentSpec& spec, const Recording& rec, const SweepPoint& point,
                       const Strategy& strategy, RecordingStats& stats) {
-  Plan plan = strategy.build(StrategyInput{rec, spec.seed, &stats});
+  const CalibrationResolver calibration = calibration_resolver(spec, rec);
+  Plan plan = strategy.build(StrategyInput{rec, spec.seed, &stats, &calibration});
   const ModelDataSpec& model = spec.data.model;
   if (spec.data.source == DataSpec::Source::Model && !model.quantize_layers.empty()) {
     // A budget is met over every layer: storing some layers at another format afterwards would break it.

@@ -30,7 +30,8 @@ const std::vector<StrategyType>& strategy_types() {
                            true)},
       {"optimal", "Lagrangian allocation over measured per-unit distortion, with an additivity check", optimal_params(),
        &make_optimal,
-       with_shared_columns({"objective", "objective_predicted", "objective_joint", "additivity", "lambda", "bits_mean"},
+       with_shared_columns({"objective", "objective_predicted", "objective_joint", "additivity", "lambda", "bits_mean",
+                            "protections_chosen", "calibration_data", "objective_calibration"},
                            true)},
   };
   return types;

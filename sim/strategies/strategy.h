@@ -9,6 +9,7 @@
 // and V can be set separately everywhere.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -74,6 +75,20 @@ class Params {
   std::map<std::string, ParamValue> values_;
 };
 
+// Data a strategy calibrates on instead of the evaluated recording (the optimal
+// allocator's `calibration_data`, methods.md §3): another recording of the same
+// layers, heads and head_dim (its token count may differ), and its statistics on its
+// own calibration positions.
+struct CalibrationData {
+  const Recording* rec = nullptr;
+  RecordingStats* stats = nullptr;
+  std::string name;  // how results name it: a path, or "synthetic seed N"
+};
+// Loads (once) the data a `calibration_data` value names and checks its shape against
+// the evaluated recording; throws kvb::ConfigError (unknown value, missing file) or
+// kvb::Error (a shape mismatch), naming the key.
+using CalibrationResolver = std::function<CalibrationData(const std::string& value)>;
+
 // What a strategy may look at when it builds a plan.
 struct StrategyInput {
   const Recording& rec;
@@ -82,6 +97,9 @@ struct StrategyInput {
   // distortion tables), computed once on the calibration positions. Strategies that
   // read statistics throw kvb::Error when it is missing.
   RecordingStats* stats = nullptr;
+  // Resolves `calibration_data` values; nullptr where no experiment config names data
+  // (a strategy given one then throws kvb::ConfigError).
+  const CalibrationResolver* calibration = nullptr;
 };
 
 class Strategy {
