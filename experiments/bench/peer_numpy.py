@@ -38,6 +38,8 @@ def load_safetensors(path):
         if name == "__metadata__":
             continue
         a, b = t["data_offsets"]
+        if t["dtype"] not in DTYPES:
+            continue  # not a float tensor (the recorder's token ids): the metrics read none
         if t["dtype"] == "BF16":
             raw = np.frombuffer(data[a:b], dtype=np.uint16).astype(np.uint32) << 16
             arr = raw.view(np.float32)
