@@ -1,5 +1,6 @@
 #include "sim/core/allocator.h"
 
+#include <cstdlib>  // defines __GLIBC__ on glibc (through <features.h>)
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
