@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 
 #include "experiments/calibration_data.h"
 #include "experiments/query_positions.h"
@@ -488,7 +489,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       if (r.error.empty() && plans[i]) {
         std::vector<ErrorStats> merged(variants);
         for (size_t v = 0; v < variants; ++v)
-          for (size_t l = 0; l < layers_per_variant; ++l) merged[v].merge(stats_of[t0 + v * L + l]);
+          merged[v] = ErrorStats::merged(std::span<const ErrorStats>(stats_of).subspan(t0 + v * L, layers_per_variant));
         if (point_tasks[i] > layer_tasks[i]) merged[0].merge(stats_of[t0 + layer_tasks[i]]);  // the model task
         // The CPU simulator refuses such a reconstruction itself (reconstruct_unit/
         // _window); this catches it on every backend (windows reach only the rows).

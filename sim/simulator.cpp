@@ -150,6 +150,7 @@ std::vector<int64_t> detail::evaluated_positions(const Recording& rec, const Sim
 ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer, const SimOptions& opt) {
   const std::vector<int64_t> pos = detail::evaluated_positions(rec, opt);
   ErrorStats stats;
+  stats.rows.reserve(pos.size() * static_cast<size_t>(rec.q_heads));
   HeadScratch& scratch = thread_scratch();
   for (int64_t g = 0; g < rec.kv_heads; ++g) simulate_group(rec, plan, layer, g, pos, opt, scratch, stats);
   // Rows are in (q_head, position) order within the layer.
@@ -158,9 +159,11 @@ ErrorStats simulate_layer(const Recording& rec, const Plan& plan, int64_t layer,
 
 ErrorStats simulate_kv_head(const Recording& rec, const Plan& plan, int64_t layer, int64_t kv_head,
                             const SimOptions& opt) {
+  const std::vector<int64_t> pos = detail::evaluated_positions(rec, opt);
   ErrorStats stats;
+  stats.rows.reserve(pos.size() * static_cast<size_t>(rec.group_size()));
   HeadScratch& scratch = thread_scratch();
-  simulate_group(rec, plan, layer, kv_head, detail::evaluated_positions(rec, opt), opt, scratch, stats);
+  simulate_group(rec, plan, layer, kv_head, pos, opt, scratch, stats);
   return stats;
 }
 
@@ -168,6 +171,7 @@ ErrorStats simulate(const Recording& rec, const Plan& plan, const SimOptions& op
   const std::string bad = plan.check();
   if (!bad.empty()) throw Error("invalid plan: " + bad);
   ErrorStats all;
+  all.rows.reserve(detail::evaluated_positions(rec, opt).size() * static_cast<size_t>(rec.q_heads * rec.num_layers()));
   for (int64_t l = 0; l < rec.num_layers(); ++l) all.merge(simulate_layer(rec, plan, l, opt));
   return all;
 }

@@ -42,7 +42,7 @@ struct SimOptions {
   int64_t topk = 8;                 // k of the top-k overlap
   std::vector<int64_t> positions;   // evaluated query positions, sorted; empty = all
   uint64_t seed = 0;                // handed to formats through SpanInfo
-  int64_t row_block = 128;          // query rows per GEMM block
+  int64_t row_block = 64;           // query rows per GEMM block (fewer key columns past the causal edge than 128)
   const ErrorRegion* region = nullptr;  // keep only this region's errors (attribution)
   // true: the plain fp64 measurement (sim/attention_error_reference.cpp), the
   // yardstick the fast fp32 path (the default) is tested against; both give the same

@@ -34,6 +34,7 @@
 
 #include "experiments/machine_info.h"
 #include "kvb/build_config.h"
+#include "sim/core/allocator.h"
 #include "sim/exact_attention.h"
 #include "sim/formats/registry.h"
 #include "sim/metrics/metric_table.h"
@@ -76,9 +77,7 @@ ErrorStats measure_point(const Recording& rec, const Plan& plan, const SimOption
   std::vector<ErrorStats> per_layer(static_cast<size_t>(rec.num_layers()));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t l = 0; l < rec.num_layers(); ++l) per_layer[static_cast<size_t>(l)] = simulate_layer(rec, plan, l, opt);
-  ErrorStats all;
-  for (const ErrorStats& s : per_layer) all.merge(s);
-  return all;
+  return ErrorStats::merged(per_layer);
 }
 
 const std::vector<std::string> kAttentionMetrics = {
@@ -142,6 +141,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  keep_freed_memory();  // as the CLI does
   const int max_threads = omp_get_num_procs();
   std::printf("CPU: %s, %d threads; load average %.2f at the start\n", cpu_model().c_str(), max_threads, load_average());
 

@@ -19,6 +19,7 @@
 #include "experiments/experiment.h"
 #include "experiments/machine_info.h"
 #include "experiments/sweep.h"
+#include "sim/core/allocator.h"
 #include "kvb/build_config.h"
 #include "sim/formats/registry.h"
 #include "sim/simulator.h"
@@ -27,6 +28,7 @@
 using namespace kvb;
 
 int main(int argc, char** argv) {
+  kvb::keep_freed_memory();  // as the CLI does
   std::string path = std::string(KVB_SOURCE_DIR) + "/data/records/gpt2-bytes-record.safetensors";
   int repeats = 3;
   bool markdown = false;

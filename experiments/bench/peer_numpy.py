@@ -5,7 +5,8 @@ write instead of using kvbudget, run side by side with it by bench_metrics.
 Reads a recording (safetensors, [heads, tokens, head_dim] per layer), quantizes every
 key and value with a uniform int format (methods.md §2: asymmetric min-max or
 symmetric absmax, groups along head_dim `g<G>` or along tokens `ch<G>`, fp16 scale
-and zero, round half to even) and computes the methods.md §4 metrics at every query
+and zero, round half to even; groups along tokens causal as in methods.md §3: the query
+at t reads its own open group exact) and computes the methods.md §4 metrics at every query
 position in float64: KL(p || p̂), top-k overlap, ‖o - ô‖/‖o‖, logit errors, tensor
 relative MSE. The exact attention (p, top-k of p, o) is computed once per run, as a
 sweep would, and reused by every point.
@@ -38,6 +39,8 @@ def load_safetensors(path):
         if name == "__metadata__":
             continue
         a, b = t["data_offsets"]
+        if t["dtype"] not in DTYPES:
+            continue  # not a float tensor (the recorder's token ids): the metrics read none
         if t["dtype"] == "BF16":
             raw = np.frombuffer(data[a:b], dtype=np.uint16).astype(np.uint32) << 16
             arr = raw.view(np.float32)
@@ -76,6 +79,12 @@ def quantize(x, fmt):
         q = np.where(scale > 0, np.clip(np.rint((xg - zero) / safe), 0, levels), 0)
         xq = (q.astype(np.float32) * scale + zero).astype(np.float32)
     return xq.reshape(h, t, d)
+
+
+def open_group_tokens(fmt):
+    """G for a format whose groups run along tokens (int…-ch<G>), else 0."""
+    m = re.fullmatch(r"int\d-(sym|asym)-ch(\d+)", fmt)
+    return int(m[2]) if m else 0
 
 
 NEG = -1e300  # masked (non-causal) logits: exp gives 0 and differences of two are 0
@@ -126,14 +135,23 @@ def point_metrics(layers, exact, fmt, topk):
         vnorm += float((v32.astype(np.float64) ** 2).sum())
         rep = ex["q"].shape[0] // kq.shape[0]
         sh = masked_logits(ex["q"], gqa(kq, rep).astype(np.float64))
+        t = sh.shape[1]
+        # Groups along tokens are causal (methods.md §3): the query at t reads the tokens of
+        # its own, still open, group exact; closed groups are quantized from their G tokens.
+        g = open_group_tokens(fmt)
+        open_pairs = (np.arange(t)[:, None] // g == np.arange(t)[None, :] // g) if g else None
+        if g:
+            sh = np.where(open_pairs, ex["s"], sh)
         logph = log_softmax(sh)
         kl.append((ex["p"] * (ex["logp"] - logph)).sum(axis=-1).ravel())
-        t = sh.shape[1]
         top = np.argpartition(-sh, topk - 1, axis=-1)[..., :topk]
         causal = top <= np.arange(t)[None, :, None]
         common = (np.take_along_axis(ex["mark"], top, axis=-1) & causal).sum(axis=-1)
         overlap.append((common / np.minimum(topk, np.arange(1, t + 1))[None, :]).ravel())
-        oh = np.exp(logph) @ gqa(vq, rep).astype(np.float64)
+        ph = np.exp(logph)
+        oh = ph @ gqa(vq, rep).astype(np.float64)
+        if g:  # the open group's values exact
+            oh += (ph * open_pairs) @ (ex["v"] - gqa(vq, rep).astype(np.float64))
         e2 = ((oh - ex["o"]) ** 2).sum(axis=-1)
         n2 = (ex["o"] ** 2).sum(axis=-1)
         err2s.append(e2.ravel())

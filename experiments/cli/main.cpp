@@ -9,6 +9,7 @@
 
 #include "experiments/cli/commands.h"
 #include "kvb/build_config.h"
+#include "sim/core/allocator.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 
@@ -49,6 +50,7 @@ void usage(std::FILE* to) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvb::keep_freed_memory();
   if (argc < 2) {
     usage(stderr);
     return kvb::kExitUsage;

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "sim/core/error.h"
 #include "sim/formats/int_block.h"
 #include "sim/formats/name_parse.h"
+#include "sim/metrics/row_simd.h"
 
 namespace kvb {
 
@@ -178,39 +181,207 @@ inline float roundtrip_element(float x, IntGroupParams p, int bits) {
   return int_decode(Symmetric ? int_sym_encode(x, p, bits) : int_asym_encode(x, p, bits), p);
 }
 
+// roundtrip_element for b >= 2 without branches, 16 lanes at a time (a tail through the
+// same lane function), the same value for every x, scale and zero:
+//   - round_even(q) is (q + 1.5·2^23) - 1.5·2^23 (exact for |q| <= 2^22; beyond, both
+//     forms clamp to the same grid end, and a signed zero becomes the same code 0);
+//   - a scale that is not > 0 gives code 0, as the encoders' early return does;
+//   - the code goes through int as the encoders' return type does (NaN included).
+template <bool Symmetric, class V>
+inline V roundtrip_lanes(V x, V scale, V zero, float code_lo, float code_hi) {
+  const float magic = 12582912.0f;  // 1.5·2^23
+  V q = (Symmetric ? x : x + (-zero)) / scale;
+  q = (q + magic) - magic;
+  if constexpr (std::is_same_v<V, float>) {
+    q = clampf(q, code_lo, code_hi);
+    const float code = static_cast<float>(static_cast<int>(q));
+    return (scale > 0.0f ? code : 0.0f) * scale + zero;
+  } else {
+    q = q < code_lo ? simd::splat(code_lo) : (q > code_hi ? simd::splat(code_hi) : q);
+    const V code = __builtin_convertvector(__builtin_convertvector(q, simd::i32x16), V);
+    return (scale > 0.0f ? code : simd::splat(0.0f)) * scale + zero;
+  }
+}
+
+// out[c] = roundtrip_element(x[c]) for c in [0, n), per-channel scale and zero when
+// PerChannel (arrays of n), else scale[0] and zero[0] for all.
+template <bool Symmetric, bool PerChannel>
+void roundtrip_run(const float* x, float* out, int64_t n, const float* scale, const float* zero, float code_lo,
+                   float code_hi) {
+  using simd::f32x16;
+  using simd::kLanes;
+  int64_t c = 0;
+  const f32x16 s1 = simd::splat(scale[0]), z1 = simd::splat(zero[0]);
+  for (; c + kLanes <= n; c += kLanes)
+    simd::store(out + c, roundtrip_lanes<Symmetric>(simd::load(x + c), PerChannel ? simd::load(scale + c) : s1,
+                                                    PerChannel ? simd::load(zero + c) : z1, code_lo, code_hi));
+  for (; c < n; ++c)
+    out[c] = roundtrip_lanes<Symmetric>(x[c], PerChannel ? scale[c] : scale[0], PerChannel ? zero[c] : zero[0],
+                                        code_lo, code_hi);
+}
+
+// The code range of b >= 2 bits: [0, 2^b - 1] asymmetric, [-qmax, qmax] symmetric.
+template <bool Symmetric>
+inline std::pair<float, float> code_range(int bits) {
+  if (Symmetric) return {-static_cast<float>(int_sym_qmax(bits)), static_cast<float>(int_sym_qmax(bits))};
+  return {0.0f, static_cast<float>((1u << bits) - 1u)};
+}
+
+// The MinMax statistics of x[0, n) as int_stats_add feeds them (min and max keep the
+// earliest of equal values), folded 16 lanes at a time: the result is the fold's
+// whenever the minimum and the maximum are unique bit for bit among equal values,
+// i.e. neither is a zero (-0 and +0 compare equal) and no NaN is present (the fold
+// keeps a leading NaN and skips later ones); otherwise the plain fold.
+IntGroupStats minmax_stats(const float* x, int64_t n) {
+  using simd::f32x16;
+  using simd::kLanes;
+  IntGroupStats st;
+  if (n >= kLanes && n % kLanes == 0) {
+    f32x16 lo = simd::load(x), hi = lo;
+    simd::i32x16 nan = lo != lo;
+    for (int64_t c0 = kLanes; c0 < n; c0 += kLanes) {
+      const f32x16 v = simd::load(x + c0);
+      lo = v < lo ? v : lo;
+      hi = hi < v ? v : hi;
+      nan |= v != v;
+    }
+    float l = lo[0], h = hi[0];
+    for (int i = 1; i < kLanes; ++i) {
+      l = lo[i] < l ? lo[i] : l;
+      h = h < hi[i] ? hi[i] : h;
+    }
+    if (!simd::any(nan) && l != 0.0f && h != 0.0f) {
+      st.lo = l;
+      st.hi = h;
+      st.n = n;
+      return st;
+    }
+  }
+  for (int64_t c = 0; c < n; ++c) int_stats_add(st, x[c], IntStatKind::MinMax);
+  return st;
+}
+
+// The AbsMax statistics of x[0, n): max |x| never ties between different bit patterns
+// (|x| has no -0) and skips NaN in any order, so any fold order gives the fold's value.
+IntGroupStats absmax_stats(const float* x, int64_t n) {
+  using simd::f32x16;
+  using simd::kLanes;
+  f32x16 lanes = simd::splat(0.0f);
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    const f32x16 a = (f32x16)((simd::i32x16)simd::load(x + c) & 0x7fffffff);
+    lanes = lanes < a ? a : lanes;
+  }
+  float m = 0.0f;
+  for (; c < n; ++c) {
+    const float a = int_abs(x[c]);
+    m = m < a ? a : m;
+  }
+  for (int i = 0; i < kLanes; ++i) m = m < lanes[i] ? lanes[i] : m;
+  IntGroupStats st;
+  st.absmax = m;
+  st.n = n;
+  return st;
+}
+
+template <IntStatKind Kind>
+IntGroupStats group_stats(const float* x, int64_t n) {
+  if constexpr (Kind == IntStatKind::MinMax) return minmax_stats(x, n);
+  if constexpr (Kind == IntStatKind::AbsMax) return absmax_stats(x, n);
+  IntGroupStats st;
+  for (int64_t c = 0; c < n; ++c) int_stats_add(st, x[c], Kind);
+  return st;
+}
+
 template <bool Symmetric, IntStatKind Kind>
 void roundtrip_channel_groups(const IntFormatSpec& s, ConstMatView x, MatView out) {
   const int64_t g = s.group_len(x.rows, x.cols);
+  const int bits = s.bits;
+  const auto [code_lo, code_hi] = code_range<Symmetric>(bits);
   for (int64_t r = 0; r < x.rows; ++r) {
     const float* xr = x.row(r);
     float* orow = out.row(r);
     for (int64_t c0 = 0; c0 < x.cols; c0 += g) {
       const int64_t c1 = std::min(x.cols, c0 + g);
-      IntGroupStats st;
-      for (int64_t c = c0; c < c1; ++c) int_stats_add(st, xr[c], Kind);
-      const IntGroupParams p = int_group_params(st, Kind, s.bits, s.scale_dtype, s.zero_dtype);
-      const int bits = s.bits;
-      for (int64_t c = c0; c < c1; ++c) orow[c] = roundtrip_element<Symmetric>(xr[c], p, bits);
+      const IntGroupParams p = int_group_params(group_stats<Kind>(xr + c0, c1 - c0), Kind, bits, s.scale_dtype, s.zero_dtype);
+      if (Kind == IntStatKind::AbsMean)  // b = 1: the sign quantizer
+        for (int64_t c = c0; c < c1; ++c) orow[c] = roundtrip_element<Symmetric>(xr[c], p, bits);
+      else
+        roundtrip_run<Symmetric, false>(xr + c0, orow + c0, c1 - c0, &p.scale, &p.zero, code_lo, code_hi);
     }
   }
 }
 
+// Groups along tokens: each channel's statistics folded in row order, channels side by
+// side (the fold of int_stats_add per channel, in arrays so that it vectorizes).
 template <bool Symmetric, IntStatKind Kind>
 void roundtrip_token_groups(const IntFormatSpec& s, ConstMatView x, MatView out, int64_t group) {
   const int64_t d = x.cols;
+  const int bits = s.bits;
+  const auto [code_lo, code_hi] = code_range<Symmetric>(bits);
   std::vector<IntGroupStats> stats(static_cast<size_t>(d));
   std::vector<IntGroupParams> params(static_cast<size_t>(d));
+  std::vector<float> lo(static_cast<size_t>(d)), hi(static_cast<size_t>(d)), scale(static_cast<size_t>(d)),
+      zero(static_cast<size_t>(d));
   for (int64_t r0 = 0; r0 < x.rows; r0 += group) {
     const int64_t r1 = std::min(x.rows, r0 + group);
-    std::fill(stats.begin(), stats.end(), IntGroupStats{});
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = 0; c < d; ++c) int_stats_add(stats[c], x.row(r)[c], Kind);
-    for (int64_t c = 0; c < d; ++c) params[c] = int_group_params(stats[c], Kind, s.bits, s.scale_dtype, s.zero_dtype);
-    const int bits = s.bits;
+    if constexpr (Kind == IntStatKind::MinMax) {
+      std::copy(x.row(r0), x.row(r0) + d, lo.begin());
+      std::copy(x.row(r0), x.row(r0) + d, hi.begin());
+      for (int64_t r = r0 + 1; r < r1; ++r) {
+        const float* xr = x.row(r);
+        int64_t c = 0;
+        for (; c + simd::kLanes <= d; c += simd::kLanes) {
+          const simd::f32x16 v = simd::load(xr + c), l = simd::load(lo.data() + c), h = simd::load(hi.data() + c);
+          simd::store(lo.data() + c, v < l ? v : l);
+          simd::store(hi.data() + c, h < v ? v : h);
+        }
+        for (; c < d; ++c) {
+          lo[c] = xr[c] < lo[c] ? xr[c] : lo[c];
+          hi[c] = hi[c] < xr[c] ? xr[c] : hi[c];
+        }
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        stats[c].lo = lo[c];
+        stats[c].hi = hi[c];
+        stats[c].n = r1 - r0;
+      }
+    } else if constexpr (Kind == IntStatKind::AbsMax) {
+      std::fill(hi.begin(), hi.end(), 0.0f);
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = x.row(r);
+        int64_t c = 0;
+        for (; c + simd::kLanes <= d; c += simd::kLanes) {
+          const simd::f32x16 a = (simd::f32x16)((simd::i32x16)simd::load(xr + c) & 0x7fffffff);
+          const simd::f32x16 h = simd::load(hi.data() + c);
+          simd::store(hi.data() + c, h < a ? a : h);
+        }
+        for (; c < d; ++c) {
+          const float a = int_abs(xr[c]);
+          hi[c] = hi[c] < a ? a : hi[c];
+        }
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        stats[c].absmax = hi[c];
+        stats[c].n = r1 - r0;
+      }
+    } else {
+      std::fill(stats.begin(), stats.end(), IntGroupStats{});
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = 0; c < d; ++c) int_stats_add(stats[c], x.row(r)[c], Kind);
+    }
+    for (int64_t c = 0; c < d; ++c) {
+      params[c] = int_group_params(stats[c], Kind, bits, s.scale_dtype, s.zero_dtype);
+      scale[c] = params[c].scale;
+      zero[c] = params[c].zero;
+    }
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x.row(r);
       float* orow = out.row(r);
-      for (int64_t c = 0; c < d; ++c) orow[c] = roundtrip_element<Symmetric>(xr[c], params[c], bits);
+      if (Kind == IntStatKind::AbsMean)
+        for (int64_t c = 0; c < d; ++c) orow[c] = roundtrip_element<Symmetric>(xr[c], params[c], bits);
+      else
+        roundtrip_run<Symmetric, true>(xr, orow, d, scale.data(), zero.data(), code_lo, code_hi);
     }
   }
 }

@@ -12,4 +12,13 @@ void ErrorStats::merge(const ErrorStats& o) {
   model.merge(o.model);
 }
 
+ErrorStats ErrorStats::merged(std::span<const ErrorStats> parts) {
+  size_t rows = 0;
+  for (const ErrorStats& p : parts) rows += p.rows.size();
+  ErrorStats all;
+  all.rows.reserve(rows);
+  for (const ErrorStats& p : parts) all.merge(p);
+  return all;
+}
+
 }  // namespace kvb

@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "sim/metrics/model_metrics.h"
@@ -72,6 +73,9 @@ struct ErrorStats {
   // Appends another partial result (e.g. the next layer). Merging in a fixed order
   // keeps results identical for any thread count.
   void merge(const ErrorStats& other);
+  // The partial results `parts` merged in their order, the rows' memory reserved once
+  // (a point's rows are many: merging them one by one regrows and refaults the vector).
+  static ErrorStats merged(std::span<const ErrorStats> parts);
 };
 
 }  // namespace kvb

@@ -86,7 +86,8 @@ inline f32x16 exp(f32x16 x) {
 
 // φ(x) = e^x - 1 - x, accurate relative to φ itself for every x (no cancellation near
 // 0, where φ(x) ≈ x²/2): a Taylor polynomial for |x| < 1 (the first omitted term is
-// below 1e-7 of φ there), e^x - 1 - x beyond.
+// below 1e-7 of φ there), e^x - 1 - x beyond. e^x is evaluated only when some lane
+// needs it (logit errors are mostly below 1: the polynomial alone), the same values.
 inline f32x16 expm1_minus_x(f32x16 x) {
   f32x16 t = splat(1.0f / 3628800.0f);  // 1/10!
   t = t * x + 1.0f / 362880.0f;
@@ -98,8 +99,10 @@ inline f32x16 expm1_minus_x(f32x16 x) {
   t = t * x + 1.0f / 6.0f;
   t = t * x + 0.5f;
   const f32x16 taylor = t * x * x;
+  const i32x16 small = vabs(x) < 1.0f;
+  if (!any(~small)) return taylor;
   const f32x16 direct = (exp(x) - 1.0f) - x;
-  return vabs(x) < 1.0f ? taylor : direct;
+  return small ? taylor : direct;
 }
 
 }  // namespace kvb::simd

@@ -1,10 +1,12 @@
 // The fields of an attention row, listed once (sim/metrics/error_stats.h): every
-// value is found when it alone is not finite, and names are distinct.
+// value is found when it alone is not finite, and names are distinct; merging partial
+// results.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "sim/metrics/error_stats.h"
 
@@ -31,6 +33,35 @@ TEST_CASE("the row field lists: each value is checked for finiteness, names dist
   }
   CHECK(names.size() == std::size(kAttentionRowIds) + std::size(kAttentionRowValues));
   CHECK(row.*kAttentionRowIds[2].member == 3);  // the identity: layer, q_head, position
+}
+
+TEST_CASE("merged() is the partial results merged one by one, in order") {
+  std::vector<ErrorStats> parts(3);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    parts[i].k_err2 = 1.0 + static_cast<double>(i);
+    parts[i].v_norm2 = 10.0 * static_cast<double>(i);
+    parts[i].logit_pairs = static_cast<int64_t>(i) + 5;
+    for (int32_t r = 0; r < static_cast<int32_t>(i) + 2; ++r) {
+      AttentionRow row;
+      row.layer = static_cast<int32_t>(i);
+      row.position = r;
+      row.kl = 0.5f * static_cast<float>(r + 1);
+      parts[i].rows.push_back(row);
+    }
+  }
+  ErrorStats one_by_one;
+  for (const ErrorStats& p : parts) one_by_one.merge(p);
+  const ErrorStats all = ErrorStats::merged(parts);
+  CHECK(all.k_err2 == one_by_one.k_err2);
+  CHECK(all.v_norm2 == one_by_one.v_norm2);
+  CHECK(all.logit_pairs == one_by_one.logit_pairs);
+  REQUIRE(all.rows.size() == 2 + 3 + 4);
+  for (size_t i = 0; i < all.rows.size(); ++i) {
+    CHECK(all.rows[i].layer == one_by_one.rows[i].layer);
+    CHECK(all.rows[i].position == one_by_one.rows[i].position);
+    CHECK(all.rows[i].kl == one_by_one.rows[i].kl);
+  }
+  CHECK(ErrorStats::merged({}).rows.empty());
 }
 
 }  // namespace kvb
