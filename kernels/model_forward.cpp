@@ -101,7 +101,103 @@ Tensor heads_tensor(const std::vector<float>& src, int64_t stride, int64_t first
   return t;
 }
 
+// One layer's attention over its device cache, with or without a plan: the part of the
+// forward pass that attention_on_device() exposes to the tests.
+struct LayerAttention {
+  TwinCache twins;
+  // The layer's reconstructed versions [kv_heads, context, head_dim].
+  DeviceBuffer<float> k_stored, k_window, v_stored, v_window;
+  DeviceBuffer<int32_t> residual_from, residual_window;  // [2 (K, V), kv_heads, n]
+  std::vector<int32_t> host_from, host_window;
+
+  // queries: row r, head h at queries + r * query_stride + h * d (device), for positions
+  // context - n .. context - 1; keys and values of KV head g at keys + g * exact_unit,
+  // [context, d] rows (device). out [n, q_heads * d] (device).
+  void run(const float* queries, int64_t query_stride, int64_t n, int64_t context, const float* keys,
+           const float* values, int64_t exact_unit, const AttentionGeometry& geo, int64_t layer,
+           const CacheQuantization& cache, float* out, cudaStream_t stream) {
+    const int64_t d = geo.head_dim, first = context - n, version_unit = context * d;
+    AttentionArgs a;
+    a.queries = queries;
+    a.query_stride = query_stride;
+    a.n = to_int(n, "tokens");
+    a.first = first;
+    a.q_heads = to_int(geo.q_heads, "q_heads");
+    a.kv_heads = to_int(geo.kv_heads, "kv_heads");
+    a.d = to_int(d, "head_dim");
+    a.window = to_int(geo.window, "sliding window");
+    a.score_scale = geo.score_scale;
+    a.k_exact = a.k_stored = keys;
+    a.v_exact = a.v_stored = values;
+    a.exact_unit_stride = a.version_unit_stride = exact_unit;
+    a.out = out;
+    if (cache.plan) {  // every unit's versions at the cache's length, as KvCache::view
+      const Plan& plan = *cache.plan;
+      const int64_t prefill = cache.effective_prefill();
+      const size_t versions = static_cast<size_t>(geo.kv_heads * version_unit);
+      k_stored.reserve(versions);
+      v_stored.reserve(versions);
+      k_window.reserve(versions);
+      v_window.reserve(versions);
+      host_from.assign(static_cast<size_t>(2 * geo.kv_heads * n), 0);
+      host_window.assign(host_from.size(), 0);
+      for (int64_t g = 0; g < geo.kv_heads; ++g)
+        for (Kind kind : {Kind::Key, Kind::Value}) {
+          const bool is_key = kind == Kind::Key;
+          try {
+            const UnitPlan unit = plan.phase_marker() ? plan.unit_at(layer, g, kind, context, cache.second_phase)
+                                                      : plan.unit_at(layer, g, kind, context);
+            reconstruct_unit_on_device(twins, unit, (is_key ? keys : values) + g * exact_unit, context, d,
+                                       (is_key ? k_stored : v_stored).data() + g * version_unit,
+                                       (is_key ? k_window : v_window).data() + g * version_unit, stream);
+            for (int64_t r = 0; r < n; ++r) {
+              const RowVersions rv = row_versions(unit, prefill, first + r);
+              const size_t at = static_cast<size_t>(((is_key ? 0 : 1) * geo.kv_heads + g) * n + r);
+              host_from[at] = rv.all_exact ? 0 : static_cast<int32_t>(std::min(rv.residual_begin, context));
+              host_window[at] = !rv.all_exact && rv.residual_window ? 1 : 0;
+            }
+          } catch (const std::exception& e) {
+            throw Error(unit_name(layer, g, kind) + ": " + e.what());
+          }
+        }
+      residual_from.reserve(host_from.size());
+      residual_window.reserve(host_window.size());
+      residual_from.upload(host_from.data(), host_from.size());
+      residual_window.upload(host_window.data(), host_window.size());
+      a.k_stored = k_stored.data();
+      a.k_window = k_window.data();
+      a.v_stored = v_stored.data();
+      a.v_window = v_window.data();
+      a.version_unit_stride = version_unit;
+      a.residual_from = residual_from.data();
+      a.residual_window = residual_window.data();
+    }
+    launch_causal_attention(a, stream);
+  }
+};
+
 }  // namespace
+
+std::vector<float> attention_on_device(const float* queries, int64_t n, const float* keys, const float* values,
+                                       int64_t context, const AttentionGeometry& geo, int64_t layer,
+                                       const CacheQuantization& cache) {
+  const DeviceInfo dev = device_info();
+  if (!dev.available) throw Error("CUDA forward pass: no usable CUDA device (" + dev.why_not + ")");
+  if (cache.plan) {
+    if (const std::string why = forward_unsupported_reason(*cache.plan); !why.empty())
+      throw Error("CUDA forward pass: " + why);
+  }
+  const int64_t d = geo.head_dim, width = geo.q_heads * d;
+  DeviceBuffer<float> q(static_cast<size_t>(n * width)), k(static_cast<size_t>(geo.kv_heads * context * d)),
+      v(k.size()), out(q.size());
+  q.upload(queries, q.size());
+  k.upload(keys, k.size());
+  v.upload(values, v.size());
+  LayerAttention attention;
+  attention.run(q.data(), width, n, context, k.data(), v.data(), context * d, geo, layer, cache, out.data(), nullptr);
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+  return out.download();
+}
 
 const char* forward_math_name(ForwardMath m) { return m == ForwardMath::Tf32 ? "tf32" : "fp32"; }
 
@@ -121,10 +217,8 @@ struct CudaTransformer::Impl {
   std::vector<float> inv_freq;  // RoPE inverse frequencies [head_dim / 2] (the host model's)
   // Scratch, grown as needed: a 16-bit weight in fp32; activations [n, *].
   DeviceBuffer<float> weight32, x, h, qkv, attn, proj, mlp, act, logits, rope_cos, rope_sin;
-  DeviceBuffer<int32_t> tokens, residual_from, residual_window;
-  // A layer's reconstructed versions [kv_heads, context, head_dim].
-  DeviceBuffer<float> k_stored, k_window, v_stored, v_window;
-  TwinCache twins;
+  DeviceBuffer<int32_t> tokens;
+  LayerAttention attention;
   State forward_state;  // forward()'s, reused between passes
 
   ~Impl() {
@@ -275,9 +369,7 @@ RowMatrix CudaTransformer::extend(State& state, std::span<const int64_t> tokens,
     m.rope_cos.upload(rope.cos.data(), rope.cos.size());
     m.rope_sin.upload(rope.sin.data(), rope.sin.size());
   }
-  const int64_t exact_unit = kv.capacity * d, version_unit = context * d;
-  const int64_t prefill = cache.effective_prefill();
-  std::vector<int32_t> residual_from, residual_window;
+  const int64_t exact_unit = kv.capacity * d;
 
   for (int64_t l = 0; l < c.layers; ++l) {
     const DeviceBlock& blk = m.blocks[static_cast<size_t>(l)];
@@ -304,61 +396,9 @@ RowMatrix CudaTransformer::extend(State& state, std::span<const int64_t> tokens,
     launch_append_units(m.qkv.data(), qkv_width, v_col, static_cast<int>(n), static_cast<int>(c.kv_heads),
                         static_cast<int>(d), values, exact_unit, first, m.stream);
 
-    AttentionArgs a;
-    a.queries = m.qkv.data();
-    a.query_stride = qkv_width;
-    a.n = static_cast<int>(n);
-    a.first = first;
-    a.q_heads = static_cast<int>(c.q_heads);
-    a.kv_heads = static_cast<int>(c.kv_heads);
-    a.d = static_cast<int>(d);
-    a.window = to_int(c.sliding_window[static_cast<size_t>(l)], "sliding window");
-    a.score_scale = c.score_scale(l);
-    a.k_exact = a.k_stored = keys;
-    a.v_exact = a.v_stored = values;
-    a.exact_unit_stride = a.version_unit_stride = exact_unit;
-    a.out = m.attn.data();
-    if (cache.plan) {  // every unit's versions at the cache's length, as KvCache::view
-      const Plan& plan = *cache.plan;
-      const size_t versions = static_cast<size_t>(c.kv_heads * version_unit);
-      m.k_stored.reserve(versions);
-      m.v_stored.reserve(versions);
-      m.k_window.reserve(versions);
-      m.v_window.reserve(versions);
-      residual_from.assign(static_cast<size_t>(2 * c.kv_heads * n), 0);
-      residual_window.assign(residual_from.size(), 0);
-      for (int64_t g = 0; g < c.kv_heads; ++g)
-        for (Kind kind : {Kind::Key, Kind::Value}) {
-          const bool is_key = kind == Kind::Key;
-          try {
-            const UnitPlan unit = plan.phase_marker() ? plan.unit_at(l, g, kind, context, cache.second_phase)
-                                                      : plan.unit_at(l, g, kind, context);
-            reconstruct_unit_on_device(m.twins, unit, (is_key ? keys : values) + g * exact_unit, context, d,
-                                       (is_key ? m.k_stored : m.v_stored).data() + g * version_unit,
-                                       (is_key ? m.k_window : m.v_window).data() + g * version_unit, m.stream);
-            for (int64_t r = 0; r < n; ++r) {
-              const RowVersions rv = row_versions(unit, prefill, first + r);
-              const size_t at = static_cast<size_t>(((is_key ? 0 : 1) * c.kv_heads + g) * n + r);
-              residual_from[at] = rv.all_exact ? 0 : static_cast<int32_t>(std::min(rv.residual_begin, context));
-              residual_window[at] = !rv.all_exact && rv.residual_window ? 1 : 0;
-            }
-          } catch (const std::exception& e) {
-            throw Error(unit_name(l, g, kind) + ": " + e.what());
-          }
-        }
-      m.residual_from.reserve(residual_from.size());
-      m.residual_window.reserve(residual_window.size());
-      m.residual_from.upload(residual_from.data(), residual_from.size());
-      m.residual_window.upload(residual_window.data(), residual_window.size());
-      a.k_stored = m.k_stored.data();
-      a.k_window = m.k_window.data();
-      a.v_stored = m.v_stored.data();
-      a.v_window = m.v_window.data();
-      a.version_unit_stride = version_unit;
-      a.residual_from = m.residual_from.data();
-      a.residual_window = m.residual_window.data();
-    }
-    launch_causal_attention(a, m.stream);
+    const AttentionGeometry geo{c.q_heads, c.kv_heads, d, c.score_scale(l), c.sliding_window[static_cast<size_t>(l)]};
+    m.attention.run(m.qkv.data(), qkv_width, n, context, keys, values, exact_unit, geo, l, cache, m.attn.data(),
+                    m.stream);
     if (cap) {
       cap->attn_output = Tensor({n, c.q_heads * d});
       const std::vector<float> host_attn = m.attn.download(nn * c.q_heads * d);

@@ -44,6 +44,15 @@ const char* forward_math_name(ForwardMath m);  // "fp32" / "tf32"
 // format without a CUDA twin and its unit). Needs no device.
 std::string forward_unsupported_reason(const Plan& plan);
 
+// One layer's attention as the forward pass runs it on the device, on host inputs (for
+// tests against sim/model/attention.h's causal_attention on the same inputs): queries
+// [n, q_heads * head_dim] of positions context - n .. context - 1, keys and values
+// [kv_heads, context, head_dim] (post-RoPE), through cache.plan's units of `layer` when
+// set. Returns [n, q_heads * head_dim].
+std::vector<float> attention_on_device(const float* queries, int64_t n, const float* keys, const float* values,
+                                       int64_t context, const AttentionGeometry& geo, int64_t layer,
+                                       const CacheQuantization& cache);
+
 class CudaTransformer {
  public:
   // Uploads the host model's weights to device 0. Throws kvb::Error when no device is
