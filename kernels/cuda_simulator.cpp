@@ -9,10 +9,12 @@
 #include <numeric>
 
 #include "kernels/attention_rows.h"
+#include "kernels/cublas_check.h"
 #include "kernels/cuda_check.h"
 #include "kernels/device.h"
 #include "kernels/device_buffer.h"
 #include "kernels/format_twin.h"
+#include "kernels/unit_reconstruction.h"
 #include "sim/core/error.h"
 #include "sim/formats/registry.h"
 
@@ -20,20 +22,9 @@ namespace kvb::cuda {
 
 namespace {
 
-#define KVB_CUBLAS_CHECK(call)                                                                      \
-  do {                                                                                              \
-    const cublasStatus_t kvb_st_ = (call);                                                          \
-    if (kvb_st_ != CUBLAS_STATUS_SUCCESS)                                                           \
-      throw Error(std::string("cuBLAS error in ") + #call + ": " + cublasGetStatusString(kvb_st_)); \
-  } while (0)
-
 // Score-like matrices of one row block stay under this many floats each.
 constexpr int64_t kMaxBlockElements = int64_t{48} << 20;
 constexpr int64_t kMaxBlockRows = 4096;
-
-std::string unit_name(int64_t layer, int64_t g, Kind kind) {
-  return "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " + kind_name(kind);
-}
 
 // Row-major GEMMs through column-major cuBLAS (fp32 throughout, no TF32).
 // c [m, n] = alpha · a [m, k] · b[n, k]ᵀ + beta · c
@@ -59,18 +50,7 @@ std::string unsupported_reason(const Plan& plan, const SimOptions& opt) {
            std::to_string(kMaxTopK);
   if (opt.region != nullptr) return "error attribution regions are computed on the CPU only";
   if (plan.tokens() >= INT32_MAX) return "recordings of 2^31 tokens or more are not supported by the CUDA backend";
-  for (int64_t l = 0; l < plan.layers(); ++l)
-    for (int64_t g = 0; g < plan.kv_heads(); ++g)
-      for (Kind kind : {Kind::Key, Kind::Value}) {
-        const UnitPlan& u = plan.unit(l, g, kind);
-        for (const Segment& s : u.segments)
-          if (!has_cuda_twin(*s.format))
-            return "format '" + s.format->name() + "' has no CUDA twin (" + unit_name(l, g, kind) + ", tokens [" +
-                   std::to_string(s.begin) + ", " + std::to_string(s.end) + "))";
-        if (u.window.active() && !has_cuda_twin(*u.window.format))
-          return "format '" + u.window.format->name() + "' has no CUDA twin (" + unit_name(l, g, kind) + " window)";
-      }
-  return {};
+  return missing_twin(plan);
 }
 
 struct CudaSimulator::Impl {
@@ -87,18 +67,12 @@ struct CudaSimulator::Impl {
   DeviceBuffer<int32_t> positions;
   DeviceBuffer<int32_t> key_residual_from, value_residual_from;  // [npos] of the current KV head
   DeviceBuffer<AttentionRow> rows;  // [q_heads, npos]
-  std::map<std::string, std::unique_ptr<FormatTwin>> twins;  // by format name
+  TwinCache twins;
 
   explicit Impl(const Recording& r) : rec(r) {}
   ~Impl() {
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
-  }
-
-  const FormatTwin& twin(const Format& f) {
-    auto it = twins.find(f.name());
-    if (it == twins.end()) it = twins.emplace(f.name(), require_twin(f)).first;
-    return *it->second;
   }
 
   // x̂ - x of one unit's stored version into `delta` [T, d]; the window version into
@@ -107,12 +81,10 @@ struct CudaSimulator::Impl {
                   double* partial_at) {
     const int64_t T = rec.tokens, d = rec.head_dim;
     delta.reserve(static_cast<size_t>(T * d));
-    for (const Segment& s : u.segments)
-      twin(*s.format).roundtrip(x + s.begin * d, SpanBatch{1, s.end - s.begin, d}, delta.data() + s.begin * d, stream);
+    if (u.window.active()) delta_win.reserve(static_cast<size_t>(T * d));
+    reconstruct_unit_on_device(twins, u, x, T, d, delta.data(), u.window.active() ? delta_win.data() : nullptr, stream);
     launch_delta(x, delta.data(), T * d, partial_at, stream);
     if (u.window.active()) {
-      delta_win.reserve(static_cast<size_t>(T * d));
-      twin(*u.window.format).roundtrip(x, SpanBatch{1, T, d}, delta_win.data(), stream);
       launch_delta(x, delta_win.data(), T * d, partial.data() + static_cast<size_t>(rec.kv_heads) * 4 * kDeltaBlocks,
                    stream);  // window errors are not part of the tensor-level sums
     }

@@ -15,6 +15,10 @@ perplexity. Needs torch and transformers (the GPU machine has them):
 
     python3 scripts/check_logits_hf.py --kvbudget build/kvbudget [--tokens 160]
         [--models qwen2-max-window-layers,qwen2-layer-types,...] [--device cuda] [--keep DIR]
+        [--backend cpu|cuda|auto]
+
+--backend is kvbudget eval's: cpu (the default) checks the C++ forward pass, cuda the
+CUDA one (kernels/model_forward.h).
 
 Prints one line per model and exits 1 when any model is off by more than --tolerance
 (default 1e-4 relative) or cannot be built or run."""
@@ -90,12 +94,15 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tolerance", type=float, default=1e-4)
     ap.add_argument("--keep", help="keep the checkpoints and logits here")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda", "auto"],
+                    help="kvbudget eval's forward pass (cpu: the C++ one; cuda: the device's)")
     a = ap.parse_args()
     import torch
     import transformers
 
     device = a.device if a.device != "cuda" or torch.cuda.is_available() else "cpu"
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}, reference on {device}")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, reference on {device}, "
+          f"kvbudget --backend {a.backend}")
     root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="kvb-hf-logits."))
     failed = 0
     for name in a.models.split(","):
@@ -111,7 +118,8 @@ def main():
             ref = hf_logits(torch, transformers, d, ids, device)
             np.save(d / "hf_logits.npy", ref)
             run = subprocess.run([a.kvbudget, "eval", str(d), "--tokens", str(d / "ids.txt"), "--ctx", "0",
-                                  "--out", str(d / "kvb_logits.npy")], capture_output=True, text=True)
+                                  "--out", str(d / "kvb_logits.npy"), "--backend", a.backend],
+                                 capture_output=True, text=True)
             if run.returncode != 0:
                 raise RuntimeError(f"kvbudget eval failed ({run.returncode}): {run.stderr.strip()[-400:]}")
             got = np.load(d / "kvb_logits.npy").reshape(ref.shape)

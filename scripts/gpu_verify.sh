@@ -6,6 +6,7 @@
 # 1. device.txt     the device (nvidia-smi) and the programs' commit
 # 2. twins.log      tests/gpu/test_twins: every twin's codes, metadata, values vs the CPU
 #    attention.log  tests/gpu/test_attention: the CUDA attention-error path vs kvb::simulate
+#    forward.log    tests/gpu/test_forward: the CUDA model forward pass vs the CPU's (when staged)
 # 3. quickstart.txt configs/quickstart.toml with --backend cpu and cuda, largest relative
 #                   difference of any metric of any point (the issue asks for <= 1e-5)
 # 4. bench.md/.log  build/bench/bench_cuda (defaults: the 32-layer sweep; BENCH_ARGS to change)
@@ -71,6 +72,9 @@ step() {
 export KVB_SOURCE_DIR=$repo KVB_DATA_DIR=$repo/data
 step gpu_test_twins "$out/twins.log" "$bin/tests/gpu_test_twins"
 step gpu_test_attention "$out/attention.log" "$bin/tests/gpu_test_attention"
+if [ -x "$bin/tests/gpu_test_forward" ]; then
+  step gpu_test_forward "$out/forward.log" "$bin/tests/gpu_test_forward"
+fi
 
 # The quickstart on both backends; points.csv compared column by column (not id, seconds).
 quickstart_on_both_backends() {

@@ -19,6 +19,7 @@
 #include "experiments/cli/model_input.h"
 #include "experiments/cli/plan_options.h"
 #include "experiments/experiment.h"
+#include "experiments/model_backend.h"
 #include "experiments/progress.h"
 #include "experiments/query_positions.h"
 #include "sim/core/error.h"
@@ -109,6 +110,7 @@ int cmd_eval(const Args& args) {
   int64_t n_ctx = 512;
   std::string score_text = "all", kl_base;
   bool json = false;
+  std::string backend_text = "cpu";
   opts.add_options()("help,h", "show this help");
   plan_options.add_options(opts);
   opts.add_options()(
@@ -141,7 +143,10 @@ int cmd_eval(const Args& args) {
       "kl-base", po::value(&kl_base),
       "a .safetensors of the exact run's logits: written when absent, read instead of recomputing when present "
       "(checked against the model, tokens and --ctx)")(
-      "json", po::bool_switch(&json), "print the report as one JSON object on stdout (keys: README.md, eval)");
+      "json", po::bool_switch(&json), "print the report as one JSON object on stdout (keys: README.md, eval)")(
+      "backend", po::value(&backend_text)->default_value("cpu"),
+      "the forward pass: cpu, cuda (the device's; a format without a CUDA twin is an error) or auto (cuda when a "
+      "device is present)");
   in.add_options(opts);
   po::variables_map vm;
   check_assignments(args, "--param", "format=int4-asym-g32");
@@ -201,12 +206,21 @@ int cmd_eval(const Args& args) {
   std::vector<int64_t> quantized_layers;
   if (!layers_text.empty())
     quantized_layers = parse_layer_selection(layers_text, load_model_config(in.checkpoint), "--layers");
+  const BackendRequest backend_request = parse_backend_request(backend_text, "--backend");
+  if (backend_request == BackendRequest::Cuda && !task_file.empty())
+    throw ConfigError("--task with --backend cuda: a task's problems run on the CPU forward pass only; use "
+                      "--backend cpu or auto");
   const std::shared_ptr<const Transformer> model = in.load_model();
   const ModelConfig& cfg = model->config();
   const std::vector<int64_t> tokens = in.load_tokens(cfg, n_ctx);
+  const ModelBackend backend = make_model_backend(model, backend_request, "--backend");
   say(json, "model: %s (%.1f MiB of weights in memory, 16-bit weights kept 16-bit)\n  %s\ntokens: %zu from %s\n", cfg.dir.string().c_str(),
               static_cast<double>(model->weights().bytes()) / (1024.0 * 1024.0), cfg.summary().c_str(), tokens.size(),
               in.token_origin().c_str());
+  say(json, "backend: %s (%s%s%s)\n", backend_name(backend.choice.used), backend.choice.reason.c_str(),
+      backend.choice.device.empty() ? "" : ": ", backend.choice.device.c_str());
+  if (!task_file.empty() && backend.choice.used == Backend::Cuda)
+    say(json, "backend: the task's problems run on the CPU forward pass\n");
   const std::string source = "model " + in.checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
   std::shared_ptr<const AnswerTask> task;
   if (!task_file.empty()) {
@@ -231,6 +245,7 @@ int cmd_eval(const Args& args) {
   ModelEvalOptions eval_options;
   eval_options.windows = WindowSpec{n_ctx, score};
   eval_options.kl_base = kl_base;
+  eval_options.backend = backend.forward;
   eval_options.progress = [&](int64_t done, int64_t total) {
     if (total < 2) return;
     if (!progress) progress = std::make_unique<Progress>(static_cast<size_t>(total), false, "windows");
@@ -325,6 +340,7 @@ int cmd_eval(const Args& args) {
     j["model"] = cfg.dir.string();
     j["tokens"] = tokens.size();
     j["n_ctx"] = n_ctx;
+    j["backend"] = backend_name(backend.choice.used);
     j["windows"] = n_windows;
     j["score"] = score_rule_name(score);
     j["positions"] = strat ? stats.model.nll.size() : exact_nll.size();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "experiments/cli/commands.h"
+#include "experiments/model_backend.h"
 #include "experiments/cli/model_input.h"
 #include "experiments/cli/plan_options.h"
 #include "experiments/query_positions.h"
@@ -237,6 +238,7 @@ int cmd_generate(const Args& args) {
   int64_t max_new_tokens = 64, seed_arg = 0, width_arg = 0;
   SamplingSpec sampling;
   bool ignore_eos = false, json = false;
+  std::string backend_text = "cpu";
   opts.add_options()("help,h", "show this help")("prompt", po::value(&prompt), "the prompt text")(
       "prompt-file", po::value(&prompt_file), "read the prompt text from this file");
   plan_options.add_options(opts);
@@ -256,7 +258,10 @@ int cmd_generate(const Args& args) {
       "layout", po::value(&layout)->default_value("auto"),
       "side (the continuations side by side), stacked (one after the other) or auto (side by side on a terminal "
       "at least 80 columns wide)")(
-      "width", po::value(&width_arg)->default_value(0), "columns of the side-by-side layout (0: the terminal's, else 100)");
+      "width", po::value(&width_arg)->default_value(0), "columns of the side-by-side layout (0: the terminal's, else 100)")(
+      "backend", po::value(&backend_text)->default_value("cpu"),
+      "the forward pass: cpu, cuda (the device's; a format without a CUDA twin is an error) or auto (cuda when a "
+      "device is present)");
   in.add_model_options(opts);
   po::variables_map vm;
   check_assignments(args, "--param", "format=int4-asym-g32");
@@ -285,8 +290,10 @@ int cmd_generate(const Args& args) {
   const std::unique_ptr<Strategy> strat = plan_options.make_strategy();
   const std::string plan_source = strat ? plan_options.source() : std::string();
 
+  const BackendRequest backend_request = parse_backend_request(backend_text, "--backend");
   const std::shared_ptr<const Transformer> model = in.load_checkpoint();
   const ModelConfig& cfg = model->config();
+  const ModelBackend backend = make_model_backend(model, backend_request, "--backend");
   const std::string where = prompt_file.empty() ? "--prompt" : prompt_file;
   if (!prompt_file.empty()) prompt = read_file_prefix(prompt_file, "a prompt file", SIZE_MAX);
   const std::unique_ptr<Tokenizer> tokenizer = in.make_tokenizer();
@@ -311,7 +318,8 @@ int cmd_generate(const Args& args) {
     std::vector<LayerTensors> capture;
     ExtendOptions capture_options;
     capture_options.capture = &capture;
-    model->forward(prompt_ids, capture_options);
+    if (backend.forward) backend.forward.forward(prompt_ids, capture_options);
+    else model->forward(prompt_ids, capture_options);
     const Recording recording = recording_from_capture(cfg, std::move(capture), prompt_ids,
                                                        "model " + in.checkpoint + " on the prompt");
     built = build_calibrated_plan(*strat, recording, sampling.seed, plan_source);
@@ -325,10 +333,15 @@ int cmd_generate(const Args& args) {
     quantized.plan = &built->plan;
     quantized.seed = sampling.seed;
   }
-  const Continuation exact = describe_continuation(
-      sample_continuation(*model, prompt_ids, max_new_tokens, CacheQuantization{}, sampling, stop), *tokenizer, eos);
-  const Continuation quant = describe_continuation(
-      sample_continuation(*model, prompt_ids, max_new_tokens, quantized, sampling, stop), *tokenizer, eos);
+  const TokenChooser choose = [&sampling](std::span<const float> logits, int64_t step) {
+    return sample_token(logits, sampling, step);
+  };
+  const auto continue_prompt = [&](const CacheQuantization& cache) {
+    return backend.forward ? backend.forward.generate(prompt_ids, max_new_tokens, cache, choose, stop)
+                           : sample_continuation(*model, prompt_ids, max_new_tokens, cache, sampling, stop);
+  };
+  const Continuation exact = describe_continuation(continue_prompt(CacheQuantization{}), *tokenizer, eos);
+  const Continuation quant = describe_continuation(continue_prompt(quantized), *tokenizer, eos);
 
   // Agreement: position i agrees when both continuations have a token there and it is
   // the same. Token match (gen_token_match's definition): the fraction of the exact
@@ -349,6 +362,7 @@ int cmd_generate(const Args& args) {
   j["model"] = cfg.dir.string();
   j["model_summary"] = cfg.summary();
   j["tokenizer"] = tokenizer->name();
+  j["backend"] = backend_name(backend.choice.used);
   j["prompt"] = prompt;
   j["prompt_ids"] = prompt_ids;
   j["plan"] = plan_text;
@@ -379,6 +393,8 @@ int cmd_generate(const Args& args) {
   }
 
   std::printf("model: %s\n  %s\n", cfg.dir.string().c_str(), cfg.summary().c_str());
+  std::printf("backend: %s (%s%s%s)\n", backend_name(backend.choice.used), backend.choice.reason.c_str(),
+              backend.choice.device.empty() ? "" : ": ", backend.choice.device.c_str());
   std::printf("prompt: %lld tokens (tokenizer %s)\n", static_cast<long long>(P), tokenizer->name().c_str());
   std::printf("%s\n", joined(display_cells(prompt)).c_str());
   if (built)

@@ -277,7 +277,7 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
       ExtendOptions opt;
       if (w == 0) opt.capture = &capture;
       const std::vector<int64_t> ids = window_tokens(w);
-      const RowMatrix logits = model_->forward(ids, opt);
+      const RowMatrix logits = run_forward(ids, opt);
       if (w == 0) recording_ = recording_from_capture(model_->config(), std::move(capture), ids, source_description);
       if (w == 0 && stored) {
         // The first window, run anyway for the recording, tells whether the stored
@@ -309,11 +309,22 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
     out.model_summary = model_->config().summary();
     write_kl_base(kl_path, out);
   }
-  for (int64_t p : prompt_lengths_)
-    base_continuations_.push_back(greedy_continuation(
-        *model_, std::span<const int64_t>(tokens_.data(), static_cast<size_t>(p)), c.tokens, CacheQuantization{}));
+  for (int64_t p : prompt_lengths_) base_continuations_.push_back(continuation(p, CacheQuantization{}));
   if (task_)
     for (const AnswerProblem& problem : task_->problems()) base_answers_.push_back(task_->run(*model_, problem, {}));
+}
+
+RowMatrix ModelEvaluator::run_forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  return options_.backend ? options_.backend.forward(tokens, opt) : model_->forward(tokens, opt);
+}
+
+std::vector<int64_t> ModelEvaluator::continuation(int64_t prompt_length, const CacheQuantization& cache) const {
+  const std::span<const int64_t> prompt(tokens_.data(), static_cast<size_t>(prompt_length));
+  if (!options_.backend) return greedy_continuation(*model_, prompt, continuation_spec_.tokens, cache);
+  const TokenChooser greedy = [](std::span<const float> logits, int64_t) {
+    return argmax(logits.data(), static_cast<int64_t>(logits.size()));
+  };
+  return options_.backend.generate(prompt, continuation_spec_.tokens, cache, greedy, nullptr);
 }
 
 std::vector<int64_t> ModelEvaluator::window_tokens(size_t w) const {
@@ -349,7 +360,7 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
   for (size_t w = 0; w < windows_.size(); ++w) {
     ExtendOptions opt;
     opt.cache = cache;
-    logits.middleRows(windows_[w].start, windows_[w].length) = model_->forward(window_tokens(w), opt);
+    logits.middleRows(windows_[w].start, windows_[w].length) = run_forward(window_tokens(w), opt);
     if (options_.progress) options_.progress(static_cast<int64_t>(w) + 1, static_cast<int64_t>(windows_.size()));
   }
   ModelStats s;
@@ -369,9 +380,7 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
       s.same_top.push_back(argmax(base, logits.cols()) == argmax(quant, logits.cols()) ? 1 : 0);
     }
   }
-  for (int64_t p : prompt_lengths_)
-    s.continuations.push_back(greedy_continuation(
-        *model_, std::span<const int64_t>(tokens_.data(), static_cast<size_t>(p)), continuation_spec_.tokens, cache));
+  for (int64_t p : prompt_lengths_) s.continuations.push_back(continuation(p, cache));
   s.continuations_base = base_continuations_;
   if (task_)
     for (size_t i = 0; i < task_->problems().size(); ++i) {

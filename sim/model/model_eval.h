@@ -103,6 +103,10 @@ struct ModelEvalOptions {
   std::filesystem::path kl_base;
   // Called after each window of a forward pass over the sequence: (windows done, windows).
   std::function<void(int64_t, int64_t)> progress;
+  // When set, every teacher-forced pass and continuation runs on it (the CUDA forward
+  // pass) instead of the host model (its functions must be thread-safe, as evaluate()
+  // is); a task's problems still run on the host model.
+  ForwardBackend backend;
 };
 
 class ModelEvaluator {
@@ -153,6 +157,9 @@ class ModelEvaluator {
  private:
   // The tokens window w runs on (BOS replacement applied).
   std::vector<int64_t> window_tokens(size_t w) const;
+  // Teacher forcing and greedy continuations, on options_.backend when set.
+  RowMatrix run_forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const;
+  std::vector<int64_t> continuation(int64_t prompt_length, const CacheQuantization& cache) const;
   ModelEvalOptions options_;
   std::vector<TokenWindow> windows_;
   std::vector<int64_t> scored_;

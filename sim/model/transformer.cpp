@@ -215,21 +215,30 @@ std::vector<int64_t> greedy_generate(const Transformer& model, std::span<const i
 std::vector<int64_t> generate(const Transformer& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
                               const CacheQuantization& cache, const TokenChooser& choose,
                               const std::function<bool(const std::vector<int64_t>&)>& stop) {
+  Transformer::State state = model.new_state();
+  const ExtendStep extend = [&](std::span<const int64_t> tokens, const ExtendOptions& opt) {
+    return model.extend(state, tokens, opt);
+  };
+  return generate_with(extend, prompt, max_new_tokens, cache, choose, stop);
+}
+
+std::vector<int64_t> generate_with(const ExtendStep& extend, std::span<const int64_t> prompt, int64_t max_new_tokens,
+                                   const CacheQuantization& cache, const TokenChooser& choose,
+                                   const std::function<bool(const std::vector<int64_t>&)>& stop) {
   std::vector<int64_t> out;
   if (max_new_tokens <= 0) return out;
-  Transformer::State state = model.new_state();
   ExtendOptions opt;
   opt.cache = cache;
   if (cache.plan && cache.plan->prefill() > 0 && cache.prefill < 0)
     opt.cache.prefill = static_cast<int64_t>(prompt.size());
   opt.all_logits = false;
-  RowMatrix logits = model.extend(state, prompt, opt);
+  RowMatrix logits = extend(prompt, opt);
   while (true) {
     const int64_t next = choose(std::span<const float>(logits.data(), static_cast<size_t>(logits.cols())),
                                 static_cast<int64_t>(out.size()));
     out.push_back(next);
     if (static_cast<int64_t>(out.size()) == max_new_tokens || (stop && stop(out))) break;
-    logits = model.extend(state, std::span<const int64_t>(&out.back(), 1), opt);
+    logits = extend(std::span<const int64_t>(&out.back(), 1), opt);
   }
   return out;
 }

@@ -70,8 +70,11 @@ class Transformer {
   // projections, the MLP, the LM head, and q·k and p·v over `context` keys).
   double flops_per_token(int64_t context) const;
 
- private:
+  // Throws extend()'s kvb::Error for a token id outside the vocabulary or a position
+  // beyond a learned position table (also used by the CUDA forward pass).
   void check_tokens(std::span<const int64_t> tokens, int64_t first_position) const;
+
+ private:
   CacheRope cache_rope() const;  // this model's RoPE context for its KV cache
 
   ModelConfig config_;
@@ -102,6 +105,30 @@ using TokenChooser = std::function<int64_t(std::span<const float> logits, int64_
 std::vector<int64_t> generate(const Transformer& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
                               const CacheQuantization& cache, const TokenChooser& choose,
                               const std::function<bool(const std::vector<int64_t>&)>& stop);
+
+// One extend() of some forward pass on a state of its own (the host Transformer's, or
+// the CUDA one, kernels/model_forward.h): logits of `tokens` appended to that state.
+using ExtendStep = std::function<RowMatrix(std::span<const int64_t> tokens, const ExtendOptions& opt)>;
+// generate() over any forward pass: `extend` starts from an empty state; the prompt
+// rule, the choice of token and the stop are generate()'s.
+std::vector<int64_t> generate_with(const ExtendStep& extend, std::span<const int64_t> prompt, int64_t max_new_tokens,
+                                   const CacheQuantization& cache, const TokenChooser& choose,
+                                   const std::function<bool(const std::vector<int64_t>&)>& stop);
+
+// Another implementation of this forward pass (the CUDA one, kernels/model_forward.h)
+// as functions, for code in sim/ that must not depend on it: ModelEvaluator runs its
+// teacher-forced passes and continuations through it when set (ModelEvalOptions).
+struct ForwardBackend {
+  std::string name;  // "cuda": for messages
+  // Transformer::forward: a fresh state, every token.
+  std::function<RowMatrix(std::span<const int64_t> tokens, const ExtendOptions& opt)> forward;
+  // kvb::generate on this implementation.
+  std::function<std::vector<int64_t>(std::span<const int64_t> prompt, int64_t max_new_tokens,
+                                     const CacheQuantization& cache, const TokenChooser& choose,
+                                     const std::function<bool(const std::vector<int64_t>&)>& stop)>
+      generate;
+  explicit operator bool() const { return static_cast<bool>(forward); }
+};
 
 // Index of the largest value (the first one on ties).
 int64_t argmax(const float* values, int64_t n);

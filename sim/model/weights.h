@@ -78,6 +78,9 @@ class WeightMatrix {
   const RowMatrix* f32() const { return dtype_ == DType::F32 ? &f32_ : nullptr; }
   // Rows [first, first + count) converted to fp32 into out (count × cols, row-major).
   void rows_to_f32(int64_t first, int64_t count, float* out) const;
+  // The 16-bit values (rows × cols, row-major) when held in F16 or BF16, else empty: the
+  // checkpoint's own bits, e.g. for uploading to a device as they are.
+  const Bits& bits16() const { return bits_; }
 
   // [cols, rows]: GPT-2's Conv1D weights are stored [in, out].
   WeightMatrix transposed() const;

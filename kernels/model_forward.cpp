@@ -1,0 +1,464 @@
+#include "kernels/model_forward.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "kernels/cublas_check.h"
+#include "kernels/cuda_check.h"
+#include "kernels/device.h"
+#include "kernels/device_buffer.h"
+#include "kernels/model_forward_kernels.h"
+#include "kernels/unit_reconstruction.h"
+#include "sim/core/error.h"
+#include "sim/core/rope.h"
+#include "sim/model/rope_scaling.h"
+
+namespace kvb::cuda {
+
+namespace {
+
+// A weight matrix [rows, cols] on the device in its stored dtype.
+struct DeviceMatrix {
+  WeightDtype dtype = WeightDtype::F32;
+  int64_t rows = 0, cols = 0;
+  DeviceBuffer<uint16_t> bits;  // F16 / BF16
+  DeviceBuffer<float> f32;      // F32
+
+  void upload(const WeightMatrix& w) {
+    rows = w.rows();
+    cols = w.cols();
+    if (const RowMatrix* m = w.f32()) {
+      dtype = WeightDtype::F32;
+      f32.resize(static_cast<size_t>(m->size()));
+      f32.upload(m->data(), static_cast<size_t>(m->size()));
+    } else {
+      dtype = w.dtype() == DType::F16 ? WeightDtype::F16 : WeightDtype::BF16;
+      bits.resize(w.bits16().size());
+      bits.upload(w.bits16().data(), w.bits16().size());
+    }
+  }
+  const void* data() const { return dtype == WeightDtype::F32 ? static_cast<const void*>(f32.data()) : bits.data(); }
+  size_t bytes() const { return f32.bytes() + bits.bytes(); }
+};
+
+struct DeviceVector {
+  DeviceBuffer<float> v;
+  void upload(const Eigen::VectorXf& x) {
+    v.resize(static_cast<size_t>(x.size()));
+    if (x.size()) v.upload(x.data(), static_cast<size_t>(x.size()));
+  }
+  const float* data() const { return v.size() ? v.data() : nullptr; }
+};
+
+struct DeviceDense {
+  DeviceMatrix weight;  // [out, in]
+  DeviceVector bias;    // [out] or empty
+  void upload(const DenseWeights& w) {
+    weight.upload(w.weight);
+    bias.upload(w.bias);
+  }
+};
+
+struct DeviceNorm {
+  DeviceVector weight, bias;  // bias empty: RMSNorm
+  void upload(const NormWeights& n) {
+    weight.upload(n.weight);
+    bias.upload(n.bias);
+  }
+};
+
+struct DeviceBlock {
+  DeviceNorm attn_norm, mlp_norm;
+  DeviceDense qkv, attn_out, mlp_in, mlp_out;
+};
+
+int activation_code(Activation a) {
+  switch (a) {
+    case Activation::GeluTanh: return 0;
+    case Activation::GeluErf: return 1;
+    case Activation::Relu: return 2;
+    case Activation::Silu: return 3;
+  }
+  return 3;
+}
+
+int to_int(int64_t v, const char* what) {
+  if (v < 0 || v > INT32_MAX) throw Error(std::string("CUDA forward pass: ") + what + " " + std::to_string(v) +
+                                          " exceeds the device kernels' 32-bit range");
+  return static_cast<int>(v);
+}
+
+// [heads, n, d] tensor of the per-head column blocks of a host [n, stride] matrix.
+Tensor heads_tensor(const std::vector<float>& src, int64_t stride, int64_t first_col, int64_t heads, int64_t n,
+                    int64_t d) {
+  Tensor t({heads, n, d});
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t r = 0; r < n; ++r)
+      std::copy(src.begin() + r * stride + first_col + h * d, src.begin() + r * stride + first_col + (h + 1) * d,
+                t.slice(h) + r * d);
+  return t;
+}
+
+// One layer's attention over its device cache, with or without a plan: the part of the
+// forward pass that attention_on_device() exposes to the tests.
+struct LayerAttention {
+  TwinCache twins;
+  // The layer's reconstructed versions [kv_heads, context, head_dim].
+  DeviceBuffer<float> k_stored, k_window, v_stored, v_window;
+  DeviceBuffer<int32_t> residual_from, residual_window;  // [2 (K, V), kv_heads, n]
+  std::vector<int32_t> host_from, host_window;
+
+  // queries: row r, head h at queries + r * query_stride + h * d (device), for positions
+  // context - n .. context - 1; keys and values of KV head g at keys + g * exact_unit,
+  // [context, d] rows (device). out [n, q_heads * d] (device).
+  void run(const float* queries, int64_t query_stride, int64_t n, int64_t context, const float* keys,
+           const float* values, int64_t exact_unit, const AttentionGeometry& geo, int64_t layer,
+           const CacheQuantization& cache, float* out, cudaStream_t stream) {
+    const int64_t d = geo.head_dim, first = context - n, version_unit = context * d;
+    AttentionArgs a;
+    a.queries = queries;
+    a.query_stride = query_stride;
+    a.n = to_int(n, "tokens");
+    a.first = first;
+    a.q_heads = to_int(geo.q_heads, "q_heads");
+    a.kv_heads = to_int(geo.kv_heads, "kv_heads");
+    a.d = to_int(d, "head_dim");
+    a.window = to_int(geo.window, "sliding window");
+    a.score_scale = geo.score_scale;
+    a.k_exact = a.k_stored = keys;
+    a.v_exact = a.v_stored = values;
+    a.exact_unit_stride = a.version_unit_stride = exact_unit;
+    a.out = out;
+    if (cache.plan) {  // every unit's versions at the cache's length, as KvCache::view
+      const Plan& plan = *cache.plan;
+      const int64_t prefill = cache.effective_prefill();
+      const size_t versions = static_cast<size_t>(geo.kv_heads * version_unit);
+      k_stored.reserve(versions);
+      v_stored.reserve(versions);
+      k_window.reserve(versions);
+      v_window.reserve(versions);
+      host_from.assign(static_cast<size_t>(2 * geo.kv_heads * n), 0);
+      host_window.assign(host_from.size(), 0);
+      for (int64_t g = 0; g < geo.kv_heads; ++g)
+        for (Kind kind : {Kind::Key, Kind::Value}) {
+          const bool is_key = kind == Kind::Key;
+          try {
+            const UnitPlan unit = plan.phase_marker() ? plan.unit_at(layer, g, kind, context, cache.second_phase)
+                                                      : plan.unit_at(layer, g, kind, context);
+            reconstruct_unit_on_device(twins, unit, (is_key ? keys : values) + g * exact_unit, context, d,
+                                       (is_key ? k_stored : v_stored).data() + g * version_unit,
+                                       (is_key ? k_window : v_window).data() + g * version_unit, stream);
+            for (int64_t r = 0; r < n; ++r) {
+              const RowVersions rv = row_versions(unit, prefill, first + r);
+              const size_t at = static_cast<size_t>(((is_key ? 0 : 1) * geo.kv_heads + g) * n + r);
+              host_from[at] = rv.all_exact ? 0 : static_cast<int32_t>(std::min(rv.residual_begin, context));
+              host_window[at] = !rv.all_exact && rv.residual_window ? 1 : 0;
+            }
+          } catch (const std::exception& e) {
+            throw Error(unit_name(layer, g, kind) + ": " + e.what());
+          }
+        }
+      residual_from.reserve(host_from.size());
+      residual_window.reserve(host_window.size());
+      residual_from.upload(host_from.data(), host_from.size());
+      residual_window.upload(host_window.data(), host_window.size());
+      a.k_stored = k_stored.data();
+      a.k_window = k_window.data();
+      a.v_stored = v_stored.data();
+      a.v_window = v_window.data();
+      a.version_unit_stride = version_unit;
+      a.residual_from = residual_from.data();
+      a.residual_window = residual_window.data();
+    }
+    launch_causal_attention(a, stream);
+  }
+};
+
+}  // namespace
+
+std::vector<float> attention_on_device(const float* queries, int64_t n, const float* keys, const float* values,
+                                       int64_t context, const AttentionGeometry& geo, int64_t layer,
+                                       const CacheQuantization& cache) {
+  const DeviceInfo dev = device_info();
+  if (!dev.available) throw Error("CUDA forward pass: no usable CUDA device (" + dev.why_not + ")");
+  if (cache.plan) {
+    if (const std::string why = forward_unsupported_reason(*cache.plan); !why.empty())
+      throw Error("CUDA forward pass: " + why);
+  }
+  const int64_t d = geo.head_dim, width = geo.q_heads * d;
+  DeviceBuffer<float> q(static_cast<size_t>(n * width)), k(static_cast<size_t>(geo.kv_heads * context * d)),
+      v(k.size()), out(q.size());
+  q.upload(queries, q.size());
+  k.upload(keys, k.size());
+  v.upload(values, v.size());
+  LayerAttention attention;
+  attention.run(q.data(), width, n, context, k.data(), v.data(), context * d, geo, layer, cache, out.data(), nullptr);
+  KVB_CUDA_CHECK(cudaDeviceSynchronize());
+  return out.download();
+}
+
+const char* forward_math_name(ForwardMath m) { return m == ForwardMath::Tf32 ? "tf32" : "fp32"; }
+
+std::string forward_unsupported_reason(const Plan& plan) { return missing_twin(plan); }
+
+struct CudaTransformer::DeviceCache {
+  int64_t capacity = 0;  // tokens each unit can hold
+  std::vector<DeviceBuffer<float>> keys, values;  // per layer [kv_heads, capacity, head_dim]
+};
+
+struct CudaTransformer::Impl {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  DeviceMatrix token_embedding, position_embedding, lm_head;
+  std::vector<DeviceBlock> blocks;
+  DeviceNorm final_norm;
+  std::vector<float> inv_freq;  // RoPE inverse frequencies [head_dim / 2] (the host model's)
+  // Scratch, grown as needed: a 16-bit weight in fp32; activations [n, *].
+  DeviceBuffer<float> weight32, x, h, qkv, attn, proj, mlp, act, logits, rope_cos, rope_sin;
+  DeviceBuffer<int32_t> tokens;
+  LayerAttention attention;
+  State forward_state;  // forward()'s, reused between passes
+
+  ~Impl() {
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  const DeviceMatrix& output_embedding() const { return lm_head.rows ? lm_head : token_embedding; }
+
+  // y [rows, out] = x [rows, in] · weightᵀ (+ bias), fp32 (weight converted exactly).
+  void dense(const float* in, int64_t rows, const DeviceMatrix& w, const DeviceVector* bias, float* y) {
+    if (rows == 0) return;
+    const float* w32 = nullptr;
+    if (w.dtype == WeightDtype::F32) {
+      w32 = w.f32.data();
+    } else {
+      weight32.reserve(static_cast<size_t>(w.rows * w.cols));
+      launch_weight_to_f32(w.data(), w.dtype, 0, w.rows * w.cols, weight32.data(), stream);
+      w32 = weight32.data();
+    }
+    const bool has_bias = bias && bias->data();
+    if (has_bias) launch_broadcast_rows(bias->data(), to_int(rows, "rows"), to_int(w.rows, "columns"), y, stream);
+    const float one = 1.0f, beta = has_bias ? 1.0f : 0.0f;
+    const int m = to_int(w.rows, "output features"), n = to_int(rows, "rows"), k = to_int(w.cols, "input features");
+    KVB_CUBLAS_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w32, k, in, k, &beta, y, m));
+  }
+  void dense(const float* in, int64_t rows, const DeviceDense& d, float* y) { dense(in, rows, d.weight, &d.bias, y); }
+
+  // Room for `tokens` tokens per unit, keeping the first `length`.
+  void reserve_cache(DeviceCache& cache, int64_t tokens, int64_t length, int64_t kv_heads, int64_t d) {
+    if (tokens <= cache.capacity) return;
+    const int64_t capacity = std::max(tokens, 2 * cache.capacity);
+    for (std::vector<DeviceBuffer<float>>* kind : {&cache.keys, &cache.values})
+      for (DeviceBuffer<float>& layer : *kind) {
+        DeviceBuffer<float> grown(static_cast<size_t>(kv_heads * capacity * d));
+        if (length > 0)
+          KVB_CUDA_CHECK(cudaMemcpy2DAsync(grown.data(), capacity * d * sizeof(float), layer.data(),
+                                           cache.capacity * d * sizeof(float), length * d * sizeof(float), kv_heads,
+                                           cudaMemcpyDeviceToDevice, stream));
+        KVB_CUDA_CHECK(cudaStreamSynchronize(stream));
+        layer = std::move(grown);
+      }
+    cache.capacity = capacity;
+  }
+};
+
+CudaTransformer::CudaTransformer(std::shared_ptr<const Transformer> host, ForwardMath math)
+    : host_(std::move(host)), math_(math), impl_(std::make_unique<Impl>()) {
+  const DeviceInfo dev = device_info();
+  if (!dev.available) throw Error("CUDA forward pass: no usable CUDA device (" + dev.why_not + ")");
+  const ModelConfig& c = host_->config();
+  if (c.head_dim > kMaxAttentionHeadDim)
+    throw Error("CUDA forward pass: head_dim " + std::to_string(c.head_dim) + " of " + c.dir.string() +
+                " exceeds the attention kernel's maximum of " + std::to_string(kMaxAttentionHeadDim));
+  Impl& m = *impl_;
+  KVB_CUDA_CHECK(cudaSetDevice(0));
+  KVB_CUDA_CHECK(cudaStreamCreate(&m.stream));
+  KVB_CUBLAS_CHECK(cublasCreate(&m.blas));
+  KVB_CUBLAS_CHECK(cublasSetStream(m.blas, m.stream));
+  KVB_CUBLAS_CHECK(
+      cublasSetMathMode(m.blas, math == ForwardMath::Tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  const ModelWeights& w = host_->weights();
+  m.token_embedding.upload(w.token_embedding);
+  if (!w.position_embedding.empty()) m.position_embedding.upload(w.position_embedding);
+  if (!w.lm_head.empty()) m.lm_head.upload(w.lm_head);
+  if (m.position_embedding.rows && m.position_embedding.dtype != m.token_embedding.dtype)
+    throw Error("CUDA forward pass: " + c.dir.string() +
+                ": the token and position embeddings are held in different dtypes");
+  m.blocks.resize(w.blocks.size());
+  for (size_t l = 0; l < w.blocks.size(); ++l) {
+    const BlockWeights& b = w.blocks[l];
+    DeviceBlock& d = m.blocks[l];
+    d.attn_norm.upload(b.attn_norm);
+    d.mlp_norm.upload(b.mlp_norm);
+    d.qkv.upload(b.qkv);
+    d.attn_out.upload(b.attn_out);
+    d.mlp_in.upload(b.mlp_in);
+    d.mlp_out.upload(b.mlp_out);
+  }
+  m.final_norm.upload(w.final_norm);
+  if (c.rope.enabled) m.inv_freq = rope_inverse_frequencies(c.rope, c.head_dim);
+  m.forward_state = new_state();
+}
+
+CudaTransformer::~CudaTransformer() = default;
+
+size_t CudaTransformer::weight_bytes() const {
+  const Impl& m = *impl_;
+  size_t b = m.token_embedding.bytes() + m.position_embedding.bytes() + m.lm_head.bytes();
+  for (const DeviceBlock& d : m.blocks)
+    b += d.qkv.weight.bytes() + d.attn_out.weight.bytes() + d.mlp_in.weight.bytes() + d.mlp_out.weight.bytes();
+  return b;
+}
+
+CudaTransformer::State CudaTransformer::new_state() const {
+  State s;
+  s.cache = std::make_shared<DeviceCache>();
+  s.cache->keys.resize(static_cast<size_t>(config().layers));
+  s.cache->values.resize(static_cast<size_t>(config().layers));
+  return s;
+}
+
+RowMatrix CudaTransformer::extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  Impl& m = *impl_;
+  const ModelConfig& c = config();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t first = state.length, context = first + n;
+  const int64_t d = c.head_dim, qkv_width = c.qkv_width(), H = c.hidden_size, I = c.intermediate_size;
+  const int64_t k_col = c.q_heads * d, v_col = k_col + c.kv_heads * d;
+  if (n == 0) throw Error("internal: extend() with no tokens");
+  host_->check_tokens(tokens, first);
+  to_int(context, "context of");
+  if (opt.cache.plan) {
+    check_plan_fits(*opt.cache.plan, c.layers, c.kv_heads, d);
+    if (const std::string why = forward_unsupported_reason(*opt.cache.plan); !why.empty())
+      throw Error("CUDA forward pass: " + why);
+  }
+  state.tokens.insert(state.tokens.end(), tokens.begin(), tokens.end());
+  CacheQuantization cache = opt.cache;
+  if (cache.plan && cache.plan->phase_marker()) {
+    const auto marker = std::find(state.tokens.begin(), state.tokens.end(), *cache.plan->phase_marker());
+    if (marker != state.tokens.end()) cache.second_phase = marker - state.tokens.begin();
+  }
+  if (opt.capture) opt.capture->assign(static_cast<size_t>(c.layers), LayerTensors{});
+  DeviceCache& kv = *state.cache;
+  m.reserve_cache(kv, context, first, c.kv_heads, d);
+
+  const size_t nn = static_cast<size_t>(n);
+  m.x.reserve(nn * H);
+  m.h.reserve(nn * H);
+  m.qkv.reserve(nn * qkv_width);
+  m.attn.reserve(nn * c.q_heads * d);
+  m.proj.reserve(nn * H);
+  m.mlp.reserve(nn * (c.gated_mlp ? 2 * I : I));
+  if (c.gated_mlp) m.act.reserve(nn * I);
+  std::vector<int32_t> ids(tokens.begin(), tokens.end());
+  m.tokens.reserve(nn);
+  m.tokens.upload(ids.data(), nn);
+  launch_embed(m.tokens.data(), to_int(n, "tokens"), m.token_embedding.data(),
+               m.position_embedding.rows ? m.position_embedding.data() : nullptr, m.token_embedding.dtype, first,
+               to_int(H, "hidden_size"), m.x.data(), m.stream);
+  if (c.rope.enabled) {  // cos/sin of the new tokens' positions, as the host computes them
+    std::vector<int64_t> positions(nn);
+    for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = first + i;
+    const RopeTable rope = make_rope_table(n, positions.data(), m.inv_freq);
+    m.rope_cos.reserve(rope.cos.size());
+    m.rope_sin.reserve(rope.sin.size());
+    m.rope_cos.upload(rope.cos.data(), rope.cos.size());
+    m.rope_sin.upload(rope.sin.data(), rope.sin.size());
+  }
+  const int64_t exact_unit = kv.capacity * d;
+
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const DeviceBlock& blk = m.blocks[static_cast<size_t>(l)];
+    LayerTensors* cap = opt.capture ? &(*opt.capture)[static_cast<size_t>(l)] : nullptr;
+    float* keys = kv.keys[static_cast<size_t>(l)].data();
+    float* values = kv.values[static_cast<size_t>(l)].data();
+
+    launch_normalize_rows(m.x.data(), blk.attn_norm.weight.data(), blk.attn_norm.bias.data(), c.norm_eps,
+                          static_cast<int>(n), static_cast<int>(H), m.h.data(), m.stream);
+    m.dense(m.h.data(), n, blk.qkv, m.qkv.data());
+    if (cap && c.rope.enabled)
+      cap->key_pre_rope = heads_tensor(m.qkv.download(nn * qkv_width), qkv_width, k_col, c.kv_heads, n, d);
+    if (c.rope.enabled)
+      launch_rope(m.qkv.data(), qkv_width, static_cast<int>(n), static_cast<int>(c.q_heads + c.kv_heads),
+                  static_cast<int>(d), m.rope_cos.data(), m.rope_sin.data(), m.stream);
+    if (cap) {
+      const std::vector<float> host_qkv = m.qkv.download(nn * qkv_width);
+      cap->query = heads_tensor(host_qkv, qkv_width, 0, c.q_heads, n, d);
+      cap->key = heads_tensor(host_qkv, qkv_width, k_col, c.kv_heads, n, d);
+      cap->value = heads_tensor(host_qkv, qkv_width, v_col, c.kv_heads, n, d);
+    }
+    launch_append_units(m.qkv.data(), qkv_width, k_col, static_cast<int>(n), static_cast<int>(c.kv_heads),
+                        static_cast<int>(d), keys, exact_unit, first, m.stream);
+    launch_append_units(m.qkv.data(), qkv_width, v_col, static_cast<int>(n), static_cast<int>(c.kv_heads),
+                        static_cast<int>(d), values, exact_unit, first, m.stream);
+
+    const AttentionGeometry geo{c.q_heads, c.kv_heads, d, c.score_scale(l), c.sliding_window[static_cast<size_t>(l)]};
+    m.attention.run(m.qkv.data(), qkv_width, n, context, keys, values, exact_unit, geo, l, cache, m.attn.data(),
+                    m.stream);
+    if (cap) {
+      cap->attn_output = Tensor({n, c.q_heads * d});
+      const std::vector<float> host_attn = m.attn.download(nn * c.q_heads * d);
+      std::copy(host_attn.begin(), host_attn.end(), cap->attn_output.ptr());
+    }
+    m.dense(m.attn.data(), n, blk.attn_out, m.proj.data());
+    launch_add(m.x.data(), m.proj.data(), n * H, m.stream);
+
+    launch_normalize_rows(m.x.data(), blk.mlp_norm.weight.data(), blk.mlp_norm.bias.data(), c.norm_eps,
+                          static_cast<int>(n), static_cast<int>(H), m.h.data(), m.stream);
+    m.dense(m.h.data(), n, blk.mlp_in, m.mlp.data());
+    if (c.gated_mlp) {
+      launch_gated_activation(m.mlp.data(), static_cast<int>(n), to_int(I, "intermediate_size"),
+                              activation_code(c.activation), m.act.data(), m.stream);
+      m.dense(m.act.data(), n, blk.mlp_out, m.proj.data());
+    } else {
+      launch_activate(m.mlp.data(), n * I, activation_code(c.activation), m.stream);
+      m.dense(m.mlp.data(), n, blk.mlp_out, m.proj.data());
+    }
+    launch_add(m.x.data(), m.proj.data(), n * H, m.stream);
+  }
+  state.length = context;
+
+  // Logits of every new token, or of the last one.
+  const int64_t rows = opt.all_logits ? n : 1;
+  launch_normalize_rows(m.x.data() + (n - rows) * H, m.final_norm.weight.data(), m.final_norm.bias.data(), c.norm_eps,
+                        static_cast<int>(rows), static_cast<int>(H), m.h.data(), m.stream);
+  m.logits.reserve(static_cast<size_t>(rows * c.vocab_size));
+  m.dense(m.h.data(), rows, m.output_embedding(), nullptr, m.logits.data());
+  RowMatrix logits(rows, c.vocab_size);
+  KVB_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.logits.data(), static_cast<size_t>(rows * c.vocab_size) * sizeof(float),
+                                 cudaMemcpyDeviceToHost, m.stream));
+  KVB_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return logits;
+}
+
+RowMatrix CudaTransformer::forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  State& state = impl_->forward_state;  // its device cache is kept for the next pass
+  state.length = 0;
+  state.tokens.clear();
+  return extend(state, tokens, opt);
+}
+
+std::vector<int64_t> generate(const CudaTransformer& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
+                              const CacheQuantization& cache, const TokenChooser& choose,
+                              const std::function<bool(const std::vector<int64_t>&)>& stop) {
+  CudaTransformer::State state = model.new_state();
+  const ExtendStep extend = [&](std::span<const int64_t> tokens, const ExtendOptions& opt) {
+    return model.extend(state, tokens, opt);
+  };
+  return generate_with(extend, prompt, max_new_tokens, cache, choose, stop);
+}
+
+std::vector<int64_t> greedy_generate(const CudaTransformer& model, std::span<const int64_t> prompt,
+                                     int64_t max_new_tokens, const CacheQuantization& cache,
+                                     const std::function<bool(const std::vector<int64_t>&)>& stop) {
+  const TokenChooser choose = [](std::span<const float> logits, int64_t) {
+    return argmax(logits.data(), static_cast<int64_t>(logits.size()));
+  };
+  return generate(model, prompt, max_new_tokens, cache, choose, stop);
+}
+
+}  // namespace kvb::cuda
