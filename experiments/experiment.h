@@ -233,8 +233,11 @@ std::optional<std::vector<ParamValue>> parse_range(const std::string& text);
 Recording build_recording(const DataSpec& data);
 
 // For source = "model": loads the checkpoint and the tokens and runs the exact model
-// (ModelEvaluator), whose recording() is the experiment's recording.
-std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data);
+// (ModelEvaluator), whose recording() is the experiment's recording. `backend` is where
+// its forward passes run, the quantized points' included (experiments/model_backend.h;
+// a task's problems run on the CPU).
+std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data,
+                                                            BackendRequest backend = BackendRequest::Cpu);
 
 // The calibration and evaluated query positions for a recording of T tokens.
 // Evaluated positions: metrics.positions when given ("all": every position, the
