@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 
+#include "experiments/backend.h"
 #include "experiments/data_spec.h"
 #include "sim/model/model_eval.h"
 #include "sim/recording.h"
@@ -14,7 +15,10 @@ namespace kvb {
 Recording build_recording(const DataSpec& data);
 
 // For source = "model": loads the checkpoint and the tokens and runs the exact model
-// (ModelEvaluator), whose recording() is the experiment's recording.
-std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data);
+// (ModelEvaluator), whose recording() is the experiment's recording. `backend` is where
+// its forward passes run, the quantized points' included (experiments/model_backend.h;
+// a task's problems run on the CPU).
+std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data,
+                                                            BackendRequest backend = BackendRequest::Cpu);
 
 }  // namespace kvb

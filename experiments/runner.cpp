@@ -97,7 +97,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   for (size_t s = 0; s < S; ++s) {
     if (s > 0 && stopped()) throw RunInterrupted("interrupted while loading the data; nothing was written");
     try {
-      if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s]);
+      if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s], spec.backend);
       else loaded[s] = build_recording(sequence_data[s]);
     } catch (const RunInterrupted&) {
       throw;
