@@ -489,7 +489,7 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
       if (r.error.empty() && plans[i]) {
         std::vector<ErrorStats> merged(variants);
         for (size_t v = 0; v < variants; ++v)
-          merged[v] = ErrorStats::merged(std::span<const ErrorStats>(stats_of).subspan(t0 + v * L, layers_per_variant));
+          merged[v] = ErrorStats::merged(stats_of.data() + t0 + v * L, layers_per_variant);
         if (point_tasks[i] > layer_tasks[i]) merged[0].merge(stats_of[t0 + layer_tasks[i]]);  // the model task
         // The CPU simulator refuses such a reconstruction itself (reconstruct_unit/
         // _window); this catches it on every backend (windows reach only the rows).

@@ -77,7 +77,7 @@ ErrorStats measure_point(const Recording& rec, const Plan& plan, const SimOption
   std::vector<ErrorStats> per_layer(static_cast<size_t>(rec.num_layers()));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t l = 0; l < rec.num_layers(); ++l) per_layer[static_cast<size_t>(l)] = simulate_layer(rec, plan, l, opt);
-  return ErrorStats::merged(per_layer);
+  return ErrorStats::merged(per_layer.data(), per_layer.size());
 }
 
 const std::vector<std::string> kAttentionMetrics = {

@@ -12,12 +12,12 @@ void ErrorStats::merge(const ErrorStats& o) {
   model.merge(o.model);
 }
 
-ErrorStats ErrorStats::merged(std::span<const ErrorStats> parts) {
+ErrorStats ErrorStats::merged(const ErrorStats* parts, size_t count) {
   size_t rows = 0;
-  for (const ErrorStats& p : parts) rows += p.rows.size();
+  for (size_t i = 0; i < count; ++i) rows += parts[i].rows.size();
   ErrorStats all;
   all.rows.reserve(rows);
-  for (const ErrorStats& p : parts) all.merge(p);
+  for (size_t i = 0; i < count; ++i) all.merge(parts[i]);
   return all;
 }
 

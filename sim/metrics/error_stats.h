@@ -4,7 +4,6 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include "sim/metrics/model_metrics.h"
@@ -75,7 +74,9 @@ struct ErrorStats {
   void merge(const ErrorStats& other);
   // The partial results `parts` merged in their order, the rows' memory reserved once
   // (a point's rows are many: merging them one by one regrows and refaults the vector).
-  static ErrorStats merged(std::span<const ErrorStats> parts);
+  // `parts` points to `count` results (a pointer, not std::span: nvcc compiles this
+  // header as C++17).
+  static ErrorStats merged(const ErrorStats* parts, size_t count);
 };
 
 }  // namespace kvb

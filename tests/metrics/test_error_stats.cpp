@@ -51,7 +51,7 @@ TEST_CASE("merged() is the partial results merged one by one, in order") {
   }
   ErrorStats one_by_one;
   for (const ErrorStats& p : parts) one_by_one.merge(p);
-  const ErrorStats all = ErrorStats::merged(parts);
+  const ErrorStats all = ErrorStats::merged(parts.data(), parts.size());
   CHECK(all.k_err2 == one_by_one.k_err2);
   CHECK(all.v_norm2 == one_by_one.v_norm2);
   CHECK(all.logit_pairs == one_by_one.logit_pairs);
@@ -61,7 +61,7 @@ TEST_CASE("merged() is the partial results merged one by one, in order") {
     CHECK(all.rows[i].position == one_by_one.rows[i].position);
     CHECK(all.rows[i].kl == one_by_one.rows[i].kl);
   }
-  CHECK(ErrorStats::merged({}).rows.empty());
+  CHECK(ErrorStats::merged(nullptr, 0).rows.empty());
 }
 
 }  // namespace kvb
