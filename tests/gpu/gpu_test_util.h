@@ -8,10 +8,23 @@
 #include <filesystem>
 #include <string>
 
+#include "sim/formats/format.h"
 #include "sim/metrics/error_stats.h"
 #include "sim/metrics/metric_table.h"
 
 namespace kvb::test {
+
+// A test format the CPU has and the GPU has not: x̂ = 2x.
+class CpuOnlyFormat final : public Format {
+ public:
+  std::string name() const override { return "cpu-only-double"; }
+  uint64_t storage_bits(int64_t t, int64_t d) const override { return static_cast<uint64_t>(t * d); }
+  void roundtrip(ConstMatView x, MatView out, const SpanInfo&) const override {
+    for (int64_t r = 0; r < x.rows; ++r)
+      for (int64_t c = 0; c < x.cols; ++c) out.row(r)[c] = 2 * x.row(r)[c];
+  }
+  double nominal_bits() const override { return 1; }
+};
 
 // data/ of the repository: $KVB_DATA_DIR when set (the GPU machine runs the binaries
 // away from the build tree), else the source tree's.

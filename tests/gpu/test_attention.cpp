@@ -18,20 +18,9 @@
 #include "sim/strategies/uniform.h"
 
 using namespace kvb;
+using kvb::test::CpuOnlyFormat;
 
 namespace {
-
-// A test format the CPU has and the GPU has not: x̂ = 2x.
-class CpuOnlyFormat final : public Format {
- public:
-  std::string name() const override { return "cpu-only-double"; }
-  uint64_t storage_bits(int64_t t, int64_t d) const override { return static_cast<uint64_t>(t * d); }
-  void roundtrip(ConstMatView x, MatView out, const SpanInfo&) const override {
-    for (int64_t r = 0; r < x.rows; ++r)
-      for (int64_t c = 0; c < x.cols; ++c) out.row(r)[c] = 2 * x.row(r)[c];
-  }
-  double nominal_bits() const override { return 1; }
-};
 
 // [layers] of queries [q_heads, T, d] and keys/values [kv_heads, T, d], N(0, 1) with
 // queries scaled by `sharpness` (peaked attention) and keys by `key_scale`.
