@@ -377,12 +377,7 @@ UnitPlan OptimalStrategy::realize(const Plan& base, int64_t layer, int64_t kv_he
     if (cut > sink_end) u.segments.push_back(Segment{sink_end, cut, fam.formats[c.width[0]], s.role});
     if (s.end > cut) u.segments.push_back(Segment{cut, s.end, fam.formats[c.width[1]], s.role});
   }
-  if (c.window > 0) {
-    u.window.size = c.window;
-    u.window.format = k.window_format;
-    u.window.mode = k.window_mode;
-    u.window.extra_copy = k.window_extra_copy;
-  }
+  if (c.window > 0) u.window = k.window_of(c.window);
   return u;
 }
 

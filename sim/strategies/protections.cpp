@@ -271,12 +271,7 @@ Plan Protections::apply(const StrategyInput& in) const {
           i = e;
         }
         if (next < T) u.segments.push_back(Segment{next, T, nullptr, SegmentRole::Allocated});
-        if (k.window > 0) {
-          u.window.size = k.window;
-          u.window.format = k.window_format;
-          u.window.mode = k.window_mode;
-          u.window.extra_copy = k.window_extra_copy;
-        }
+        if (k.window > 0) u.window = k.window_of(k.window);
       }
   return plan;
 }

@@ -39,6 +39,15 @@ struct KindProtections {
   bool window_extra_copy = false;
 
   bool selects_sink_heads() const { return sink_heads > 0 || sink_head_threshold.has_value(); }
+  // A recency window of `size` tokens with this kind's window format, mode and copy rule.
+  RecentWindow window_of(int64_t size) const {
+    RecentWindow w;
+    w.size = size;
+    w.format = window_format;
+    w.mode = window_mode;
+    w.extra_copy = window_extra_copy;
+    return w;
+  }
 };
 
 class Protections {
