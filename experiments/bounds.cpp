@@ -41,7 +41,15 @@ std::string fmt(double v) {
 
 BoundRow row(const std::string& section, const std::string& name, const std::string& claim, double predicted,
              double measured, bool holds, const std::string& criterion, const std::string& note = "") {
-  BoundRow r{section, name, claim, predicted, measured, holds, criterion, note};
+  BoundRow r;
+  r.section = section;
+  r.name = name;
+  r.claim = claim;
+  r.predicted = predicted;
+  r.measured = measured;
+  r.holds = holds;
+  r.criterion = criterion;
+  r.note = note;
   r.verdict = bound_verdict(holds, r.interval, 0, 0);  // exact until an interval is attached
   return r;
 }
