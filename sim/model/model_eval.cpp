@@ -323,10 +323,7 @@ RowMatrix ModelEvaluator::run_forward(std::span<const int64_t> tokens, const Ext
 std::vector<int64_t> ModelEvaluator::continuation(int64_t prompt_length, const CacheQuantization& cache) const {
   const std::span<const int64_t> prompt(tokens_.data(), static_cast<size_t>(prompt_length));
   if (!options_.backend) return greedy_continuation(*model_, prompt, continuation_spec_.tokens, cache);
-  const TokenChooser greedy = [](std::span<const float> logits, int64_t) {
-    return argmax(logits.data(), static_cast<int64_t>(logits.size()));
-  };
-  return options_.backend.generate(prompt, continuation_spec_.tokens, cache, greedy, nullptr);
+  return options_.backend.generate(prompt, continuation_spec_.tokens, cache, greedy_token, nullptr);
 }
 
 std::vector<int64_t> ModelEvaluator::window_tokens(size_t w) const {
