@@ -48,6 +48,27 @@ void check_attention_rows(const ExperimentSpec& spec, const QueryPositions& posi
                     "metrics.report)");
 }
 
+void check_full_causal_metrics(const ExperimentSpec& spec, const Recording& rec) {
+  const int64_t W = rec.full_causal_queries();
+  if (W >= rec.tokens) return;
+  std::vector<std::string> sliding;
+  for (size_t l = 0; l < rec.attention_windows.size(); ++l)
+    if (rec.attention_windows[l] > 0) sliding.push_back(std::to_string(l));
+  const std::string why = rec.name + " slides over the last W = " + std::to_string(W) + " tokens (layers " +
+                          join(sliding, ",") + ") and " + std::to_string(rec.tokens) +
+                          " tokens are evaluated: the simulator computes full causal attention, which the model does "
+                          "not compute for queries at or beyond W";
+  for (const std::string& name : spec.metrics.report)
+    if (require_metric(name, "metrics.report").level != MetricLevel::Model)
+      throw ConfigError(spec.metrics.report_where + ": '" + name + "' is an attention-level metric, but " + why +
+                        "; report model-level metrics only (ppl, next_token_kl_*, same_top_rate, ...), or evaluate at "
+                        "most " + std::to_string(W) + " tokens (data.max_tokens, or data.n_ctx)");
+  if (spec.attribution.select != AttributionSpec::Select::None)
+    throw ConfigError(spec.attribution.ids_where + ": attribution splits attention-level errors, but " + why +
+                      "; set [attribution] points = \"none\", or evaluate at most " + std::to_string(W) +
+                      " tokens (data.max_tokens, or data.n_ctx)");
+}
+
 std::vector<int64_t> calibration_positions(const CalibrationSpec& c, int64_t T) {
   std::vector<int64_t> out;
   if (c.explicit_positions) {
@@ -112,6 +133,7 @@ CalibratedPlan build_calibrated_plan(const Strategy& strategy, const Recording& 
   const std::string bad = out.plan.check();
   if (!bad.empty()) throw Error(source + ": invalid plan: " + bad);
   out.calibrated = strategy.needs_statistics();
+  out.calibration_beyond_window = calibration.calibration_outside_window();
   return out;
 }
 

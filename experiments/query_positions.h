@@ -40,6 +40,14 @@ void check_model_metric_positions(const ExperimentSpec& spec, const QueryPositio
 // measure such rows and are not checked.
 void check_attention_rows(const ExperimentSpec& spec, const QueryPositions& positions, int64_t T);
 
+// Throws kvb::ConfigError when `rec` is a sliding-window model's, recorded past its
+// smallest window W (Recording::full_causal_queries() < T), and the run would measure
+// attention on it: an attention-level metric in metrics.report (named at its key), or
+// attribution (on by default; [attribution] points = "none" turns it off). The
+// simulator computes full causal attention, which that model does not compute for
+// queries t >= W; its model-level metrics (the forward pass honours the windows) run.
+void check_full_causal_metrics(const ExperimentSpec& spec, const Recording& rec);
+
 // A plan built from an exact run's recording outside an experiment, as `kvbudget eval`,
 // `kvbudget generate` and kvbudget.evaluate (Python) build it.
 struct CalibratedPlan {
@@ -49,6 +57,9 @@ struct CalibratedPlan {
   // [calibration]: every 8th from 7); `evaluation` are the others.
   QueryPositions positions;
   bool calibrated = false;  // the strategy read statistics
+  // Of `calibration`, those at or beyond a sliding-window model's window W, which the
+  // statistics leave out (RecordingStats); `evaluation` leaves them out all the same.
+  int64_t calibration_beyond_window = 0;
 };
 // Throws kvb::Error "<source>: invalid plan: ..." for a plan that fails Plan::check().
 CalibratedPlan build_calibrated_plan(const Strategy& strategy, const Recording& recording, uint64_t seed,

@@ -119,6 +119,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
   check_model_metric_positions(spec, positions, rec.tokens);
   check_attention_rows(spec, positions, rec.tokens);
+  for (const Recording* r : recs) check_full_causal_metrics(spec, *r);  // sliding-window models past W
   std::string data_identity = recording_identity(rec);
   for (size_t s = 1; s < S; ++s) data_identity += " + " + recording_identity(*recs[s]);
   if (resumed) check_resume_data(resume_dir, *resumed, data_identity);

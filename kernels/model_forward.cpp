@@ -442,23 +442,4 @@ RowMatrix CudaTransformer::forward(std::span<const int64_t> tokens, const Extend
   return extend(state, tokens, opt);
 }
 
-std::vector<int64_t> generate(const CudaTransformer& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
-                              const CacheQuantization& cache, const TokenChooser& choose,
-                              const std::function<bool(const std::vector<int64_t>&)>& stop) {
-  CudaTransformer::State state = model.new_state();
-  const ExtendStep extend = [&](std::span<const int64_t> tokens, const ExtendOptions& opt) {
-    return model.extend(state, tokens, opt);
-  };
-  return generate_with(extend, prompt, max_new_tokens, cache, choose, stop);
-}
-
-std::vector<int64_t> greedy_generate(const CudaTransformer& model, std::span<const int64_t> prompt,
-                                     int64_t max_new_tokens, const CacheQuantization& cache,
-                                     const std::function<bool(const std::vector<int64_t>&)>& stop) {
-  const TokenChooser choose = [](std::span<const float> logits, int64_t) {
-    return argmax(logits.data(), static_cast<int64_t>(logits.size()));
-  };
-  return generate(model, prompt, max_new_tokens, cache, choose, stop);
-}
-
 }  // namespace kvb::cuda

@@ -92,12 +92,9 @@ class CudaTransformer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Generation on the device, as kvb::generate / greedy_generate (the same prompt rule).
-std::vector<int64_t> generate(const CudaTransformer& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
-                              const CacheQuantization& cache, const TokenChooser& choose,
-                              const std::function<bool(const std::vector<int64_t>&)>& stop);
-std::vector<int64_t> greedy_generate(const CudaTransformer& model, std::span<const int64_t> prompt,
-                                     int64_t max_new_tokens, const CacheQuantization& cache,
-                                     const std::function<bool(const std::vector<int64_t>&)>& stop = nullptr);
+// Generation on the device: kvb::generate / greedy_generate are templates over the
+// model, so it has the host's prompt rule and token choice.
+using kvb::generate;
+using kvb::greedy_generate;
 
 }  // namespace kvb::cuda

@@ -34,6 +34,7 @@
 #include "sim/metrics/model_metrics.h"
 #include "sim/strategies/presets.h"
 #include "sim/strategies/strategy.h"
+#include "sim/model/layer_selection.h"
 #include "sim/model/model_eval.h"
 #include "sim/model/transformer.h"
 #include "sim/recording.h"
@@ -376,7 +377,8 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
                   const std::string& tokenizer, std::optional<bool> bos, int64_t max_tokens, const std::string& format,
                   const std::string& key_format, const std::string& value_format, const std::string& strategy_in,
                   const py::dict& params, uint64_t seed, const ContinuationSpec& cont, int64_t ctx,
-                  const std::string& score_text) {
+                  const std::string& score_text, const std::string& quantize_layers,
+                  const std::string& other_layers_format) {
   const int quant_choices = (format.empty() ? 0 : 1) + (key_format.empty() && value_format.empty() ? 0 : 1) +
                             (strategy_in.empty() ? 0 : 1);
   if (quant_choices > 1) throw ConfigError("give one of format, key_format/value_format and strategy");
@@ -400,12 +402,38 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
     strategy = "uniform";
     given = py::dict(py::arg("key_format") = key_format, py::arg("value_format") = value_format);
   }
+  std::string budget_param;  // a budget the strategy meets over every layer, when given
   if (!strategy.empty()) {
     const NamedStrategy named = resolve_strategy_name(strategy, "strategy", "format =");
-    strat = named.type->make(strategy_params(*named.type, named.preset, given));
+    const Params resolved = strategy_params(*named.type, named.preset, given);
+    for (const char* budget : {"budget_bpe", "key_budget_bpe", "value_budget_bpe"})
+      if (budget_param.empty() && resolved.has(budget)) budget_param = budget;
+    strat = named.type->make(resolved);
     std::vector<std::string> parts;
     for (const auto& [k, v] : given) parts.push_back(py::cast<std::string>(k) + "=" + std::string(py::str(v)));
     plan_source = strategy + "(" + join(parts, ",") + ")";
+  }
+  // Only some layers quantized, as a config's [data] quantize_layers and
+  // other_layers_format (and `kvbudget eval --layers`), checked before the weights load.
+  if (!other_layers_format.empty() && quantize_layers.empty())
+    throw ConfigError("other_layers_format: only used with quantize_layers");
+  std::vector<int64_t> quantized_layers;
+  FormatPtr other_layers;
+  if (!quantize_layers.empty()) {
+    if (!strat) throw ConfigError("quantize_layers needs a plan: give format, key_format/value_format or strategy");
+    const std::string kept = other_layers_format.empty() ? kDefaultKeptLayerFormat : other_layers_format;
+    if (!budget_param.empty())
+      throw ConfigError("quantize_layers with " + budget_param +
+                        ": the strategy meets its budget over every layer, which quantize_layers would break by "
+                        "storing the others at " + kept + "; give a fixed format");
+    try {
+      other_layers = make_format(kept);
+    } catch (ConfigError& e) {
+      e.add_context("other_layers_format");
+      throw;
+    }
+    quantized_layers = parse_layer_selection(quantize_layers, load_model_config(checkpoint), "quantize_layers");
+    plan_source += " on layers " + format_layer_list(quantized_layers) + " (others " + other_layers->name() + ")";
   }
   py::dict out;
   py::gil_scoped_release release;
@@ -421,7 +449,12 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   std::string plan_text;
   double plan_bpe = 16;
   if (strat) {
-    const CalibratedPlan built = build_calibrated_plan(*strat, evaluator.recording(), seed, plan_source);
+    CalibratedPlan built = build_calibrated_plan(*strat, evaluator.recording(), seed, plan_source);
+    if (other_layers) {
+      quantize_only_layers(built.plan, quantized_layers, other_layers);
+      const std::string bad = built.plan.check();
+      if (!bad.empty()) throw Error(plan_source + ": invalid plan: " + bad);
+    }
     plan_text = built.plan.describe();
     plan_bpe = built.plan.bpe();
     stats.model =
@@ -676,15 +709,16 @@ PYBIND11_MODULE(_core, m) {
          std::optional<bool> bos, int64_t max_tokens, const std::string& format, const std::string& key_format,
          const std::string& value_format, const std::string& strategy, const py::dict& params, uint64_t seed,
          int64_t continuations, int64_t continuation_prompt, int64_t continuation_tokens, int64_t ctx,
-         const std::string& score) {
+         const std::string& score, const std::string& quantize_layers, const std::string& other_layers_format) {
         return evaluate(checkpoint, text, tokens, tokenizer, bos, max_tokens, format, key_format, value_format,
                         strategy, params, seed, ContinuationSpec{continuations, continuation_prompt, continuation_tokens},
-                        ctx, score);
+                        ctx, score, quantize_layers, other_layers_format);
       },
       py::arg("checkpoint"), py::arg("text"), py::arg("tokens"), py::arg("tokenizer"), py::arg("bos"),
       py::arg("max_tokens"), py::arg("format"), py::arg("key_format"), py::arg("value_format"), py::arg("strategy"),
       py::arg("params"), py::arg("seed"), py::arg("continuations"), py::arg("continuation_prompt"),
-      py::arg("continuation_tokens"), py::arg("ctx"), py::arg("score"));
+      py::arg("continuation_tokens"), py::arg("ctx"), py::arg("score"), py::arg("quantize_layers") = "",
+      py::arg("other_layers_format") = "");
   m.def("write_safetensors", &write_safetensors_dict, py::arg("path"), py::arg("tensors"),
         py::arg("metadata") = std::map<std::string, std::string>{});
   m.def("recording_from_layers", &recording_from_layers, py::arg("layers"), py::arg("token_ids"),

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <utility>
 
+#include "sim/core/error.h"
 #include "sim/window_rule.h"
 
 namespace kvb {
@@ -83,6 +84,11 @@ int64_t overlap(int64_t b0, int64_t e0, int64_t b1, int64_t e1) {
 
 uint64_t Plan::segment_bits(const UnitPlan& u, int64_t seg_begin, int64_t seg_end, const Format& format,
                             int64_t context) const {
+  return segment_bits_from(u, seg_begin, seg_end, format, context, 0);
+}
+
+uint64_t Plan::segment_bits_from(const UnitPlan& u, int64_t seg_begin, int64_t seg_end, const Format& format,
+                                 int64_t context, int64_t from) const {
   // Tokens [0, stored_end) are stored (a replacing window holds the rest). At a
   // context up to T a segment keeps its positions, cut at the context; beyond T only
   // the stretching segment gains the new tokens [T, context), counted as one run with
@@ -94,8 +100,9 @@ uint64_t Plan::segment_bits(const UnitPlan& u, int64_t seg_begin, int64_t seg_en
   // ([group_from, context), methods.md §3). A replacing window (or none) stores tokens
   // [0, min(window_from, group_from)); an extra-copy window leaves the quantized cache
   // every closed group, [0, group_from). Open tokens outside the window are held at
-  // the residual precision and counted here.
-  const int64_t held = u.window.held_at(context, prefill_);
+  // the residual precision and counted here. A sliding layer holds only the tokens
+  // [from, context): everything is cut there.
+  const int64_t held = std::min(u.window.held_at(context, prefill_), context - from);
   const int64_t window_from = context - held, t = context - 1;
   const size_t stretch = stretching_segment(u.segments);
   const bool stretches = context > tokens_ && stretch < u.segments.size() && u.segments[stretch].begin == seg_begin;
@@ -106,10 +113,10 @@ uint64_t Plan::segment_bits(const UnitPlan& u, int64_t seg_begin, int64_t seg_en
   else if (seg_begin <= t && t < seg_end)
     group_from = open_group_begin(format.tokens_per_group(), seg_begin, t);
   const int64_t stored_end = u.window.extra_copy ? group_from : std::min(window_from, group_from);
-  int64_t tokens = overlap(seg_begin, std::min(seg_end, context), 0, stored_end);
-  if (stretches) tokens += overlap(tokens_, context, 0, stored_end);
+  int64_t tokens = overlap(seg_begin, std::min(seg_end, context), from, stored_end);
+  if (stretches) tokens += overlap(tokens_, context, from, stored_end);
   uint64_t bits = tokens > 0 ? format.storage_bits(tokens, head_dim_) : 0;
-  if (const int64_t open = window_from - group_from; open > 0)
+  if (const int64_t open = window_from - std::max(group_from, from); open > 0)
     bits += u.window.active() ? u.window.format->storage_bits(open, head_dim_)
                               : static_cast<uint64_t>(kResidualBitsWithoutWindow * open * head_dim_);
   return bits;
@@ -120,11 +127,31 @@ uint64_t Plan::window_bits(const UnitPlan& u, int64_t context) const {
   return held > 0 ? u.window.format->storage_bits(held, head_dim_) : 0;
 }
 
+void Plan::set_attention_windows(std::vector<int64_t> windows) {
+  if (!windows.empty() && static_cast<int64_t>(windows.size()) != layers_)
+    throw Error("internal: " + std::to_string(windows.size()) + " attention windows for a plan of " +
+                std::to_string(layers_) + " layers");
+  for (int64_t w : windows)
+    if (w < 0) throw Error("internal: negative attention window " + std::to_string(w));
+  attention_windows_ = std::move(windows);
+}
+
+int64_t Plan::held_tokens(int64_t layer, int64_t context) const {
+  const int64_t w = attention_windows_.empty() ? 0 : attention_windows_[static_cast<size_t>(layer)];
+  return w > 0 ? std::min(w, context) : context;
+}
+
 uint64_t Plan::storage_bits_at(int64_t context) const {
   uint64_t bits = 0;
-  for (const UnitPlan& u : units_) {
-    for (const Segment& s : u.segments) bits += segment_bits(u, s.begin, s.end, *s.format, context);
-    bits += window_bits(u, context);
+  for (int64_t l = 0; l < layers_; ++l) {
+    const int64_t from = context - held_tokens(l, context);
+    for (int64_t g = 0; g < kv_heads_; ++g)
+      for (Kind kind : {Kind::Key, Kind::Value}) {
+        const UnitPlan& u = unit(l, g, kind);
+        for (const Segment& s : u.segments) bits += segment_bits_from(u, s.begin, s.end, *s.format, context, from);
+        const int64_t held = std::min(u.window.held_at(context, prefill_), context - from);
+        if (held > 0) bits += u.window.format->storage_bits(held, head_dim_);
+      }
   }
   return bits;
 }
@@ -211,7 +238,9 @@ void Plan::set_annotation(const std::string& name, std::variant<double, std::str
 }
 
 double Plan::bpe_at(int64_t context) const {
-  const double elements = 2.0 * static_cast<double>(layers_ * kv_heads_ * head_dim_) * static_cast<double>(context);
+  int64_t held = 0;  // tokens held, summed over layers
+  for (int64_t l = 0; l < layers_; ++l) held += held_tokens(l, context);
+  const double elements = 2.0 * static_cast<double>(kv_heads_ * head_dim_) * static_cast<double>(held);
   return elements > 0 ? static_cast<double>(storage_bits_at(context)) / elements : 0.0;
 }
 
@@ -283,6 +312,21 @@ std::string Plan::describe() const {
     if (sink_heads > 0) out += std::string(" ") + kind_name(kind) + "sink_heads:" + std::to_string(sink_heads);
   }
   if (prefill_ > 0) out += " prefill:" + std::to_string(prefill_);
+  // Sliding layers, grouped by window: " sliding:W16(layers 0,2-3)".
+  std::map<int64_t, std::vector<int64_t>> sliding;
+  for (size_t l = 0; l < attention_windows_.size(); ++l)
+    if (attention_windows_[l] > 0) sliding[attention_windows_[l]].push_back(static_cast<int64_t>(l));
+  for (const auto& [w, layers] : sliding) {
+    std::string list;
+    for (size_t i = 0; i < layers.size();) {
+      size_t j = i;
+      while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+      list += (list.empty() ? "" : ",") + std::to_string(layers[i]) +
+              (j > i ? "-" + std::to_string(layers[j]) : std::string());
+      i = j + 1;
+    }
+    out += " sliding:W" + std::to_string(w) + "(layers " + list + ")";
+  }
   return out;
 }
 

@@ -156,6 +156,20 @@ class Plan {
   // Bits of a unit's window at `context` (0 without one).
   uint64_t window_bits(const UnitPlan& unit, int64_t context) const;
 
+  // The model's sliding-window attention, per layer (0 = full causal): a layer whose
+  // queries attend to the last W tokens only (t - W < j <= t) keeps only those in its
+  // cache, so storage_bits_at(context) counts, for its units, the tokens
+  // [context - W, context) alone (a group along tokens cut there counted for its tokens
+  // inside, as the format counts a run of that length; a recency window or open group
+  // holds at most those tokens), and bpe_at divides by the elements held, min(context,
+  // W) tokens in that layer. segment_bits and window_bits (what budgets are met with)
+  // count every token. Empty (the default): every layer full causal. Strategies copy
+  // it from Recording::attention_windows.
+  void set_attention_windows(std::vector<int64_t> windows);
+  const std::vector<int64_t>& attention_windows() const { return attention_windows_; }
+  // Tokens layer `layer` holds at `context`: min(context, W), or context.
+  int64_t held_tokens(int64_t layer, int64_t context) const;
+
   // Exact storage in bits of the whole cache at the recorded context: segments, plus
   // the window's tokens at window precision (replacing their stored copy unless the
   // window is an extra copy).
@@ -167,6 +181,7 @@ class Plan {
   // e.g. attention-selected ones near T) and earlier segments keep their token
   // counts. Below T, the plan is cut at `context` (tokens from `context` on do not
   // exist yet).
+  // A sliding layer counts its last W tokens only (set_attention_windows).
   uint64_t storage_bits_at(int64_t context) const;
   double bpe() const { return bpe_at(tokens_); }
   double bpe_at(int64_t context) const;
@@ -211,7 +226,8 @@ class Plan {
   // the shapes; otherwise the first problem, naming the unit.
   std::string check() const;
 
-  // Distinct format names used, "K:int4-asym-g32 V:int2-asym-g32" style summary.
+  // Distinct format names used, "K:int4-asym-g32 V:int2-asym-g32" style summary; with
+  // sliding layers, " sliding:W16(layers 0,2)": their caches hold the last 16 tokens.
   std::string describe() const;
 
   // First token of a second phase when the strategy split the sequence in two (phase
@@ -236,8 +252,12 @@ class Plan {
     return static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + static_cast<int>(kind));
   }
   int64_t layers_ = 0, kv_heads_ = 0, tokens_ = 0, head_dim_ = 0;
+  // segment_bits over the tokens [from, context) only (from > 0: a sliding layer).
+  uint64_t segment_bits_from(const UnitPlan& unit, int64_t begin, int64_t end, const Format& format,
+                             int64_t context, int64_t from) const;
   int64_t prefill_ = 0;
   std::vector<UnitPlan> units_;
+  std::vector<int64_t> attention_windows_;  // [layers] or empty
   std::optional<int64_t> phase_boundary_;
   std::optional<int64_t> phase_marker_;
   std::optional<int64_t> sized_for_context_;

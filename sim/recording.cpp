@@ -72,6 +72,13 @@ double max_abs(const Tensor& t) {
 }
 }  // namespace
 
+int64_t Recording::full_causal_queries() const {
+  int64_t n = tokens;
+  for (int64_t w : attention_windows)
+    if (w > 0) n = std::min(n, w);
+  return n;
+}
+
 void Recording::validate() const {
   const std::string where = "recording '" + name + "' (" + source + ")";
   if (layers.empty()) throw Error(where + ": no layers");
@@ -85,6 +92,9 @@ void Recording::validate() const {
                 std::to_string(head_dim));
   const std::vector<int64_t> qshape = {q_heads, tokens, head_dim};
   const std::vector<int64_t> kvshape = {kv_heads, tokens, head_dim};
+  if (!attention_windows.empty() && attention_windows.size() != layers.size())
+    throw Error(where + ": " + std::to_string(attention_windows.size()) + " attention windows for " +
+                std::to_string(layers.size()) + " layers");
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerTensors& L = layers[i];
     const std::string lw = where + " layer " + std::to_string(layer_ids.empty() ? int(i) : layer_ids[i]);

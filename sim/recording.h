@@ -55,7 +55,16 @@ struct Recording {
   std::optional<int64_t> phase_boundary;  // first token of the second phase, if known
   RopeInfo rope;
   std::map<std::string, std::string> metadata;
+  // Per layer (layers[i]), the sliding window W of the model that computed it: its
+  // query t attends to t - W < j <= t only (0 = full causal attention); empty when
+  // every layer is full causal. The tensors are the model's either way, but what the
+  // simulator and the strategies' statistics compute from them is full causal
+  // attention, which is the model's only for queries t < W (model_eval.h).
+  std::vector<int64_t> attention_windows;
 
+  // Queries t < this attend alike in the recording (full causal) and in the model: the
+  // smallest window of attention_windows, or T.
+  int64_t full_causal_queries() const;
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   int64_t group_size() const { return q_heads / kv_heads; }  // query heads per KV head
   int64_t kv_head_of(int64_t q_head) const { return q_head / group_size(); }

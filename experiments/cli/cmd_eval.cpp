@@ -309,6 +309,12 @@ int cmd_eval(const Args& args) {
     stats.model = evaluator.evaluate(plan, seed, &quant_logits, calibrated ? &positions.evaluation : nullptr);
     say(json, "quantized cache%s:\n",
         calibrated ? " (positions not used for the strategy's calibration, every 8th from 7)" : "");
+    if (calibrated && built.calibration_beyond_window > 0)
+      say(json, "  (the strategy calibrated on the %zu calibration positions below the sliding window W = %lld, where "
+                "the recording's full causal attention is the model's; %lld beyond it were left out)\n",
+          positions.calibration.size() - static_cast<size_t>(built.calibration_beyond_window),
+          static_cast<long long>(evaluator.recording().full_causal_queries()),
+          static_cast<long long>(built.calibration_beyond_window));
     for (const MetricDef& m : metric_table()) {
       if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens)) continue;
       if (m.needs_task && !task) continue;

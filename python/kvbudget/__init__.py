@@ -216,7 +216,7 @@ def record(checkpoint, text=None, tokens=None, tokenizer="bytes", bos=None, max_
 
 def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, value_format=None, strategy=None,
              params=None, seed=0, continuations=0, continuation_prompt=64, continuation_tokens=20, tokenizer="bytes",
-             bos=None, max_tokens=512, ctx=512, score="all"):
+             bos=None, max_tokens=512, ctx=512, score="all", quantize_layers=None, other_layers_format=None):
     """Runs a checkpoint on a text (or token-id file) as `kvbudget eval` does: the exact
     cache, and with a plan (format; key_format and value_format; or a strategy or
     preset with params {name: value}) the quantized cache compared with it, in windows of
@@ -226,11 +226,24 @@ def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, v
     its window computed it), exact_nll (the scored positions), plan; with a plan also bpe,
     plan_formats, metrics and standard_errors (the metric table's model metrics: ppl,
     ppl_ratio, next_token_kl_*, same_top_rate, Δp, and with continuations > 0 the greedy
-    continuations' token_match and bleu4), logits, nll (the positions the metrics use)."""
+    continuations' token_match and bleu4), logits, nll (the positions the metrics use).
+
+    quantize_layers quantizes only some layers with the plan, as a config's [data]
+    quantize_layers (and `eval --layers`): "full" (a hybrid's full-attention layers),
+    "sliding", "all", "0,2,5-7" or a list of indices [0, 2]; the other layers are stored
+    whole at other_layers_format (default "keep-fp16"), and bpe counts them there. A
+    budgeted strategy (budget_bpe) is refused with it: its budget is met over every layer."""
+    if quantize_layers is not None and not isinstance(quantize_layers, str):
+        if isinstance(quantize_layers, int) or not all(isinstance(l, int) for l in quantize_layers):
+            raise TypeError("quantize_layers must be a str (\"full\", \"sliding\", \"all\", \"0,2,5-7\") or a list "
+                            f"of layer indices, got {quantize_layers!r}")
+        quantize_layers = ",".join(str(l) for l in quantize_layers)
+    if quantize_layers == "":
+        quantize_layers = " "  # given but empty: the selection's own error ("quantize_layers: empty"), not "all"
     return _core.evaluate(_bundled(checkpoint), _bundled(text) if text else "", _bundled(tokens) if tokens else "",
                           tokenizer, bos, max_tokens, format or "", key_format or "", value_format or "",
                           strategy or "", dict(params or {}), seed, continuations, continuation_prompt,
-                          continuation_tokens, ctx, score)
+                          continuation_tokens, ctx, score, quantize_layers or "", other_layers_format or "")
 
 
 def _config_argument(config):

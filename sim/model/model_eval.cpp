@@ -98,15 +98,15 @@ void check_full_causal_attention(const ModelConfig& config, int64_t tokens) {
     throw ConfigError(config.dir.string() + ": layer " + std::to_string(l) +
                       " uses sliding-window attention over the last W = " + std::to_string(w) +
                       " tokens (config.json sliding_window), but " + std::to_string(tokens) +
-                      " tokens are evaluated: a recording's attention (attention-level metrics, strategy statistics, "
-                      "the CUDA backend) is full causal attention, which this model does not compute beyond W tokens; "
-                      "evaluate at most " + std::to_string(w) + " tokens ([data] max_tokens in a config, --max-tokens for kvbudget record and eval)");
+                      " tokens are recorded: a recording file's attention (what `kvbudget run` simulates on it) is "
+                      "full causal attention, which this model does not compute beyond W tokens; record at most " +
+                      std::to_string(w) + " tokens (--max-tokens), or measure the model itself past W "
+                      "(kvbudget eval, a config with source = \"model\" and model-level metrics)");
   }
 }
 
 Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTensors> layers,
                                  const std::vector<int64_t>& tokens, const std::string& source) {
-  check_full_causal_attention(config, static_cast<int64_t>(tokens.size()));
   Recording rec;
   rec.name = config.dir.filename().string();
   rec.source = source;
@@ -117,6 +117,9 @@ Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTen
   rec.layer_ids.resize(layers.size());
   std::iota(rec.layer_ids.begin(), rec.layer_ids.end(), 0);
   rec.layers = std::move(layers);
+  // Beyond the smallest window, what full causal attention computes from these
+  // tensors is not what the model attends to (Recording::full_causal_queries).
+  if (config.sliding_layers() > 0) rec.attention_windows = config.sliding_window;
   rec.token_ids = tokens;
   rec.positions.resize(tokens.size());
   std::iota(rec.positions.begin(), rec.positions.end(), int64_t{0});
@@ -242,7 +245,6 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
   const int64_t T = static_cast<int64_t>(tokens_.size());
   windows_ = token_windows(T, options_.windows.n_ctx);
   const int64_t first_window = windows_.front().length;  // the longest window
-  check_full_causal_attention(model_->config(), first_window);  // before any forward pass
   const ContinuationSpec& c = continuation_spec_;
   if (c.count < 0 || c.prompt < 1 || c.tokens < 1)
     throw ConfigError("continuations: count must be >= 0, prompt and tokens >= 1");
@@ -321,10 +323,7 @@ RowMatrix ModelEvaluator::run_forward(std::span<const int64_t> tokens, const Ext
 std::vector<int64_t> ModelEvaluator::continuation(int64_t prompt_length, const CacheQuantization& cache) const {
   const std::span<const int64_t> prompt(tokens_.data(), static_cast<size_t>(prompt_length));
   if (!options_.backend) return greedy_continuation(*model_, prompt, continuation_spec_.tokens, cache);
-  const TokenChooser greedy = [](std::span<const float> logits, int64_t) {
-    return argmax(logits.data(), static_cast<int64_t>(logits.size()));
-  };
-  return options_.backend.generate(prompt, continuation_spec_.tokens, cache, greedy, nullptr);
+  return options_.backend.generate(prompt, continuation_spec_.tokens, cache, greedy_token, nullptr);
 }
 
 std::vector<int64_t> ModelEvaluator::window_tokens(size_t w) const {

@@ -113,7 +113,8 @@ class ModelEvaluator {
  public:
   // Runs the exact model on `tokens` (teacher forcing with capture, window by window,
   // then the continuations, then every problem of `task` when given). The recording
-  // is the first window's (what strategies build their plans from); the continuations
+  // is the first window's (what strategies build their plans from; with sliding-window
+  // layers it holds their windows, see check_full_causal_attention); the continuations
   // are prefixes of the first window. Throws kvb::ConfigError when the continuations
   // do not fit.
   ModelEvaluator(std::shared_ptr<const Transformer> model, std::vector<int64_t> tokens, ContinuationSpec continuations,
@@ -179,15 +180,21 @@ class ModelEvaluator {
 // -log softmax(logits[t])[tokens[t + 1]] for t = 0 .. T-2.
 std::vector<double> next_token_nll(const RowMatrix& logits, const std::vector<int64_t>& tokens);
 
-// Recordings hold full causal attention (every query t attends to all j <= t). A
-// model with sliding-window attention (Mistral, Qwen2's use_sliding_window) attends
-// to t - W < j <= t only, so its recording is exact only while T <= W: throws
+// A recording's attention is full causal attention (every query t attends to all
+// j <= t). A model with sliding-window attention (Mistral, Qwen2's use_sliding_window,
+// the sliding layers of a hybrid) attends to t - W < j <= t only, so a recording FILE,
+// which carries no windows, is that model's only while T <= W: throws
 // kvb::ConfigError, naming the model, the layer and W, when `tokens` exceeds a layer's
-// window.
+// window. (`kvbudget record`, kvbudget.record.) Model-level evaluation is not limited:
+// the forward pass honours the windows, and the in-memory recording it keeps carries
+// them (Recording::attention_windows): strategies calibrate on its queries t < W,
+// where its attention is the model's (RecordingStats), plans store only the last W
+// tokens of a sliding layer (Plan::set_attention_windows), and attention-level metrics
+// are refused past W (check_full_causal_metrics, experiments/query_positions.h).
 void check_full_causal_attention(const ModelConfig& config, int64_t tokens);
 
-// The Recording of an exact run's capture (recording.h layout), positions 0..T-1.
-// Throws through check_full_causal_attention() for a sliding-window model beyond W.
+// The Recording of an exact run's capture (recording.h layout), positions 0..T-1,
+// with the model's sliding windows in attention_windows (when it has any).
 Recording recording_from_capture(const ModelConfig& config, std::vector<LayerTensors> layers,
                                  const std::vector<int64_t>& tokens, const std::string& source);
 

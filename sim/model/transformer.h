@@ -83,37 +83,51 @@ class Transformer {
   std::vector<float> inv_freq_;  // RoPE inverse frequencies, [head_dim / 2]
 };
 
-// Greedy decoding: the prompt, then `new_tokens` argmax tokens, each fed back. Does
-// not stop at EOS, so every continuation has exactly new_tokens tokens. A plan with a
-// prompt (prefill > 0) is applied relative to this continuation's own prompt: the
-// prompt's queries attend exactly, every generated token reads the quantized cache
-// and windows hold only generated tokens (unless `cache.prefill` is set explicitly).
-// A plan without a prompt quantizes what every query reads, the prompt's included.
-std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<const int64_t> prompt,
-                                         int64_t new_tokens, const CacheQuantization& cache);
-// The same, stopping early: after each new token, `stop(generated)` (the new tokens so
-// far) ends the generation when it returns true; at most max_new_tokens tokens.
-std::vector<int64_t> greedy_generate(const Transformer& model, std::span<const int64_t> prompt,
-                                     int64_t max_new_tokens, const CacheQuantization& cache,
-                                     const std::function<bool(const std::vector<int64_t>&)>& stop);
-
 // Chooses a new token from the logits [vocab] of the last token; `step` counts the new
 // tokens before it (0 for the first).
 using TokenChooser = std::function<int64_t(std::span<const float> logits, int64_t step)>;
-// Generation with any choice of token (greedy_generate: the argmax; sampling.h: seeded
-// sampling), with greedy_generate's prompt rule and stop.
-std::vector<int64_t> generate(const Transformer& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
-                              const CacheQuantization& cache, const TokenChooser& choose,
-                              const std::function<bool(const std::vector<int64_t>&)>& stop);
+// Greedy decoding's choice: the argmax of the logits (the first one on ties).
+int64_t greedy_token(std::span<const float> logits, int64_t step);
 
 // One extend() of some forward pass on a state of its own (the host Transformer's, or
 // the CUDA one, kernels/model_forward.h): logits of `tokens` appended to that state.
 using ExtendStep = std::function<RowMatrix(std::span<const int64_t> tokens, const ExtendOptions& opt)>;
-// generate() over any forward pass: `extend` starts from an empty state; the prompt
-// rule, the choice of token and the stop are generate()'s.
+// Generation over any forward pass, `extend` starting from an empty state: the prompt,
+// then tokens chosen by `choose` from the last logits, each fed back; after each new
+// token `stop(generated)` (the new tokens so far) ends it when it returns true (null:
+// never); at most max_new_tokens tokens. A plan with a prompt (prefill > 0) is applied
+// relative to this generation's own prompt: the prompt's queries attend exactly, every
+// generated token reads the quantized cache and windows hold only generated tokens
+// (unless `cache.prefill` is set explicitly). A plan without a prompt quantizes what
+// every query reads, the prompt's included.
 std::vector<int64_t> generate_with(const ExtendStep& extend, std::span<const int64_t> prompt, int64_t max_new_tokens,
                                    const CacheQuantization& cache, const TokenChooser& choose,
                                    const std::function<bool(const std::vector<int64_t>&)>& stop);
+
+// generate_with() on a fresh state of `model`: any forward pass with a State, new_state()
+// and extend(State&, tokens, opt), the host Transformer or cuda::CudaTransformer
+// (kernels/model_forward.h), so both generate alike (sampling.h: seeded sampling).
+template <typename Model>
+std::vector<int64_t> generate(const Model& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
+                              const CacheQuantization& cache, const TokenChooser& choose,
+                              const std::function<bool(const std::vector<int64_t>&)>& stop) {
+  typename Model::State state = model.new_state();
+  const ExtendStep extend = [&](std::span<const int64_t> tokens, const ExtendOptions& opt) {
+    return model.extend(state, tokens, opt);
+  };
+  return generate_with(extend, prompt, max_new_tokens, cache, choose, stop);
+}
+// generate() choosing the argmax (greedy_token).
+template <typename Model>
+std::vector<int64_t> greedy_generate(const Model& model, std::span<const int64_t> prompt, int64_t max_new_tokens,
+                                     const CacheQuantization& cache,
+                                     const std::function<bool(const std::vector<int64_t>&)>& stop = nullptr) {
+  return generate(model, prompt, max_new_tokens, cache, greedy_token, stop);
+}
+// greedy_generate() without a stop: every continuation has exactly new_tokens tokens
+// (EOS is not special).
+std::vector<int64_t> greedy_continuation(const Transformer& model, std::span<const int64_t> prompt,
+                                         int64_t new_tokens, const CacheQuantization& cache);
 
 // Another implementation of this forward pass (the CUDA one, kernels/model_forward.h)
 // as functions, for code in sim/ that must not depend on it: ModelEvaluator runs its

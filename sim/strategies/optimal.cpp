@@ -278,7 +278,10 @@ void OptimalStrategy::allocate(const StrategyInput& in, Plan& plan) const {
     return;
   }
   RecordingStats& stats = require_stats(in, "optimal");
-  if (stats.calibration().empty()) throw Error("optimal: no calibration positions to measure distortion on");
+  if (stats.calibration().empty()) {
+    stats.require_calibration("optimal: distortion measurements");  // names a sliding window that leaves none
+    throw Error("optimal: no calibration positions to measure distortion on");
+  }
   budget_.fill_fixed(plan);
   BudgetedAllocation alloc(plan, make_alloc_units(plan, std::nullopt), budget_.of(Kind::Key), budget_.of(Kind::Value),
                            budget_.budget);
@@ -419,6 +422,8 @@ void OptimalStrategy::allocate_choices(const StrategyInput& in, Plan& plan) cons
     cal_stats = cd.stats;
     cal_name = cd.name;
   }
+  if (cal_stats->calibration().empty() && !calibration_data_)
+    cal_stats->require_calibration("optimal: distortion measurements");  // names a sliding window that leaves none
   if (cal_stats->calibration().empty())
     throw Error("optimal: no calibration positions to measure distortion on" +
                 (calibration_data_ ? " in calibration_data " + cal_name : std::string()));

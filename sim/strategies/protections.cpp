@@ -173,6 +173,7 @@ Plan Protections::apply(const StrategyInput& in) const {
   const Recording& r = in.rec;
   const int64_t L = r.num_layers(), Hkv = r.kv_heads, T = r.tokens;
   Plan plan(L, Hkv, T, r.head_dim);
+  plan.set_attention_windows(r.attention_windows);  // a sliding layer's cache holds its last W tokens
   plan.set_prefill(prompt_tokens(T));
 
   // 1. Sink heads: KV heads ranked by entropy, lowest first (ties: lower layer, head).

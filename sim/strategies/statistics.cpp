@@ -38,6 +38,12 @@ RecordingStats::RecordingStats(const Recording& rec, std::vector<int64_t> calibr
     if (t < 0 || t >= rec_.tokens)
       throw Error("calibration position " + std::to_string(t) + " outside the recording's " +
                   std::to_string(rec_.tokens) + " tokens");
+  // A sliding-window model's recording: only queries before its smallest window
+  // attend as the model does.
+  const int64_t exact = rec_.full_causal_queries();
+  const auto beyond = std::lower_bound(calibration_.begin(), calibration_.end(), exact);
+  outside_window_ = static_cast<int64_t>(calibration_.end() - beyond);
+  calibration_.erase(beyond, calibration_.end());
 }
 
 void RecordingStats::compute_attention_statistics(bool parallel) {
@@ -94,6 +100,12 @@ void RecordingStats::warm_up() {
 }
 
 void RecordingStats::require_calibration(const char* what) const {
+  if (calibration_.empty() && outside_window_ > 0)
+    throw Error(std::string(what) + " need calibration queries, but the model slides over the last W = " +
+                std::to_string(rec_.full_causal_queries()) + " tokens and none of the " +
+                std::to_string(outside_window_) + " calibration positions lies below W, where the recording's full "
+                "causal attention is the model's (see the manifest's calibration rule; lower its offset, or give "
+                "a strategy that reads no statistics, e.g. a fixed format)");
   if (calibration_.empty())
     throw Error(std::string(what) + " need calibration queries, but the [calibration] rule selects none of the "
                 "recording's " + std::to_string(rec_.tokens) + " tokens (see the manifest's calibration rule; "

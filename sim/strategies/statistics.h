@@ -39,10 +39,18 @@ class RecordingStats {
  public:
   // `calibration`: query positions (each < rec.tokens, sorted, distinct) the
   // statistics are measured on; never the evaluated ones unless a config says so.
+  // For a recording with sliding windows, those at or beyond
+  // rec.full_causal_queries() (the smallest window W) are left out: the statistics'
+  // full causal attention is the model's only for queries t < W.
   RecordingStats(const Recording& rec, std::vector<int64_t> calibration);
 
   const Recording& recording() const { return rec_; }
   const std::vector<int64_t>& calibration() const { return calibration_; }
+  // Throws kvb::Error, saying that `what` needs calibration queries and why there are
+  // none (a sliding window named), when there are none.
+  void require_calibration(const char* what) const;
+  // Calibration positions left out because they lie beyond a sliding window.
+  int64_t calibration_outside_window() const { return outside_window_; }
 
   // Attention entropy (bits) of one query head over the calibration positions,
   // causal prefix only, averaged both ways.
@@ -82,11 +90,11 @@ class RecordingStats {
     std::any value;    // empty until computed
   };
   Slot& slot_for(const std::string& key);
-  void require_calibration(const char* what) const;
   void compute_attention_statistics(bool parallel);
 
   const Recording& rec_;
   std::vector<int64_t> calibration_;
+  int64_t outside_window_ = 0;
   std::once_flag attention_once_;
   std::vector<std::vector<Entropies>> entropies_;
   std::vector<std::vector<std::vector<double>>> received_;

@@ -477,8 +477,9 @@ TEST_CASE("Llama family options against a plain reference forward pass") {
 }
 
 TEST_CASE("sliding-window models: recordings beyond W tokens are refused, naming the model and W") {
-  // A recording holds full causal attention; a Mistral layer attends to the last W
-  // tokens only, so beyond W the recording would misstate what the model attends to.
+  // A recording file holds full causal attention; a Mistral layer attends to the last W
+  // tokens only, so beyond W the file would misstate what the model attends to.
+  // (Evaluation past W works: tests/model/test_sliding_eval.cpp.)
   TinyLlamaOptions mistral;
   mistral.architecture = "MistralForCausalLM";
   mistral.kv_heads = 1;
@@ -486,19 +487,23 @@ TEST_CASE("sliding-window models: recordings beyond W tokens are refused, naming
   ck.config.update(nlohmann::json{{"rope_theta", 10000.0}, {"sliding_window", 6}});
   const auto model = Transformer::load(ck.write(scratch_dir("model_sliding_refused")));
   const std::vector<int64_t> tokens = some_tokens(9, mistral.vocab, 4);
-  const std::string msg = error_of([&] { (void)ModelEvaluator(model, tokens, ContinuationSpec{}, "test"); });
+  const std::string msg = error_of([&] { (void)record_exact_run(*model, tokens, "ck", "ids"); });
   CHECK(has(msg, "model_sliding_refused"));
   CHECK(has(msg, "W = 6"));
-  CHECK(has(msg, "9 tokens are evaluated"));
+  CHECK(has(msg, "9 tokens are recorded"));
+  // The in-memory recording of an evaluation carries the window instead.
   std::vector<LayerTensors> capture;
   ExtendOptions a;
   a.capture = &capture;
   model->forward(tokens, a);
-  CHECK_THROWS_AS(recording_from_capture(model->config(), capture, tokens, "test"), ConfigError);
+  const Recording rec = recording_from_capture(model->config(), capture, tokens, "test");
+  CHECK(rec.attention_windows == std::vector<int64_t>{6, 6});
+  CHECK(rec.full_causal_queries() == 6);
   // Within the window the recording is exact.
   const std::vector<int64_t> short_tokens(tokens.begin(), tokens.begin() + 6);
   const ModelEvaluator ok(model, short_tokens, ContinuationSpec{}, "test");
   CHECK(ok.recording().tokens == 6);
+  CHECK(ok.recording().full_causal_queries() == 6);
 }
 
 TEST_CASE("prerope formats rotate back with the model's own (scaled) RoPE frequencies") {

@@ -394,6 +394,75 @@ def test_evaluate_in_windows_equals_the_cli():
         kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, score="half")
 
 
+def write_hybrid_checkpoint(out, window, seed=7, vocab=23, tokens=48):
+    """A tiny random-weight Ministral checkpoint, layers sliding, full, sliding over
+    `window` tokens (F32 safetensors), and a file of `tokens` token ids beside it."""
+    out.mkdir(parents=True)
+    L, H, heads, kv, d, inter = 3, 32, 4, 2, 8, 48
+    config = {"architectures": ["MinistralForCausalLM"], "hidden_size": H, "num_hidden_layers": L,
+              "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d, "intermediate_size": inter,
+              "vocab_size": vocab, "rms_norm_eps": 1e-5, "hidden_act": "silu", "rope_theta": 10000.0,
+              "sliding_window": window, "max_position_embeddings": 256, "bos_token_id": 0,
+              "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
+    (out / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(seed)
+    tensors = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, H)), "model.norm.weight": 1 + rng.normal(0, .1, H),
+               "lm_head.weight": rng.normal(0, .3, (vocab, H))}
+    for l in range(L):
+        b = f"model.layers.{l}."
+        for name, shape in [("input_layernorm", None), ("post_attention_layernorm", None),
+                            ("self_attn.q_proj", (heads * d, H)), ("self_attn.k_proj", (kv * d, H)),
+                            ("self_attn.v_proj", (kv * d, H)), ("self_attn.o_proj", (H, heads * d)),
+                            ("mlp.gate_proj", (inter, H)), ("mlp.up_proj", (inter, H)), ("mlp.down_proj", (H, inter))]:
+            tensors[b + name + ".weight"] = 1 + rng.normal(0, .1, H) if shape is None else rng.normal(0, .25, shape)
+    weights = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+    kvbudget._core.write_safetensors(str(out / "model.safetensors"), weights)
+    ids = out.parent / (out.name + "-ids.txt")
+    ids.write_text(" ".join(str(i) for i in rng.integers(0, vocab, tokens)) + "\n")
+    return out, ids
+
+
+def test_evaluate_quantizes_only_chosen_layers_as_the_cli(tmp_path):
+    """quantize_layers / other_layers_format as `eval --layers` / `--other-layers-format`,
+    on a hybrid evaluated past its sliding window (48 tokens, W = 8)."""
+    model, ids = write_hybrid_checkpoint(tmp_path / "hybrid", window=8)
+    cli = json.loads(subprocess.run([KVB, "eval", str(model), "--tokens", str(ids), "--format", "int2-asym-g8",
+                                     "--layers", "full", "--json"], check=True, capture_output=True, text=True).stdout)
+    r = kvbudget.evaluate(model, tokens=ids, format="int2-asym-g8", quantize_layers="full")
+    assert r["plan"] == "uniform(format=int2-asym-g8) on layers 1 (others keep-fp16)"
+    assert r["plan_formats"].endswith("sliding:W8(layers 0,2)")
+    # Layers 0 and 2 hold their last 8 tokens at 16 bits, layer 1 all 48 at int2-asym-g8 (6 bits).
+    assert r["bpe"] == pytest.approx((2 * 8 * 16 + 48 * 6) / (2 * 8 + 48), rel=1e-12) == cli["bpe"]
+    assert r["metrics"]["next_token_kl_mean"] == pytest.approx(cli["kl_mean"], rel=1e-6)
+    assert r["metrics"]["ppl"] == pytest.approx(cli["ppl"], rel=1e-6)
+    by_index = kvbudget.evaluate(model, tokens=ids, format="int2-asym-g8", quantize_layers=[1])
+    assert np.array_equal(by_index["logits"], r["logits"])
+    every = kvbudget.evaluate(model, tokens=ids, format="int2-asym-g8", quantize_layers="all")
+    plain = kvbudget.evaluate(model, tokens=ids, format="int2-asym-g8")
+    assert np.array_equal(every["logits"], plain["logits"]) and every["bpe"] == plain["bpe"]
+    exact_others = kvbudget.evaluate(model, tokens=ids, format="int2-asym-g8", quantize_layers="1",
+                                     other_layers_format="keep-fp32")
+    assert exact_others["bpe"] == pytest.approx((2 * 8 * 32 + 48 * 6) / (2 * 8 + 48), rel=1e-12)
+    # The errors of a config's quantize_layers and of eval --layers.
+    errors = [
+        (dict(format="int2-asym-g8", quantize_layers="0,5"),
+         "quantize_layers '0,5': layer 5 does not exist: .* has 3 layers"),
+        (dict(format="int2-asym-g8", quantize_layers="fulll"), "'fulll' is not a layer index or range"),
+        (dict(format="int2-asym-g8", quantize_layers=[]), "quantize_layers: empty"),
+        (dict(format="int2-asym-g8", other_layers_format="keep-fp32"),
+         "other_layers_format: only used with quantize_layers"),
+        (dict(quantize_layers="full"), "quantize_layers needs a plan"),
+        (dict(strategy="uniform", params={"budget_bpe": 4, "family": "int{b}-asym-g8"}, quantize_layers="full"),
+         "quantize_layers with budget_bpe: the strategy meets its budget over every layer"),
+        (dict(format="int2-asym-g8", quantize_layers="full", other_layers_format="keep-fp12"), "other_layers_format"),
+    ]
+    for kwargs, message in errors:
+        with pytest.raises(kvbudget.ConfigError, match=message):
+            kvbudget.evaluate(model, tokens=ids, **kwargs)
+    with pytest.raises(TypeError, match="quantize_layers must be"):
+        kvbudget.evaluate(model, tokens=ids, format="int2-asym-g8", quantize_layers=1)
+
+
 def test_evaluate_equals_the_cli(tmp_path):
     out = subprocess.run([KVB, "eval", str(LLAMA), "--text", str(TEXT), "--max-tokens", "96", "--format",
                           "int4-asym-g32", "--out", str(tmp_path / "e.safetensors")],
