@@ -3,6 +3,7 @@
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
 #if KVB_HAVE_CUDA
+#include "kernels/cuda_measurer.h"
 #include "kernels/device.h"
 #endif
 
@@ -42,5 +43,44 @@ const char* backend_request_name(BackendRequest r) {
 }
 
 const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"; }
+
+std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec) {
+  if (b == Backend::Cpu) return std::make_unique<CpuMeasurer>(rec, kExactCacheBytes);
+#if KVB_HAVE_CUDA
+  return std::make_unique<cuda::CudaMeasurer>(rec);
+#else
+  throw Error("CUDA backend: built without CUDA");
+#endif
+}
+
+std::string backend_unsupported_reason(Backend b, const Plan& plan, const SimOptions& opt) {
+  if (b == Backend::Cpu) return {};
+#if KVB_HAVE_CUDA
+  return cuda::unsupported_reason(plan, opt);
+#else
+  (void)plan;
+  (void)opt;
+  return "built without CUDA";
+#endif
+}
+
+Backend planning_backend(BackendRequest r) {
+  if (r != BackendRequest::Cuda) return Backend::Cpu;
+  std::string why_not;
+  if (cuda_device(&why_not).empty()) throw Error("backend = \"cuda\": " + why_not);
+  return Backend::Cuda;
+}
+
+Measurer& Measurers::of(Backend b, const Recording& rec) {
+  // Held while a measurer is made: two threads asking for the same one get one upload.
+  const std::lock_guard<std::mutex> lock(mu_);
+  std::unique_ptr<Measurer>& m = made_[{b, &rec}];
+  if (!m) m = make_measurer(b, rec);
+  return *m;
+}
+
+MeasurerFor Measurers::source(Backend b) {
+  return [this, b](const Recording& rec) -> Measurer& { return of(b, rec); };
+}
 
 }  // namespace kvb

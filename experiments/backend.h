@@ -7,10 +7,22 @@
 //         fallback); no device, or a build without nvcc, is an error
 //   auto  cuda when a device is present and every format of the sweep has a CUDA
 //         twin, else cpu; the manifest says which and why
+//
+// Where a backend plugs in: it implements the Measurer interface (sim/measurer.h:
+// which plans it supports, measuring one layer or one KV head of a plan, how many
+// measurements it runs at once), and make_measurer() below is the one place that
+// creates it. The sweep (experiments/sweep.h) runs its tasks on the chosen backend's
+// measurer, and the optimal allocator measures its distortion tables on the planning
+// backend's (planning_backend(): the CUDA one on backend = "cuda").
 #pragma once
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "sim/formats/format.h"
+#include "sim/measurer.h"
 
 namespace kvb {
 
@@ -40,5 +52,39 @@ struct BackendChoice {
 };
 
 const char* backend_name(Backend b);
+
+// Memory the CPU backend may spend on a run's exact attention pass (ExactAttentionCache,
+// built by CpuMeasurer::prepare).
+inline constexpr size_t kExactCacheBytes = size_t(1) << 30;
+
+// The one place a backend's Measurer is created: CpuMeasurer (with kExactCacheBytes for
+// its exact pass) or cuda::CudaMeasurer, which uploads `rec` (kvb::Error when no
+// device is usable, or in a build without CUDA). `rec` must outlive it.
+std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec);
+
+// Why backend `b` cannot measure `plan` with `opt` ("" when it can), without creating
+// a measurer or touching a device (Measurer::unsupported_reason of that backend): an
+// auto choice asks it of every plan.
+std::string backend_unsupported_reason(Backend b, const Plan& plan, const SimOptions& opt);
+
+// The backend the strategies measure on while plans are built (the optimal
+// allocator's distortion tables), before the plans decide an auto choice: cuda for
+// backend = "cuda" (throws kvb::Error as the sweep does when no device is usable),
+// else cpu (auto calibrates on the CPU: its choice depends on the plans).
+Backend planning_backend(BackendRequest r);
+
+// The measurers of one run, one per (backend, recording), each made by make_measurer()
+// on first use and kept until the run ends (the CUDA one holds its recording on the
+// device). Thread-safe.
+class Measurers {
+ public:
+  Measurer& of(Backend b, const Recording& rec);
+  // of(b, ·), as StrategyInput::measurer_for holds it; valid while this object lives.
+  MeasurerFor source(Backend b);
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<Backend, const Recording*>, std::unique_ptr<Measurer>> made_;
+};
 
 }  // namespace kvb

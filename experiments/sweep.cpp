@@ -10,26 +10,20 @@
 #include <set>
 #include <span>
 
+#include "experiments/backend.h"
 #include "experiments/calibration_data.h"
 #include "experiments/query_positions.h"
-#include "kvb/build_config.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
-#include "sim/exact_attention.h"
+#include "sim/measurer.h"
 #include "sim/model/layer_selection.h"
 #include "sim/simulator.h"
 #include "sim/strategies/presets.h"
 #include "sim/strategies/statistics.h"
-#if KVB_HAVE_CUDA
-#include "kernels/cuda_simulator.h"
-#endif
 
 namespace kvb {
 
 namespace {
-
-// Memory the CPU backend may spend on the run's exact attention pass (ExactAttentionCache).
-constexpr size_t kExactCacheBytes = size_t(1) << 30;
 
 std::string substitute(std::string s, const std::vector<std::pair<std::string, std::string>>& vars) {
   for (const auto& [name, value] : vars) s = replace_all(std::move(s), name, value);
@@ -83,46 +77,6 @@ bool next_combination(std::vector<size_t>& idx, const std::vector<Axis>& axes) {
     idx[a] = 0;
   }
   return false;
-}
-
-// Which backend measures the points, once the plans are known (experiments/backend.h).
-BackendChoice choose_backend(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
-                             const std::vector<std::optional<Plan>>& plans, const SimOptions& opt) {
-  BackendChoice c;
-  c.requested = spec.backend;
-  if (spec.backend == BackendRequest::Cpu) {
-    c.reason = "backend = \"cpu\"";
-    return c;
-  }
-  std::string why_not;
-  c.device = cuda_device(&why_not);
-  if (spec.backend == BackendRequest::Cuda) {
-    if (c.device.empty()) throw Error("backend = \"cuda\": " + why_not);
-    c.used = Backend::Cuda;
-    c.reason = "backend = \"cuda\"";
-    return c;
-  }
-  if (c.device.empty()) {
-    c.reason = "auto: " + why_not;
-    return c;
-  }
-#if KVB_HAVE_CUDA
-  for (size_t i = 0; i < plans.size(); ++i) {
-    if (!plans[i]) continue;
-    const std::string why = cuda::unsupported_reason(*plans[i], opt);
-    if (!why.empty()) {
-      c.reason = "auto: point " + points[i].key + ": " + why;
-      return c;
-    }
-  }
-  c.used = Backend::Cuda;
-  c.reason = "auto: a CUDA device is present and every format of the sweep has a CUDA twin";
-#else
-  (void)points;
-  (void)plans;
-  (void)opt;
-#endif
-  return c;
 }
 
 // Throws kvb::Error when a point's error sums or attention rows are not finite: a
@@ -259,11 +213,11 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
 namespace {
 
 // A point's plan on `rec`, checked (Plan::check, the declared columns); throws what
-// a point that cannot run throws.
+// a point that cannot run throws. `measurer_for`: the planning backend's measurers.
 Plan build_point_plan(const ExperimentSpec& spec, const Recording& rec, const SweepPoint& point,
-                      const Strategy& strategy, RecordingStats& stats) {
+                      const Strategy& strategy, RecordingStats& stats, const MeasurerFor* measurer_for) {
   const CalibrationResolver calibration = calibration_resolver(spec, rec);
-  Plan plan = strategy.build(StrategyInput{rec, spec.seed, &stats, &calibration});
+  Plan plan = strategy.build(StrategyInput{rec, spec.seed, &stats, &calibration, measurer_for});
   const ModelDataSpec& model = spec.data.model;
   if (spec.data.source == DataSpec::Source::Model && !model.quantize_layers.empty()) {
     // A budget is met over every layer: storing some layers at another format afterwards would break it.
@@ -311,6 +265,8 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
   auto stopped = [&] { return stop && stop->load(); };
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
+  Measurers measurers;  // the planning backend's, for the distortion tables
+  const MeasurerFor measurer_for = measurers.source(planning_backend(spec.backend));
   RecordingStats stats(rec, positions.calibration);
   std::vector<std::unique_ptr<Strategy>> strategies(n);
   std::vector<std::string> errors(n), warnings(n);
@@ -332,7 +288,7 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
     if (!strategies[i] || stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      Plan plan = build_point_plan(spec, rec, points[i], *strategies[i], stats);
+      Plan plan = build_point_plan(spec, rec, points[i], *strategies[i], stats, &measurer_for);
       if (allocates(points[i]))
         if (const std::string one = uniform_allocation(plan); !one.empty())
           warnings[i] = points[i].key + ": the allocation is uniform, " + one +
@@ -351,46 +307,102 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
   return check;
 }
 
-std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
-                                   const std::vector<SweepPoint>& points, const PointCallback& on_point,
-                                   const std::atomic<bool>* stop, BackendChoice* chosen, const ModelEvaluator* model,
-                                   std::vector<std::string>* callback_errors, PlanCheck* prepared) {
-  const size_t n = points.size();
-  const size_t L = static_cast<size_t>(rec.num_layers());
-  std::vector<PointResult> results(n);
-  std::vector<std::optional<Plan>> plans(n);
-  auto stopped = [&] { return stop && stop->load(); };
+namespace {
 
-  std::vector<const MetricDef*> metrics;
-  bool need_sim = false, need_model = false;
-  for (const std::string& m : spec.metrics.report) {
-    metrics.push_back(&require_metric(m, "metrics.report"));
-    (metrics.back()->level == MetricLevel::Model ? need_model : need_sim) = true;
+// One run_sweep: phase 1 builds the points' plans on the CPU (build_plans); then the
+// chosen backend's measurer runs the (point, variant, layer) tasks and, with a model,
+// one (point, model) task per point (plan_tasks, run_tasks); a point is finalized
+// (merged in a fixed order, its metrics computed, reported) once its last task is done.
+class SweepRun {
+ public:
+  SweepRun(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
+           const PointCallback& on_point, const std::atomic<bool>* stop, const ModelEvaluator* model,
+           PlanCheck* prepared)
+      : spec_(spec), rec_(rec), points_(points), on_point_(on_point), stop_(stop), model_(model),
+        prepared_(prepared), n_(points.size()), layers_(static_cast<size_t>(rec.num_layers())),
+        positions_(resolve_positions(spec, rec.tokens)), results_(n_), plans_(n_) {
+    for (const std::string& m : spec.metrics.report) {
+      metrics_.push_back(&require_metric(m, "metrics.report"));
+      (metrics_.back()->level == MetricLevel::Model ? need_model_ : need_sim_) = true;
+    }
+    if (need_model_ && !model)
+      throw ConfigError("metrics.report: model-level metrics need [data] source = \"model\"");
+    opt_.topk = spec.metrics.topk;
+    opt_.seed = spec.seed;
+    opt_.positions = positions_.evaluation;
+    opt_.stop = stop;  // a layer task stops within a few row blocks (SimulationStopped)
+    if (prepared && prepared->plans.size() != n_) throw Error("run_sweep: the prepared plans are for other points");
   }
-  if (need_model && !model)
-    throw ConfigError("metrics.report: model-level metrics need [data] source = \"model\"");
 
-  const QueryPositions positions = resolve_positions(spec, rec.tokens);
-  SimOptions opt;
-  opt.topk = spec.metrics.topk;
-  opt.seed = spec.seed;
-  opt.positions = positions.evaluation;
-  opt.stop = stop;  // a layer task stops within a few row blocks (SimulationStopped)
+  // Phase 1: every point's plan, and what results say about it before it is measured.
+  // The distortion tables strategies measure meanwhile run on the planning backend.
+  void build_plans();
+  // The backend that measures the points (experiments/backend.h), once the plans are known.
+  const BackendChoice& choose_backend();
+  // Phase 2 on the chosen backend: the tasks, run as many at once as its measurer
+  // does; points that failed in phase 1 or have no task are finalized first.
+  void run_tasks();
+  // The finished points, by id; sweep_errors_ reported as run_sweep documents.
+  std::vector<PointResult> finished_results(std::vector<std::string>* callback_errors);
 
-  if (spec.threads > 0) omp_set_num_threads(spec.threads);
+ private:
+  struct Task {
+    size_t point, variant, layer;  // variant 0: the point; v > 0: attribution region v-1
+    bool model = false;            // the point's model task (variant and layer unused)
+  };
+  bool stopped() const { return stop_ && stop_->load(); }
+  // Attribution regions and the task list, on the chosen backend's measurer.
+  void plan_tasks(Measurer& measurer);
+  void run_task(Measurer& measurer, size_t k);
+  void run_model_task(size_t i, size_t k);
+  void finalize(size_t i);
+  void merge_point(size_t i);
 
+  const ExperimentSpec& spec_;
+  const Recording& rec_;
+  const std::vector<SweepPoint>& points_;
+  const PointCallback& on_point_;
+  const std::atomic<bool>* stop_;
+  const ModelEvaluator* model_;
+  PlanCheck* prepared_;
+  const size_t n_, layers_;
+  const QueryPositions positions_;
+  std::vector<const MetricDef*> metrics_;  // spec.metrics.report
+  bool need_sim_ = false, need_model_ = false;
+  SimOptions opt_;
+  Measurers measurers_;  // the planning and the chosen backend's, for this run
+  BackendChoice backend_;
+
+  std::vector<PointResult> results_;
+  std::vector<std::optional<Plan>> plans_;  // reset once the point is finalized
+  std::vector<std::vector<AttributionRegion>> regions_;
+  // Why the measurer cannot run a point's plan ("" when it can): its first task fails with it.
+  std::vector<std::string> refused_;
+  std::vector<Task> tasks_;  // a point's tasks are contiguous, layer tasks first
+  std::vector<size_t> first_task_, layer_tasks_, point_tasks_;
+  std::vector<ErrorStats> stats_of_;  // per task, released once its point is finalized
+  std::vector<double> task_seconds_;
+  std::vector<std::string> task_error_;
+  std::vector<std::atomic<size_t>> remaining_;  // per point, tasks not yet done
+  std::vector<char> finished_;                  // guarded by mu_
+  std::mutex mu_;
+  size_t done_ = 0;                        // guarded by mu_
+  std::vector<std::string> sweep_errors_;  // guarded by mu_
+};
+
+void SweepRun::build_plans() {
   // Statistics every strategy reads, on the calibration positions: computed once, in
   // parallel, when some point needs them.
   // Plans check_plans() built for these points are taken as they are.
-  if (prepared && prepared->plans.size() != n) throw Error("run_sweep: the prepared plans are for other points");
-  auto prebuilt = [&](size_t i) { return prepared && prepared->plans[i].has_value(); };
-  RecordingStats stats(rec, positions.calibration);
-  std::vector<std::unique_ptr<Strategy>> strategies(n);
+  auto prebuilt = [&](size_t i) { return prepared_ && prepared_->plans[i].has_value(); };
+  const MeasurerFor measurer_for = measurers_.source(planning_backend(spec_.backend));
+  RecordingStats stats(rec_, positions_.calibration);
+  std::vector<std::unique_ptr<Strategy>> strategies(n_);
   bool need_stats = false;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n_; ++i) {
     if (prebuilt(i)) continue;
     try {
-      strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
+      strategies[i] = require_strategy_type(points_[i].type, "strategy").make(points_[i].params);
       need_stats |= strategies[i]->needs_statistics();
     } catch (const std::exception&) {
       // reported when the plan is built
@@ -398,235 +410,256 @@ std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& 
   }
   if (need_stats && !stopped()) stats.warm_up();
 
-    // Phase 1: plans.
 #pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < n; ++i) {
-    results[i].id = points[i].id;
+  for (size_t i = 0; i < n_; ++i) {
+    PointResult& r = results_[i];
+    r.id = points_[i].id;
     if (stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      if (prebuilt(i)) results[i].seconds += prepared->plan_seconds[i];
-      else if (!strategies[i]) strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
-      Plan plan = prebuilt(i) ? std::move(*prepared->plans[i])
-                              : build_point_plan(spec, rec, points[i], *strategies[i], stats);
-      results[i].bpe = plan.bpe();
-      results[i].bpe_target = plan.bpe_at(spec.output.target_context);
-      results[i].bytes = plan.bytes_at(rec.tokens);
-      results[i].bytes_target = plan.bytes_at(spec.output.target_context);
-      results[i].measured_tokens = rec.tokens;
-      results[i].sized_for_tokens = plan.sized_for_context().value_or(rec.tokens);
-      results[i].target_extrapolated = spec.output.target_context > rec.tokens && !plan.stores_tokens_alike();
-      results[i].plan = plan.describe();
-      results[i].annotations = plan.annotations();
-      plans[i] = std::move(plan);
+      if (prebuilt(i)) r.seconds += prepared_->plan_seconds[i];
+      else if (!strategies[i]) strategies[i] = require_strategy_type(points_[i].type, "strategy").make(points_[i].params);
+      Plan plan = prebuilt(i) ? std::move(*prepared_->plans[i])
+                              : build_point_plan(spec_, rec_, points_[i], *strategies[i], stats, &measurer_for);
+      r.bpe = plan.bpe();
+      r.bpe_target = plan.bpe_at(spec_.output.target_context);
+      r.bytes = plan.bytes_at(rec_.tokens);
+      r.bytes_target = plan.bytes_at(spec_.output.target_context);
+      r.measured_tokens = rec_.tokens;
+      r.sized_for_tokens = plan.sized_for_context().value_or(rec_.tokens);
+      r.target_extrapolated = spec_.output.target_context > rec_.tokens && !plan.stores_tokens_alike();
+      r.plan = plan.describe();
+      r.annotations = plan.annotations();
+      plans_[i] = std::move(plan);
     } catch (const std::exception& e) {
-      results[i].error = points[i].key + ": " + e.what() + " (seed " + std::to_string(spec.seed) + ")";
+      r.error = points_[i].key + ": " + e.what() + " (seed " + std::to_string(spec_.seed) + ")";
     }
-    results[i].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+}
 
-  const BackendChoice backend = choose_backend(spec, points, plans, opt);
-  if (chosen) *chosen = backend;
-
-  // Attribution regions per point: each is one more simulation of every layer (CPU
-  // backend only; on CUDA, attribution has its per-layer and per-head shares).
-  std::vector<std::vector<AttributionRegion>> regions(n);
-  for (size_t i = 0; i < n; ++i)
-    if (plans[i] && spec.attribution.selects(points[i].id) && spec.attribution.regions &&
-        backend.used == Backend::Cpu)
-      regions[i] = attribution_regions(*plans[i], rec);
-
-  // Phase 2: (point, variant, layer) tasks; variant 0 is the point, v > 0 region v-1;
-  // then, with a model, one (point, model) task. A point's layer tasks are left out
-  // when it needs neither tensor/attention metrics nor attribution.
-  struct Task {
-    size_t point, variant, layer;
-    bool model = false;
-  };
-  std::vector<Task> tasks;
-  std::vector<size_t> first_task(n), layer_tasks(n, 0), point_tasks(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    first_task[i] = tasks.size();
-    if (!plans[i]) continue;
-    if (need_sim || spec.attribution.selects(points[i].id))
-      for (size_t v = 0; v <= regions[i].size(); ++v)
-        for (size_t l = 0; l < L; ++l) tasks.push_back({i, v, l});
-    layer_tasks[i] = tasks.size() - first_task[i];
-    if (need_model) tasks.push_back({i, 0, 0, true});
-    point_tasks[i] = tasks.size() - first_task[i];
+const BackendChoice& SweepRun::choose_backend() {
+  BackendChoice& c = backend_;
+  c.requested = spec_.backend;
+  if (spec_.backend == BackendRequest::Cpu) {
+    c.reason = "backend = \"cpu\"";
+    return c;
   }
-  std::vector<ErrorStats> stats_of(tasks.size());
-  std::vector<double> task_seconds(tasks.size(), 0.0);
-  std::vector<std::string> task_error(tasks.size());
-  std::vector<std::atomic<size_t>> remaining(n);
-  std::vector<char> finished(n, 0);
-  for (size_t i = 0; i < n; ++i) remaining[i] = point_tasks[i];
-  std::mutex mu;
-  size_t done = 0;
+  std::string why_not;
+  c.device = cuda_device(&why_not);
+  if (spec_.backend == BackendRequest::Cuda) {
+    if (c.device.empty()) throw Error("backend = \"cuda\": " + why_not);
+    c.used = Backend::Cuda;
+    c.reason = "backend = \"cuda\"";
+    return c;
+  }
+  if (c.device.empty()) {
+    c.reason = "auto: " + why_not;
+    return c;
+  }
+  for (size_t i = 0; i < n_; ++i) {
+    if (!plans_[i]) continue;
+    const std::string why = backend_unsupported_reason(Backend::Cuda, *plans_[i], opt_);
+    if (!why.empty()) {
+      c.reason = "auto: point " + points_[i].key + ": " + why;
+      return c;
+    }
+  }
+  c.used = Backend::Cuda;
+  c.reason = "auto: a CUDA device is present and every format of the sweep has a CUDA twin";
+  return c;
+}
 
-  // The model task of point i: its forward pass and continuations, position-level
-  // metrics on the evaluated positions (never on calibration ones).
-  auto run_model_task = [&](size_t i, size_t k) {
+void SweepRun::plan_tasks(Measurer& measurer) {
+  // Attribution regions per point: each is one more measurement of every layer, on a
+  // measurer that honours regions (the CPU; on CUDA, attribution has its per-layer and
+  // per-head shares).
+  regions_.assign(n_, {});
+  refused_.assign(n_, {});
+  for (size_t i = 0; i < n_; ++i) {
+    if (!plans_[i]) continue;
+    if (spec_.attribution.selects(points_[i].id) && spec_.attribution.regions && measurer.measures_regions())
+      regions_[i] = attribution_regions(*plans_[i], rec_);
+    if (const std::string why = measurer.unsupported_reason(*plans_[i], opt_); !why.empty())
+      refused_[i] = points_[i].key + ": " + why + " (backend = \"" + measurer.name() +
+                    "\"; run this point with backend = \"cpu\")";
+  }
+  // A point's layer tasks are left out when it needs neither tensor/attention metrics
+  // nor attribution.
+  first_task_.assign(n_, 0);
+  layer_tasks_.assign(n_, 0);
+  point_tasks_.assign(n_, 0);
+  for (size_t i = 0; i < n_; ++i) {
+    first_task_[i] = tasks_.size();
+    if (!plans_[i]) continue;
+    if (need_sim_ || spec_.attribution.selects(points_[i].id))
+      for (size_t v = 0; v <= regions_[i].size(); ++v)
+        for (size_t l = 0; l < layers_; ++l) tasks_.push_back({i, v, l});
+    layer_tasks_[i] = tasks_.size() - first_task_[i];
+    if (need_model_) tasks_.push_back({i, 0, 0, true});
+    point_tasks_[i] = tasks_.size() - first_task_[i];
+  }
+  stats_of_.resize(tasks_.size());
+  task_seconds_.assign(tasks_.size(), 0.0);
+  task_error_.resize(tasks_.size());
+  remaining_ = std::vector<std::atomic<size_t>>(n_);
+  for (size_t i = 0; i < n_; ++i) remaining_[i] = point_tasks_[i];
+  finished_.assign(n_, 0);
+}
+
+// The model task of point i: its forward pass and continuations (on the CPU),
+// position-level metrics on the evaluated positions (never on calibration ones).
+void SweepRun::run_model_task(size_t i, size_t k) {
+  try {
+    stats_of_[k].model = model_->evaluate(*plans_[i], spec_.seed, nullptr, &positions_.evaluation);
+  } catch (const std::exception& e) {
+    task_error_[k] = points_[i].key + ": model: " + e.what();
+  }
+}
+
+// Runs inside the task loop: nothing may escape it (an exception leaving an OpenMP
+// region terminates the program).
+void SweepRun::run_task(Measurer& measurer, size_t k) {
+  const Task& task = tasks_[k];
+  const size_t i = task.point;
+  if (stopped()) return;  // the point stays unfinished, not reported
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!refused_[i].empty()) {  // the point fails with the measurer's reason, on its first task
+    if (k == first_task_[i]) task_error_[k] = refused_[i];
+  } else if (task.model) {
+    run_model_task(i, k);
+  } else {
     try {
-      stats_of[k].model = model->evaluate(*plans[i], spec.seed, nullptr, &positions.evaluation);
+      SimOptions o = opt_;
+      if (task.variant > 0) o.region = &regions_[i][task.variant - 1].region;
+      stats_of_[k] = measurer.measure_layer(*plans_[i], static_cast<int64_t>(task.layer), o);
+    } catch (const SimulationStopped&) {
+      return;  // the point stays unfinished, as one whose tasks a stop skipped
     } catch (const std::exception& e) {
-      task_error[k] = points[i].key + ": model: " + e.what();
+      task_error_[k] = points_[i].key + ": layer " + std::to_string(task.layer) + ": " + e.what();
     }
-  };
+  }
+  task_seconds_[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (--remaining_[i] == 0) finalize(i);
+}
 
-  // Runs inside the parallel loops: nothing may escape it (an exception leaving an
-  // OpenMP region terminates the program). A failure merging the point's results
-  // fails the point; one in on_point (e.g. an I/O error writing points.csv) is
-  // recorded in sweep_errors and the sweep goes on.
-  std::vector<std::string> sweep_errors;  // guarded by mu
-  auto finalize = [&](size_t i) {
-    PointResult& r = results[i];
-    try {
-      const size_t variants = layer_tasks[i] ? regions[i].size() + 1 : (plans[i] ? 1 : 0);
-      const size_t layers_per_variant = layer_tasks[i] ? L : 0;
-      const size_t t0 = first_task[i];
-      for (size_t t = t0; t < t0 + point_tasks[i] && r.error.empty(); ++t) r.error = task_error[t];
-      if (r.error.empty() && plans[i]) {
-        std::vector<ErrorStats> merged(variants);
-        for (size_t v = 0; v < variants; ++v)
-          merged[v] = ErrorStats::merged(stats_of.data() + t0 + v * L, layers_per_variant);
-        if (point_tasks[i] > layer_tasks[i]) merged[0].merge(stats_of[t0 + layer_tasks[i]]);  // the model task
-        // The CPU simulator refuses such a reconstruction itself (reconstruct_unit/
-        // _window); this catches it on every backend (windows reach only the rows).
-        require_finite_errors(merged[0], rec);
-        for (const MetricDef* m : metrics) {
-          r.metrics.push_back(m->compute(merged[0]));
-          r.standard_errors.push_back(m->standard_error ? m->standard_error(merged[0]) : std::nan(""));
-        }
-        // Over several sequences the resamples feed the aggregate's interval.
-        r.intervals = bootstrap_intervals(merged[0], metrics, bootstrap_settings(spec),
-                                          spec.data.sequence_count() > 1 ? &r.resamples : nullptr);
-        for (size_t k = 0; k < metrics.size(); ++k)  // closed-form intervals (answer_accuracy)
-          if (metrics[k]->interval) r.intervals[k] = metrics[k]->interval(merged[0]);
-        for (const MetricDef* m : metrics) r.block_sums.push_back(metric_block_sums(*m, merged[0]));
-        if (spec.attribution.selects(points[i].id) && variants > 0)
-          r.attribution = attribute(merged[0], regions[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
-                                    rec.num_layers(), rec.q_heads, spec.attribution.attributed_errors());
-        r.ok = true;
-      }
-      for (size_t t = t0; t < t0 + point_tasks[i]; ++t) {
-        r.seconds += task_seconds[t];
-        stats_of[t] = ErrorStats();
-      }
-    } catch (...) {
-      r.ok = false;
-      r.metrics.clear();
-      r.standard_errors.clear();
-      r.intervals.clear();
-      r.resamples.clear();
-      r.attribution.reset();
-      if (r.error.empty()) r.error = points[i].key + ": " + describe_current_exception();
+// The point's results from its tasks' (in task order): the first task error fails it,
+// else its metrics, intervals, block sums and attribution. Throws on a failure merging.
+void SweepRun::merge_point(size_t i) {
+  PointResult& r = results_[i];
+  const size_t variants = layer_tasks_[i] ? regions_[i].size() + 1 : (plans_[i] ? 1 : 0);
+  const size_t layers_per_variant = layer_tasks_[i] ? layers_ : 0;
+  const size_t t0 = first_task_[i];
+  for (size_t t = t0; t < t0 + point_tasks_[i] && r.error.empty(); ++t) r.error = task_error_[t];
+  if (r.error.empty() && plans_[i]) {
+    std::vector<ErrorStats> merged(variants);
+    for (size_t v = 0; v < variants; ++v)
+      merged[v] = ErrorStats::merged(stats_of_.data() + t0 + v * layers_, layers_per_variant);
+    if (point_tasks_[i] > layer_tasks_[i]) merged[0].merge(stats_of_[t0 + layer_tasks_[i]]);  // the model task
+    // The CPU simulator refuses such a reconstruction itself (reconstruct_unit/
+    // _window); this catches it on every backend (windows reach only the rows).
+    require_finite_errors(merged[0], rec_);
+    for (const MetricDef* m : metrics_) {
+      r.metrics.push_back(m->compute(merged[0]));
+      r.standard_errors.push_back(m->standard_error ? m->standard_error(merged[0]) : std::nan(""));
     }
-    plans[i].reset();
-    std::lock_guard<std::mutex> lock(mu);
-    finished[i] = 1;
-    ++done;
-    if (!on_point) return;
-    try {
-      on_point(points[i], r, done, n);
-    } catch (...) {
-      sweep_errors.push_back("after point " + points[i].key + ": " + describe_current_exception());
-    }
-  };
-  // What the caller learns about sweep_errors once every point is finished.
-  auto report_sweep_errors = [&] {
-    if (sweep_errors.empty()) return;
-    if (!callback_errors)
-      throw Error(sweep_errors.front() +
-                  (sweep_errors.size() > 1 ? " (and " + std::to_string(sweep_errors.size() - 1) + " more)" : ""));
-    *callback_errors = sweep_errors;
-  };
+    // Over several sequences the resamples feed the aggregate's interval.
+    r.intervals = bootstrap_intervals(merged[0], metrics_, bootstrap_settings(spec_),
+                                      spec_.data.sequence_count() > 1 ? &r.resamples : nullptr);
+    for (size_t k = 0; k < metrics_.size(); ++k)  // closed-form intervals (answer_accuracy)
+      if (metrics_[k]->interval) r.intervals[k] = metrics_[k]->interval(merged[0]);
+    for (const MetricDef* m : metrics_) r.block_sums.push_back(metric_block_sums(*m, merged[0]));
+    if (spec_.attribution.selects(points_[i].id) && variants > 0)
+      r.attribution = attribute(merged[0], regions_[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
+                                rec_.num_layers(), rec_.q_heads, spec_.attribution.attributed_errors());
+    r.ok = true;
+  }
+  for (size_t t = t0; t < t0 + point_tasks_[i]; ++t) {
+    r.seconds += task_seconds_[t];
+    stats_of_[t] = ErrorStats();
+  }
+}
+
+// Runs inside the task loop: nothing may escape it. A failure merging the point's
+// results fails the point; one in on_point (e.g. an I/O error writing points.csv) is
+// recorded in sweep_errors_ and the sweep goes on.
+void SweepRun::finalize(size_t i) {
+  PointResult& r = results_[i];
+  try {
+    merge_point(i);
+  } catch (...) {
+    r.ok = false;
+    r.metrics.clear();
+    r.standard_errors.clear();
+    r.intervals.clear();
+    r.resamples.clear();
+    r.attribution.reset();
+    if (r.error.empty()) r.error = points_[i].key + ": " + describe_current_exception();
+  }
+  plans_[i].reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_[i] = 1;
+  ++done_;
+  if (!on_point_) return;
+  try {
+    on_point_(points_[i], r, done_, n_);
+  } catch (...) {
+    sweep_errors_.push_back("after point " + points_[i].key + ": " + describe_current_exception());
+  }
+}
+
+void SweepRun::run_tasks() {
+  Measurer& measurer = measurers_.of(backend_.used, rec_);
+  plan_tasks(measurer);
 
   // Points that failed in phase 1 are reported right away, and so are points that
   // have no task (nothing to measure).
-  for (size_t i = 0; i < n; ++i)
-    if (!results[i].error.empty() || (plans[i] && point_tasks[i] == 0)) finalize(i);
+  for (size_t i = 0; i < n_; ++i)
+    if (!results_[i].error.empty() || (plans_[i] && point_tasks_[i] == 0)) finalize(i);
 
-#if KVB_HAVE_CUDA
-  if (backend.used == Backend::Cuda) {
-    // Points one after another, each on the whole device; the recording is uploaded once.
-    cuda::CudaSimulator gpu(rec);
-    for (size_t i = 0; i < n; ++i) {
-      if (!plans[i] || finished[i] || stopped()) continue;
-      const size_t t0 = first_task[i];
-      const auto start = std::chrono::steady_clock::now();
-      const std::string why = cuda::unsupported_reason(*plans[i], opt);
-      bool cut_short = false;
-      if (!why.empty()) {
-        task_error[t0] = points[i].key + ": " + why + " (backend = \"cuda\"; run this point with backend = \"cpu\")";
-      } else {
-        for (size_t l = 0; l < layer_tasks[i]; ++l) {
-          if (stopped()) {  // the point stays unfinished (below)
-            cut_short = true;
-            break;
-          }
-          try {
-            stats_of[t0 + l] = gpu.simulate_layer(*plans[i], static_cast<int64_t>(l), opt);
-          } catch (const std::exception& e) {
-            task_error[t0 + l] = points[i].key + ": layer " + std::to_string(l) + ": " + e.what();
-            break;
-          }
-        }
-      }
-      if (cut_short) continue;  // stopped between its layers: not finished, not reported
-      if (point_tasks[i] > layer_tasks[i]) run_model_task(i, t0 + layer_tasks[i]);  // the model runs on the CPU
-      task_seconds[t0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      finalize(i);
-    }
-    report_sweep_errors();
-    std::vector<PointResult> out;
-    for (size_t i = 0; i < n; ++i)
-      if (finished[i]) out.push_back(std::move(results[i]));
-    return out;
-  }
-#endif
-
-  // The exact pass (reference attention, its top-k, ‖o‖²) is the same for every point:
-  // computed once for as many heads as fit in kExactCacheBytes, reused by every
-  // point's layer tasks (results are identical with or without it).
-  std::unique_ptr<ExactAttentionCache> exact;
-  if (std::any_of(layer_tasks.begin(), layer_tasks.end(), [](size_t t) { return t > 0; }) && !stopped()) {
+  // What every point's layer tasks share (the CPU's exact attention pass) is done once.
+  if (std::any_of(layer_tasks_.begin(), layer_tasks_.end(), [](size_t t) { return t > 0; }) && !stopped()) {
     try {
-      exact = std::make_unique<ExactAttentionCache>(rec, opt, kExactCacheBytes);
-      opt.exact = exact.get();
-    } catch (const SimulationStopped&) {  // stopped while it was built: no task runs
+      measurer.prepare(opt_);
+    } catch (const SimulationStopped&) {  // stopped while it was prepared: no task runs
     }
   }
 
-  const long ntasks = static_cast<long>(tasks.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (long k = 0; k < ntasks; ++k) {
-    const Task& task = tasks[static_cast<size_t>(k)];
-    const size_t i = task.point;
-    if (stopped()) continue;
-    const auto t0 = std::chrono::steady_clock::now();
-    if (task.model) {
-      run_model_task(i, static_cast<size_t>(k));
-    } else {
-      try {
-        SimOptions o = opt;
-        if (task.variant > 0) o.region = &regions[i][task.variant - 1].region;
-        stats_of[static_cast<size_t>(k)] = simulate_layer(rec, *plans[i], static_cast<int64_t>(task.layer), o);
-      } catch (const SimulationStopped&) {
-        continue;  // the point stays unfinished, as one whose tasks a stop skipped
-      } catch (const std::exception& e) {
-        task_error[static_cast<size_t>(k)] = points[i].key + ": layer " + std::to_string(task.layer) + ": " + e.what();
-      }
-    }
-    task_seconds[static_cast<size_t>(k)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (--remaining[i] == 0) finalize(i);
-  }
+  // As many tasks at once as the measurer runs: one OpenMP thread each on the CPU;
+  // on CUDA one after another in task order (points one after another, each on the
+  // whole device), outside any parallel region.
+  const bool parallel = measurer.concurrency() > 1;
+  const long ntasks = static_cast<long>(tasks_.size());
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (long k = 0; k < ntasks; ++k) run_task(measurer, static_cast<size_t>(k));
+}
 
-  report_sweep_errors();
+std::vector<PointResult> SweepRun::finished_results(std::vector<std::string>* callback_errors) {
+  if (!sweep_errors_.empty()) {
+    if (!callback_errors)
+      throw Error(sweep_errors_.front() +
+                  (sweep_errors_.size() > 1 ? " (and " + std::to_string(sweep_errors_.size() - 1) + " more)" : ""));
+    *callback_errors = sweep_errors_;
+  }
   std::vector<PointResult> out;
-  for (size_t i = 0; i < n; ++i)
-    if (finished[i]) out.push_back(std::move(results[i]));
+  for (size_t i = 0; i < n_; ++i)
+    if (finished_[i]) out.push_back(std::move(results_[i]));
   return out;
+}
+
+}  // namespace
+
+std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
+                                   const std::vector<SweepPoint>& points, const PointCallback& on_point,
+                                   const std::atomic<bool>* stop, BackendChoice* chosen, const ModelEvaluator* model,
+                                   std::vector<std::string>* callback_errors, PlanCheck* prepared) {
+  if (spec.threads > 0) omp_set_num_threads(spec.threads);
+  SweepRun run(spec, rec, points, on_point, stop, model, prepared);
+  run.build_plans();
+  const BackendChoice& backend = run.choose_backend();
+  if (chosen) *chosen = backend;
+  run.run_tasks();
+  return run.finished_results(callback_errors);
 }
 
 }  // namespace kvb

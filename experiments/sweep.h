@@ -124,7 +124,8 @@ struct PlanCheck {
   std::vector<double> plan_seconds;
 };
 
-// Builds every point's plan on `rec` as run_sweep's first phase does (no measurement),
+// Builds every point's plan on `rec` as run_sweep's first phase does (no measurement
+// of the points; the optimal allocator's tables on planning_backend()),
 // to refuse a sweep whose points cannot run before anything is measured or written.
 // Stops early (returning what it found) when *stop becomes true.
 PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
@@ -136,9 +137,11 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
 std::string uniform_allocation(const Plan& plan);
 
 // Runs the points on spec.backend (experiments/backend.h) and the positions
-// resolve_positions() gives: plans are built on the CPU, then every point is measured
-// by the CPU simulator ((point, layer) tasks in parallel) or by the CUDA simulator
-// (points one after another on the device). When *stop becomes true (Ctrl-C), points
+// resolve_positions() gives: plans are built on the CPU (the optimal allocator's
+// distortion tables measured on planning_backend()), then the chosen backend's
+// Measurer (sim/measurer.h) runs the (point, variant, layer) tasks, as many at once as
+// it runs measurements: in parallel on the CPU, one after another on CUDA (in task
+// order, so points one after another on the device). When *stop becomes true (Ctrl-C), points
 // not yet started are skipped and only finished points are returned. Returned results
 // are sorted by id. `chosen` receives the backend that ran and why. Throws kvb::Error
 // when backend = "cuda" finds no usable device.

@@ -17,6 +17,7 @@
 #include "kernels/unit_reconstruction.h"
 #include "sim/core/error.h"
 #include "sim/formats/registry.h"
+#include "sim/reconstruction.h"
 
 namespace kvb::cuda {
 
@@ -61,7 +62,10 @@ struct CudaSimulator::Impl {
   std::vector<DeviceBuffer<float>> query, key, value;
   // One unit's reconstruction errors x̂ - x, [T, d] device.
   DeviceBuffer<float> dk_stored, dk_window, dv_stored, dv_window;
-  DeviceBuffer<double> partial;  // [kv_heads, 2 (K, V), kDeltaBlocks, 2] (Σ Δ², Σ x²) per block
+  // [kv_heads, 2 (K, V), 2 (stored, window), kDeltaBlocks, 2]: (Σ Δ², Σ x²) per block
+  // of each unit's stored and window reconstruction (a window slot is written only for
+  // a unit with a window; only the stored sums are tensor-level errors).
+  DeviceBuffer<double> partial;
   // Row block scratch, device: queries [rows, d]; score-like [rows, keys]; outputs [rows, d].
   DeviceBuffer<float> qb, scores, dscores, dscores_win, phat_stored, phat_win, out, dout;
   DeviceBuffer<int32_t> positions;
@@ -76,7 +80,8 @@ struct CudaSimulator::Impl {
   }
 
   // x̂ - x of one unit's stored version into `delta` [T, d]; the window version into
-  // `delta_win` when the unit has a window. Adds per-block (Σ Δ², Σ x²) at `partial_at`.
+  // `delta_win` when the unit has a window. Writes per-block (Σ Δ², Σ x²) of the stored
+  // version at `partial_at`, of the window version after it (2 · kDeltaBlocks on).
   void unit_delta(const UnitPlan& u, const float* x, DeviceBuffer<float>& delta, DeviceBuffer<float>& delta_win,
                   double* partial_at) {
     const int64_t T = rec.tokens, d = rec.head_dim;
@@ -84,12 +89,28 @@ struct CudaSimulator::Impl {
     if (u.window.active()) delta_win.reserve(static_cast<size_t>(T * d));
     reconstruct_unit_on_device(twins, u, x, T, d, delta.data(), u.window.active() ? delta_win.data() : nullptr, stream);
     launch_delta(x, delta.data(), T * d, partial_at, stream);
-    if (u.window.active()) {
-      launch_delta(x, delta_win.data(), T * d, partial.data() + static_cast<size_t>(rec.kv_heads) * 4 * kDeltaBlocks,
-                   stream);  // window errors are not part of the tensor-level sums
-    }
+    if (u.window.active()) launch_delta(x, delta_win.data(), T * d, partial_at + 2 * kDeltaBlocks, stream);
   }
+
+  // The error of the query heads of KV heads [g_begin, g_end) of one layer, rows in
+  // (q_head, position) order; the tensor-level sums of their units. With
+  // `require_finite`, throws NonFiniteReconstruction when a unit's stored or window
+  // reconstruction is not finite (else such values reach the rows as Inf or NaN).
+  ErrorStats simulate_heads(const Plan& plan, int64_t layer, int64_t g_begin, int64_t g_end, const SimOptions& opt,
+                            bool require_finite);
 };
+
+namespace {
+
+// Per-block (Σ Δ², Σ x²) pairs of one reconstruction, summed in block order.
+void sum_partial(const double* p, double& err2, double& norm2) {
+  for (int b = 0; b < kDeltaBlocks; ++b) {
+    err2 += p[2 * b];
+    norm2 += p[2 * b + 1];
+  }
+}
+
+}  // namespace
 
 CudaSimulator::CudaSimulator(const Recording& rec) : impl_(std::make_unique<Impl>(rec)) {
   const DeviceInfo dev = device_info();
@@ -109,7 +130,7 @@ CudaSimulator::CudaSimulator(const Recording& rec) : impl_(std::make_unique<Impl
     impl_->key[l].upload(rec.layers[l].key.data);
     impl_->value[l].upload(rec.layers[l].value.data);
   }
-  impl_->partial.resize(static_cast<size_t>(rec.kv_heads) * 4 * kDeltaBlocks + 2 * kDeltaBlocks);
+  impl_->partial.resize(static_cast<size_t>(rec.kv_heads) * 8 * kDeltaBlocks);
 }
 
 CudaSimulator::~CudaSimulator() = default;
@@ -117,7 +138,19 @@ CudaSimulator::~CudaSimulator() = default;
 const Recording& CudaSimulator::recording() const { return impl_->rec; }
 
 ErrorStats CudaSimulator::simulate_layer(const Plan& plan, int64_t layer, const SimOptions& opt) {
-  Impl& m = *impl_;
+  return impl_->simulate_heads(plan, layer, 0, impl_->rec.kv_heads, opt, false);
+}
+
+ErrorStats CudaSimulator::simulate_kv_head(const Plan& plan, int64_t layer, int64_t kv_head, const SimOptions& opt) {
+  if (kv_head < 0 || kv_head >= impl_->rec.kv_heads)
+    throw Error("internal: CUDA backend: KV head " + std::to_string(kv_head) + " of " +
+                std::to_string(impl_->rec.kv_heads));
+  return impl_->simulate_heads(plan, layer, kv_head, kv_head + 1, opt, true);
+}
+
+ErrorStats CudaSimulator::Impl::simulate_heads(const Plan& plan, int64_t layer, int64_t g_begin, int64_t g_end,
+                                               const SimOptions& opt, bool require_finite) {
+  Impl& m = *this;
   const Recording& rec = m.rec;
   if (plan.layers() != rec.num_layers() || plan.kv_heads() != rec.kv_heads || plan.tokens() != rec.tokens ||
       plan.head_dim() != rec.head_dim)
@@ -147,7 +180,7 @@ ErrorStats CudaSimulator::simulate_layer(const Plan& plan, int64_t layer, const 
   // uploaded once per layer, before any kernel of it.
   std::vector<int32_t> key_from(static_cast<size_t>(rec.kv_heads) * pos.size());
   std::vector<int32_t> value_from(key_from.size());
-  for (int64_t g = 0; g < rec.kv_heads; ++g)
+  for (int64_t g = g_begin; g < g_end; ++g)
     for (size_t i = 0; i < pos.size(); ++i) {
       const size_t at = static_cast<size_t>(g) * pos.size() + i;
       key_from[at] = static_cast<int32_t>(row_versions(plan.unit(layer, g, Kind::Key), prefill, pos[i]).residual_begin);
@@ -159,13 +192,13 @@ ErrorStats CudaSimulator::simulate_layer(const Plan& plan, int64_t layer, const 
   m.key_residual_from.upload(key_from.data(), key_from.size());
   m.value_residual_from.upload(value_from.data(), value_from.size());
 
-  for (int64_t g = 0; g < rec.kv_heads; ++g) {
+  for (int64_t g = g_begin; g < g_end; ++g) {
     const UnitPlan& ku = plan.unit(layer, g, Kind::Key);
     const UnitPlan& vu = plan.unit(layer, g, Kind::Value);
     const float* K = m.key[li].data() + g * T * d;
     const float* V = m.value[li].data() + g * T * d;
-    m.unit_delta(ku, K, m.dk_stored, m.dk_window, m.partial.data() + (g * 4 + 0) * kDeltaBlocks);
-    m.unit_delta(vu, V, m.dv_stored, m.dv_window, m.partial.data() + (g * 4 + 2) * kDeltaBlocks);
+    m.unit_delta(ku, K, m.dk_stored, m.dk_window, m.partial.data() + (g * 8 + 0) * kDeltaBlocks);
+    m.unit_delta(vu, V, m.dv_stored, m.dv_window, m.partial.data() + (g * 8 + 4) * kDeltaBlocks);
     const bool key_window = ku.window.active(), value_window = vu.window.active();
 
     for (int b0 = 0; b0 < npos;) {
@@ -230,25 +263,34 @@ ErrorStats CudaSimulator::simulate_layer(const Plan& plan, int64_t layer, const 
 
   KVB_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   ErrorStats stats;
-  stats.rows = m.rows.download(static_cast<size_t>(rec.q_heads) * pos.size());
+  const size_t row0 = static_cast<size_t>(g_begin * G) * pos.size();
+  stats.rows = m.rows.download(static_cast<size_t>((g_end - g_begin) * G) * pos.size(), row0);
   for (size_t i = 0; i < stats.rows.size(); ++i) {  // every row written (its identity is)
     const AttentionRow& row = stats.rows[i];
-    if (row.layer != layer || row.q_head != static_cast<int32_t>(i / pos.size()) ||
+    if (row.layer != layer || row.q_head != static_cast<int32_t>((row0 + i) / pos.size()) ||
         row.position != pos[i % pos.size()])
-      throw Error("CUDA backend: attention row " + std::to_string(i) + " of layer " + std::to_string(layer) +
+      throw Error("CUDA backend: attention row " + std::to_string(row0 + i) + " of layer " + std::to_string(layer) +
                   " was not written by the kernels (internal error)");
   }
-  const std::vector<double> partial = m.partial.download(static_cast<size_t>(rec.kv_heads) * 4 * kDeltaBlocks);
-  for (int64_t g = 0; g < rec.kv_heads; ++g)
-    for (int kind = 0; kind < 2; ++kind)
-      for (int b = 0; b < kDeltaBlocks; ++b) {
-        const double* p = partial.data() + ((g * 4 + kind * 2) * kDeltaBlocks) + 2 * b;
-        (kind == 0 ? stats.k_err2 : stats.v_err2) += p[0];
-        (kind == 0 ? stats.k_norm2 : stats.v_norm2) += p[1];
-      }
+  const std::vector<double> partial = m.partial.download(static_cast<size_t>(g_end - g_begin) * 8 * kDeltaBlocks,
+                                                         static_cast<size_t>(g_begin) * 8 * kDeltaBlocks);
+  for (int64_t g = g_begin; g < g_end; ++g)
+    for (Kind kind : {Kind::Key, Kind::Value}) {
+      const double* at = partial.data() + ((g - g_begin) * 8 + (kind == Kind::Key ? 0 : 4)) * kDeltaBlocks;
+      sum_partial(at, kind == Kind::Key ? stats.k_err2 : stats.v_err2,
+                  kind == Kind::Key ? stats.k_norm2 : stats.v_norm2);
+      if (!require_finite) continue;
+      double err2 = 0, norm2 = 0, window_err2 = 0, window_norm2 = 0;
+      sum_partial(at, err2, norm2);
+      if (plan.unit(layer, g, kind).window.active()) sum_partial(at + 2 * kDeltaBlocks, window_err2, window_norm2);
+      if (!std::isfinite(err2) || !std::isfinite(window_err2))
+        throw NonFiniteReconstruction("CUDA backend: layer " + std::to_string(layer) + " kv_head " +
+                                      std::to_string(g) + " " + kind_name(kind) +
+                                      ": a format turned finite values into Inf or NaN (values beyond its range)");
+    }
   int64_t pairs = 0;
   for (int32_t t : pos) pairs += static_cast<int64_t>(t) + 1;
-  stats.logit_pairs = pairs * rec.q_heads;
+  stats.logit_pairs = pairs * G * (g_end - g_begin);
   return stats;
 }
 

@@ -9,7 +9,9 @@
 //
 // The results agree with kvb::simulate within float GEMM rounding (scores are fp32
 // dot products in a different order): tests/gpu/test_attention.cpp bounds every
-// metric at 1e-5 relative. Host-only header.
+// metric at 1e-5 relative. Host-only header. The sweep and the optimal allocator reach
+// it through cuda::CudaMeasurer (kernels/cuda_measurer.h, the Measurer interface of
+// sim/measurer.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -41,6 +43,11 @@ class CudaSimulator {
   // As kvb::simulate_layer: rows in (q_head, position) order. opt.row_block is not
   // used (the GPU blocks rows by memory). Throws kvb::Error for unsupported plans.
   ErrorStats simulate_layer(const Plan& plan, int64_t layer, const SimOptions& opt);
+  // As kvb::simulate_kv_head: the query heads of one KV head, only its units read.
+  // Unlike simulate_layer (whose non-finite values reach the rows and the sweep's
+  // finiteness check), throws NonFiniteReconstruction when a format turns finite keys
+  // or values of its units into Inf or NaN, as the CPU does.
+  ErrorStats simulate_kv_head(const Plan& plan, int64_t layer, int64_t kv_head, const SimOptions& opt);
   // As kvb::simulate: all layers in order, merged.
   ErrorStats simulate(const Plan& plan, const SimOptions& opt);
 

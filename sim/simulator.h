@@ -7,6 +7,9 @@
 // reconstructed cache are compared: p = softmax(q·Kᵀ/√d), p̂ from K̂; o = p·V, ô = p̂·V̂.
 // Score and output differences are computed directly (ΔS = Q·ΔKᵀ,
 // Δo = p̂·ΔV + (p̂ - p)·V) so that tiny errors are not lost to cancellation.
+//
+// The sweep and the optimal allocator reach it as the CPU backend, CpuMeasurer
+// (sim/measurer.h), the interface a CUDA or any other backend implements too.
 #pragma once
 #include <atomic>
 #include <cstdint>

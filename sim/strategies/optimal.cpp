@@ -15,7 +15,8 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/formats/registry.h"
-#include "sim/simulator.h"
+#include "sim/measurer.h"
+#include "sim/reconstruction.h"
 
 namespace kvb {
 
@@ -104,11 +105,30 @@ Plan exact_plan_like(const Plan& plan) {
   return m;
 }
 
+// The measurer of `rec` the distortion tables and the additivity check are measured
+// with: the run's (StrategyInput::measurer_for, the planning backend's), else the CPU
+// simulator. `cpu` holds the CPU one when there is no run's.
+Measurer& table_measurer(const StrategyInput& in, const Recording& rec, std::optional<CpuMeasurer>& cpu) {
+  if (in.measurer_for) return (*in.measurer_for)(rec);
+  return cpu.emplace(rec);
+}
+
+// The objective over the rows of KV head (layer, kv_head) with `plan` (the units under
+// measurement quantized, everything else exact), on the measurer's recording; +∞ when
+// a format turns finite keys or values into Inf or NaN (never worth choosing).
+double kv_head_distortion(Measurer& measurer, const Plan& plan, int64_t layer, int64_t kv_head,
+                          const SimOptions& opt, const AdditiveError& objective) {
+  try {
+    return objective.sum(measurer.measure_kv_head(plan, layer, kv_head, opt).rows);
+  } catch (const NonFiniteReconstruction&) {
+    return std::numeric_limits<double>::infinity();
+  }
+}
+
 // D_u(f): only unit u quantized (open cells at f, its protections kept), everything
 // else exact; the objective over its query heads at the calibration positions.
-double measure_unit(const StrategyInput& in, const Plan& plan, const AllocUnit& u, const FormatPtr& f,
-                    const AdditiveError& objective) {
-  const Recording& rec = in.rec;
+double measure_unit(Measurer& measurer, const StrategyInput& in, const Plan& plan, const AllocUnit& u,
+                    const FormatPtr& f, const AdditiveError& objective) {
   Plan m = exact_plan_like(plan);
   UnitPlan& target = m.unit(u.layer, u.kv_head, u.kind);
   target = plan.unit(u.layer, u.kv_head, u.kind);
@@ -116,11 +136,7 @@ double measure_unit(const StrategyInput& in, const Plan& plan, const AllocUnit& 
   SimOptions opt;
   opt.positions = in.stats->calibration();
   opt.seed = in.seed;
-  try {
-    return objective.sum(simulate_kv_head(rec, m, u.layer, u.kv_head, opt).rows);
-  } catch (const NonFiniteReconstruction&) {
-    return std::numeric_limits<double>::infinity();  // a width that overflows is never worth choosing
-  }
+  return kv_head_distortion(measurer, m, u.layer, u.kv_head, opt, objective);
 }
 
 // `plan` with every (layer, KV head, kind) that holds no allocation unit exact: the
@@ -290,15 +306,18 @@ void OptimalStrategy::allocate(const StrategyInput& in, Plan& plan) const {
 
   // Distortion tables, shared by every point with the same unit layout. Threads
   // building plans at once start at different units, so they fill different entries.
+  // Keyed by the backend too: a process may run the same data on both.
   std::vector<std::vector<double>> D(n);
+  std::optional<CpuMeasurer> cpu;
+  Measurer& measurer = table_measurer(in, in.rec, cpu);
   const size_t start = n ? (static_cast<size_t>(omp_get_thread_num()) * 7919u) % n : 0;
   for (size_t k = 0; k < n; ++k) {
     const size_t u = (start + k) % n;
     const std::string sig = unit_signature(plan, units[u]);
     for (const FormatPtr& f : alloc.family(u).formats) {
-      const std::string key =
-          "distortion:" + objective_->metric->name + ":" + std::to_string(in.seed) + ":" + sig + ":" + f->name();
-      D[u].push_back(stats.memo<double>(key, [&] { return measure_unit(in, plan, units[u], f, *objective_); }));
+      const std::string key = "distortion:" + std::string(measurer.name()) + ":" + objective_->metric->name + ":" +
+                              std::to_string(in.seed) + ":" + sig + ":" + f->name();
+      D[u].push_back(stats.memo<double>(key, [&] { return measure_unit(measurer, in, plan, units[u], f, *objective_); }));
     }
   }
 
@@ -317,12 +336,12 @@ void OptimalStrategy::allocate(const StrategyInput& in, Plan& plan) const {
   SimOptions opt;
   opt.positions = stats.calibration();
   opt.seed = in.seed;
-  const double joint = objective_->sum(simulate(in.rec, plan, opt).rows);
+  const double joint = objective_->sum(measurer.measure(plan, opt).rows);
   // Additivity compares like with like: units no allocation unit touches (fixed
   // formats, sink heads) are in `joint` but in no per-unit distortion, so they are
   // made exact for the check.
   const std::optional<Plan> part = allocated_part(plan, units);
-  const double joint_allocated = part ? objective_->sum(simulate(in.rec, *part, opt).rows) : joint;
+  const double joint_allocated = part ? objective_->sum(measurer.measure(*part, opt).rows) : joint;
   plan.annotate("objective", objective_->metric->name);
   plan.annotate("objective_predicted", predicted);
   plan.annotate("objective_joint", joint);
@@ -430,7 +449,7 @@ void OptimalStrategy::allocate_choices(const StrategyInput& in, Plan& plan) cons
   budget_.fill_fixed(plan);
   Plan cal_base = plan;
   if (calibration_data_) {
-    cal_base = protections().apply(StrategyInput{*cal_rec, in.seed, cal_stats});
+    cal_base = protections().apply(StrategyInput{*cal_rec, in.seed, cal_stats, nullptr, in.measurer_for});
     budget_.fill_fixed(cal_base);
   }
   std::optional<int64_t> boundary, cal_boundary;
@@ -470,8 +489,10 @@ void OptimalStrategy::allocate_choices(const StrategyInput& in, Plan& plan) cons
   SimOptions cal_opt;
   cal_opt.positions = cal_stats->calibration();
   cal_opt.seed = in.seed;
-  const std::string key_prefix =
-      "choice-distortion:" + objective_->metric->name + ":" + std::to_string(in.seed) + ":";
+  std::optional<CpuMeasurer> cpu;
+  Measurer& measurer = table_measurer(in, *cal_rec, cpu);
+  const std::string key_prefix = "choice-distortion:" + std::string(measurer.name()) + ":" +
+                                 objective_->metric->name + ":" + std::to_string(in.seed) + ":";
   std::string first_error;
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t ui = 0; ui < units.size(); ++ui) {
@@ -485,11 +506,7 @@ void OptimalStrategy::allocate_choices(const StrategyInput& in, Plan& plan) cons
         u.D.push_back(cal_stats->memo<double>(key, [&] {
           Plan m = exact_plan_like(cal_base);
           m.unit(u.layer, u.kv_head, u.kind) = on_cal;
-          try {
-            return objective_->sum(simulate_kv_head(*cal_rec, m, u.layer, u.kv_head, cal_opt).rows);
-          } catch (const NonFiniteReconstruction&) {
-            return std::numeric_limits<double>::infinity();  // a choice that overflows is never worth choosing
-          }
+          return kv_head_distortion(measurer, m, u.layer, u.kv_head, cal_opt, *objective_);
         }));
       }
       u.efficient = efficient_choices(u.cost, u.D);
@@ -603,7 +620,7 @@ void OptimalStrategy::allocate_choices(const StrategyInput& in, Plan& plan) cons
     if (boundary_.marker >= 0) plan.set_phase_marker(boundary_.marker);
     cal_plan.set_phase_boundary(*cal_boundary);
   }
-  const ErrorStats joint_stats = simulate(*cal_rec, cal_plan, cal_opt);
+  const ErrorStats joint_stats = measurer.measure(cal_plan, cal_opt);
   const double joint = objective_->sum(joint_stats.rows);
   // Additivity compares like with like: cells outside every unit (fixed kinds, fixed
   // sink heads) made exact.
@@ -612,7 +629,7 @@ void OptimalStrategy::allocate_choices(const StrategyInput& in, Plan& plan) cons
     for (const Unit& u : units) covered.push_back(AllocUnit{u.layer, u.kv_head, u.kind, 0, {}});
     return covered;
   }());
-  const double joint_allocated = part ? objective_->sum(simulate(*cal_rec, *part, cal_opt).rows) : joint;
+  const double joint_allocated = part ? objective_->sum(measurer.measure(*part, cal_opt).rows) : joint;
 
   for (const GroupReport& rep : reports) {
     plan.annotate(rep.prefix + "budget_bpe", rep.budget_bpe);

@@ -30,6 +30,10 @@
 // other data (StrategyInput::calibration), the plan's memory on the evaluated
 // recording; objective_calibration reports the objective's metric on the calibration
 // data, next to the evaluated metrics.
+//
+// The tables and the additivity check are measured by the Measurer of the run's
+// planning backend (StrategyInput::measurer_for, sim/measurer.h): on the GPU for
+// backend = "cuda", else, and without a run's, by the CPU simulator.
 #pragma once
 #include "sim/metrics/metric_table.h"
 #include "sim/strategies/phase.h"

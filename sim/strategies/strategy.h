@@ -17,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "sim/measurer.h"
 #include "sim/plan.h"
 #include "sim/recording.h"
 
@@ -100,6 +101,10 @@ struct StrategyInput {
   // Resolves `calibration_data` values; nullptr where no experiment config names data
   // (a strategy given one then throws kvb::ConfigError).
   const CalibrationResolver* calibration = nullptr;
+  // The measurer a strategy measures a recording with (the optimal allocator's
+  // distortion tables, on the evaluated recording or its calibration data): the run's
+  // planning backend (experiments/backend.h); nullptr = the CPU simulator.
+  const MeasurerFor* measurer_for = nullptr;
 };
 
 class Strategy {

@@ -1,10 +1,13 @@
 // The optimal allocator (sim/strategies/optimal.*): the knapsack solver against brute
 // force, and, at the same bpe on the same data, never a worse objective than uniform or
 // entropy-adaptive allocation; the additivity check it reports.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 
 #include "sim/core/error.h"
+#include "sim/measurer.h"
 #include "sim/simulator.h"
 #include "sim/strategies/optimal.h"
 #include "strategy_test_util.h"
@@ -408,4 +411,111 @@ TEST_CASE("calibrated on other data, optimal builds the plan that data gives and
   const Plan from_short = strategy->build(StrategyInput{evaluated, 0, &eval_stats, &short_resolver});
   CHECK(from_short.tokens() == evaluated.tokens);
   CHECK(from_short.bpe() <= 3.5);
+}
+
+namespace {
+
+// The CPU simulator behind another backend's name, counting what it is asked: stands
+// for the run's measurer (a sweep's planning backend) the tables are measured with.
+class CountingMeasurer final : public Measurer {
+ public:
+  explicit CountingMeasurer(const Recording& rec) : cpu_(rec) {}
+  const char* name() const override { return "counting"; }
+  const Recording& recording() const override { return cpu_.recording(); }
+  std::string unsupported_reason(const Plan&, const SimOptions&) const override { return {}; }
+  bool measures_regions() const override { return true; }
+  int concurrency() const override { return 1; }
+  ErrorStats measure_layer(const Plan& plan, int64_t layer, const SimOptions& opt) override {
+    return cpu_.measure_layer(plan, layer, opt);
+  }
+  ErrorStats measure_kv_head(const Plan& plan, int64_t layer, int64_t kv_head, const SimOptions& opt) override {
+    ++kv_heads;
+    return cpu_.measure_kv_head(plan, layer, kv_head, opt);
+  }
+  ErrorStats measure(const Plan& plan, const SimOptions& opt) override {
+    ++plans;
+    return cpu_.measure(plan, opt);
+  }
+  std::atomic<int> kv_heads{0}, plans{0};
+
+ private:
+  CpuMeasurer cpu_;
+};
+
+// The optimal plan of `values` with `measurer_for` (nullptr: the CPU simulator).
+Plan optimal_plan(const Values& values, const Recording& rec, RecordingStats& stats, const MeasurerFor* measurer_for,
+                  const CalibrationResolver* calibration = nullptr) {
+  const std::unique_ptr<Strategy> s =
+      require_strategy_type("optimal", "test").make(test::params_of("optimal", values));
+  return s->build(StrategyInput{rec, 0, &stats, calibration, measurer_for});
+}
+
+void check_same_plan(const Plan& a, const Plan& b) {
+  CHECK(a.describe() == b.describe());
+  CHECK(same_units(a, b));
+  REQUIRE(a.annotations().size() == b.annotations().size());
+  for (size_t i = 0; i < a.annotations().size(); ++i) {
+    INFO(a.annotations()[i].name);
+    CHECK(a.annotations()[i].name == b.annotations()[i].name);
+    CHECK(a.annotations()[i].value == b.annotations()[i].value);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("optimal measures its tables and its additivity check with the run's measurer, keyed by its backend") {
+  const Recording& rec = strategy_recording();
+  const std::vector<int64_t> calib = test::calibration_of(rec);
+  CountingMeasurer counting(rec);
+  std::vector<const Recording*> asked;
+  const MeasurerFor measurer_for = [&](const Recording& r) -> Measurer& {
+    asked.push_back(&r);
+    return counting;
+  };
+  for (const Values& v : {Values{{"budget_bpe", 3.5}, {"family", std::string("int{b}-asym-g32")}},
+                          Values{{"budget_bpe", 3.5},
+                                 {"family", std::string("int{b}-asym-g32")},
+                                 {"candidate_windows", IntList{8}}}}) {
+    INFO("extended search space: " << v.count("candidate_windows"));
+    RecordingStats stats(rec, calib);
+    const Plan on_cpu = optimal_plan(v, rec, stats, nullptr);
+    counting.kv_heads = counting.plans = 0;
+    asked.clear();
+    // The same statistics: the CPU's table entries are not another backend's.
+    const Plan measured = optimal_plan(v, rec, stats, &measurer_for);
+    CHECK(counting.kv_heads > 0);
+    CHECK(counting.plans >= 1);  // objective_joint
+    CHECK(!asked.empty());
+    CHECK(std::all_of(asked.begin(), asked.end(), [&](const Recording* r) { return r == &rec; }));
+    // The CPU simulator under another name gives the CPU's plan, bit for bit.
+    check_same_plan(measured, on_cpu);
+    // Its own entries are reused by the next point.
+    const int before = counting.kv_heads;
+    check_same_plan(optimal_plan(v, rec, stats, &measurer_for), on_cpu);
+    CHECK(counting.kv_heads == before);
+  }
+  // With calibration data, the measurer is asked for that recording.
+  SyntheticSpec other_spec = test::strategy_spec();
+  other_spec.seed = 12;
+  const Recording other = generate_synthetic(other_spec);
+  RecordingStats eval_stats(rec, calib), other_stats(other, calib);
+  const CalibrationResolver resolver = [&](const std::string&) {
+    return CalibrationData{&other, &other_stats, "synthetic seed 12"};
+  };
+  CountingMeasurer on_other(other);
+  const MeasurerFor other_for = [&](const Recording& r) -> Measurer& {
+    REQUIRE(&r == &other);
+    return on_other;
+  };
+  const Values cv = {{"budget_bpe", 3.5}, {"family", std::string("int{b}-asym-g32")},
+                     {"calibration_data", std::string("seed 12")}};
+  const Plan calibrated = optimal_plan(cv, rec, eval_stats, &other_for, &resolver);
+  CHECK(on_other.kv_heads > 0);
+  CHECK(on_other.plans >= 1);
+  RecordingStats fresh_other(other, calib);
+  const CalibrationResolver fresh_resolver = [&](const std::string&) {
+    return CalibrationData{&other, &fresh_other, "synthetic seed 12"};
+  };
+  RecordingStats fresh_eval(rec, calib);
+  check_same_plan(calibrated, optimal_plan(cv, rec, fresh_eval, nullptr, &fresh_resolver));
 }

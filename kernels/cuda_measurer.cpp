@@ -1,0 +1,26 @@
+#include "kernels/cuda_measurer.h"
+
+namespace kvb::cuda {
+
+CudaMeasurer::CudaMeasurer(const Recording& rec) : sim_(rec) {}
+
+std::string CudaMeasurer::unsupported_reason(const Plan& plan, const SimOptions& opt) const {
+  return cuda::unsupported_reason(plan, opt);
+}
+
+ErrorStats CudaMeasurer::measure_layer(const Plan& plan, int64_t layer, const SimOptions& opt) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return sim_.simulate_layer(plan, layer, opt);
+}
+
+ErrorStats CudaMeasurer::measure_kv_head(const Plan& plan, int64_t layer, int64_t kv_head, const SimOptions& opt) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return sim_.simulate_kv_head(plan, layer, kv_head, opt);
+}
+
+ErrorStats CudaMeasurer::measure(const Plan& plan, const SimOptions& opt) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return sim_.simulate(plan, opt);
+}
+
+}  // namespace kvb::cuda
