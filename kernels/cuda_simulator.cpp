@@ -92,6 +92,9 @@ struct CudaSimulator::Impl {
 };
 
 CudaSimulator::CudaSimulator(const Recording& rec) : impl_(std::make_unique<Impl>(rec)) {
+  if (rec.has_sparse_queries())
+    throw Error("CUDA backend: the recording keeps the queries of sampled positions only (a CPU run's long "
+                "context); the CUDA simulator needs every position's query");
   const DeviceInfo dev = device_info();
   if (!dev.available) throw Error("CUDA backend: no usable CUDA device (" + dev.why_not + ")");
   KVB_CUDA_CHECK(cudaSetDevice(0));
