@@ -647,17 +647,20 @@ std::vector<HeadRole> assign_roles(const Plan& P, int64_t l) {
   return roles;
 }
 
-// Query content directions q̂_t of one query head, [T, d] (zero outside the content
-// channels): unit(ẑ_target + ν·noise) with ẑ the target key's own part before outlier
-// scaling (post frame, unit norm), target seeded uniformly in [0, t].
-std::vector<float> unit_queries(const Plan& P, int64_t l, int64_t h, const std::vector<float>& targets_post) {
+// Query content directions q̂_t of one query head into out [T, d] (zero outside the
+// content channels; its storage is reused from head to head, so a long context's
+// buffer is not faulted in again per head): unit(ẑ_target + ν·noise) with ẑ the target
+// key's own part before outlier scaling (post frame, unit norm), target seeded uniformly
+// in [0, t].
+void unit_queries(const Plan& P, int64_t l, int64_t h, const std::vector<float>& targets_post,
+                  std::vector<float>& out) {
   const SyntheticSpec& s = P.spec;
   const int64_t T = P.T, d = P.d;
   const uint64_t ul = static_cast<uint64_t>(l), uh = static_cast<uint64_t>(h);
   Rng target_rng(derive_seed({s.seed, kQueryTarget, ul, uh}));
   Rng noise_rng(derive_seed({s.seed, kQueryNoise, ul, uh}));
   const double noise_sd = kQueryNoiseWeight / std::sqrt(static_cast<double>(P.ch.content.size()));
-  std::vector<float> out(static_cast<size_t>(T * d), 0.0f);
+  out.assign(static_cast<size_t>(T * d), 0.0f);
   std::vector<double> v(static_cast<size_t>(d));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
@@ -674,7 +677,6 @@ std::vector<float> unit_queries(const Plan& P, int64_t l, int64_t h, const std::
     const double vinv = 1.0 / std::sqrt(vnorm2);
     for (int64_t c : P.ch.content) out[static_cast<size_t>(t * d + c)] = static_cast<float>(v[static_cast<size_t>(c)] * vinv);
   }
-  return out;
 }
 
 // Positional query part of one KV head's query heads in the post frame, [T, d]:
@@ -834,12 +836,13 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) 
   if (sparse) L.query_positions = keep.query_positions;
   const int64_t sc = P.sink_channel();
   CalibrationScores scores;
+  std::vector<float> unit_q;  // [T, d], one query head's at a time
   for (int64_t g = 0; g < G; ++g) {
     const float* keys = L.key.slice(g);
     const std::vector<float> pos_q = positional_queries(P, parts[static_cast<size_t>(g)]);
     kv_head_scores(P, pos_q, keys, scores);
     for (int64_t h = g * P.group; h < (g + 1) * P.group; ++h) {
-      const std::vector<float> unit_q = unit_queries(P, l, h, query_targets[static_cast<size_t>(g)]);
+      unit_queries(P, l, h, query_targets[static_cast<size_t>(g)], unit_q);
       score_rows(P, unit_q, keys, scores.query_rows, scores.content);
       const std::string where = layer_where + " q head " + std::to_string(h);
       const SyntheticHeadReport rep = calibrate_head(P, roles[static_cast<size_t>(h)], scores, where, out.warnings);
