@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <variant>
 
 #include "experiments/model_backend.h"
+#include "experiments/query_positions.h"
 #include "sim/core/error.h"
 
 namespace kvb {
@@ -52,12 +54,12 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
                                                 std::move(task), std::move(options));
 }
 
-Recording build_recording(const DataSpec& data) {
+Recording build_recording(const DataSpec& data, const SyntheticKeep& keep) {
   Recording rec;
   if (data.source == DataSpec::Source::Model) {
     rec = build_model_evaluator(data)->recording();
   } else if (data.source == DataSpec::Source::Synthetic) {
-    rec = generate_synthetic(data.synthetic);
+    rec = generate_synthetic(data.synthetic, nullptr, keep);
     if (data.max_tokens > 0) rec.truncate_tokens(data.max_tokens);
   } else {
     rec = load_recording(data.file);
@@ -67,6 +69,38 @@ Recording build_recording(const DataSpec& data) {
                   "whatever the cache holds; a recording needs at least 2 tokens");
   }
   return rec;
+}
+
+namespace {
+// Whether a parameter value names a prerope: format (a string, or one in a list).
+bool names_prerope(const ParamValue& v) {
+  const std::string* text = std::get_if<std::string>(&v);
+  return text && text->find("prerope") != std::string::npos;
+}
+}  // namespace
+
+SyntheticKeep synthetic_keep(const ExperimentSpec& spec, const std::vector<SweepPoint>& points, const DataSpec& data) {
+  SyntheticKeep keep;
+  if (data.source != DataSpec::Source::Synthetic) return keep;
+  const int64_t tokens = data.max_tokens > 0 ? std::min(data.max_tokens, data.synthetic.tokens) : data.synthetic.tokens;
+  // Conservative: any parameter mentioning prerope (a format, a family, a width list
+  // written as text) keeps the pre-RoPE keys.
+  keep.key_pre_rope = false;
+  for (const SweepPoint& p : points)
+    for (const auto& [name, value] : p.params.values()) keep.key_pre_rope |= names_prerope(value);
+  if (spec.backend != BackendRequest::Cpu) return keep;  // CUDA reads every query
+  QueryPositions positions;
+  try {
+    positions = resolve_positions(spec, tokens);
+  } catch (const std::exception&) {
+    return keep;  // reported where the run resolves them, after loading
+  }
+  std::vector<int64_t> read = positions.calibration;
+  read.insert(read.end(), positions.evaluation.begin(), positions.evaluation.end());
+  std::sort(read.begin(), read.end());
+  read.erase(std::unique(read.begin(), read.end()), read.end());
+  if (static_cast<int64_t>(read.size()) < tokens) keep.query_positions = std::move(read);
+  return keep;
 }
 
 }  // namespace kvb

@@ -5,14 +5,26 @@
 
 #include "experiments/backend.h"
 #include "experiments/data_spec.h"
+#include "experiments/experiment.h"
+#include "experiments/sweep.h"
 #include "sim/model/model_eval.h"
 #include "sim/recording.h"
+#include "sim/synthetic.h"
 
 namespace kvb {
 
 // Builds the recording the experiment describes (loads or generates, truncates; for
-// a model, records the exact run).
-Recording build_recording(const DataSpec& data);
+// a model, records the exact run). `keep`: what a synthetic recording keeps (its other
+// queries and pre-RoPE keys are dropped as they are generated); files and models keep
+// everything.
+Recording build_recording(const DataSpec& data, const SyntheticKeep& keep = {});
+
+// What a run of `spec` and `points` reads of the synthetic recording `data` describes:
+// the queries of its calibration and evaluated positions (every position when they
+// cover them all, or when the backend is not "cpu": the CUDA simulator reads every
+// query), and the pre-RoPE keys only when some point's parameters name a prerope:
+// format. Everything for data that is not synthetic.
+SyntheticKeep synthetic_keep(const ExperimentSpec& spec, const std::vector<SweepPoint>& points, const DataSpec& data);
 
 // For source = "model": loads the checkpoint and the tokens and runs the exact model
 // (ModelEvaluator), whose recording() is the experiment's recording. `backend` is where

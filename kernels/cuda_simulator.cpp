@@ -113,6 +113,9 @@ void sum_partial(const double* p, double& err2, double& norm2) {
 }  // namespace
 
 CudaSimulator::CudaSimulator(const Recording& rec) : impl_(std::make_unique<Impl>(rec)) {
+  if (rec.has_sparse_queries())
+    throw Error("CUDA backend: the recording keeps the queries of sampled positions only (a CPU run's long "
+                "context); the CUDA simulator needs every position's query");
   const DeviceInfo dev = device_info();
   if (!dev.available) throw Error("CUDA backend: no usable CUDA device (" + dev.why_not + ")");
   KVB_CUDA_CHECK(cudaSetDevice(0));

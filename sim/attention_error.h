@@ -57,12 +57,22 @@ struct RowBlock {
 // how every measurement, the exact pass and its cache walk the rows.
 std::vector<RowBlock> row_blocks(const std::vector<int64_t>& pos, int64_t row_block);
 
+// The queries of one head by position (LayerTensors::query_row): every position, or
+// the sampled ones a recording keeps.
+struct QueryRows {
+  const LayerTensors* layer;
+  int64_t h, d;
+  Eigen::Map<const Eigen::RowVectorXf> row(int64_t t) const { return {layer->query_row(h, t), d}; }
+  int64_t cols() const { return d; }
+};
+
 // The tensors of query head h in `layer` and of its KV head, row-major [T, d], host.
 struct HeadTensors {
   HeadTensors(const Recording& rec, int64_t layer, int64_t h);
   int64_t T, d, kv_head;
   float inv_sqrt_d;
-  ConstRowMap Q, K, V;
+  QueryRows Q;
+  ConstRowMap K, V;
 };
 
 // Per-thread scratch for one query head (both implementations). The block matrices
@@ -96,7 +106,7 @@ void block_scores(const RowMat& Qb, const RowMat& Qs, const ConstRowMap& K, cons
 // The block's exact scores Qs·K[0, cols)ᵀ into s.scores.
 void exact_scores(const RowMat& Qs, const ConstRowMap& K, int64_t cols, HeadScratch& s);
 // The queries of one block of positions: Qb [rows, d] and Qs = Qb/√d.
-void block_queries(const ConstRowMap& Q, const int64_t* pos, int64_t rows, float inv_sqrt_d, RowMat& Qb, RowMat& Qs);
+void block_queries(const QueryRows& Q, const int64_t* pos, int64_t rows, float inv_sqrt_d, RowMat& Qb, RowMat& Qs);
 
 // The exact pass (exact_attention.h) of one row from its scores s [n]: p [n] and the
 // top-k indices of p (ranked by s) into topk [min(k, n)]; returns mass and count.

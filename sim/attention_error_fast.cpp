@@ -259,7 +259,8 @@ void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, in
   const float inv_sqrt_d = ht.inv_sqrt_d;
   const bool mixed_k = dk.mixed(prefill);  // Δs needs per-(t, j) selection
   const bool mixed_v = dv.mixed(prefill);
-  const ConstRowMap &Q = ht.Q, &K = ht.K, &V = ht.V;
+  const QueryRows& Q = ht.Q;
+  const ConstRowMap &K = ht.K, &V = ht.V;
   ConstRowMap dV(dv.stored.data(), T, d);
   s.ds.resize(static_cast<size_t>(T));
   const ExactHead* cached = opt.exact ? opt.exact->head(layer, h, opt) : nullptr;

@@ -59,11 +59,11 @@ HeadTensors::HeadTensors(const Recording& rec, int64_t layer, int64_t h)
       d(rec.head_dim),
       kv_head(rec.kv_head_of(h)),
       inv_sqrt_d(1.0f / std::sqrt(static_cast<float>(rec.head_dim))),
-      Q(rec.layers[static_cast<size_t>(layer)].query.slice(h), T, d),
+      Q{&rec.layers[static_cast<size_t>(layer)], h, rec.head_dim},
       K(rec.layers[static_cast<size_t>(layer)].key.slice(kv_head), T, d),
       V(rec.layers[static_cast<size_t>(layer)].value.slice(kv_head), T, d) {}
 
-void block_queries(const ConstRowMap& Q, const int64_t* pos, int64_t rows, float inv_sqrt_d, RowMat& Qb, RowMat& Qs) {
+void block_queries(const QueryRows& Q, const int64_t* pos, int64_t rows, float inv_sqrt_d, RowMat& Qb, RowMat& Qs) {
   Qb.resize(rows, Q.cols());
   for (int64_t r = 0; r < rows; ++r) Qb.row(r) = Q.row(pos[r]);
   Qs = Qb * inv_sqrt_d;
@@ -137,7 +137,8 @@ void measure_head_reference(const Recording& rec, const Plan& plan, int64_t laye
   const float inv_sqrt_d = ht.inv_sqrt_d;
   const bool mixed_k = dk.mixed(prefill);  // Δs needs per-(t, j) selection
   const bool mixed_v = dv.mixed(prefill);
-  const ConstRowMap &Q = ht.Q, &K = ht.K, &V = ht.V;
+  const QueryRows& Q = ht.Q;
+  const ConstRowMap &K = ht.K, &V = ht.V;
   ConstRowMap dV(dv.stored.data(), T, d);
   s.p.resize(static_cast<size_t>(T));
   s.phat.resize(static_cast<size_t>(T));

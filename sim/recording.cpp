@@ -61,6 +61,26 @@ RopeInfo rope_from_metadata(const std::map<std::string, std::string>& metadata, 
   return rope;
 }
 
+namespace {
+// Row of position t in a layer's query tensor (kept: LayerTensors::query_positions), or
+// -1 when t is not kept.
+int64_t query_row_index(const std::vector<int64_t>& kept, int64_t t) {
+  const auto it = std::lower_bound(kept.begin(), kept.end(), t);
+  return it != kept.end() && *it == t ? static_cast<int64_t>(it - kept.begin()) : -1;
+}
+}  // namespace
+
+const float* LayerTensors::query_row(int64_t h, int64_t t) const {
+  const int64_t d = query.dim(2);
+  if (query_positions.empty()) return query.slice(h) + t * d;
+  const int64_t row = query_row_index(query_positions, t);
+  if (row < 0)
+    throw Error("the query at position " + std::to_string(t) + " was not kept: this recording keeps the queries of " +
+                std::to_string(query_positions.size()) + " sampled positions only (the run's calibration and "
+                "evaluated ones)");
+  return query.slice(h) + row * d;
+}
+
 bool Recording::has_pre_rope_keys() const { return !layers.empty() && !layers[0].key_pre_rope.empty(); }
 bool Recording::has_attn_output() const { return !layers.empty() && !layers[0].attn_output.empty(); }
 
@@ -90,7 +110,13 @@ void Recording::validate() const {
   if (!rope.inv_freq.empty() && static_cast<int64_t>(rope.inv_freq.size()) * 2 != head_dim)
     throw Error(where + ": " + std::to_string(rope.inv_freq.size()) + " RoPE inverse frequencies for head_dim " +
                 std::to_string(head_dim));
-  const std::vector<int64_t> qshape = {q_heads, tokens, head_dim};
+  const std::vector<int64_t>& kept = layers[0].query_positions;
+  for (size_t i = 0; i < kept.size(); ++i)
+    if (kept[i] < 0 || kept[i] >= tokens || (i > 0 && kept[i] <= kept[i - 1]))
+      throw Error(where + ": kept query position " + std::to_string(kept[i]) + " (entry " + std::to_string(i) +
+                  ") is not sorted, distinct and within [0, " + std::to_string(tokens) + ")");
+  const int64_t query_rows = kept.empty() ? tokens : static_cast<int64_t>(kept.size());
+  const std::vector<int64_t> qshape = {q_heads, query_rows, head_dim};
   const std::vector<int64_t> kvshape = {kv_heads, tokens, head_dim};
   if (!attention_windows.empty() && attention_windows.size() != layers.size())
     throw Error(where + ": " + std::to_string(attention_windows.size()) + " attention windows for " +
@@ -98,6 +124,9 @@ void Recording::validate() const {
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerTensors& L = layers[i];
     const std::string lw = where + " layer " + std::to_string(layer_ids.empty() ? int(i) : layer_ids[i]);
+    if (L.query_positions != kept)
+      throw Error(lw + ": keeps queries at other positions than layer " +
+                  std::to_string(layer_ids.empty() ? 0 : layer_ids[0]));
     auto need = [&](const Tensor& t, const std::vector<int64_t>& shape, const char* what) {
       if (t.shape != shape)
         throw Error(lw + ": " + what + " has shape " + shape_str(t.shape) + ", expected " + shape_str(shape) +
@@ -144,8 +173,18 @@ void truncate_htd(Tensor& t, int64_t n) {
 
 void Recording::truncate_tokens(int64_t n) {
   if (n <= 0 || n >= tokens) return;
+  const std::vector<int64_t> kept = layers.empty() ? std::vector<int64_t>{} : layers[0].query_positions;
+  const int64_t kept_below = std::lower_bound(kept.begin(), kept.end(), n) - kept.begin();
+  if (!kept.empty() && kept_below == 0)
+    throw Error("recording '" + name + "': keeping the first " + std::to_string(n) +
+                " tokens leaves none of its kept query positions (the first is " + std::to_string(kept[0]) + ")");
   for (LayerTensors& L : layers) {
-    truncate_htd(L.query, n);
+    if (kept.empty()) {
+      truncate_htd(L.query, n);
+    } else {
+      truncate_htd(L.query, kept_below);
+      L.query_positions.resize(static_cast<size_t>(kept_below));
+    }
     truncate_htd(L.key, n);
     truncate_htd(L.value, n);
     truncate_htd(L.key_pre_rope, n);
@@ -161,11 +200,32 @@ void Recording::truncate_tokens(int64_t n) {
   tokens = n;
 }
 
+void Recording::keep_queries_at(const std::vector<int64_t>& positions) {
+  if (positions.empty() || static_cast<int64_t>(positions.size()) >= tokens) return;
+  for (size_t i = 0; i < positions.size(); ++i)
+    if (positions[i] < 0 || positions[i] >= tokens || (i > 0 && positions[i] <= positions[i - 1]))
+      throw Error("recording '" + name + "': query position " + std::to_string(positions[i]) +
+                  " to keep is not sorted, distinct and within [0, " + std::to_string(tokens) + ")");
+  const int64_t n = static_cast<int64_t>(positions.size());
+  for (LayerTensors& L : layers) {
+    const int64_t H = L.query.dim(0), d = L.query.dim(2);
+    Tensor kept({H, n, d});
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t r = 0; r < n; ++r) {
+        const float* row = L.query_row(h, positions[static_cast<size_t>(r)]);
+        std::copy(row, row + d, kept.slice(h) + r * d);
+      }
+    L.query = std::move(kept);
+    L.query_positions = positions;
+  }
+}
+
 std::string Recording::summary() const {
   std::ostringstream os;
   os << layers.size() << " layers, " << q_heads << "/" << kv_heads << " q/kv heads, head_dim " << head_dim << ", "
      << tokens << " tokens";
   if (rope.applied) os << ", post-RoPE (theta " << rope.theta << (rope.inv_freq.empty() ? "" : ", scaled") << ")";
+  if (has_sparse_queries()) os << ", queries at " << layers[0].query_positions.size() << " positions";
   if (has_pre_rope_keys()) os << ", pre-RoPE keys";
   if (has_attn_output()) os << ", attn_output";
   return os.str();

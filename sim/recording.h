@@ -14,11 +14,23 @@ namespace kvb {
 
 // One transformer layer's attention inputs and output, host fp32.
 struct LayerTensors {
-  Tensor query;         // [q_heads, T, head_dim]; post-RoPE when the model uses RoPE
+  // [q_heads, T, head_dim], or [q_heads, query_positions.size(), head_dim] when only
+  // sampled positions' queries are kept; post-RoPE when the model uses RoPE.
+  Tensor query;
   Tensor key;           // [kv_heads, T, head_dim]; post-RoPE when the model uses RoPE
   Tensor value;         // [kv_heads, T, head_dim]
   Tensor key_pre_rope;  // [kv_heads, T, head_dim], or empty when not recorded
   Tensor attn_output;   // [T, q_heads * head_dim] (input of o_proj), or empty
+  // The positions whose queries `query` holds, sorted and distinct (row i of each head
+  // is position query_positions[i]); empty = every position 0..T-1. A run that reads
+  // queries at a few sampled positions keeps only those (a long context's queries are
+  // the largest tensor: q_heads/kv_heads times the keys).
+  std::vector<int64_t> query_positions;
+
+  bool sparse_queries() const { return !query_positions.empty(); }
+  // The query of head h at position t, [head_dim]. Throws kvb::Error when the layer
+  // keeps sampled positions and t is not one of them.
+  const float* query_row(int64_t h, int64_t t) const;
 };
 
 // How the recorded keys were rotated (Hugging Face "rotate_half" convention: pair
@@ -70,6 +82,8 @@ struct Recording {
   int64_t kv_head_of(int64_t q_head) const { return q_head / group_size(); }
   bool has_pre_rope_keys() const;
   bool has_attn_output() const;
+  // Whether the layers keep queries at sampled positions only (LayerTensors::query_positions).
+  bool has_sparse_queries() const { return !layers.empty() && layers[0].sparse_queries(); }
   // Number of K and V elements: 2 * L * kv_heads * T * head_dim.
   int64_t kv_elements() const { return 2 * num_layers() * kv_heads * tokens * head_dim; }
 
@@ -78,6 +92,10 @@ struct Recording {
   void validate() const;
   // Keeps the first n tokens (n <= T), e.g. for a quick run on a prefix.
   void truncate_tokens(int64_t n);
+  // Keeps the queries at `positions` only (sorted, distinct, each < T; a subset of the
+  // positions kept so far), in every layer. Empty or every position: nothing changes.
+  // Throws kvb::Error naming a position that is out of range or no longer kept.
+  void keep_queries_at(const std::vector<int64_t>& positions);
   std::string summary() const;  // "6 layers, 6/6 heads, head_dim 64, 512 tokens"
 };
 

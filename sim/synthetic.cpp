@@ -149,6 +149,23 @@ SyntheticChannels plan_channels(const SyntheticSpec& s) {
   return ch;
 }
 
+// Throws SyntheticSpecError at `tokens` when layers x (query_rows/tokens x q_heads + 3
+// kv_heads) x tokens x head_dim fp32 values do not fit in this machine's memory.
+void check_fits_memory(const SyntheticSpec& s, int64_t query_rows) {
+  const double kv_rows = 3.0 * static_cast<double>(s.kv_heads) * static_cast<double>(s.tokens);
+  const double floats = static_cast<double>(s.layers) * static_cast<double>(s.head_dim) *
+                        (static_cast<double>(s.q_heads) * static_cast<double>(query_rows) + kv_rows);
+  const double bytes = 4 * floats;
+  const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  char sizes[160];
+  std::snprintf(sizes, sizeof sizes, "%.3g fp32 values (%.1f GiB) do not fit in this machine's %.1f GiB", floats,
+                bytes / (1 << 30), ram / (1 << 30));
+  const std::string what = query_rows == 0 ? "layers x 3 kv_heads x tokens x head_dim (keys, pre-RoPE keys, values)"
+                                           : "layers x (q_heads x " + std::to_string(query_rows) +
+                                                 " query positions + 3 kv_heads x tokens) x head_dim";
+  if (ram > 0 && bytes > ram) bad_field("tokens", what + " = " + std::string(sizes) + " of memory; make the recording smaller");
+}
+
 }  // namespace
 
 void validate_synthetic_spec(const SyntheticSpec& s) {
@@ -165,19 +182,9 @@ void validate_synthetic_spec(const SyntheticSpec& s) {
   require(!s.rope || s.head_dim % 2 == 0, "head_dim",
           num(s.head_dim) + " is odd, but rope = true rotates channel pairs (i, i + head_dim/2)");
   require(s.tokens >= 2, "tokens", "must be >= 2, got " + num(s.tokens));
-  {
-    // The recording's fp32 queries, keys, pre-RoPE keys and values must fit in memory.
-    const double floats = static_cast<double>(s.layers) * static_cast<double>(s.q_heads + 3 * s.kv_heads) *
-                          static_cast<double>(s.tokens) * static_cast<double>(s.head_dim);
-    const double bytes = 4 * floats;
-    const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
-    char sizes[160];
-    std::snprintf(sizes, sizeof sizes, "%.3g fp32 values (%.1f GiB) do not fit in this machine's %.1f GiB", floats,
-                  bytes / (1 << 30), ram / (1 << 30));
-    require(ram <= 0 || bytes <= ram, "tokens",
-            "layers x (q_heads + 3 kv_heads) x tokens x head_dim = " + std::string(sizes) +
-                " of memory; make the recording smaller");
-  }
+  // The recording's fp32 keys, pre-RoPE keys and values must fit in memory (its queries
+  // are counted by generate_synthetic, which knows how many positions are kept).
+  check_fits_memory(s, 0);
   require(std::isfinite(s.entropy_mean) && s.entropy_mean >= 0, "entropy_mean",
           "must be a finite number of bits >= 0, got " + num(s.entropy_mean));
   require(std::isfinite(s.entropy_spread) && s.entropy_spread >= 0, "entropy_spread",
@@ -640,17 +647,20 @@ std::vector<HeadRole> assign_roles(const Plan& P, int64_t l) {
   return roles;
 }
 
-// Query content directions q̂_t of one query head, [T, d] (zero outside the content
-// channels): unit(ẑ_target + ν·noise) with ẑ the target key's own part before outlier
-// scaling (post frame, unit norm), target seeded uniformly in [0, t].
-std::vector<float> unit_queries(const Plan& P, int64_t l, int64_t h, const std::vector<float>& targets_post) {
+// Query content directions q̂_t of one query head into out [T, d] (zero outside the
+// content channels; its storage is reused from head to head, so a long context's
+// buffer is not faulted in again per head): unit(ẑ_target + ν·noise) with ẑ the target
+// key's own part before outlier scaling (post frame, unit norm), target seeded uniformly
+// in [0, t].
+void unit_queries(const Plan& P, int64_t l, int64_t h, const std::vector<float>& targets_post,
+                  std::vector<float>& out) {
   const SyntheticSpec& s = P.spec;
   const int64_t T = P.T, d = P.d;
   const uint64_t ul = static_cast<uint64_t>(l), uh = static_cast<uint64_t>(h);
   Rng target_rng(derive_seed({s.seed, kQueryTarget, ul, uh}));
   Rng noise_rng(derive_seed({s.seed, kQueryNoise, ul, uh}));
   const double noise_sd = kQueryNoiseWeight / std::sqrt(static_cast<double>(P.ch.content.size()));
-  std::vector<float> out(static_cast<size_t>(T * d), 0.0f);
+  out.assign(static_cast<size_t>(T * d), 0.0f);
   std::vector<double> v(static_cast<size_t>(d));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
@@ -667,7 +677,6 @@ std::vector<float> unit_queries(const Plan& P, int64_t l, int64_t h, const std::
     const double vinv = 1.0 / std::sqrt(vnorm2);
     for (int64_t c : P.ch.content) out[static_cast<size_t>(t * d + c)] = static_cast<float>(v[static_cast<size_t>(c)] * vinv);
   }
-  return out;
 }
 
 // Positional query part of one KV head's query heads in the post frame, [T, d]:
@@ -747,7 +756,7 @@ struct LayerResult {
   std::vector<std::string> warnings;
 };
 
-LayerResult generate_layer(const Plan& P, int64_t l) {
+LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) {
   const SyntheticSpec& s = P.spec;
   const int64_t G = P.G, T = P.T, d = P.d, Hq = P.Hq;
   const std::string layer_where = "layer " + std::to_string(l);
@@ -764,12 +773,12 @@ LayerResult generate_layer(const Plan& P, int64_t l) {
     kp = make_key_parts(P, l, g);
     out.report.outlier_channels[static_cast<size_t>(g)] = kp.outliers;
     query_targets[static_cast<size_t>(g)] = to_post(P, kp.own_unscaled);
-    const std::vector<float> shared_post = to_post(P, kp.shared), own_post = to_post(P, kp.own),
-                             fixed_post = to_post(P, kp.fixed);
-    for (size_t i = 0; i < mean_shared.size(); ++i) {
-      mean_shared[i] += shared_post[i];
-      mean_own[i] += own_post[i];
-      mean_fixed[i] += fixed_post[i];
+    kp.own_unscaled = std::vector<float>();  // freed: a long context holds one [T, d] buffer less per KV head
+    // One post-frame part at a time (each mean is its own sum): one [T, d] buffer, not three.
+    for (auto [part, mean] : {std::pair{&kp.shared, &mean_shared}, std::pair{&kp.own, &mean_own},
+                              std::pair{&kp.fixed, &mean_fixed}}) {
+      const std::vector<float> post = to_post(P, *part);
+      for (size_t i = 0; i < mean->size(); ++i) (*mean)[i] += post[i];
     }
   }
   double w[2] = {0, 0};
@@ -781,12 +790,16 @@ LayerResult generate_layer(const Plan& P, int64_t l) {
   out.report.shared_weight_first = w[0];
   out.report.shared_weight_second = P.num_phases() == 2 ? w[1] : w[0];
 
+  for (std::vector<double>* mean : {&mean_shared, &mean_own, &mean_fixed}) *mean = std::vector<double>();  // freed
+
   LayerTensors& L = out.tensors;
   L.key = Tensor({G, T, d});
-  if (s.rope) L.key_pre_rope = Tensor({G, T, d});
+  const bool keep_pre = s.rope && keep.key_pre_rope;
+  if (keep_pre) L.key_pre_rope = Tensor({G, T, d});
+  std::vector<float> pre_scratch(s.rope && !keep_pre ? static_cast<size_t>(T * d) : 0);  // pre frame, not kept
   for (int64_t g = 0; g < G; ++g) {
-    const KeyParts& kp = parts[static_cast<size_t>(g)];
-    float* pre = (s.rope ? L.key_pre_rope : L.key).slice(g);
+    KeyParts& kp = parts[static_cast<size_t>(g)];
+    float* pre = keep_pre ? L.key_pre_rope.slice(g) : s.rope ? pre_scratch.data() : L.key.slice(g);
     for (int64_t t = 0; t < T; ++t) {
       const double ph_w = w[P.phase_of(t)];
       const float a = static_cast<float>(std::sqrt(ph_w)), b = static_cast<float>(std::sqrt(1.0 - ph_w));
@@ -799,7 +812,10 @@ LayerResult generate_layer(const Plan& P, int64_t l) {
       std::copy(pre, pre + T * d, L.key.slice(g));
       apply_rope(L.key.slice(g), *P.rope);
     }
+    kp.shared = std::vector<float>();  // freed: only `fixed` is read below
+    kp.own = std::vector<float>();
   }
+  pre_scratch = std::vector<float>();
 
   // Values.
   L.value = Tensor({G, T, d});
@@ -812,25 +828,38 @@ LayerResult generate_layer(const Plan& P, int64_t l) {
   // Queries, calibrated head by head against the final keys.
   const std::vector<HeadRole> roles = assign_roles(P, l);
   out.report.heads.resize(static_cast<size_t>(Hq));
-  L.query = Tensor({Hq, T, d});
+  // Kept rows: row r of each head is position kept[r] (every position when none are named).
+  const bool sparse = !keep.query_positions.empty();
+  const int64_t rows = sparse ? static_cast<int64_t>(keep.query_positions.size()) : T;
+  auto position_of = [&](int64_t r) { return sparse ? keep.query_positions[static_cast<size_t>(r)] : r; };
+  L.query = Tensor({Hq, rows, d});
+  if (sparse) L.query_positions = keep.query_positions;
   const int64_t sc = P.sink_channel();
   CalibrationScores scores;
+  std::vector<float> unit_q;  // [T, d], one query head's at a time
   for (int64_t g = 0; g < G; ++g) {
     const float* keys = L.key.slice(g);
     const std::vector<float> pos_q = positional_queries(P, parts[static_cast<size_t>(g)]);
     kv_head_scores(P, pos_q, keys, scores);
     for (int64_t h = g * P.group; h < (g + 1) * P.group; ++h) {
-      const std::vector<float> unit_q = unit_queries(P, l, h, query_targets[static_cast<size_t>(g)]);
+      unit_queries(P, l, h, query_targets[static_cast<size_t>(g)], unit_q);
       score_rows(P, unit_q, keys, scores.query_rows, scores.content);
       const std::string where = layer_where + " q head " + std::to_string(h);
       const SyntheticHeadReport rep = calibrate_head(P, roles[static_cast<size_t>(h)], scores, where, out.warnings);
       out.report.heads[static_cast<size_t>(h)] = rep;
       const float beta = static_cast<float>(rep.content_gain), gamma = static_cast<float>(rep.sink_gain);
-      float* q = L.query.slice(h);
-      for (int64_t i = 0; i < T * d; ++i) q[i] = beta * unit_q[static_cast<size_t>(i)] + pos_q[static_cast<size_t>(i)];
-      if (sc >= 0 && gamma != 0.0f)
-        for (int64_t t = 0; t < T; ++t) q[t * d + sc] += gamma;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = position_of(r);
+        float* q = L.query.slice(h) + r * d;
+        for (int64_t c = 0; c < d; ++c) {
+          const size_t i = static_cast<size_t>(t * d + c);
+          q[c] = beta * unit_q[i] + pos_q[i];
+        }
+        if (sc >= 0 && gamma != 0.0f) q[sc] += gamma;
+      }
     }
+    query_targets[static_cast<size_t>(g)] = std::vector<float>();  // freed: this KV head's queries are done
+    parts[static_cast<size_t>(g)].fixed = std::vector<float>();
   }
   return out;
 }
@@ -884,12 +913,20 @@ std::map<std::string, std::string> spec_metadata(const SyntheticSpec& s) {
 
 }  // namespace
 
-Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report) {
+Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep_asked) {
   validate_synthetic_spec(spec);
+  const std::vector<int64_t>& kept = keep_asked.query_positions;
+  for (size_t i = 0; i < kept.size(); ++i)
+    if (kept[i] < 0 || kept[i] >= spec.tokens || (i > 0 && kept[i] <= kept[i - 1]))
+      throw Error("synthetic recording: kept query position " + std::to_string(kept[i]) +
+                  " is not sorted, distinct and within [0, tokens = " + std::to_string(spec.tokens) + ")");
+  SyntheticKeep keep = keep_asked;
+  if (static_cast<int64_t>(kept.size()) >= spec.tokens) keep.query_positions.clear();  // every position
+  check_fits_memory(spec, keep.query_positions.empty() ? spec.tokens : static_cast<int64_t>(keep.query_positions.size()));
   const Plan P = make_plan(spec);
 
   std::vector<LayerResult> layers(static_cast<size_t>(P.L));
-  parallel_for_rethrow(P.L, [&](int64_t l) { layers[static_cast<size_t>(l)] = generate_layer(P, l); });
+  parallel_for_rethrow(P.L, [&](int64_t l) { layers[static_cast<size_t>(l)] = generate_layer(P, l, keep); });
 
   Recording rec;
   rec.name = "synthetic";

@@ -136,12 +136,24 @@ class SyntheticSpecError : public ConfigError {
   std::string field, why;
 };
 
-// Throws SyntheticSpecError naming the first bad field and why.
+// What a run reads of a synthetic recording; the generator keeps nothing else. Every
+// kept value is bit-identical to the full recording's (the generator computes the same
+// tensors and drops the rest as it goes).
+struct SyntheticKeep {
+  // Query positions kept (sorted, distinct, each < tokens; LayerTensors::query_positions):
+  // e.g. a run's calibration and evaluated positions. Empty = every position.
+  std::vector<int64_t> query_positions;
+  bool key_pre_rope = true;  // with rope = true: keep the keys before rotation
+};
+
+// Throws SyntheticSpecError naming the first bad field and why. The memory check counts
+// the keys, values and pre-RoPE keys; generate_synthetic also counts the kept queries.
 void validate_synthetic_spec(const SyntheticSpec& spec);
 
 // Validates the spec and generates. When `report` is given it receives the calibration
 // details; the recording's metadata carries the spec, the measured ρ per phase and the
 // warnings either way.
-Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report = nullptr);
+Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report = nullptr,
+                             const SyntheticKeep& keep = {});
 
 }  // namespace kvb

@@ -498,6 +498,55 @@ TEST_CASE("synthetic: determinism: same seed same bytes, new seed new bytes, any
   CHECK(one.token_ids != other.token_ids);
 }
 
+TEST_CASE("synthetic: kept queries and dropped pre-RoPE keys: what is kept is the full recording's, bit for bit") {
+  kvb::SyntheticSpec s = small_spec();
+  s.rope = true;
+  s.recency = 1.0;
+  s.sink_heads = 1;
+  s.outlier_channels = 2;
+  const kvb::Recording full = kvb::generate_synthetic(s);
+  kvb::SyntheticKeep keep;
+  keep.query_positions = {0, 5, 64, 150, 191};
+  keep.key_pre_rope = false;
+  kvb::SyntheticReport report_full, report_kept;
+  (void)kvb::generate_synthetic(s, &report_full);
+  const kvb::Recording kept = kvb::generate_synthetic(s, &report_kept, keep);
+  REQUIRE(kept.num_layers() == full.num_layers());
+  CHECK(kept.has_sparse_queries());
+  CHECK_FALSE(kept.has_pre_rope_keys());
+  CHECK(kept.summary().find("queries at 5 positions") != std::string::npos);
+  CHECK(kept.metadata == full.metadata);  // the measured rho and the warnings too
+  for (int64_t l = 0; l < full.num_layers(); ++l) {
+    const kvb::LayerTensors &a = full.layers[static_cast<size_t>(l)], &b = kept.layers[static_cast<size_t>(l)];
+    CHECK(same_bytes(a.key, b.key));
+    CHECK(same_bytes(a.value, b.value));
+    CHECK(b.query.shape == std::vector<int64_t>{s.q_heads, 5, s.head_dim});
+    for (int64_t h = 0; h < s.q_heads; ++h)
+      for (int64_t t : keep.query_positions)
+        CHECK(std::memcmp(a.query_row(h, t), b.query_row(h, t), sizeof(float) * s.head_dim) == 0);
+    CHECK_THROWS_WITH_AS(b.query_row(0, 6), doctest::Contains("the query at position 6 was not kept"), kvb::Error);
+    for (size_t h = 0; h < report_full.layers[static_cast<size_t>(l)].heads.size(); ++h)
+      CHECK(report_full.layers[static_cast<size_t>(l)].heads[h].content_gain ==
+            report_kept.layers[static_cast<size_t>(l)].heads[h].content_gain);
+  }
+  // Keeping a recording's queries afterwards gives the same tensors.
+  kvb::Recording thinned = full;
+  thinned.keep_queries_at(keep.query_positions);
+  for (int64_t l = 0; l < full.num_layers(); ++l)
+    CHECK(same_bytes(thinned.layers[static_cast<size_t>(l)].query, kept.layers[static_cast<size_t>(l)].query));
+  // Every position asked for is the full recording.
+  keep.query_positions.resize(static_cast<size_t>(s.tokens));
+  std::iota(keep.query_positions.begin(), keep.query_positions.end(), int64_t{0});
+  keep.key_pre_rope = true;
+  CHECK(same_recording(full, kvb::generate_synthetic(s, nullptr, keep)));
+  // Bad positions are refused, naming them.
+  keep.query_positions = {3, 3};
+  CHECK_THROWS_WITH_AS(kvb::generate_synthetic(s, nullptr, keep), doctest::Contains("kept query position 3"), kvb::Error);
+  keep.query_positions = {192};
+  CHECK_THROWS_WITH_AS(kvb::generate_synthetic(s, nullptr, keep), doctest::Contains("kept query position 192"),
+                       kvb::Error);
+}
+
 TEST_CASE("synthetic: spec validation names the field and the reason") {
   struct Bad {
     const char* field;

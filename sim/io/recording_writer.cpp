@@ -1,5 +1,6 @@
 #include "sim/io/recording_writer.h"
 
+#include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/io/tensor_writer.h"
 
@@ -7,6 +8,10 @@ namespace kvb {
 
 void write_recording(const std::filesystem::path& path, const Recording& rec, DType dtype,
                      const std::map<std::string, std::string>& extra_metadata) {
+  if (rec.has_sparse_queries())
+    throw Error(path.string() + ": recording '" + rec.name + "' keeps the queries of " +
+                std::to_string(rec.layers[0].query_positions.size()) + " sampled positions only, and a recording file "
+                "holds every position's query; write it from a recording with all of them");
   std::vector<TensorToWrite> tensors;
   for (int64_t i = 0; i < rec.num_layers(); ++i) {
     const LayerTensors& L = rec.layers[static_cast<size_t>(i)];

@@ -49,14 +49,13 @@ HeadEntropy head_entropy(const Recording& rec, int64_t li, int64_t q_head,
                          const std::vector<int64_t>& positions) {
   const LayerTensors& L = rec.layers[static_cast<size_t>(li)];
   const int64_t T = rec.tokens, d = rec.head_dim;
-  const float* q = L.query.slice(q_head);
   const float* k = L.key.slice(rec.kv_head_of(q_head));
   std::vector<float> s(static_cast<size_t>(T));
   std::vector<double> p(static_cast<size_t>(T));
   HeadEntropy out;
   if (positions.empty()) return out;
   for (int64_t t : positions) {
-    attention_scores(q, k, t + 1, d, t, t + 1, s.data());
+    attention_scores(L.query_row(q_head, t), k, t + 1, d, 0, 1, s.data());
     softmax_row(s.data(), t + 1, p.data());
     out.shannon += shannon_entropy_bits(p.data(), t + 1);
     out.renyi2 += renyi2_entropy_bits(p.data(), t + 1);

@@ -56,7 +56,6 @@ void RecordingStats::compute_attention_statistics(bool parallel) {
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t li = task / Hq, h = task % Hq;
     const LayerTensors& Lt = rec_.layers[static_cast<size_t>(li)];
-    const float* q = Lt.query.slice(h);
     const float* k = Lt.key.slice(rec_.kv_head_of(h));
     std::vector<float> s(static_cast<size_t>(T));
     std::vector<double> p(static_cast<size_t>(T));
@@ -64,7 +63,7 @@ void RecordingStats::compute_attention_statistics(bool parallel) {
     double weight_shannon = 0, weight_renyi2 = 0;  // Σ_t 2^(−H(t))
     std::vector<double>& recv = recv_q[static_cast<size_t>(task)];
     for (int64_t t : calibration_) {
-      attention_scores(q, k, t + 1, d, t, t + 1, s.data());
+      attention_scores(Lt.query_row(h, t), k, t + 1, d, 0, 1, s.data());
       softmax_row(s.data(), t + 1, p.data());
       const double hs = shannon_entropy_bits(p.data(), t + 1), h2 = renyi2_entropy_bits(p.data(), t + 1);
       e.mean.shannon += hs;

@@ -46,7 +46,7 @@ FirstOrderCheck value_error_first_order(const Recording& rec, const Format& form
       for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
         for (size_t at = 0; at < positions.size(); ++at) {
           const int64_t t = positions[at];
-          attention_scores(L.query.slice(h), L.key.slice(g), t + 1, d, t, t + 1, s.data());
+          attention_scores(L.query_row(h, t), L.key.slice(g), t + 1, d, 0, 1, s.data());
           softmax_row(s.data(), t + 1, p.data());
           std::fill(dout.begin(), dout.end(), 0.0);
           double pred = 0, sum_p2 = 0;
@@ -91,8 +91,8 @@ FirstOrderCheck key_error_first_order(const Recording& rec, const Format& format
       for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
         for (size_t at = 0; at < positions.size(); ++at) {
           const int64_t t = positions[at];
-          const float* q = L.query.slice(h) + t * d;
-          attention_scores(L.query.slice(h), L.key.slice(g), t + 1, d, t, t + 1, s.data());
+          const float* q = L.query_row(h, t);
+          attention_scores(L.query_row(h, t), L.key.slice(g), t + 1, d, 0, 1, s.data());
           softmax_row(s.data(), t + 1, p.data());
           // KL(p ‖ p̂) = log Σ p_j e^{Δs_j} − Σ p_j Δs_j, with a shift for range.
           double mean = 0, mean2 = 0, mx = -INFINITY;
