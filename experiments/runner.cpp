@@ -98,7 +98,9 @@ RunOutcome run_experiment(const RunRequest& request) {
     if (s > 0 && stopped()) throw RunInterrupted("interrupted while loading the data; nothing was written");
     try {
       if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s], spec.backend);
-      else loaded[s] = build_recording(sequence_data[s], synthetic_keep(spec, to_run, sequence_data[s]));
+      // What is kept follows the whole sweep, not this shard's or resumption's points:
+      // every shard of a run, and its resumption, see the same data (recording_identity).
+      else loaded[s] = build_recording(sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]));
     } catch (const RunInterrupted&) {
       throw;
     } catch (const ConfigError& e) {
