@@ -97,8 +97,11 @@ RunOutcome run_experiment(const RunRequest& request) {
   for (size_t s = 0; s < S; ++s) {
     if (s > 0 && stopped()) throw RunInterrupted("interrupted while loading the data; nothing was written");
     try {
+      // A synthetic recording keeps what the whole sweep reads, not this shard's or
+      // resumption's points: every shard of a run, and its resumption, see the same data
+      // (recording_identity).
       if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s], spec.backend);
-      else loaded[s] = build_recording(sequence_data[s], synthetic_keep(spec, to_run, sequence_data[s]));
+      else loaded[s] = build_recording(sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]));
     } catch (const RunInterrupted&) {
       throw;
     } catch (const ConfigError& e) {
