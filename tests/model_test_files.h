@@ -54,6 +54,22 @@ struct TinyLlamaOptions {
 };
 
 // A Llama-family checkpoint; the caller adds RoPE / window keys to .config.
+// RoPE's default inverse frequencies theta^(-2i/d), i < d/2, in double: what a reference
+// rotates with.
+inline std::vector<double> llama_inv_freq(double theta, int64_t d) {
+  std::vector<double> f;
+  for (int64_t i = 0; i < d / 2; ++i) f.push_back(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d)));
+  return f;
+}
+
+// n seeded token ids in [0, vocab).
+inline std::vector<int64_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
+  return t;
+}
+
 inline TinyCheckpoint tiny_llama(const TinyLlamaOptions& o) {
   TinyCheckpoint c;
   c.config = {{"architectures", {o.architecture}},

@@ -46,19 +46,6 @@ std::string config_error(const TinyCheckpoint& base, const nlohmann::json& extra
   return error_of([&] { (void)config_with(base, extra, name); });
 }
 
-std::vector<int64_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> t;
-  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-  return t;
-}
-
-std::vector<double> inv_freq(double theta, int64_t d) {
-  std::vector<double> f;
-  for (int64_t i = 0; i < d / 2; ++i) f.push_back(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d)));
-  return f;
-}
-
 bool bit_identical(const RowMatrix& a, const RowMatrix& b) {
   return a.rows() == b.rows() && a.cols() == b.cols() &&
          std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<size_t>(a.size())) == 0;
@@ -117,10 +104,10 @@ TEST_CASE("per-layer sliding windows against a plain reference, in teacher forci
   CHECK(has(c.summary(), "hybrid: 2 sliding-window layers (W 3: 0,2), 1 full"));
   // Teacher forcing: query t of a sliding layer sees keys t - 3 < j <= t (reference_llama).
   const RowMatrix got = model->forward(tokens);
-  const auto want = reference_llama(base, o, inv_freq(10000.0, o.head_dim), {w, 0, w}, tokens);
+  const auto want = reference_llama(base, o, llama_inv_freq(10000.0, o.head_dim), {w, 0, w}, tokens);
   CHECK(worst_relative_row_error(want, got.data(), got.cols()) < 1e-5);
   // The window matters: full attention everywhere is far from it.
-  const auto full = reference_llama(base, o, inv_freq(10000.0, o.head_dim), {0, 0, 0}, tokens);
+  const auto full = reference_llama(base, o, llama_inv_freq(10000.0, o.head_dim), {0, 0, 0}, tokens);
   CHECK(worst_relative_row_error(full, got.data(), got.cols()) > 1e-3);
   // Generation: a prompt, then one token at a time, reads the same windows.
   Transformer::State state = model->new_state();

@@ -36,19 +36,6 @@ Plan uniform_plan(const Recording& rec, const std::string& format) {
   return UniformStrategy(make_format(format), make_format(format)).build({rec, 0});
 }
 
-std::vector<double> llama_inv_freq(double theta, int64_t d) {
-  std::vector<double> f;
-  for (int64_t i = 0; i < d / 2; ++i) f.push_back(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d)));
-  return f;
-}
-
-std::vector<int64_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> t;
-  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-  return t;
-}
-
 }  // namespace
 
 TEST_CASE("fixtures: logits match Hugging Face's reference to 1e-4 relative") {

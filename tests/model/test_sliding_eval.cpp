@@ -46,19 +46,6 @@ SlidingModel sliding_model(bool hybrid) {
   return m;
 }
 
-std::vector<int64_t> some_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int64_t> t;
-  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab)));
-  return t;
-}
-
-std::vector<double> inv_freq(double theta, int64_t d) {
-  std::vector<double> f;
-  for (int64_t i = 0; i < d / 2; ++i) f.push_back(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d)));
-  return f;
-}
-
 bool rows_identical(const RowMatrix& a, const RowMatrix& b, int64_t row) {
   return std::memcmp(a.row(row).data(), b.row(row).data(), sizeof(float) * static_cast<size_t>(a.cols())) == 0;
 }
@@ -70,7 +57,7 @@ TEST_CASE("sliding-window model past W: the exact run's NLL is a plain reference
   const std::vector<int64_t> tokens = some_tokens(kTokens, m.options.vocab, 3);
   const ModelEvaluator ev(m.model, tokens, ContinuationSpec{2, 4, 6}, "sliding");
   // The reference: per-layer windows {8, 0, 8}, in double precision, log-softmax by hand.
-  const auto ref = reference_llama(m.checkpoint, m.options, inv_freq(10000.0, m.options.head_dim),
+  const auto ref = reference_llama(m.checkpoint, m.options, llama_inv_freq(10000.0, m.options.head_dim),
                                    {kWindow, 0, kWindow}, tokens);
   const std::vector<double> nll = ev.base_scored_nll();
   REQUIRE(nll.size() == static_cast<size_t>(kTokens - 1));
