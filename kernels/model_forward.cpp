@@ -337,11 +337,7 @@ RowMatrix CudaTransformer::extend(State& state, std::span<const int64_t> tokens,
       throw Error("CUDA forward pass: " + why);
   }
   state.tokens.insert(state.tokens.end(), tokens.begin(), tokens.end());
-  CacheQuantization cache = opt.cache;
-  if (cache.plan && cache.plan->phase_marker()) {
-    const auto marker = std::find(state.tokens.begin(), state.tokens.end(), *cache.plan->phase_marker());
-    if (marker != state.tokens.end()) cache.second_phase = marker - state.tokens.begin();
-  }
+  const CacheQuantization cache = opt.cache.for_tokens(state.tokens);
   if (opt.capture) opt.capture->assign(static_cast<size_t>(c.layers), LayerTensors{});
   DeviceCache& kv = *state.cache;
   m.reserve_cache(kv, context, first, c.kv_heads, d);

@@ -10,6 +10,15 @@
 
 namespace kvb {
 
+CacheQuantization CacheQuantization::for_tokens(const std::vector<int64_t>& tokens) const {
+  CacheQuantization q = *this;
+  if (plan && plan->phase_marker()) {
+    const auto marker = std::find(tokens.begin(), tokens.end(), *plan->phase_marker());
+    if (marker != tokens.end()) q.second_phase = marker - tokens.begin();
+  }
+  return q;
+}
+
 KvCache::KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim, CacheRope rope)
     : layers_(layers),
       kv_heads_(kv_heads),

@@ -46,6 +46,10 @@ struct CacheQuantization {
   std::optional<int64_t> second_phase = std::nullopt;
 
   int64_t effective_prefill() const { return prefill >= 0 ? prefill : (plan ? plan->prefill() : 0); }
+  // This quantization for a sequence holding `tokens` (positions 0..): second_phase at
+  // the first plan->phase_marker() token among them, when the plan has a marker and
+  // the tokens hold it; otherwise unchanged. What extend() (CPU and CUDA) attends with.
+  CacheQuantization for_tokens(const std::vector<int64_t>& tokens) const;
 };
 
 // How the cached keys were rotated: the RoPE context formats get in SpanInfo (a

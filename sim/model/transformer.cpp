@@ -96,11 +96,7 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
   check_tokens(tokens, first);
   if (opt.cache.plan) check_plan_fits(*opt.cache.plan, c.layers, c.kv_heads, d);
   state.tokens.insert(state.tokens.end(), tokens.begin(), tokens.end());
-  CacheQuantization cache = opt.cache;
-  if (cache.plan && cache.plan->phase_marker()) {
-    const auto marker = std::find(state.tokens.begin(), state.tokens.end(), *cache.plan->phase_marker());
-    if (marker != state.tokens.end()) cache.second_phase = marker - state.tokens.begin();
-  }
+  const CacheQuantization cache = opt.cache.for_tokens(state.tokens);
   if (opt.capture) opt.capture->assign(static_cast<size_t>(c.layers), LayerTensors{});
 
   Workspace& ws = workspace();
