@@ -42,13 +42,27 @@ const char* backend_request_name(BackendRequest r) {
   }
 }
 
+MatmulPrecision parse_matmul_precision(const std::string& name, const std::string& where) {
+  if (name == "fp32") return MatmulPrecision::Fp32;
+  if (name == "tf32") return MatmulPrecision::Tf32;
+  throw ConfigError(where + ": precision must be \"fp32\" or \"tf32\", got \"" + name + "\"");
+}
+
+void check_precision_backend(MatmulPrecision precision, BackendRequest b, const std::string& where) {
+  if (precision == MatmulPrecision::Tf32 && b == BackendRequest::Cpu)
+    throw ConfigError(where + ": precision = \"tf32\" is the CUDA simulator's fast mode, but backend = \"cpu\" "
+                              "(the CPU always computes in fp32/fp64); use backend = \"cuda\" or \"auto\", or "
+                              "precision = \"fp32\"");
+}
+
 const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"; }
 
-std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec) {
+std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec, MatmulPrecision precision) {
   if (b == Backend::Cpu) return std::make_unique<CpuMeasurer>(rec, kExactCacheBytes);
 #if KVB_HAVE_CUDA
-  return std::make_unique<cuda::CudaMeasurer>(rec);
+  return std::make_unique<cuda::CudaMeasurer>(rec, precision);
 #else
+  (void)precision;
   throw Error("CUDA backend: built without CUDA");
 #endif
 }
@@ -75,7 +89,7 @@ Measurer& Measurers::of(Backend b, const Recording& rec) {
   // Held while a measurer is made: two threads asking for the same one get one upload.
   const std::lock_guard<std::mutex> lock(mu_);
   std::unique_ptr<Measurer>& m = made_[{b, &rec}];
-  if (!m) m = make_measurer(b, rec);
+  if (!m) m = make_measurer(b, rec, precision_);
   return *m;
 }
 

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "sim/formats/format.h"
+#include "sim/matmul_precision.h"
 #include "sim/measurer.h"
 
 namespace kvb {
@@ -35,6 +36,13 @@ enum class Backend { Cpu, Cuda };
 // "cuda" in a build without CUDA.
 BackendRequest parse_backend_request(const std::string& name, const std::string& where);
 const char* backend_request_name(BackendRequest r);
+
+// Config `precision` / --precision: "fp32" or "tf32" (sim/matmul_precision.h); throws
+// ConfigError naming `where` for anything else.
+MatmulPrecision parse_matmul_precision(const std::string& name, const std::string& where);
+// Throws ConfigError naming `where` when `precision` cannot apply to backend `b`
+// (tf32 with backend = "cpu": the CPU has no such mode).
+void check_precision_backend(MatmulPrecision precision, BackendRequest b, const std::string& where);
 
 // Whether this build has the CUDA backend (nvcc was found at build time).
 bool cuda_backend_built();
@@ -60,7 +68,8 @@ inline constexpr size_t kExactCacheBytes = size_t(1) << 30;
 // The one place a backend's Measurer is created: CpuMeasurer (with kExactCacheBytes for
 // its exact pass) or cuda::CudaMeasurer, which uploads `rec` (kvb::Error when no
 // device is usable, or in a build without CUDA). `rec` must outlive it.
-std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec);
+std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec,
+                                        MatmulPrecision precision = MatmulPrecision::Fp32);
 
 // Why backend `b` cannot measure `plan` with `opt` ("" when it can), without creating
 // a measurer or touching a device (Measurer::unsupported_reason of that backend): an
@@ -78,11 +87,14 @@ Backend planning_backend(BackendRequest r);
 // device). Thread-safe.
 class Measurers {
  public:
+  // `precision`: what make_measurer gives the CUDA measurer (the CPU ignores it).
+  explicit Measurers(MatmulPrecision precision = MatmulPrecision::Fp32) : precision_(precision) {}
   Measurer& of(Backend b, const Recording& rec);
   // of(b, ·), as StrategyInput::measurer_for holds it; valid while this object lives.
   MeasurerFor source(Backend b);
 
  private:
+  MatmulPrecision precision_;
   std::mutex mu_;
   std::map<std::pair<Backend, const Recording*>, std::unique_ptr<Measurer>> made_;
 };

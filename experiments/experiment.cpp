@@ -206,6 +206,7 @@ void record_run_options(ExperimentSpec& spec, const RunOptionsInConfig& o) {
   if (!root.contains("name")) root.insert("name", spec.name);
   if (o.threads > 0) root.insert_or_assign("threads", int64_t{o.threads});
   if (!o.backend.empty()) root.insert_or_assign("backend", o.backend);
+  if (!o.precision.empty()) root.insert_or_assign("precision", o.precision);
   if (!o.out_dir.empty()) subtable(root, "output").insert_or_assign("dir", o.out_dir);
   if (o.no_plots) subtable(root, "output").insert_or_assign("plots", false);
   if (!o.budgets.empty()) {
@@ -238,6 +239,8 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
     root.fail("threads", "must be between 0 (all cores) and " + std::to_string(kMaxThreads));
   e.threads = static_cast<int>(threads);
   e.backend = parse_backend_request(root.string("backend", "cpu"), root.where("backend"));
+  e.precision = parse_matmul_precision(root.string("precision", "fp32"), root.where("precision"));
+  check_precision_backend(e.precision, e.backend, root.where("precision"));
 
   auto data = root.opt_table("data");
   if (!data) throw ConfigError(doc->file().string() + ": missing [data] table (a recording path or [data.synthetic])");

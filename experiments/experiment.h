@@ -108,6 +108,7 @@ struct ExperimentSpec {
   uint64_t seed = 0;
   int threads = 0;  // 0 = OpenMP default
   BackendRequest backend = BackendRequest::Cpu;  // experiments/backend.h
+  MatmulPrecision precision = MatmulPrecision::Fp32;  // `precision`: the CUDA simulator's products
   DataSpec data;
   std::vector<StrategyBlock> strategies;
   CalibrationSpec calibration;
@@ -134,6 +135,7 @@ struct RunOptionsInConfig {
   std::string backend;               // --backend; empty = not given
   bool no_plots = false;             // --no-plots
   std::vector<std::string> budgets;  // --budget queries, appended to [budgets] queries
+  std::string precision;             // --precision; empty = not given
 };
 void record_run_options(ExperimentSpec& spec, const RunOptionsInConfig& o);
 

@@ -187,6 +187,7 @@ std::string Report::manifest_text(const RunInfo& info) const {
     j["backend"] = backend_name(info.backend.used);
     j["backend_reason"] = info.backend.reason;
     if (!info.backend.device.empty()) j["cuda_device"] = info.backend.device;
+    if (info.backend.used == Backend::Cuda) j["precision"] = matmul_precision_name(spec_.precision);
   }
   j["cpu"] = cpu_model();
   j["cpu_cores_online"] = static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN));

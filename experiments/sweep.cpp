@@ -265,7 +265,7 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
   auto stopped = [&] { return stop && stop->load(); };
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
-  Measurers measurers;  // the planning backend's, for the distortion tables
+  Measurers measurers(spec.precision);  // the planning backend's, for the distortion tables
   const MeasurerFor measurer_for = measurers.source(planning_backend(spec.backend));
   RecordingStats stats(rec, positions.calibration);
   std::vector<std::unique_ptr<Strategy>> strategies(n);
@@ -320,7 +320,7 @@ class SweepRun {
            PlanCheck* prepared)
       : spec_(spec), rec_(rec), points_(points), on_point_(on_point), stop_(stop), model_(model),
         prepared_(prepared), n_(points.size()), layers_(static_cast<size_t>(rec.num_layers())),
-        positions_(resolve_positions(spec, rec.tokens)), results_(n_), plans_(n_) {
+        positions_(resolve_positions(spec, rec.tokens)), measurers_(spec.precision), results_(n_), plans_(n_) {
     for (const std::string& m : spec.metrics.report) {
       metrics_.push_back(&require_metric(m, "metrics.report"));
       (metrics_.back()->level == MetricLevel::Model ? need_model_ : need_sim_) = true;

@@ -18,28 +18,51 @@ constexpr int kRowThreads = 256;
 constexpr int kRowWarps = kRowThreads / 32;
 
 // ---------------------------------------------------------------------------
-// Block reductions (every thread gets the result).
+// A team of W warps computes one row (W = 1: each warp of a block its own row, for
+// rows of up to kWarpRowKeys keys; W = kRowWarps: the whole block, for longer rows).
+// Team reductions: every thread of the team gets the result; the order of the terms
+// depends only on W, so results are deterministic.
 // ---------------------------------------------------------------------------
-__device__ double block_sum(double v, double* scratch) {
+constexpr int64_t kWarpRowKeys = 4096;
+
+template <int W>
+__device__ double team_sum(double v, double* scratch) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();  // scratch may still be read from a previous reduction
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  double total = 0;
-  for (int w = 0; w < kRowWarps; ++w) total += scratch[w];  // fixed order: deterministic
-  return total;
+  if constexpr (W == 1) {
+    return v;
+  } else {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();  // scratch may still be read from a previous reduction
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double total = 0;
+    for (int w = 0; w < W; ++w) total += scratch[w];  // fixed order: deterministic
+    return total;
+  }
 }
 
-__device__ double block_max(double v, double* scratch) {
+template <int W>
+__device__ double team_max(double v, double* scratch) {
   for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  double m = -INFINITY;
-  for (int w = 0; w < kRowWarps; ++w) m = fmax(m, scratch[w]);
-  return m;
+  if constexpr (W == 1) {
+    return v;
+  } else {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double m = -INFINITY;
+    for (int w = 0; w < W; ++w) m = fmax(m, scratch[w]);
+    return m;
+  }
+}
+
+template <int W>
+__device__ void team_sync() {
+  if constexpr (W == 1)
+    __syncwarp();
+  else
+    __syncthreads();
 }
 
 // ---------------------------------------------------------------------------
@@ -54,19 +77,22 @@ struct Cand {
 __device__ __forceinline__ bool better(Cand a, Cand b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
 __device__ __forceinline__ Cand no_cand() { return Cand{-INFINITY, INT_MAX}; }
 
-// A thread's own k best of the keys it visits, sorted best first (local memory).
+// A thread's own k best of the keys it visits, sorted best first (local memory; the
+// current k-th best also in registers, so that most offers cost one comparison).
 struct LocalTopK {
   Cand c[kMaxTopK];
+  Cand last{};
   int count = 0;
 
   __device__ void offer(Cand x, int k) {
-    if (k <= 0 || (count == k && !better(x, c[k - 1]))) return;  // k <= 0: overlap is 1, as on the CPU
+    if (k <= 0 || (count == k && !better(x, last))) return;  // k <= 0: overlap is 1, as on the CPU
     int at = count < k ? count++ : k - 1;
     while (at > 0 && better(x, c[at - 1])) {
       c[at] = c[at - 1];
       --at;
     }
     c[at] = x;
+    if (count == k) last = c[k - 1];
   }
 };
 
@@ -96,21 +122,63 @@ __device__ void warp_merge(int k, ListAt list_at, ListLen list_len, Cand* out) {
   }
 }
 
-// Block top-k of the threads' local lists into out[0..k).
-__device__ void block_topk(const LocalTopK& mine, int k, Cand (*warp_lists)[kMaxTopK], Cand* out) {
-  const int warp = threadIdx.x >> 5;
-  warp_merge(
-      k, [&](int, int h) { return mine.c[h]; }, [&](int) { return mine.count; }, warp_lists[warp]);
-  __syncthreads();
-  if (warp == 0)
+// The team's top-k of its threads' local lists into out[0..k), visible to the team on
+// return. warp_lists: kRowWarps lists of scratch (W > 1 only).
+template <int W>
+__device__ void team_topk(const LocalTopK& mine, int k, Cand (*warp_lists)[kMaxTopK], Cand* out) {
+  if constexpr (W == 1) {
     warp_merge(
-        k, [&](int lane, int h) { return warp_lists[lane][h]; }, [&](int lane) { return lane < kRowWarps ? k : 0; },
-        out);
-  __syncthreads();
+        k, [&](int, int h) { return mine.c[h]; }, [&](int) { return mine.count; }, out);
+    __syncwarp();
+  } else {
+    const int warp = threadIdx.x >> 5;
+    warp_merge(
+        k, [&](int, int h) { return mine.c[h]; }, [&](int) { return mine.count; }, warp_lists[warp]);
+    __syncthreads();
+    if (warp == 0)
+      warp_merge(
+          k, [&](int lane, int h) { return warp_lists[lane][h]; }, [&](int lane) { return lane < W ? k : 0; }, out);
+    __syncthreads();
+  }
 }
 
+// |topk(p) ∩ topk(p̂)| by index, p's list given by index_p(c), c < k; called by a whole
+// warp (all lanes get the count).
+template <typename IndexP>
+__device__ int common_count(IndexP index_p, const Cand* top_phat, int k) {
+  int common = 0;
+  for (int base = 0; base < k; base += 32) {
+    const int c = base + (threadIdx.x & 31);
+    bool found = false;
+    if (c < k) {
+      const int i = index_p(c);
+      for (int m = 0; m < k; ++m) found |= top_phat[m].i == i;
+    }
+    common += __popc(__ballot_sync(0xffffffffu, found));
+  }
+  return common;
+}
+
+// Adds a partial fp32 sum of kPartialTerms terms at most to an fp64 total, as the CPU's
+// fast path sums its positive terms (sim/attention_error_fast.cpp, kPartialSumKeys).
+constexpr int kPartialTerms = 8;
+struct PartialSum {
+  float part = 0.0f;
+  double total = 0.0;
+  int terms = 0;
+  __device__ void add(float v) {
+    part += v;
+    if (++terms == kPartialTerms) {
+      total += part;
+      part = 0.0f;
+      terms = 0;
+    }
+  }
+  __device__ double sum() const { return total + part; }
+};
+
 // ---------------------------------------------------------------------------
-// One block per row r of a row block: query head head0 + r / npos at position
+// One team per row r of a row block: query head head0 + r / npos at position
 // t = positions[r % npos] over keys j <= t.
 // ---------------------------------------------------------------------------
 
@@ -122,118 +190,249 @@ static_assert(sizeof(kAttentionRowValues) / sizeof(kAttentionRowValues[0]) == 6,
 
 enum class Seen { Exact, Stored, Window };
 
-__global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArgs a) {
-  __shared__ double scratch[kRowWarps];
-  __shared__ Cand warp_lists[kRowWarps][kMaxTopK];
-  __shared__ Cand top_p[kMaxTopK], top_phat[kMaxTopK];
-  __shared__ int common;
+// The shared memory of a row kernel with teams of W warps.
+template <int W>
+struct RowShared {
+  static constexpr int kTeams = kRowWarps / W;
+  double scratch[kRowWarps];
+  Cand warp_lists[W == 1 ? 1 : kRowWarps][kMaxTopK];
+  Cand top_a[kTeams][kMaxTopK], top_b[kTeams][kMaxTopK];
+};
 
-  const int r = blockIdx.x;
-  const int i = r % a.npos;
-  const int64_t t = a.positions[i];
-  const int64_t n = t + 1;
-  const int64_t row_off = static_cast<int64_t>(r) * a.ld;
-  const float* s = a.scores + row_off;
-  const float* ds_stored = a.dscores + row_off;
-  const float* ds_window = a.dscores_win ? a.dscores_win + row_off : nullptr;
+// Where a row of a block is, and how it reads its units' versions.
+struct RowPlace {
+  int r = 0, i = 0;  // row in the block, position index in the block
+  int64_t t = 0, n = 0, row_off = 0;
+};
 
-  // Which version of token j this query sees (sim/plan.h, row_versions): j >= *_from
-  // is in the residual, read in the window's version when the unit has a window, else exact.
-  const bool exact = t < a.prefill;
-  const int64_t key_from = a.key_residual_from[i];
-  const int64_t value_from = a.value_residual_from[i];
-  auto ds_at = [&](int64_t j) -> float {
+__device__ RowPlace row_place(int r, int npos, const int32_t* positions, int64_t ld) {
+  RowPlace p;
+  p.r = r;
+  p.i = r % npos;
+  p.t = positions[p.i];
+  p.n = p.t + 1;
+  p.row_off = static_cast<int64_t>(r) * ld;
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// The exact pass: one team per row (sim/attention_error_fast.cpp, exact_row).
+// ---------------------------------------------------------------------------
+template <int W>
+__global__ void __launch_bounds__(kRowThreads) exact_rows_kernel(ExactRowsArgs a) {
+  static_assert(W == 1 || W == kRowWarps, "a team is one warp or the whole block");
+  constexpr int kTeams = kRowWarps / W, kTeamThreads = 32 * W;
+  __shared__ RowShared<W> sh;
+  const int team = threadIdx.x / kTeamThreads, tt = threadIdx.x % kTeamThreads;
+  const int r = blockIdx.x * kTeams + team;
+  if (r >= a.rows) return;  // W == 1 only: the whole warp
+  const RowPlace at = row_place(r, a.npos, a.positions, a.ld);
+  const float* s = a.scores + at.row_off;
+
+  double mx = -INFINITY;
+  for (int64_t j = tt; j < at.n; j += kTeamThreads) mx = fmax(mx, static_cast<double>(s[j]));
+  const float m = static_cast<float>(team_max<W>(mx, sh.scratch));
+  double z = 0;
+  for (int64_t j = tt; j < at.n; j += kTeamThreads) z += attn_exact_weight(s[j], m);
+  const float inv = static_cast<float>(1.0 / team_sum<W>(z, sh.scratch));
+  const int k = static_cast<int>(min(static_cast<int64_t>(a.topk), at.n));
+  double mass = 0;
+  LocalTopK top;
+  for (int64_t j = tt; j < at.n; j += kTeamThreads) {
+    const float p = attn_exact_weight(s[j], m) * inv;
+    mass += p;
+    if (a.probs) a.probs[at.row_off + j] = p;
+    top.offer(Cand{static_cast<double>(s[j]), static_cast<int>(j)}, k);
+  }
+  if (a.probs)
+    for (int64_t j = at.n + tt; j < a.ld; j += kTeamThreads) a.probs[at.row_off + j] = 0.0f;
+  mass = team_sum<W>(mass, sh.scratch);
+  team_topk<W>(top, k, sh.warp_lists, sh.top_a[team]);
+  for (int c = tt; c < k; c += kTeamThreads) a.topk_out[static_cast<int64_t>(r) * a.topk + c] = sh.top_a[team][c].i;
+  if (tt == 0) a.stats[r] = ExactRowStats{m, inv, mass};
+}
+
+// ---------------------------------------------------------------------------
+// Every plan's rows: one team per row r of a row block, query head head0 + r / npos at
+// position t = positions[r % npos] over keys j <= t.
+// ---------------------------------------------------------------------------
+
+// The values of an AttentionRow (sim/metrics/error_stats.h) these kernels fill:
+// attention_rows_kernel kl, topk_overlap, logit_err2, logit_err_max;
+// output_norms_kernel out_norm2, out_err2. A new value must be filled here too.
+static_assert(sizeof(kAttentionRowValues) / sizeof(kAttentionRowValues[0]) == 6,
+              "a new AttentionRow value: fill it in attention_rows_kernel or output_norms_kernel");
+
+// The row's view of its units: which version of token j it sees (sim/plan.h,
+// row_versions): j >= *_from is in the residual, read in the window's version when the
+// unit has a window, else exact.
+struct RowVersions {
+  const float *ds_stored, *ds_window;
+  bool exact;
+  int64_t key_from, value_from;
+  bool value_window;
+  __device__ float ds(int64_t j) const {
     if (exact) return 0.0f;
     if (j >= key_from) return ds_window ? ds_window[j] : 0.0f;
     return ds_stored[j];
-  };
+  }
+  __device__ Seen value_seen(int64_t j) const {
+    return exact ? Seen::Exact : j < value_from ? Seen::Stored : value_window ? Seen::Window : Seen::Exact;
+  }
+};
 
-  // Pass 1: max score.
+// p̂ - p and p̂ by value version into the matrices at j.
+__device__ __forceinline__ void store_probs(const RowBlockArgs& a, const RowVersions& v, int64_t off, int64_t j,
+                                            float dp, float phat) {
+  const Seen seen = v.value_seen(j);
+  a.dprobs[off + j] = dp;
+  a.phat_stored[off + j] = seen == Seen::Stored ? phat : 0.0f;
+  if (a.phat_win) a.phat_win[off + j] = seen == Seen::Window ? phat : 0.0f;
+}
+
+// The fp64 reference form of one row (sim/attention_error_reference.cpp), for rows
+// with large logit shifts. Writes the matrices and the row's results but its identity.
+template <int W>
+__device__ void reference_row(const RowBlockArgs& a, const RowPlace& at, const RowVersions& v, RowShared<W>& sh,
+                              int team, int tt, AttentionRow& out) {
+  constexpr int kTeamThreads = 32 * W;
+  const float* s = a.scores + at.row_off;
+  const int64_t n = at.n;
   double mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmax(mx, static_cast<double>(s[j]));
-  mx = block_max(mx, scratch);
-
-  // Pass 2: normaliser and the sums of A, Σ p Δs, logit errors.
-  double z = 0, sum_e_ds = 0, sum_e_expm1 = 0, err2 = 0, max_abs_ds = 0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const double ds = ds_at(j);
+  for (int64_t j = tt; j < n; j += kTeamThreads) mx = fmax(mx, static_cast<double>(s[j]));
+  mx = team_max<W>(mx, sh.scratch);
+  double z = 0, sum_e_ds = 0, sum_e_expm1 = 0;
+  for (int64_t j = tt; j < n; j += kTeamThreads) {
+    const double ds = v.ds(j);
     const double e = exp(static_cast<double>(s[j]) - mx);
     z += e;
     sum_e_ds += e * ds;
     sum_e_expm1 += e * expm1(ds);
-    err2 += ds * ds;
-    max_abs_ds = fmax(max_abs_ds, fabs(ds));
   }
-  z = block_sum(z, scratch);
-  const double mean_ds = block_sum(sum_e_ds, scratch) / z;
-  const double A = block_sum(sum_e_expm1, scratch) / z;
-  err2 = block_sum(err2, scratch);
-  max_abs_ds = block_max(max_abs_ds, scratch);
-
-  // Pass 3 (large shifts only): max and normaliser of the perturbed logits ŝ = s + Δs.
-  const bool large = attn_large_shift(max_abs_ds);
+  z = team_sum<W>(z, sh.scratch);
+  const double mean_ds = team_sum<W>(sum_e_ds, sh.scratch) / z;
+  const double A = team_sum<W>(sum_e_expm1, sh.scratch) / z;
   double zhat = 0, max_shat = -INFINITY;
+  const bool large = attn_large_shift(static_cast<double>(out.logit_err_max));  // uniform over the team
   if (large) {
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-      max_shat = fmax(max_shat, static_cast<double>(s[j]) + static_cast<double>(ds_at(j)));
-    max_shat = block_max(max_shat, scratch);
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-      zhat += exp(static_cast<double>(s[j]) + static_cast<double>(ds_at(j)) - max_shat);
-    zhat = block_sum(zhat, scratch);
+    for (int64_t j = tt; j < n; j += kTeamThreads)
+      max_shat = fmax(max_shat, static_cast<double>(s[j]) + static_cast<double>(v.ds(j)));
+    max_shat = team_max<W>(max_shat, sh.scratch);
+    for (int64_t j = tt; j < n; j += kTeamThreads)
+      zhat += exp(static_cast<double>(s[j]) + static_cast<double>(v.ds(j)) - max_shat);
+    zhat = team_sum<W>(zhat, sh.scratch);
   }
-
-  // Pass 4: p, p̂ - p and p̂ by value version; each thread's top-k of p and p̂.
   const int k = static_cast<int>(min(static_cast<int64_t>(a.topk), n));
-  LocalTopK top_mine_p, top_mine_phat;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const double ds = ds_at(j);
+  LocalTopK top_p, top_phat;
+  for (int64_t j = tt; j < n; j += kTeamThreads) {
+    const double ds = v.ds(j);
     const double p = exp(static_cast<double>(s[j]) - mx) / z;
     const double dp = large ? exp(static_cast<double>(s[j]) + ds - max_shat) / zhat - p
                             : attn_dprob_small_shift(p, ds, A);
-    const double phat = p + dp;
-    const Seen v = exact ? Seen::Exact
-                   : j < value_from ? Seen::Stored
-                   : a.phat_win     ? Seen::Window
-                                    : Seen::Exact;
-    a.probs[row_off + j] = static_cast<float>(p);
-    a.dprobs[row_off + j] = static_cast<float>(dp);
-    a.phat_stored[row_off + j] = v == Seen::Stored ? static_cast<float>(phat) : 0.0f;
-    if (a.phat_win) a.phat_win[row_off + j] = v == Seen::Window ? static_cast<float>(phat) : 0.0f;
-    top_mine_p.offer(Cand{p, static_cast<int>(j)}, k);
-    top_mine_phat.offer(Cand{phat, static_cast<int>(j)}, k);
+    store_probs(a, v, at.row_off, j, static_cast<float>(dp), static_cast<float>(p + dp));
+    top_p.offer(Cand{p, static_cast<int>(j)}, k);
+    top_phat.offer(Cand{p + dp, static_cast<int>(j)}, k);
   }
-  for (int64_t j = n + threadIdx.x; j < a.ld; j += blockDim.x) {
-    a.probs[row_off + j] = 0.0f;
-    a.dprobs[row_off + j] = 0.0f;
-    a.phat_stored[row_off + j] = 0.0f;
-    if (a.phat_win) a.phat_win[row_off + j] = 0.0f;
-  }
-
-  block_topk(top_mine_p, k, warp_lists, top_p);
-  block_topk(top_mine_phat, k, warp_lists, top_phat);
-  if (threadIdx.x == 0) common = 0;
-  __syncthreads();
-  if (threadIdx.x < k) {
-    bool found = false;
-    for (int m = 0; m < k; ++m) found |= top_phat[m].i == top_p[threadIdx.x].i;
-    if (found) atomicAdd(&common, 1);
-  }
-  __syncthreads();
-
-  if (threadIdx.x == 0) {
-    const double kl = large ? attn_kl_large_shift(zhat, max_shat, z, mx, mean_ds) : attn_kl_small_shift(A, mean_ds);
-    AttentionRow& out = a.out_rows[static_cast<int64_t>(a.head0 + r / a.npos) * a.out_npos + a.out_pos0 + i];
-    out.layer = a.layer;
-    out.q_head = a.head0 + r / a.npos;
-    out.position = static_cast<int32_t>(t);
-    out.kl = static_cast<float>(fmax(0.0, kl));
+  team_topk<W>(top_p, k, sh.warp_lists, sh.top_a[team]);
+  team_topk<W>(top_phat, k, sh.warp_lists, sh.top_b[team]);
+  if (tt < 32) {
+    const Cand* listed = sh.top_a[team];
+    const int common = common_count([&](int c) { return listed[c].i; }, sh.top_b[team], k);
+    out.kl = static_cast<float>(fmax(0.0, large ? attn_kl_large_shift(zhat, max_shat, z, mx, mean_ds)
+                                                : attn_kl_small_shift(A, mean_ds)));
     out.topk_overlap = k > 0 ? static_cast<float>(common) / static_cast<float>(k) : 1.0f;
-    out.logit_err2 = static_cast<float>(err2);
-    out.logit_err_max = static_cast<float>(max_abs_ds);
   }
 }
 
-// One warp per row: ||o||² and ||Δo||² in double.
+template <int W>
+__global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArgs a) {
+  static_assert(W == 1 || W == kRowWarps, "a team is one warp or the whole block");
+  constexpr int kTeams = kRowWarps / W, kTeamThreads = 32 * W;
+  __shared__ RowShared<W> sh;
+  const int team = threadIdx.x / kTeamThreads, tt = threadIdx.x % kTeamThreads;
+  const int r = blockIdx.x * kTeams + team;
+  if (r >= a.rows) return;  // W == 1 only (W > 1: one row per block, grid = rows): the whole warp
+  const RowPlace at = row_place(r, a.npos, a.positions, a.ld);
+  const int64_t n = at.n;
+  const float* s = a.scores + at.row_off;
+  const int64_t unit = r / a.npos / a.group;  // the row's KV head within the batch
+  RowVersions v;
+  v.ds_stored = a.dscores + at.row_off;
+  v.ds_window = a.dscores_win ? a.dscores_win + at.row_off : nullptr;
+  v.exact = at.t < a.prefill;
+  v.key_from = a.key_residual_from[unit * a.residual_stride + at.i];
+  v.value_from = a.value_residual_from[unit * a.residual_stride + at.i];
+  v.value_window = a.phat_win != nullptr;
+  const ExactRowStats ex = a.exact[r];
+  auto p_at = [&](int64_t j) { return attn_exact_weight(s[j], ex.max) * ex.inv; };
+
+  // Pass 1: the logit errors, and the p-weighted mean shift.
+  PartialSum err2;
+  float amax = 0.0f, r0 = 0.0f;
+  for (int64_t j = tt; j < n; j += kTeamThreads) {
+    const float d = v.ds(j);
+    amax = fmaxf(amax, fabsf(d));
+    err2.add(d * d);
+    r0 += p_at(j) * d;
+  }
+  AttentionRow out;
+  out.logit_err2 = static_cast<float>(team_sum<W>(err2.sum(), sh.scratch));
+  const double max_abs = team_max<W>(static_cast<double>(amax), sh.scratch);
+  out.logit_err_max = static_cast<float>(max_abs);
+  const double mean_shift = team_sum<W>(static_cast<double>(r0), sh.scratch) / ex.mass;
+  const int k = static_cast<int>(min(static_cast<int64_t>(a.topk), n));
+
+  if (attn_large_shift(max_abs) || !isfinite(max_abs)) {  // uniform over the team
+    reference_row<W>(a, at, v, sh, team, tt, out);
+  } else {
+    // Pass 2: KL from the centred errors c = Δs - shift (no term cancels): with
+    // R = Σ p c and B = Σ p φ(c), KL = log1p((R + B) / W) - R / W.
+    const float shift = static_cast<float>(mean_shift);
+    PartialSum b;
+    float rs = 0.0f;
+    for (int64_t j = tt; j < n; j += kTeamThreads) {
+      const float c = v.ds(j) - shift, p = p_at(j);
+      rs += p * c;
+      b.add(p * attn_expm1_minus_x(c));
+    }
+    const double R = team_sum<W>(static_cast<double>(rs), sh.scratch);
+    const double A = (R + team_sum<W>(b.sum(), sh.scratch)) / ex.mass;
+    out.kl = static_cast<float>(fmax(0.0, log1p(A) - R / ex.mass));
+    // Pass 3: p̂ - p = p (expm1(c) - A) / (1 + A); the top-k of p̂ (fp32).
+    const float af = static_cast<float>(A), inv = static_cast<float>(1.0 / (1.0 + A));
+    LocalTopK top;
+    for (int64_t j = tt; j < n; j += kTeamThreads) {
+      const float c = v.ds(j) - shift, p = p_at(j);
+      const float e = c + attn_expm1_minus_x(c);
+      const float dp = p * (e - af) * inv, phat = p + dp;
+      store_probs(a, v, at.row_off, j, dp, phat);
+      top.offer(Cand{static_cast<double>(phat), static_cast<int>(j)}, k);
+    }
+    team_topk<W>(top, k, sh.warp_lists, sh.top_b[team]);
+    if (tt < 32) {
+      const int32_t* listed = a.exact_topk + static_cast<int64_t>(r) * a.topk;
+      const int common = common_count([&](int c) { return listed[c]; }, sh.top_b[team], k);
+      out.topk_overlap = k > 0 ? static_cast<float>(common) / static_cast<float>(k) : 1.0f;
+    }
+  }
+  for (int64_t j = n + tt; j < a.ld; j += kTeamThreads) {
+    a.dprobs[at.row_off + j] = 0.0f;
+    a.phat_stored[at.row_off + j] = 0.0f;
+    if (a.phat_win) a.phat_win[at.row_off + j] = 0.0f;
+  }
+  if (tt == 0) {
+    AttentionRow& o = a.out_rows[static_cast<int64_t>(a.head0 + r / a.npos) * a.out_npos + a.out_pos0 + at.i];
+    o.layer = a.layer;
+    o.q_head = a.head0 + r / a.npos;
+    o.position = static_cast<int32_t>(at.t);
+    o.kl = out.kl;
+    o.topk_overlap = out.topk_overlap;
+    o.logit_err2 = out.logit_err2;
+    o.logit_err_max = out.logit_err_max;
+  }
+}
+
+// One warp per row: ||Δo||² and ||o||² in double (||o||² from a.exact_norm2 without o).
 __global__ void output_norms_kernel(const float* __restrict__ o, const float* __restrict__ dout, int rows, int d,
                                     RowBlockArgs a) {
   const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -241,30 +440,35 @@ __global__ void output_norms_kernel(const float* __restrict__ o, const float* __
   if (r >= rows) return;
   double on = 0, en = 0;
   for (int c = lane; c < d; c += 32) {
-    const double ov = o[static_cast<int64_t>(r) * d + c], ev = dout[static_cast<int64_t>(r) * d + c];
-    on += ov * ov;
+    const double ev = dout[static_cast<int64_t>(r) * d + c];
     en += ev * ev;
+    if (o) {
+      const double ov = o[static_cast<int64_t>(r) * d + c];
+      on += ov * ov;
+    }
   }
   for (int off = 16; off > 0; off >>= 1) {
     on += __shfl_xor_sync(0xffffffffu, on, off);
     en += __shfl_xor_sync(0xffffffffu, en, off);
   }
   if (lane == 0) {
-    AttentionRow& out =
-        a.out_rows[static_cast<int64_t>(a.head0 + r / a.npos) * a.out_npos + a.out_pos0 + r % a.npos];
-    out.out_norm2 = static_cast<float>(on);
+    const int64_t at = static_cast<int64_t>(a.head0 + r / a.npos) * a.out_npos + a.out_pos0 + r % a.npos;
+    if (o)
+      a.exact_norm2[at] = static_cast<float>(on);
+    AttentionRow& out = a.out_rows[at];
+    out.out_norm2 = a.exact_norm2[at];
     out.out_err2 = static_cast<float>(en);
   }
 }
 
-__global__ void gather_queries_kernel(const float* __restrict__ q, int64_t tokens, int d, int head0, int npos,
-                                      const int32_t* __restrict__ positions, int64_t total, float* __restrict__ qb) {
+__global__ void gather_queries_kernel(const float* __restrict__ q, int64_t query_tokens, int d, int head0, int npos,
+                                      const int32_t* __restrict__ query_rows, int64_t total, float* __restrict__ qb) {
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / d;
     const int c = static_cast<int>(e - r * d);
     const int64_t head = head0 + r / npos;
-    qb[e] = q[(head * tokens + positions[r % npos]) * d + c];
+    qb[e] = q[(head * query_tokens + query_rows[r % npos]) * d + c];
   }
 }
 
@@ -304,8 +508,24 @@ __global__ void __launch_bounds__(256) delta_kernel(const float* __restrict__ x,
 
 void launch_attention_rows(const RowBlockArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  attention_rows_kernel<<<a.rows, kRowThreads, 0, stream>>>(a);
-  KVB_CUDA_CHECK_LAUNCH(attention_rows_kernel);
+  if (a.ld <= kWarpRowKeys) {  // a warp per row
+    attention_rows_kernel<1><<<(a.rows + kRowWarps - 1) / kRowWarps, kRowThreads, 0, stream>>>(a);
+    KVB_CUDA_CHECK_LAUNCH(attention_rows_kernel<1>);
+  } else {  // a block per row
+    attention_rows_kernel<kRowWarps><<<a.rows, kRowThreads, 0, stream>>>(a);
+    KVB_CUDA_CHECK_LAUNCH(attention_rows_kernel<kRowWarps>);
+  }
+}
+
+void launch_exact_rows(const ExactRowsArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return;
+  if (a.ld <= kWarpRowKeys) {
+    exact_rows_kernel<1><<<(a.rows + kRowWarps - 1) / kRowWarps, kRowThreads, 0, stream>>>(a);
+    KVB_CUDA_CHECK_LAUNCH(exact_rows_kernel<1>);
+  } else {
+    exact_rows_kernel<kRowWarps><<<a.rows, kRowThreads, 0, stream>>>(a);
+    KVB_CUDA_CHECK_LAUNCH(exact_rows_kernel<kRowWarps>);
+  }
 }
 
 void launch_output_norms(const float* o, const float* dout, int rows, int d, const RowBlockArgs& a,
@@ -316,13 +536,13 @@ void launch_output_norms(const float* o, const float* dout, int rows, int d, con
   KVB_CUDA_CHECK_LAUNCH(output_norms_kernel);
 }
 
-void launch_gather_queries(const float* q, int64_t tokens, int d, int head0, int heads, const int32_t* positions,
-                           int npos, float* qb, cudaStream_t stream) {
+void launch_gather_queries(const float* q, int64_t query_tokens, int d, int head0, int heads,
+                           const int32_t* query_rows, int npos, float* qb, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(heads) * npos * d;
   if (total == 0) return;
   const int64_t blocks = std::min<int64_t>((total + 255) / 256, 1 << 16);
-  gather_queries_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(q, tokens, d, head0, npos, positions,
-                                                                           total, qb);
+  gather_queries_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(q, query_tokens, d, head0, npos,
+                                                                           query_rows, total, qb);
   KVB_CUDA_CHECK_LAUNCH(gather_queries_kernel);
 }
 

@@ -2,7 +2,7 @@
 
 namespace kvb::cuda {
 
-CudaMeasurer::CudaMeasurer(const Recording& rec) : sim_(rec) {}
+CudaMeasurer::CudaMeasurer(const Recording& rec, MatmulPrecision precision) : sim_(rec, precision) {}
 
 std::string CudaMeasurer::unsupported_reason(const Plan& plan, const SimOptions& opt) const {
   return cuda::unsupported_reason(plan, opt);

@@ -16,7 +16,8 @@ namespace kvb::cuda {
 class CudaMeasurer final : public Measurer {
  public:
   // Uploads the recording; throws kvb::Error when no device is usable or it does not fit.
-  explicit CudaMeasurer(const Recording& rec);
+  // `precision`: the simulator's plan-dependent products (sim/matmul_precision.h).
+  explicit CudaMeasurer(const Recording& rec, MatmulPrecision precision = MatmulPrecision::Fp32);
 
   const char* name() const override { return "cuda"; }
   const Recording& recording() const override { return sim_.recording(); }

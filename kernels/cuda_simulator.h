@@ -18,6 +18,7 @@
 #include <string>
 
 #include "sim/metrics/error_stats.h"
+#include "sim/matmul_precision.h"
 #include "sim/plan.h"
 #include "sim/recording.h"
 #include "sim/simulator.h"
@@ -33,7 +34,9 @@ class CudaSimulator {
  public:
   // Uploads every layer's queries, keys and values to device 0 (fp32). Throws
   // kvb::Error when no device is usable or the recording does not fit.
-  explicit CudaSimulator(const Recording& rec);
+  // `precision`: the plan-dependent matrix products in fp32 (default) or on TF32
+  // tensor cores (sim/matmul_precision.h); the exact ones are always fp32.
+  explicit CudaSimulator(const Recording& rec, MatmulPrecision precision = MatmulPrecision::Fp32);
   ~CudaSimulator();
   CudaSimulator(const CudaSimulator&) = delete;
   CudaSimulator& operator=(const CudaSimulator&) = delete;

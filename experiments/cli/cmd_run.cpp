@@ -48,7 +48,7 @@ int cmd_run(const Args& args) {
   std::string config;
   std::vector<std::string> sets, budgets;
   int threads = 0;
-  std::string out_dir, backend, shard_text, resume_dir;
+  std::string out_dir, backend, precision, shard_text, resume_dir;
   opts.add_options()("help,h", "show this help")(
       "set", po::value(&sets)->composing(), "override a config key: --set data.max_tokens=256 (repeatable)")(
       "budget", po::value(&budgets)->composing(),
@@ -58,6 +58,9 @@ int cmd_run(const Args& args) {
       "results base directory: writes OUT/<name>/<timestamp>/ (default: config output.dir, else results/)")(
       "backend", po::value(&backend),
       "cpu, cuda or auto: what measures the points (default: config `backend`, else cpu)")(
+      "precision", po::value(&precision),
+      "fp32 or tf32: the CUDA simulator's plan-dependent products; tf32 is the declared fast mode (default: "
+      "config `precision`, else fp32)")(
       "shard", po::value(&shard_text),
       "run one part of the points: I/N (shard I of N, 0 <= I < N), or auto inside a Slurm job array; "
       "`kvbudget merge` combines the shards' folders")(
@@ -103,8 +106,11 @@ int cmd_run(const Args& args) {
     spec.output.dir_where = "--out";
   }
   if (!backend.empty()) spec.backend = parse_backend_request(backend, "--backend");
+  if (!precision.empty()) spec.precision = parse_matmul_precision(precision, "--precision");
+  if (!backend.empty() || !precision.empty())
+    check_precision_backend(spec.precision, spec.backend, precision.empty() ? "--backend" : "--precision");
   if (vm.count("no-plots")) spec.output.plots = false;
-  record_run_options(spec, RunOptionsInConfig{threads, out_dir, backend, vm.count("no-plots") != 0, budgets});
+  record_run_options(spec, RunOptionsInConfig{threads, out_dir, backend, vm.count("no-plots") != 0, budgets, precision});
 
   RunRequest request;
   request.spec = std::move(spec);

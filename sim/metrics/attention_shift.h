@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "sim/core/hd.h"
+#include "sim/core/hd_math.h"
 
 namespace kvb {
 
@@ -31,6 +32,64 @@ KVB_HD double attn_kl_small_shift(double a, double mean_ds) { return log1p(a) - 
 
 KVB_HD double attn_kl_large_shift(double zhat, double max_shat, double z, double max_s, double mean_ds) {
   return (max_shat + log(zhat)) - (max_s + log(z)) - mean_ds;
+}
+
+// ---------------------------------------------------------------------------
+// The fast path's fp32 per-element arithmetic, one element at a time: the CUDA row
+// kernels (kernels/attention_rows.cu) use these; sim/attention_error_fast.cpp computes
+// the same operations 16 lanes at a time (sim/metrics/row_simd.h: exp,
+// expm1_minus_x; exact_row's weights), and tests/metrics/test_attention_shift.cpp
+// checks that the two agree lane for lane.
+// ---------------------------------------------------------------------------
+
+// e^x in fp32 (Cody-Waite reduction and a degree-6 polynomial): 0 below -87.34,
+// +Inf above 88.72.
+KVB_HD float attn_exp_f32(float x) {
+  const float lo = -87.3365f, hi = 88.7228f;
+  const float xc = x > lo ? (x < hi ? x : hi) : lo;
+  const float magic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+  const float n = (xc * 1.44269504088896341f + magic) - magic;
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * r) * r + r + 1.0f;
+  // 2^n in two factors, so that 2^128 and 2^-126·(tiny p) stay representable.
+  const int32_t ni = static_cast<int32_t>(n), half = ni >> 1;
+  const float s1 = bits_float(static_cast<uint32_t>(half + 127) << 23);
+  const float s2 = bits_float(static_cast<uint32_t>(ni - half + 127) << 23);
+  const float e = (p * s1) * s2;
+  if (x < lo) return 0.0f;
+  if (x > hi) return bits_float(0x7f800000u);
+  return e;
+}
+
+// φ(x) = e^x - 1 - x, accurate relative to φ (a Taylor polynomial for |x| < 1).
+KVB_HD float attn_expm1_minus_x(float x) {
+  float t = 1.0f / 3628800.0f;  // 1/10!
+  t = t * x + 1.0f / 362880.0f;
+  t = t * x + 1.0f / 40320.0f;
+  t = t * x + 1.0f / 5040.0f;
+  t = t * x + 1.0f / 720.0f;
+  t = t * x + 1.0f / 120.0f;
+  t = t * x + 1.0f / 24.0f;
+  t = t * x + 1.0f / 6.0f;
+  t = t * x + 0.5f;
+  if (absf(x) < 1.0f) return t * x * x;
+  return (attn_exp_f32(x) - 1.0f) - x;
+}
+
+// The unnormalised exact weight e^{s - m} of a score s under the row's max m: s - m
+// rounds to fp32, its rounding error e is recovered exactly (TwoSum) and applied to
+// first order, e^{x + e} = e^x (1 + e).
+KVB_HD float attn_exact_weight(float s, float m) {
+  const float x = s - m, back = x - s;
+  const float e = (s - (x - back)) + (-m - back);
+  const float ex = attn_exp_f32(x);
+  return ex > 0.0f ? ex * (e + 1.0f) : ex;
 }
 
 }  // namespace kvb

@@ -47,3 +47,21 @@ TEST_CASE("Measurers: one measurer per backend and recording, made on first use"
   CHECK(&source(a) == &on_a);
   CHECK(&source(b) == &on_b);
 }
+
+TEST_CASE("precision: fp32 or tf32, and tf32 only where the CUDA simulator may run") {
+  CHECK(parse_matmul_precision("fp32", "precision") == MatmulPrecision::Fp32);
+  CHECK(parse_matmul_precision("tf32", "precision") == MatmulPrecision::Tf32);
+  CHECK(std::string(matmul_precision_name(MatmulPrecision::Tf32)) == "tf32");
+  CHECK_THROWS_WITH_AS(parse_matmul_precision("bf16", "cfg.toml:3: precision"),
+                       doctest::Contains("cfg.toml:3: precision: precision must be \"fp32\" or \"tf32\", got \"bf16\""),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(check_precision_backend(MatmulPrecision::Tf32, BackendRequest::Cpu, "--precision"),
+                       doctest::Contains("--precision: precision = \"tf32\" is the CUDA simulator's fast mode"),
+                       ConfigError);
+  CHECK_NOTHROW(check_precision_backend(MatmulPrecision::Tf32, BackendRequest::Auto, "precision"));
+  CHECK_NOTHROW(check_precision_backend(MatmulPrecision::Fp32, BackendRequest::Cpu, "precision"));
+  // The CPU measurer has no fast mode: a Measurers given tf32 still makes the CPU simulator.
+  const Recording rec = test::random_recording(2, 1, 32, 32, 5);
+  Measurers measurers(MatmulPrecision::Tf32);
+  CHECK(std::string(measurers.of(Backend::Cpu, rec).name()) == "cpu");
+}

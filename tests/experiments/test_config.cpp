@@ -188,6 +188,23 @@ TEST_CASE("an error about a table names the --set values inside it, not only the
   CHECK(plain.find("--set") == std::string::npos);
 }
 
+TEST_CASE("precision: fp32 by default; tf32 with a backend that may be cuda, at the config's line") {
+  const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
+  CHECK(parse(kData + strat).precision == MatmulPrecision::Fp32);
+  CHECK(parse("backend = \"auto\"\nprecision = \"tf32\"\n" + kData + strat).precision == MatmulPrecision::Tf32);
+  const std::string on_cpu = error_of("precision = \"tf32\"\n" + kData + strat);
+  CHECK(on_cpu.find("test.toml:1") != std::string::npos);
+  CHECK(on_cpu.find("backend = \"cpu\"") != std::string::npos);
+  CHECK(error_of("backend = \"auto\"\nprecision = \"fp16\"\n" + kData + strat).find("got \"fp16\"") !=
+        std::string::npos);
+  // The run's options reach the saved config, so a resumed run or a shard keeps them.
+  ExperimentSpec e = parse("backend = \"auto\"\n" + kData + strat);
+  RunOptionsInConfig o;
+  o.precision = "tf32";
+  record_run_options(e, o);
+  CHECK(parse(e.resolved_toml).precision == MatmulPrecision::Tf32);
+}
+
 TEST_CASE("backend: cpu by default; cpu, cuda or auto; cuda needs a CUDA build") {
   const std::string strat = "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n";
   CHECK(parse(kData + strat).backend == BackendRequest::Cpu);

@@ -80,11 +80,11 @@ std::string worst_case;
 void compare(const Recording& rec, const Plan& plan, const SimOptions& opt, const std::string& label) {
   REQUIRE(plan.check().empty());
   REQUIRE(cuda::unsupported_reason(plan, opt).empty());
-  // The GPU kernels follow the CPU's fp64 reference formulas (methods.md §4): compared
-  // with it; the CPU's fast path agrees with it within 1e-5 (tests/test_attention_fast.cpp).
-  SimOptions reference = opt;
-  reference.reference = true;
-  const ErrorStats cpu = simulate(rec, plan, reference);
+  // The GPU kernels follow the CPU's fast path (sim/attention_error_fast.cpp: fp32 rows
+  // from the exact pass, the fp64 reference form for rows with large logit shifts):
+  // compared with it; it agrees with the reference within 1e-5
+  // (tests/test_attention_fast.cpp).
+  const ErrorStats cpu = simulate(rec, plan, opt);
   cuda::CudaSimulator gpu(rec);
   const ErrorStats dev = gpu.simulate(plan, opt);
   const test::MetricAgreement a = test::check_metrics_agree(cpu, dev, label);
@@ -215,6 +215,64 @@ TEST_CASE("large logit shifts use the max-shifted softmax on both sides") {
   const ErrorStats cpu = simulate(rec, p, options(8));
   CHECK(find_metric("logit_err_max")->compute(cpu) > 30.0);
   compare(rec, p, options(8), "large logit shifts");
+}
+
+TEST_CASE("rows of more than 4096 keys (a block per row) and a few positions match the CPU") {
+  const Recording rec = random_recording(1, 8, 2, 4500, 32, 41);
+  const std::vector<int64_t> positions = {0, 7, 1000, 4095, 4096, 4097, 4300, 4499};
+  compare(rec, uniform_plan(rec, "int4-asym-g32", "int2-asym-ch32"), options(8, positions), "4500 keys");
+  Plan p = uniform_plan(rec, "int2-asym-g32", "int3-sym-g32");
+  set_window(p, Kind::Key, 128, "keep-fp16", RecentWindow::Mode::Sliding, false);
+  set_window(p, Kind::Value, 256, "int8-sym-tok", RecentWindow::Mode::Chunked, true);
+  compare(rec, p, options(16, positions), "4500 keys, windows");
+}
+
+TEST_CASE("one simulator over several plans (the exact attention's norms reused) matches the CPU each time") {
+  // A sweep measures every point on one simulator: the first plan computes o = P·V per
+  // layer, the later ones reuse ||o||² (also after plans with windows, batched apart).
+  const Recording rec = random_recording(2, 8, 4, 300, 64, 51);
+  cuda::CudaSimulator gpu(rec);
+  Plan windowed = uniform_plan(rec, "int2-asym-g32", "int2-asym-g32");
+  set_window(windowed, Kind::Value, 32, "keep-fp16", RecentWindow::Mode::Sliding, false);
+  windowed.unit(1, 2, Kind::Key).window = RecentWindow{16, make_format("keep-fp16")};  // one unit apart
+  const std::vector<Plan> plans = {uniform_plan(rec, "int4-asym-g32", "int4-asym-g32"), windowed,
+                                   uniform_plan(rec, "int8-sym-tok", "int3-asym-ch32")};
+  for (const std::vector<int64_t>& positions : {std::vector<int64_t>{}, std::vector<int64_t>{3, 100, 299}})
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const SimOptions reference = options(8, positions);  // the CPU's fast path, as compare()
+      const ErrorStats cpu = simulate(rec, plans[i], reference);
+      const ErrorStats dev = gpu.simulate(plans[i], options(8, positions));
+      test::check_metrics_agree(cpu, dev, "plan " + std::to_string(i) + ", " + std::to_string(positions.size()) +
+                                              " positions (0: all)");
+      // The KV-head path (the optimal allocator's) on the same simulator.
+      const ErrorStats head = gpu.simulate_kv_head(plans[i], 1, 2, options(8, positions));
+      test::check_metrics_agree(simulate_kv_head(rec, plans[i], 1, 2, reference), head,
+                                "plan " + std::to_string(i) + ", layer 1 KV head 2");
+    }
+}
+
+TEST_CASE("a recording that keeps sampled queries gives the full recording's rows") {
+  const Recording full = random_recording(2, 8, 2, 400, 64, 61);
+  const std::vector<int64_t> kept = {5, 90, 200, 333, 399};
+  Recording sampled = full;
+  for (LayerTensors& lt : sampled.layers) {
+    Tensor q({full.q_heads, static_cast<int64_t>(kept.size()), full.head_dim});
+    for (int64_t h = 0; h < full.q_heads; ++h)
+      for (size_t i = 0; i < kept.size(); ++i)
+        std::copy_n(lt.query_row(h, kept[i]), full.head_dim,
+                    q.slice(h) + static_cast<int64_t>(i) * full.head_dim);
+    lt.query = std::move(q);
+    lt.query_positions = kept;
+  }
+  const Plan p = uniform_plan(full, "int4-asym-g32", "int2-asym-ch32");
+  const std::vector<int64_t> read = {90, 333, 399};
+  cuda::CudaSimulator on_full(full), on_sampled(sampled);
+  const ErrorStats a = on_full.simulate(p, options(8, read)), b = on_sampled.simulate(p, options(8, read));
+  REQUIRE(a.rows.size() == b.rows.size());
+  for (size_t i = 0; i < a.rows.size(); ++i)
+    for (const AttentionRowValue& v : kAttentionRowValues) CHECK(a.rows[i].*v.member == b.rows[i].*v.member);
+  CHECK_THROWS_WITH_AS(on_sampled.simulate(p, options(8, {90, 91})), doctest::Contains("position 91 was not kept"),
+                       Error);
 }
 
 TEST_CASE("the bundled real recordings (GQA llama-bytes, gpt2-bytes) match the CPU") {
