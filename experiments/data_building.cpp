@@ -88,7 +88,6 @@ SyntheticKeep synthetic_keep(const ExperimentSpec& spec, const std::vector<Sweep
   keep.key_pre_rope = false;
   for (const SweepPoint& p : points)
     for (const auto& [name, value] : p.params.values()) keep.key_pre_rope |= names_prerope(value);
-  if (spec.backend != BackendRequest::Cpu) return keep;  // CUDA reads every query
   QueryPositions positions;
   try {
     positions = resolve_positions(spec, tokens);

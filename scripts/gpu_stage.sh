@@ -20,7 +20,8 @@ cd "$(dirname "$0")/.."
 STAGE_BUILD=${STAGE_BUILD:-build-gpu-stage}
 CUDA_ARCH=${KVB_CUDA_ARCH:-90}
 STAGE_DIR=.gpu_stage
-programs=(tests/gpu_test_twins tests/gpu_test_attention tests/gpu_test_forward bench/bench_cuda bench/bench_cuda_forward)
+programs=(tests/gpu_test_twins tests/gpu_test_attention tests/gpu_test_forward tests/gpu_test_measurer bench/bench_cuda
+  bench/bench_cuda_forward)
 if [ "${KVB_STAGE_CLI:-0}" = 1 ]; then programs+=(kvbudget); fi
 
 if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then

@@ -9,9 +9,13 @@
 # head_dim 128. Both sides: synthetic fp32 data of that shape (kvbudget's generator and
 # torch.randn; the timing does not depend on the values), uniform int{2,4,8}-asym-g32,
 # attention KL and output error at every position (`metrics.positions = "all"`), the exact
-# attention computed once per run. kvbudget's seconds per point are `seconds` in
-# points.csv (`kvbudget run --backend cuda`); the peer's are the best of 3 (fp32, TF32
-# off; KVB_BACKEND=cpu runs kvbudget on the CPU instead). Prints a Markdown table with the ratio peer / kvbudget (> 1: kvbudget faster).
+# attention computed once per run (kvbudget: during its first point, int3, which the peer
+# does not run). kvbudget's seconds per point are `seconds` in points.csv (`kvbudget run
+# --backend cuda --precision P` for P in $KVB_PRECISIONS, default "fp32 tf32"); the
+# peer's are the best of 3 (fp32, TF32 off; KVB_BACKEND=cpu runs kvbudget on the CPU
+# instead, fp32 only). Prints a Markdown table with the ratio peer / kvbudget (> 1:
+# kvbudget faster) and, with both precisions, tf32's relative difference from fp32 on
+# six metrics (the declared fast mode's error).
 set -euo pipefail
 kvb=$1
 L=${2:-32} QH=${3:-32} KVH=${4:-8} T=${5:-2048} D=${6:-128}
@@ -33,39 +37,62 @@ entropy_spread = 4.0
 type = "uniform"
 format = "int{bits}-asym-g32"
 [strategy.vars]
-bits = [2, 4, 8]
+bits = [3, 2, 4, 8]
 [calibration]
 overlap = true
 [metrics]
 positions = "all"
-report = ["attn_kl_mean", "attn_out_rel_err"]
+report = ["attn_kl_mean", "attn_out_rel_err", "attn_kl_p99", "attn_out_rel_err_p99", "topk_overlap", "logit_rmse"]
 TOML
+backend=${KVB_BACKEND:-cuda}
+precisions=${KVB_PRECISIONS:-fp32 tf32}
+[ "$backend" = cpu ] && precisions=fp32
 echo "shape: $L layers x $QH query / $KVH KV heads x $T tokens x head_dim $D; load $(cut -d' ' -f1-3 /proc/loadavg)"
-t0=$(date +%s.%N)
-"$kvb" run "$work/peer.toml" --backend "${KVB_BACKEND:-cuda}" --out "$work/runs" --no-plots -q >"$work/run.log" 2>&1 ||
-  { cat "$work/run.log"; exit 1; }
-kvb_wall=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')
-points=$work/runs/gpu_peer/latest/points.csv
+for prec in $precisions; do
+  t0=$(date +%s.%N)
+  "$kvb" run "$work/peer.toml" --backend "$backend" --precision "$prec" --out "$work/runs_$prec" --no-plots -q \
+    >"$work/run_$prec.log" 2>&1 || { cat "$work/run_$prec.log"; exit 1; }
+  awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }' >"$work/wall_$prec"
+done
 python3 "$here/peer_torch.py" --synthetic "$L,$QH,$KVH,$T,$D" \
   --formats int2-asym-g32,int4-asym-g32,int8-asym-g32 >"$work/peer.json"
-python3 - "$points" "$work/peer.json" "$kvb_wall" "${KVB_BACKEND:-cuda}" <<'PY'
+python3 - "$work" "$backend" $precisions <<'PY'
 import csv, json, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-peer = json.load(open(sys.argv[2]))
-print(f"kvbudget run --backend {sys.argv[4]}: {len(rows)} points, {float(sys.argv[3]):.1f} s wall in all "
-      f"(data generation, upload and the exact pass included)")
+work, backend, precs = sys.argv[1], sys.argv[2], sys.argv[3:]
+peer = json.load(open(f"{work}/peer.json"))
+runs = {p: list(csv.DictReader(open(f"{work}/runs_{p}/gpu_peer/latest/points.csv"))) for p in precs}
+for p in precs:
+    wall = float(open(f"{work}/wall_{p}").read())
+    print(f"kvbudget run --backend {backend} --precision {p}: {len(runs[p])} points, {wall:.1f} s wall in all "
+          f"(data generation, upload and the exact pass included)")
 print(f"peer: {peer['device']}, torch {peer['torch']}, exact pass {peer['exact_seconds']:.3f} s, "
       f"peak {peer.get('peak_gib', 0):.1f} GiB")
-print("(the two sides' data differ: the metrics show the magnitudes agree, not the values)")
-print("| format | kvbudget s/point | peer s/point | peer / kvbudget | kvbudget attn_kl_mean | peer attn_kl_mean | kvbudget attn_out_rel_err | peer attn_out_rel_err |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
-for r in rows:
-    fmt = r["plan"].split()[0].removeprefix("K:")  # "K:int4-asym-g32 V:int4-asym-g32"
-    p = peer["points"].get(fmt)
-    if p is None:
-        print(f"| {fmt} | {float(r['seconds']):.4f} | - | - | {r['attn_kl_mean']} | - | {r['attn_out_rel_err']} | - |")
-        continue
-    print(f"| {fmt} | {float(r['seconds']):.4f} | {p['seconds']:.4f} | {p['seconds'] / float(r['seconds']):.2f} | "
-          f"{float(r['attn_kl_mean']):.4g} | {p['attn_kl_mean']:.4g} | {float(r['attn_out_rel_err']):.4g} | "
-          f"{p['attn_out_rel_err']:.4g} |")
+print("(the two sides' data differ: the metrics show the magnitudes agree, not the values; kvbudget's first "
+      "point, int3, also computes the run's exact scores and norms, which later points reuse)")
+print("| format | precision | kvbudget s/point | peer s/point | peer / kvbudget | kvbudget attn_kl_mean | peer attn_kl_mean "
+      "| kvbudget attn_out_rel_err | peer attn_out_rel_err |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+fmt_of = lambda r: r["plan"].split()[0].removeprefix("K:")  # "K:int4-asym-g32 V:int4-asym-g32"
+for p in precs:
+    for r in runs[p]:
+        fmt, sec = fmt_of(r), float(r["seconds"])
+        q = peer["points"].get(fmt)
+        if q is None:
+            print(f"| {fmt} | {p} | {sec:.4f} | - | - | {float(r['attn_kl_mean']):.4g} | - | "
+                  f"{float(r['attn_out_rel_err']):.4g} | - |")
+            continue
+        print(f"| {fmt} | {p} | {sec:.4f} | {q['seconds']:.4f} | {q['seconds'] / sec:.2f} | "
+              f"{float(r['attn_kl_mean']):.4g} | {q['attn_kl_mean']:.4g} | {float(r['attn_out_rel_err']):.4g} | "
+              f"{q['attn_out_rel_err']:.4g} |")
+if "fp32" in runs and "tf32" in runs:
+    print("\ntf32 against fp32 (the declared fast mode's metric error), relative difference per metric:")
+    metrics = ["attn_kl_mean", "attn_out_rel_err", "attn_kl_p99", "attn_out_rel_err_p99", "topk_overlap", "logit_rmse"]
+    print("| format | " + " | ".join(metrics) + " |")
+    print("|---|" + "---:|" * len(metrics))
+    for a, b in zip(runs["fp32"], runs["tf32"]):
+        cells = []
+        for m in metrics:
+            x, y = float(a[m]), float(b[m])
+            cells.append(f"{abs(y - x) / max(abs(x), 1e-30):.2e}")
+        print(f"| {fmt_of(a)} | " + " | ".join(cells) + " |")
 PY
