@@ -562,6 +562,72 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---------------------------------------------------------------------------
+// Quantize of channel groups of G = 4 kLanes kQuadsPerLane channels (G divides cols;
+// min/max or max|x|), without shared memory: group g of the batch is elements
+// [g G, (g + 1) G) (params[g]), and kLanes consecutive lanes (a power of two, at most 32)
+// take it, lane j the j-th run of kQuadsPerLane quads. Each lane loads its run with
+// 16-byte loads (all in flight at once), folds it in element order, the group's lanes
+// merge their statistics by shuffles, adjacent runs in order (int_stats_merge: the fold
+// of the whole group, as the CPU runs it), each lane derives the group's parameters and
+// stores its run's codes (16-byte stores when aligned). One group per lane for G <= 64:
+// no per-group work is repeated, and the staging, the synchronisation and the
+// one-thread-per-group statistics phase of int_channel_groups_kernel are gone.
+// ---------------------------------------------------------------------------
+template <IntStatKind kKind, int kQuadsPerLane, int kLanes>
+__global__ void __launch_bounds__(kThreads)
+    int_channel_groups_quantize_kernel(const float* __restrict__ x, int64_t total_groups, IntKernelSpec spec,
+                                       bool codes16, uint8_t* __restrict__ codes, IntGroupParams* __restrict__ params) {
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "a power of two of lanes per group");
+  const int64_t lane_id = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t g = lane_id / kLanes;
+  const int part = static_cast<int>(lane_id & (kLanes - 1));
+  // Lanes past the last group stay until the shuffles (they take the whole warp).
+  const bool in = g < total_groups;
+  const int64_t q0 = (g * kLanes + part) * kQuadsPerLane;  // first quad of this lane's run
+  float4 v[kQuadsPerLane];
+#pragma unroll
+  for (int k = 0; k < kQuadsPerLane; ++k)
+    v[k] = in ? reinterpret_cast<const float4*>(x)[q0 + k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  IntGroupStats st;
+#pragma unroll
+  for (int k = 0; k < kQuadsPerLane; ++k) {
+    int_stats_add(st, v[k].x, kKind);
+    int_stats_add(st, v[k].y, kKind);
+    int_stats_add(st, v[k].z, kKind);
+    int_stats_add(st, v[k].w, kKind);
+  }
+#pragma unroll
+  for (int off = 1; off < kLanes; off <<= 1) {  // runs of off lanes -> runs of 2 off lanes
+    const float2 mine = pack_stats(st, kKind);
+    const float2 other = make_float2(__shfl_xor_sync(0xffffffffu, mine.x, off), __shfl_xor_sync(0xffffffffu, mine.y, off));
+    const bool earlier = (part & off) == 0;  // this lane's run comes first
+    const int64_t n = static_cast<int64_t>(4 * kQuadsPerLane) * off;
+    st = int_stats_merge(unpack_stats(earlier ? mine : other, n, kKind), unpack_stats(earlier ? other : mine, n, kKind));
+  }
+  if (!in) return;
+  const IntGroupParams p = int_group_params(st, kKind, spec.bits, spec.scale_dt, spec.zero_dt);
+  if (part == 0) params[g] = p;
+  uint32_t w[kQuadsPerLane];  // four codes per word, element 4k + i in byte i of w[k]
+#pragma unroll
+  for (int k = 0; k < kQuadsPerLane; ++k)
+    w[k] = static_cast<uint32_t>(encode_stored(v[k].x, p, spec)) |
+           (static_cast<uint32_t>(encode_stored(v[k].y, p, spec)) << 8) |
+           (static_cast<uint32_t>(encode_stored(v[k].z, p, spec)) << 16) |
+           (static_cast<uint32_t>(encode_stored(v[k].w, p, spec)) << 24);
+  uint8_t* dst = codes + 4 * q0;  // 16-byte aligned when codes16 and kQuadsPerLane % 4 == 0
+  if constexpr (kQuadsPerLane % 4 == 0) {
+    if (codes16) {
+#pragma unroll
+      for (int k = 0; k < kQuadsPerLane; k += 4)
+        *reinterpret_cast<uint4*>(dst + 4 * k) = make_uint4(w[k], w[k + 1], w[k + 2], w[k + 3]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kQuadsPerLane; ++k) *reinterpret_cast<uint32_t*>(dst + 4 * k) = w[k];
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 bool aligned4(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }
 
@@ -635,6 +701,37 @@ class IntTwin final : public FormatTwin {
     KVB_CUDA_CHECK_LAUNCH(int_token_groups_reg_kernel);
   }
 
+  // Quantize of channel groups by int_channel_groups_quantize_kernel when it serves the
+  // batch (G in 8, 16, ..., 256 dividing cols, min/max or max|x|, 16-byte aligned x and
+  // word-aligned codes); false when the caller must run int_channel_groups_kernel.
+  bool launch_channel_quantize(const float* x, SpanBatch b, const IntKernelSpec& ks, uint8_t* codes,
+                               IntGroupParams* params, cudaStream_t stream) const {
+    if (ks.kind == IntStatKind::AbsMean || b.cols % ks.group != 0 || !aligned16(x) || !aligned4(codes)) return false;
+    const int64_t total_groups = b.spans * b.rows * (b.cols / ks.group);
+    const bool codes16 = aligned16(codes);
+    switch (ks.group) {
+      case 8: return launch_channel_quantize<2, 1>(x, total_groups, ks, codes16, codes, params, stream);
+      case 16: return launch_channel_quantize<4, 1>(x, total_groups, ks, codes16, codes, params, stream);
+      case 32: return launch_channel_quantize<8, 1>(x, total_groups, ks, codes16, codes, params, stream);
+      case 64: return launch_channel_quantize<16, 1>(x, total_groups, ks, codes16, codes, params, stream);
+      case 128: return launch_channel_quantize<16, 2>(x, total_groups, ks, codes16, codes, params, stream);
+      case 256: return launch_channel_quantize<16, 4>(x, total_groups, ks, codes16, codes, params, stream);
+      default: return false;
+    }
+  }
+  template <int kQuadsPerLane, int kLanes>
+  bool launch_channel_quantize(const float* x, int64_t total_groups, const IntKernelSpec& ks, bool codes16,
+                               uint8_t* codes, IntGroupParams* params, cudaStream_t stream) const {
+    const int64_t blocks = (total_groups * kLanes + kThreads - 1) / kThreads;
+    if (blocks > INT32_MAX) return false;
+    auto kernel = ks.kind == IntStatKind::MinMax
+                      ? int_channel_groups_quantize_kernel<IntStatKind::MinMax, kQuadsPerLane, kLanes>
+                      : int_channel_groups_quantize_kernel<IntStatKind::AbsMax, kQuadsPerLane, kLanes>;
+    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, total_groups, ks, codes16, codes, params);
+    KVB_CUDA_CHECK_LAUNCH(int_channel_groups_quantize_kernel);
+    return true;
+  }
+
   IntKernelSpec kernel_spec(SpanBatch b) const {
     IntKernelSpec k;
     k.bits = spec_.bits;
@@ -654,6 +751,7 @@ class IntTwin final : public FormatTwin {
     const IntKernelSpec ks = kernel_spec(b);
     const int cols = static_cast<int>(b.cols);
     if (along_channels()) {
+      if (kOut == IntOut::Codes && launch_channel_quantize(x, b, ks, codes, params, stream)) return;
       const int tile_rows = std::max(1, kTileFloats / cols);
       const int gpr = static_cast<int>((b.cols + ks.group - 1) / ks.group);
       const size_t smem = (static_cast<size_t>(padded_host(tile_rows * cols)) + 1) * sizeof(float) +
