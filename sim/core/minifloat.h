@@ -56,7 +56,7 @@ KVB_HD float minifloat_decode(uint8_t code, MinifloatSpec s) {
 }
 
 // x rounded to the nearest value of the format, in the fp32 domain (the quantize-
-// dequantize hot path, and the first step of minifloat_encode): normal values keep
+// dequantize hot path; minifloat_encode follows the same steps): normal values keep
 // man_bits mantissa bits, rounded to nearest even on the bit pattern (the carry may bump
 // the exponent); values below the smallest normal are rounded to a multiple of the
 // subnormal step by adding and subtracting a power of two (exact RNE); then saturation.
@@ -102,10 +102,40 @@ KVB_HD uint8_t minifloat_code(float r, MinifloatSpec s) {
   return static_cast<uint8_t>(sign | mag);
 }
 
-// Encoding: round in the fp32 domain, then read the code off the rounded value (fewer
-// operations than rounding the scaled mantissa; tests/formats/test_minifloat_formats.cpp checks
-// it against a brute-force nearest-even search over every code).
-KVB_HD uint8_t minifloat_encode(float x, MinifloatSpec s) { return minifloat_code(minifloat_round(x, s), s); }
+// Encoding: minifloat_code(minifloat_round(x)) in one pass over the bits of |x|, the
+// quantizers' hot path (a GPU twin spends most of its instructions here). The three
+// cases of minifloat_round, each reading the code off directly:
+//  - |x| >= max (infinities too): the code of max;
+//  - |x| below the smallest normal: |x| + c with c = 2^(emin - man_bits + 23) rounds
+//    |x| to a multiple of the subnormal step (the ulp of c's binade) exactly as
+//    minifloat_round does, and the bits of that sum minus those of c count the steps:
+//    the code (2^man_bits, the smallest normal's code, when it rounds up to it);
+//  - normal: the bit pattern rounded to man_bits mantissa bits (nearest even, the
+//    carry may bump the exponent), shifted down and rebiased: exponent and mantissa
+//    fields of the code at once.
+// NaN gives the NaN code (0 for E2M1), as minifloat_code(minifloat_round(NaN)) does.
+// tests/formats/test_minifloat_formats.cpp checks it against a brute-force nearest-even
+// search over every code, and against minifloat_code(minifloat_round(x)).
+KVB_HD uint8_t minifloat_encode(float x, MinifloatSpec s) {
+  const uint32_t u = float_bits(x);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return s.nan_code;
+  const uint32_t sign = (u >> 31) << (s.exp_bits + s.man_bits);
+  const int emin = 1 - s.bias;
+  uint32_t mag;
+  if (bits_float(a) >= minifloat_max(s)) {
+    mag = s.max_code;
+  } else if (a < static_cast<uint32_t>(emin + 127) << 23) {
+    const float c = pow2f(emin - s.man_bits + 23);
+    mag = float_bits(add_rn(bits_float(a), c)) - float_bits(c);
+  } else {
+    const int shift = 23 - s.man_bits;
+    const uint32_t rounded = a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u);
+    mag = (rounded >> shift) - (static_cast<uint32_t>(127 - s.bias) << s.man_bits);
+    mag = mag > s.max_code ? s.max_code : mag;
+  }
+  return static_cast<uint8_t>(sign | mag);
+}
 
 // E8M0 (OCP MX shared scale): 2^(e - 127) for e in 0..254; 255 is NaN.
 KVB_HD float e8m0_decode(uint8_t e) { return e == 255 ? bits_float(0x7fc00000u) : pow2f(static_cast<int>(e) - 127); }

@@ -19,14 +19,43 @@ KVB_HD T table16_select(const T (&v)[16], int i) {
   return b3 ? r1 : r0;
 }
 
+// Byte s (s in [0, 8)) of the eight bytes of x then y (x's least significant first):
+// one byte permute (__byte_perm) on the device, shifts on the host.
+KVB_HD uint32_t select_byte8(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, s) & 0xffu;
+#else
+  return static_cast<uint32_t>(((static_cast<uint64_t>(y) << 32) | x) >> (8 * s)) & 0xffu;
+#endif
+}
+
+// v[i] of a 16-entry table of bytes (ggml's iq4_nl grid), i in [0, 16): the table
+// packed into four words (constants for a constant table), a byte selection from
+// each half and a select on bit 3 of i: three operations where table16_select takes 15.
+template <class T>
+KVB_HD T table16_bytes(const T (&v)[16], int i) {
+  static_assert(sizeof(T) == 1, "a table of bytes");
+  uint32_t w[4];
+  for (int k = 0; k < 4; ++k)
+    w[k] = static_cast<uint32_t>(static_cast<uint8_t>(v[4 * k])) |
+           (static_cast<uint32_t>(static_cast<uint8_t>(v[4 * k + 1])) << 8) |
+           (static_cast<uint32_t>(static_cast<uint8_t>(v[4 * k + 2])) << 16) |
+           (static_cast<uint32_t>(static_cast<uint8_t>(v[4 * k + 3])) << 24);
+  const uint32_t s = static_cast<uint32_t>(i) & 7u;
+  const uint32_t byte = (i & 8) != 0 ? select_byte8(w[2], w[3], s) : select_byte8(w[0], w[1], s);
+  return static_cast<T>(static_cast<uint8_t>(byte));
+}
+
 // v[i] of a small constant table (NF4's values, ggml's iq4_nl grid), i in [0, 16): an
-// indexed load on the host; table16_select on the device, where CUDA would copy a
-// dynamically indexed local table to local memory at every call. Same values either
-// way (tests/formats/test_codebook_formats.cpp checks table16_select on the host).
+// indexed load on the host; table16_bytes (tables of bytes) or table16_select on the
+// device, where CUDA would copy a dynamically indexed local table to local memory at
+// every call. Same values either way (tests/formats/test_codebook_formats.cpp checks
+// both on the host).
 template <class T>
 KVB_HD T table16(const T (&v)[16], int i) {
 #if defined(__CUDA_ARCH__)
-  return table16_select(v, i);
+  if constexpr (sizeof(T) == 1) return table16_bytes(v, i);
+  else return table16_select(v, i);
 #else
   return v[i];
 #endif

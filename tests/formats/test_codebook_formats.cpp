@@ -127,7 +127,7 @@ TEST_CASE("counting thresholds below x (NF4's encoder) gives the binary search's
   for (float p : probes) CHECK_MESSAGE(codebook_count_below(p, t, 16) == codebook_index(p, t, 16), "x = " << p);
 }
 
-TEST_CASE("table16_select (the device's lookup of NF4 values and the iq4_nl grid) returns every entry") {
+TEST_CASE("table16_select and table16_bytes (the device's lookups of NF4 values and the iq4_nl grid) return every entry") {
   const float nf4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
                          -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
                          0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
@@ -137,7 +137,10 @@ TEST_CASE("table16_select (the device's lookup of NF4 values and the iq4_nl grid
     CHECK(table16_select(nf4, i) == nf4[i]);
     CHECK(nf4_value(i) == nf4[i]);
     CHECK(table16_select(grid, i) == grid[i]);
+    CHECK(table16_bytes(grid, i) == grid[i]);
   }
+  const uint8_t bytes[16] = {0, 255, 128, 127, 1, 2, 254, 3, 200, 17, 99, 100, 4, 5, 250, 6};
+  for (int i = 0; i < 16; ++i) CHECK(table16_bytes(bytes, i) == bytes[i]);
 }
 
 TEST_CASE("nf4 matches the plain reference bit for bit") {

@@ -117,6 +117,9 @@ void check_encoder(const RefFormat& rf, MinifloatSpec spec, const char* what) {
     for (uint32_t sign : {0u, 0x80000000u}) {
       const float x = kvb::bits_float(bits | sign);
       if (minifloat_encode(x, spec) != ref_encode(x, rf) && ++wrong <= 5) FAIL_CHECK("bits " << (bits | sign));
+      // The fused encoder reads the code of what minifloat_round returns.
+      if (minifloat_encode(x, spec) != minifloat_code(minifloat_round(x, spec), spec) && ++wrong <= 5)
+        FAIL_CHECK("fused encoder vs minifloat_code(minifloat_round()): bits " << (bits | sign));
     }
   CHECK(wrong == 0);
   for (int c = 0; c < (1 << (rf.exp_bits + rf.man_bits + 1)); ++c)
