@@ -634,9 +634,21 @@ void launch_causal_attention_tiled(const AttentionArgs& a, cudaStream_t stream) 
 }
 
 bool causal_attention_is_tiled(const AttentionArgs& a) {
+  // The device's shared memory per block (opt-in): the tiled kernel needs 55 KiB at
+  // head_dim <= 64, 87 KiB at <= 128 and 151 KiB at <= 256 (an H100 has 227 KiB).
+  static const int optin = [] {
+    int device = 0, bytes = 0;
+    KVB_CUDA_CHECK(cudaGetDevice(&device));
+    KVB_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes;
+  }();
+  const size_t needed = (a.d <= 64    ? tiled_attention_smem_bytes<64>()
+                         : a.d <= 128 ? tiled_attention_smem_bytes<128>()
+                                      : tiled_attention_smem_bytes<kMaxAttentionHeadDim>()) +
+                        sizeof(int) * 4 * kTileSlots;  // the static row_from, row_alt
   // A tile holds 64 query vectors: rows x heads of a KV head's group. Fewer rows than
-  // fill it leave most of the tiled kernel's work idle; the reference then is faster.
-  return int64_t{a.n} * (a.q_heads / a.kv_heads) >= 2 * kTileSlots;
+  // fill two leave most of the tiled kernel's work idle; the reference then is faster.
+  return int64_t{a.n} * (a.q_heads / a.kv_heads) >= 2 * kTileSlots && needed <= static_cast<size_t>(optin);
 }
 
 void launch_causal_attention(const AttentionArgs& a, cudaStream_t stream) {

@@ -73,8 +73,9 @@ struct AttentionArgs {
 };
 inline constexpr int kMaxAttentionHeadDim = 256;
 // The forward pass's attention: the tiled kernel when causal_attention_is_tiled(a),
-// else the reference kernel. Chosen by shape only (n, q_heads / kv_heads), so that a
-// shape always runs the same arithmetic.
+// else the reference kernel. Chosen by shape only (n x q_heads / kv_heads >= 128, and
+// the tiled kernel's shared memory for head_dim within the device's), so that a shape
+// always runs the same arithmetic on a device.
 void launch_causal_attention(const AttentionArgs& a, cudaStream_t stream);
 bool causal_attention_is_tiled(const AttentionArgs& a);
 // The reference: one block per (query row, query head), warps walking the keys one by
