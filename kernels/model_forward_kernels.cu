@@ -1,6 +1,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -218,6 +219,348 @@ __global__ void __launch_bounds__(kAttnWarps * 32) causal_attention_kernel(Atten
   }
 }
 
+
+// Tiled causal attention (launch_causal_attention_tiled). A block takes the query heads
+// of KV head g = blockIdx.y, GH of its G = q_heads / kv_heads heads at a time, for BQ
+// = 64 / GH consecutive query rows: 64 query vectors ("slots"; slot s is local row s /
+// GH, local head s % GH). It walks the keys its rows see in tiles of 64: stages a key
+// tile in shared memory, computes the 64 x 64 scores, updates each slot's online
+// softmax (running max m, normaliser l, output accumulators rescaled), stages the value
+// tile and accumulates probabilities x values. 256 threads as 16 x 16: thread (ty, tx)
+// owns slots ty + 16 i (i < 4), of the score tile keys tx + 16 jj (jj < 4), and output
+// channels 64 k + 4 tx + e (k < DP / 64, e < 4); DP is the head dimension rounded up to
+// 64, 128 or 256 (channels from d on are zero).
+//
+// Versions: row r reads token j of KV head g in version 0 (stored) for j <
+// residual_from, else version 1 (window) or 2 (exact) as residual_window says. A tile
+// whose (row, key) pairs all read one version stages that version once; otherwise each
+// version some row reads there is staged in turn: the scores take each pair's own
+// version, the probabilities go to the value version each pair reads (0 elsewhere).
+// Keys a version stages for no row are zeros in shared memory, never read from memory.
+constexpr int kTileSlots = 64, kTileKeys = 64, kTileThreads = 256;
+constexpr int kProbPitch = kTileKeys + 16;  // floats per slot row of the probability tile (bank spread)
+constexpr int kStored = 0, kWindow = 1, kExact = 2, kVersionCount = 3;
+
+template <int DP>
+constexpr size_t tiled_attention_smem_bytes() {  // query tile, key/value tile, probabilities
+  return sizeof(float) * (size_t{2} * kTileSlots * (DP + 4) + size_t{kTileSlots} * kProbPitch);
+}
+
+// Up to 4 floats from src (`left` of them valid, > 0): one 16-byte load when vec4.
+__device__ __forceinline__ float4 load_quad(const float* src, int left, bool vec4) {
+  if (vec4) return *reinterpret_cast<const float4*>(src);
+  float4 v = make_float4(src[0], 0.0f, 0.0f, 0.0f);
+  if (left > 1) v.y = src[1];
+  if (left > 2) v.z = src[2];
+  if (left > 3) v.w = src[3];
+  return v;
+}
+
+// Key or value `kind` (0 K, 1 V) of KV head g in `version`: token j's row at + j * d.
+__device__ __forceinline__ const float* version_rows(const AttentionArgs& a, int kind, int version, int g) {
+  switch (version) {
+    case kStored: return (kind ? a.v_stored : a.k_stored) + g * a.version_unit_stride;
+    case kWindow: return (kind ? a.v_window : a.k_window) + g * a.version_unit_stride;
+    default: return (kind ? a.v_exact : a.k_exact) + g * a.exact_unit_stride;
+  }
+}
+
+__device__ __forceinline__ int version_of(int from, int alt, int64_t j) { return j < from ? kStored : alt; }
+
+// Rows [0, 64) of a tile (pitch DP + 4 floats) = tokens j0 + row of `rows` for rows in
+// [lo, hi), channels < d; zeros elsewhere. Every thread of the block calls it.
+template <int DP>
+__device__ __forceinline__ void stage_tile(float* tile, const float* rows, int64_t j0, int lo, int hi, int d,
+                                           bool vec4) {
+#pragma unroll 4
+  for (int it = 0; it < DP / 16; ++it) {
+    const int q = threadIdx.x + kTileThreads * it;  // quad q of 64 rows x DP / 4 quads
+    const int row = q / (DP / 4), c = 4 * (q % (DP / 4));
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row >= lo && row < hi && c < d) v = load_quad(rows + (j0 + row) * d + c, d - c, vec4);
+    *reinterpret_cast<float4*>(tile + row * (DP + 4) + c) = v;
+  }
+}
+
+// For one kind (K or V), the version rules of the block's rows reduced: some row reads
+// key j in the stored version iff j < from_max, in the window version iff j >=
+// window_from, in the exact version iff j >= exact_from.
+struct TileVersions {
+  int from_max = INT_MIN, window_from = INT_MAX, exact_from = INT_MAX;
+
+  __device__ void add_row(int from, int alt) {
+    from_max = max(from_max, from);
+    if (alt == kWindow) window_from = min(window_from, from);
+    else exact_from = min(exact_from, from);
+  }
+  // The local key range [lo, hi) of the tile [j0, j0 + count) that some row reads in
+  // `version`; false when empty.
+  __device__ bool range(int version, int64_t j0, int count, int& lo, int& hi) const {
+    const int64_t l = version == kStored ? 0 : (version == kWindow ? window_from : exact_from) - j0;
+    const int64_t h = version == kStored ? from_max - j0 : count;
+    lo = static_cast<int>(l < 0 ? 0 : (l > count ? count : l));
+    hi = static_cast<int>(h < 0 ? 0 : (h > count ? count : h));
+    return lo < hi;
+  }
+  // How many versions some row reads in the tile.
+  __device__ int count_in(int64_t j0, int count) const {
+    int lo = 0, hi = 0, n = 0;
+    for (int v = 0; v < kVersionCount; ++v) n += range(v, j0, count, lo, hi);
+    return n;
+  }
+};
+
+template <int DP>
+__global__ void __launch_bounds__(kTileThreads, DP <= 128 ? 2 : 1) tiled_attention_kernel(AttentionArgs a, int heads_per_block,
+                                                                       int rows_per_block, int head_chunks,
+                                                                       int row_tiles, bool vec4) {
+  constexpr int P = DP + 4;  // floats per row of the query and key/value tiles
+  constexpr int K4 = DP / 64;
+  extern __shared__ float4 tiled_smem[];
+  float* const qs = reinterpret_cast<float*>(tiled_smem);  // [64 slots][P]
+  float* const kvs = qs + kTileSlots * P;                   // [64 keys][P]
+  float* const ps = kvs + kTileKeys * P;                    // [64 slots][kProbPitch]
+  __shared__ int row_from[2][kTileSlots], row_alt[2][kTileSlots];  // [K, V][local row]
+
+  const int G = a.q_heads / a.kv_heads, GH = heads_per_block;
+  const int g = blockIdx.y, chunk = blockIdx.x % head_chunks;
+  const int r0 = (row_tiles - 1 - static_cast<int>(blockIdx.x) / head_chunks) * rows_per_block;  // longest first
+  const int rows_here = min(rows_per_block, a.n - r0);
+  const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+  const int d = a.d;
+
+  if (tid < kTileSlots) {
+    for (int kind = 0; kind < 2; ++kind) {
+      int from = INT_MAX, alt = kExact;  // without residual_from: every token stored
+      if (a.residual_from && tid < rows_here) {
+        const int64_t at = (int64_t{kind} * a.kv_heads + g) * a.n + r0 + tid;
+        from = a.residual_from[at];
+        alt = a.residual_window[at] != 0 ? kWindow : kExact;
+      }
+      row_from[kind][tid] = from;
+      row_alt[kind][tid] = alt;
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < DP / 16; ++it) {
+    const int q = tid + kTileThreads * it;  // quad q of 64 slots x DP / 4 quads
+    const int s = q / (DP / 4), c = 4 * (q % (DP / 4));
+    const int lr = s / GH, head = chunk * GH + s % GH;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (lr < rows_here && head < G && c < d)
+      v = load_quad(a.queries + int64_t{r0 + lr} * a.query_stride + int64_t{g * G + head} * d + c, d - c, vec4);
+    *reinterpret_cast<float4*>(qs + s * P + c) = v;
+  }
+  __syncthreads();
+
+  TileVersions key_rules, value_rules;
+  for (int lr = 0; lr < rows_here; ++lr) {
+    key_rules.add_row(row_from[0][lr], row_alt[0][lr]);
+    value_rules.add_row(row_from[1][lr], row_alt[1][lr]);
+  }
+  // Slot ty + 16 i is at position t_first + lr_of[i] and sees keys lowest_key(t) <= j
+  // <= t (slots past the last row get positions past it; their results are never
+  // written).
+  const int window = a.window;
+  auto lowest_key = [window](int64_t t) -> int64_t { return window > 0 && t - window + 1 > 0 ? t - window + 1 : 0; };
+  int lr_of[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) lr_of[i] = (ty + 16 * i) / GH;
+  const int64_t t_first = a.first + r0, t_last = t_first + rows_here - 1;
+  const int64_t lo_first = lowest_key(t_first), lo_last = lowest_key(t_last);
+
+  float o[4][K4][4], m[4], l[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K4; ++k)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[i][k][e] = 0.0f;
+  }
+  const int d4 = (d + 3) & ~3;
+
+  for (int64_t j0 = lo_first; j0 <= t_last; j0 += kTileKeys) {
+    const int count = static_cast<int>(t_last + 1 - j0 < kTileKeys ? t_last + 1 - j0 : kTileKeys);
+    // Every row sees every key of the tile: no masking.
+    const bool unmasked = j0 >= lo_last && j0 + kTileKeys - 1 <= t_first;
+    int lo_v = 0, hi_v = 0;  // the keys staged in the current version
+
+    // Scores s[i][jj] of slot ty + 16 i and key j0 + tx + 16 jj, each in its version:
+    // with several versions, each pass keeps its pairs' scores in the thread's own
+    // cells of ps (free until the value passes; read back below). The first pass fills
+    // every cell, so that pairs no row reads (past the last row) hold finite scores.
+    float s[4][4];
+    const int key_versions = key_rules.count_in(j0, count);
+    bool first_pass = true;
+    for (int v = 0; v < kVersionCount; ++v) {
+      if (!key_rules.range(v, j0, count, lo_v, hi_v)) continue;
+      __syncthreads();  // the previous readers of kvs and ps are done
+      stage_tile<DP>(kvs, version_rows(a, 0, v, g), j0, lo_v, hi_v, d, vec4);
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) s[i][jj] = 0.0f;
+#pragma unroll 1
+      for (int c = 0; c < d4; c += 4) {
+        float4 kv[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) kv[jj] = *reinterpret_cast<const float4*>(kvs + (tx + 16 * jj) * P + c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float4 qv = *reinterpret_cast<const float4*>(qs + (ty + 16 * i) * P + c);
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            s[i][jj] = fmaf(qv.x, kv[jj].x, s[i][jj]);
+            s[i][jj] = fmaf(qv.y, kv[jj].y, s[i][jj]);
+            s[i][jj] = fmaf(qv.z, kv[jj].z, s[i][jj]);
+            s[i][jj] = fmaf(qv.w, kv[jj].w, s[i][jj]);
+          }
+        }
+      }
+      if (key_versions > 1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj)
+            if (first_pass || version_of(row_from[0][lr_of[i]], row_alt[0][lr_of[i]], j0 + tx + 16 * jj) == v)
+              ps[(ty + 16 * i) * kProbPitch + tx + 16 * jj] = s[i][jj];
+      }
+      first_pass = false;
+    }
+    if (key_versions > 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) s[i][jj] = ps[(ty + 16 * i) * kProbPitch + tx + 16 * jj];
+    }
+
+    // Online softmax: s becomes the probabilities relative to the new running max.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t t = t_first + lr_of[i], lo = lowest_key(t);
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        float x = s[i][jj] * a.score_scale;
+        const int64_t j = j0 + tx + 16 * jj;
+        if (!unmasked && (j < lo || j > t)) x = -INFINITY;
+        s[i][jj] = x;
+        tile_max = fmaxf(tile_max, x);
+      }
+      for (int off = 8; off > 0; off >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+      const float m_new = fmaxf(m[i], tile_max);
+      const float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: every p is 0
+      const float rescale = expf(m[i] - m_ref);
+      float sum = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        s[i][jj] = expf(s[i][jj] - m_ref);
+        sum += s[i][jj];
+      }
+      l[i] = l[i] * rescale + sum;
+      m[i] = m_new;
+#pragma unroll
+      for (int k = 0; k < K4; ++k)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[i][k][e] *= rescale;
+    }
+
+    // Probabilities x values, each pair's probability against the value version it reads.
+    const int value_versions = value_rules.count_in(j0, count);
+    const int count4 = (count + 3) & ~3;
+    for (int v = 0; v < kVersionCount; ++v) {
+      if (!value_rules.range(v, j0, count, lo_v, hi_v)) continue;
+      __syncthreads();  // the previous readers of kvs and ps are done
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const bool reads = value_versions == 1 ||
+                             version_of(row_from[1][lr_of[i]], row_alt[1][lr_of[i]], j0 + tx + 16 * jj) == v;
+          ps[(ty + 16 * i) * kProbPitch + tx + 16 * jj] = reads ? s[i][jj] : 0.0f;
+        }
+      stage_tile<DP>(kvs, version_rows(a, 1, v, g), j0, lo_v, hi_v, d, vec4);
+      __syncthreads();
+#pragma unroll 1
+      for (int j = 0; j < count4; j += 4) {
+        float4 p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = *reinterpret_cast<const float4*>(ps + (ty + 16 * i) * kProbPitch + j);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+          for (int k = 0; k < K4; ++k) {
+            const float4 vv = *reinterpret_cast<const float4*>(kvs + (j + jj) * P + 64 * k + 4 * tx);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float pij = jj == 0 ? p[i].x : jj == 1 ? p[i].y : jj == 2 ? p[i].z : p[i].w;
+              o[i][k][0] = fmaf(pij, vv.x, o[i][k][0]);
+              o[i][k][1] = fmaf(pij, vv.y, o[i][k][1]);
+              o[i][k][2] = fmaf(pij, vv.z, o[i][k][2]);
+              o[i][k][3] = fmaf(pij, vv.w, o[i][k][3]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // The normaliser of each slot: the 16 threads of a slot row hold a share each.
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float total = l[i];
+    for (int off = 8; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+    const int slot = ty + 16 * i, head = chunk * GH + slot % GH;
+    if (lr_of[i] >= rows_here || head >= G) continue;
+    const float inv = 1.0f / total;
+    float* out = a.out + int64_t{r0 + lr_of[i]} * a.q_heads * d + int64_t{g * G + head} * d;
+#pragma unroll
+    for (int k = 0; k < K4; ++k) {
+      const int c = 64 * k + 4 * tx;
+      if (c >= d) continue;
+      const float4 r = make_float4(o[i][k][0] * inv, o[i][k][1] * inv, o[i][k][2] * inv, o[i][k][3] * inv);
+      if (vec4) {
+        *reinterpret_cast<float4*>(out + c) = r;
+      } else {
+        out[c] = r.x;
+        if (c + 1 < d) out[c + 1] = r.y;
+        if (c + 2 < d) out[c + 2] = r.z;
+        if (c + 3 < d) out[c + 3] = r.w;
+      }
+    }
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <int DP>
+void launch_tiled_attention(const AttentionArgs& a, cudaStream_t stream) {
+  constexpr size_t smem = tiled_attention_smem_bytes<DP>();
+  static const bool configured = [] {  // beyond 48 KB of dynamic shared memory: opt in, once
+    KVB_CUDA_CHECK(cudaFuncSetAttribute(tiled_attention_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    return true;
+  }();
+  (void)configured;
+  const int G = a.q_heads / a.kv_heads;
+  const int heads_per_block = G < kTileSlots ? G : kTileSlots;
+  const int head_chunks = (G + heads_per_block - 1) / heads_per_block;
+  const int rows_per_block = kTileSlots / heads_per_block;
+  const int row_tiles = (a.n + rows_per_block - 1) / rows_per_block;
+  // 16-byte loads and stores: every row and head start a multiple of 4 floats from
+  // 16-byte aligned bases.
+  const bool vec4 = a.d % 4 == 0 && a.query_stride % 4 == 0 && a.exact_unit_stride % 4 == 0 &&
+                    a.version_unit_stride % 4 == 0 && aligned16(a.queries) && aligned16(a.out) &&
+                    aligned16(a.k_exact) && aligned16(a.k_stored) && aligned16(a.k_window) && aligned16(a.v_exact) &&
+                    aligned16(a.v_stored) && aligned16(a.v_window);
+  tiled_attention_kernel<DP><<<dim3(row_tiles * head_chunks, a.kv_heads), kTileThreads, smem, stream>>>(
+      a, heads_per_block, rows_per_block, head_chunks, row_tiles, vec4);
+  KVB_CUDA_CHECK_LAUNCH("tiled_attention_kernel");
+}
+
 }  // namespace
 
 void launch_weight_to_f32(const void* weight, WeightDtype dtype, int64_t first, int64_t n, float* out,
@@ -277,9 +620,40 @@ void launch_append_units(const float* src, int64_t src_stride, int64_t col0, int
   KVB_CUDA_CHECK_LAUNCH("append_units_kernel");
 }
 
-void launch_causal_attention(const AttentionArgs& a, cudaStream_t stream) {
+void launch_causal_attention_reference(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
   causal_attention_kernel<<<dim3(a.n, a.q_heads), kAttnWarps * 32, 0, stream>>>(a);
   KVB_CUDA_CHECK_LAUNCH("causal_attention_kernel");
+}
+
+void launch_causal_attention_tiled(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  if (a.d <= 64) launch_tiled_attention<64>(a, stream);
+  else if (a.d <= 128) launch_tiled_attention<128>(a, stream);
+  else launch_tiled_attention<kMaxAttentionHeadDim>(a, stream);
+}
+
+bool causal_attention_is_tiled(const AttentionArgs& a) {
+  // The device's shared memory per block (opt-in): the tiled kernel needs 55 KiB at
+  // head_dim <= 64, 87 KiB at <= 128 and 151 KiB at <= 256 (an H100 has 227 KiB).
+  static const int optin = [] {
+    int device = 0, bytes = 0;
+    KVB_CUDA_CHECK(cudaGetDevice(&device));
+    KVB_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes;
+  }();
+  const size_t needed = (a.d <= 64    ? tiled_attention_smem_bytes<64>()
+                         : a.d <= 128 ? tiled_attention_smem_bytes<128>()
+                                      : tiled_attention_smem_bytes<kMaxAttentionHeadDim>()) +
+                        sizeof(int) * 4 * kTileSlots;  // the static row_from, row_alt
+  // A tile holds 64 query vectors: rows x heads of a KV head's group. Fewer rows than
+  // fill two leave most of the tiled kernel's work idle; the reference then is faster.
+  return int64_t{a.n} * (a.q_heads / a.kv_heads) >= 2 * kTileSlots && needed <= static_cast<size_t>(optin);
+}
+
+void launch_causal_attention(const AttentionArgs& a, cudaStream_t stream) {
+  if (causal_attention_is_tiled(a)) launch_causal_attention_tiled(a, stream);
+  else launch_causal_attention_reference(a, stream);
 }
 
 }  // namespace kvb::cuda

@@ -72,6 +72,21 @@ struct AttentionArgs {
   float* out = nullptr;                      // [n, q_heads * d]
 };
 inline constexpr int kMaxAttentionHeadDim = 256;
+// The forward pass's attention: the tiled kernel when causal_attention_is_tiled(a),
+// else the reference kernel. Chosen by shape only (n x q_heads / kv_heads >= 128, and
+// the tiled kernel's shared memory for head_dim within the device's), so that a shape
+// always runs the same arithmetic on a device.
 void launch_causal_attention(const AttentionArgs& a, cudaStream_t stream);
+bool causal_attention_is_tiled(const AttentionArgs& a);
+// The reference: one block per (query row, query head), warps walking the keys one by
+// one (fast enough for a few rows: generation steps).
+void launch_causal_attention_reference(const AttentionArgs& a, cudaStream_t stream);
+// Flash-attention style: a block takes the query heads of one KV head for a tile of
+// consecutive query rows (64 query vectors), stages tiles of 64 keys and values in
+// shared memory and keeps an online softmax; fp32 throughout. The same results as the
+// reference to fp32 rounding (other summation orders). A version of a token that some
+// row of a tile reads may be multiplied by zero for the other rows of the tile (as the
+// CPU's causal_attention does), so versions must be finite where any row reads them.
+void launch_causal_attention_tiled(const AttentionArgs& a, cudaStream_t stream);
 
 }  // namespace kvb::cuda
