@@ -94,6 +94,64 @@ struct LocalTopK {
     c[at] = x;
     if (count == k) last = c[k - 1];
   }
+  // The merge's view: the best not yet taken, and taking it.
+  int taken = 0;
+  __device__ Cand head() const { return taken < count ? c[taken] : no_cand(); }
+  __device__ void pop() { ++taken; }
+};
+
+// The same for k <= kRegTopK, in registers: the thread's kRegTopK best (sentinels
+// until filled), sorted best first; offers insert by a compare-swap chain at constant
+// indices. Any k <= kRegTopK is served: the team's top-k is among its threads' lists.
+constexpr int kRegTopK = 8;
+struct RegTopK {
+  float v[kRegTopK];
+  int i[kRegTopK];
+
+  __device__ RegTopK() {
+#pragma unroll
+    for (int a = 0; a < kRegTopK; ++a) {
+      v[a] = -INFINITY;
+      i[a] = INT_MAX;
+    }
+  }
+  __device__ __forceinline__ void offer(float x, int j, int) {
+    if (!(x > v[kRegTopK - 1] || (x == v[kRegTopK - 1] && j < i[kRegTopK - 1]))) return;  // NaN never enters
+    v[kRegTopK - 1] = x;
+    i[kRegTopK - 1] = j;
+#pragma unroll
+    for (int a = kRegTopK - 1; a > 0; --a) {
+      if (v[a] > v[a - 1] || (v[a] == v[a - 1] && i[a] < i[a - 1])) {
+        const float tv = v[a];
+        v[a] = v[a - 1];
+        v[a - 1] = tv;
+        const int ti = i[a];
+        i[a] = i[a - 1];
+        i[a - 1] = ti;
+      }
+    }
+  }
+  __device__ Cand head() const { return i[0] == INT_MAX ? no_cand() : Cand{static_cast<double>(v[0]), i[0]}; }
+  __device__ void pop() {
+#pragma unroll
+    for (int a = 0; a + 1 < kRegTopK; ++a) {
+      v[a] = v[a + 1];
+      i[a] = i[a + 1];
+    }
+    v[kRegTopK - 1] = -INFINITY;
+    i[kRegTopK - 1] = INT_MAX;
+  }
+};
+
+// The thread's list of a row kernel: in registers when the run's top-k fits them.
+template <bool kInRegisters>
+struct FastTopK;
+template <>
+struct FastTopK<true> : RegTopK {};
+template <>
+struct FastTopK<false> : LocalTopK {
+  __device__ void offer(float x, int j, int k) { LocalTopK::offer(Cand{static_cast<double>(x), j}, k); }
+  using LocalTopK::offer;
 };
 
 // Warp argmax (by `better`) of one candidate per lane; every lane gets the winner.
@@ -122,18 +180,29 @@ __device__ void warp_merge(int k, ListAt list_at, ListLen list_len, Cand* out) {
   }
 }
 
-// The team's top-k of its threads' local lists into out[0..k), visible to the team on
-// return. warp_lists: kRowWarps lists of scratch (W > 1 only).
-template <int W>
-__device__ void team_topk(const LocalTopK& mine, int k, Cand (*warp_lists)[kMaxTopK], Cand* out) {
+// k rounds of warp argmax over the lanes' own lists (head(), pop(): LocalTopK or
+// RegTopK), into out[0..k) (lane 0 writes).
+template <typename List>
+__device__ void warp_merge_lists(List& mine, int k, Cand* out) {
+  const int lane = threadIdx.x & 31;
+  for (int r = 0; r < k; ++r) {
+    const Cand h = mine.head();
+    const Cand best = warp_best(h);
+    if (best.i != INT_MAX && h.i == best.i) mine.pop();  // indices are distinct across lanes
+    if (lane == 0) out[r] = best;
+  }
+}
+
+// The team's top-k of its threads' lists into out[0..k), visible to the team on
+// return (the lists are consumed). warp_lists: kRowWarps lists of scratch (W > 1 only).
+template <int W, typename List>
+__device__ void team_topk(List& mine, int k, Cand (*warp_lists)[kMaxTopK], Cand* out) {
   if constexpr (W == 1) {
-    warp_merge(
-        k, [&](int, int h) { return mine.c[h]; }, [&](int) { return mine.count; }, out);
+    warp_merge_lists(mine, k, out);
     __syncwarp();
   } else {
     const int warp = threadIdx.x >> 5;
-    warp_merge(
-        k, [&](int, int h) { return mine.c[h]; }, [&](int) { return mine.count; }, warp_lists[warp]);
+    warp_merge_lists(mine, k, warp_lists[warp]);
     __syncthreads();
     if (warp == 0)
       warp_merge(
@@ -218,7 +287,7 @@ __device__ RowPlace row_place(int r, int npos, const int32_t* positions, int64_t
 // ---------------------------------------------------------------------------
 // The exact pass: one team per row (sim/attention_error_fast.cpp, exact_row).
 // ---------------------------------------------------------------------------
-template <int W>
+template <int W, bool kRegList>
 __global__ void __launch_bounds__(kRowThreads) exact_rows_kernel(ExactRowsArgs a) {
   static_assert(W == 1 || W == kRowWarps, "a team is one warp or the whole block");
   constexpr int kTeams = kRowWarps / W, kTeamThreads = 32 * W;
@@ -237,12 +306,12 @@ __global__ void __launch_bounds__(kRowThreads) exact_rows_kernel(ExactRowsArgs a
   const float inv = static_cast<float>(1.0 / team_sum<W>(z, sh.scratch));
   const int k = static_cast<int>(min(static_cast<int64_t>(a.topk), at.n));
   double mass = 0;
-  LocalTopK top;
+  FastTopK<kRegList> top;
   for (int64_t j = tt; j < at.n; j += kTeamThreads) {
     const float p = attn_exact_weight(s[j], m) * inv;
     mass += p;
     if (a.probs) a.probs[at.row_off + j] = p;
-    top.offer(Cand{static_cast<double>(s[j]), static_cast<int>(j)}, k);
+    top.offer(s[j], static_cast<int>(j), k);
   }
   if (a.probs)
     for (int64_t j = at.n + tt; j < a.ld; j += kTeamThreads) a.probs[at.row_off + j] = 0.0f;
@@ -344,7 +413,7 @@ __device__ void reference_row(const RowBlockArgs& a, const RowPlace& at, const R
   }
 }
 
-template <int W>
+template <int W, bool kRegList>
 __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArgs a) {
   static_assert(W == 1 || W == kRowWarps, "a team is one warp or the whole block");
   constexpr int kTeams = kRowWarps / W, kTeamThreads = 32 * W;
@@ -400,13 +469,13 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
     out.kl = static_cast<float>(fmax(0.0, log1p(A) - R / ex.mass));
     // Pass 3: p̂ - p = p (expm1(c) - A) / (1 + A); the top-k of p̂ (fp32).
     const float af = static_cast<float>(A), inv = static_cast<float>(1.0 / (1.0 + A));
-    LocalTopK top;
+    FastTopK<kRegList> top;
     for (int64_t j = tt; j < n; j += kTeamThreads) {
       const float c = v.ds(j) - shift, p = p_at(j);
       const float e = c + attn_expm1_minus_x(c);
       const float dp = p * (e - af) * inv, phat = p + dp;
       store_probs(a, v, at.row_off, j, dp, phat);
-      top.offer(Cand{static_cast<double>(phat), static_cast<int>(j)}, k);
+      top.offer(phat, static_cast<int>(j), k);
     }
     team_topk<W>(top, k, sh.warp_lists, sh.top_b[team]);
     if (tt < 32) {
@@ -506,26 +575,29 @@ __global__ void __launch_bounds__(256) delta_kernel(const float* __restrict__ x,
 
 }  // namespace
 
+// A row kernel's variant by shape: a warp per row up to kWarpRowKeys keys (else a block),
+// the threads' top-k lists in registers when topk <= kRegTopK (else local memory).
+template <auto WarpReg, auto WarpLocal, auto BlockReg, auto BlockLocal, class Args>
+void launch_rows(const Args& a, int rows, int64_t ld, int topk, cudaStream_t stream) {
+  const bool warp = ld <= kWarpRowKeys, reg = topk <= kRegTopK;
+  const unsigned blocks = static_cast<unsigned>(warp ? (rows + kRowWarps - 1) / kRowWarps : rows);
+  if (warp && reg) WarpReg<<<blocks, kRowThreads, 0, stream>>>(a);
+  else if (warp) WarpLocal<<<blocks, kRowThreads, 0, stream>>>(a);
+  else if (reg) BlockReg<<<blocks, kRowThreads, 0, stream>>>(a);
+  else BlockLocal<<<blocks, kRowThreads, 0, stream>>>(a);
+  KVB_CUDA_CHECK_LAUNCH(row_kernel);
+}
+
 void launch_attention_rows(const RowBlockArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  if (a.ld <= kWarpRowKeys) {  // a warp per row
-    attention_rows_kernel<1><<<(a.rows + kRowWarps - 1) / kRowWarps, kRowThreads, 0, stream>>>(a);
-    KVB_CUDA_CHECK_LAUNCH(attention_rows_kernel<1>);
-  } else {  // a block per row
-    attention_rows_kernel<kRowWarps><<<a.rows, kRowThreads, 0, stream>>>(a);
-    KVB_CUDA_CHECK_LAUNCH(attention_rows_kernel<kRowWarps>);
-  }
+  launch_rows<attention_rows_kernel<1, true>, attention_rows_kernel<1, false>, attention_rows_kernel<kRowWarps, true>,
+              attention_rows_kernel<kRowWarps, false>>(a, a.rows, a.ld, a.topk, stream);
 }
 
 void launch_exact_rows(const ExactRowsArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return;
-  if (a.ld <= kWarpRowKeys) {
-    exact_rows_kernel<1><<<(a.rows + kRowWarps - 1) / kRowWarps, kRowThreads, 0, stream>>>(a);
-    KVB_CUDA_CHECK_LAUNCH(exact_rows_kernel<1>);
-  } else {
-    exact_rows_kernel<kRowWarps><<<a.rows, kRowThreads, 0, stream>>>(a);
-    KVB_CUDA_CHECK_LAUNCH(exact_rows_kernel<kRowWarps>);
-  }
+  launch_rows<exact_rows_kernel<1, true>, exact_rows_kernel<1, false>, exact_rows_kernel<kRowWarps, true>,
+              exact_rows_kernel<kRowWarps, false>>(a, a.rows, a.ld, a.topk, stream);
 }
 
 void launch_output_norms(const float* o, const float* dout, int rows, int d, const RowBlockArgs& a,
