@@ -570,7 +570,7 @@ __global__ void __launch_bounds__(kThreads)
 // 16-byte loads (all in flight at once), folds it in element order, the group's lanes
 // merge their statistics by shuffles, adjacent runs in order (int_stats_merge: the fold
 // of the whole group, as the CPU runs it), each lane derives the group's parameters and
-// stores its run's codes (16-byte stores when aligned). One group per lane for G <= 64:
+// stores its run's codes (16-byte stores when aligned; launched for G <= 32). One group per lane:
 // no per-group work is repeated, and the staging, the synchronisation and the
 // one-thread-per-group statistics phase of int_channel_groups_kernel are gone.
 // ---------------------------------------------------------------------------
@@ -702,7 +702,7 @@ class IntTwin final : public FormatTwin {
   }
 
   // Quantize of channel groups by int_channel_groups_quantize_kernel when it serves the
-  // batch (G in 8, 16, ..., 256 dividing cols, min/max or max|x|, 16-byte aligned x and
+  // batch (G in 8, 16, 32 dividing cols, min/max or max|x|, 16-byte aligned x and
   // word-aligned codes); false when the caller must run int_channel_groups_kernel.
   bool launch_channel_quantize(const float* x, SpanBatch b, const IntKernelSpec& ks, uint8_t* codes,
                                IntGroupParams* params, cudaStream_t stream) const {
@@ -713,9 +713,8 @@ class IntTwin final : public FormatTwin {
       case 8: return launch_channel_quantize<2, 1>(x, total_groups, ks, codes16, codes, params, stream);
       case 16: return launch_channel_quantize<4, 1>(x, total_groups, ks, codes16, codes, params, stream);
       case 32: return launch_channel_quantize<8, 1>(x, total_groups, ks, codes16, codes, params, stream);
-      case 64: return launch_channel_quantize<16, 1>(x, total_groups, ks, codes16, codes, params, stream);
-      case 128: return launch_channel_quantize<16, 2>(x, total_groups, ks, codes16, codes, params, stream);
-      case 256: return launch_channel_quantize<16, 4>(x, total_groups, ks, codes16, codes, params, stream);
+      // G = 64 and whole-row groups (tok, 128 and 256): the tiled kernel was faster on an
+      // H100 (2337 and 2242 GB/s against 2071 and 1925: experiments/bench/RESULTS.md).
       default: return false;
     }
   }
