@@ -377,7 +377,8 @@ TEST_CASE("tiled attention kernel: Llama shapes at 4096 tokens agree with the re
   };
   for (const Shape& shape : {Shape{"Llama-3.2-1B layer", 64, 8, 4}, Shape{"Llama-3-8B layer", 128, 8, 4},
                              Shape{"GPT-2 layer", 64, 12, 1}}) {
-    CAPTURE(shape.name);
+    const std::string layer = shape.name;
+    CAPTURE(layer);
     // Teacher forcing of 4096 tokens, then chunks and steps after a 4000-token context.
     for (const auto& [n, first] : {std::pair{4096, int64_t{0}}, std::pair{128, int64_t{4000}},
                                   std::pair{32, int64_t{4000}}, std::pair{8, int64_t{4000}},
@@ -392,10 +393,11 @@ TEST_CASE("tiled attention kernel: Llama shapes at 4096 tokens agree with the re
       const double tiled_s = in.seconds(cuda::launch_causal_attention_tiled, 3);
       // Multiply-adds of q·k and p·v over the visible keys, 2 FLOP each.
       const double flops = 4.0 * shape.d * shape.kv_heads * shape.group * (n * static_cast<double>(first) + n * (n + 1) / 2.0);
-      MESSAGE(shape.name << ", " << n << " rows after " << first << ": reference " << reference_s * 1e3 << " ms ("
+      // (strings, not const char*: doctest prints a const char* as its address)
+      MESSAGE(layer << ", " << n << " rows after " << first << ": reference " << reference_s * 1e3 << " ms ("
                          << flops / reference_s / 1e9 << " GFLOP/s), tiled " << tiled_s * 1e3 << " ms ("
                          << flops / tiled_s / 1e9 << " GFLOP/s); the forward pass runs the "
-                         << (cuda::causal_attention_is_tiled(in.args) ? "tiled" : "reference") << " kernel");
+                         << std::string(cuda::causal_attention_is_tiled(in.args) ? "tiled" : "reference") << " kernel");
     }
   }
 }
