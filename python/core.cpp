@@ -508,6 +508,7 @@ struct RunOptions {
   std::string shard;
   std::string resume;
   std::string command_line;
+  std::string precision;  // as --precision
 };
 
 py::dict run(const std::string& config, bool config_is_text, const RunOptions& o) {
@@ -532,10 +533,13 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
     spec.output.dir_where = "out";
   }
   if (!o.backend.empty()) spec.backend = parse_backend_request(o.backend, "backend");
+  if (!o.precision.empty()) spec.precision = parse_matmul_precision(o.precision, "precision");
+  if (!o.backend.empty() || !o.precision.empty())
+    check_precision_backend(spec.precision, spec.backend, o.precision.empty() ? "backend" : "precision");
   const bool no_plots = o.plots.has_value() && !*o.plots;
   if (no_plots) spec.output.plots = false;
   if (o.plots.has_value() && *o.plots) spec.output.plots = true;
-  record_run_options(spec, RunOptionsInConfig{o.threads, o.out, o.backend, no_plots, o.budgets});
+  record_run_options(spec, RunOptionsInConfig{o.threads, o.out, o.backend, no_plots, o.budgets, o.precision});
   if (!o.shard.empty()) request.shard = parse_shard(o.shard, "shard");
   request.resume_dir = o.resume;
   request.quiet = o.quiet;
@@ -730,13 +734,14 @@ PYBIND11_MODULE(_core, m) {
       [](const std::string& config, bool config_is_text, const std::vector<std::string>& overrides,
          const std::vector<std::string>& budgets, int threads, const std::string& out, const std::string& backend,
          std::optional<bool> plots, bool quiet, const std::string& shard, const std::string& resume,
-         const std::string& command_line) {
+         const std::string& command_line, const std::string& precision) {
         return run(config, config_is_text,
-                   RunOptions{overrides, budgets, threads, out, backend, plots, quiet, shard, resume, command_line});
+                   RunOptions{overrides, budgets, threads, out, backend, plots, quiet, shard, resume, command_line,
+                              precision});
       },
       py::arg("config"), py::arg("config_is_text"), py::arg("overrides"), py::arg("budgets"), py::arg("threads"),
       py::arg("out"), py::arg("backend"), py::arg("plots"), py::arg("quiet"), py::arg("shard"), py::arg("resume"),
-      py::arg("command_line"));
+      py::arg("command_line"), py::arg("precision"));
   m.def("budget_picks", &budget_picks, py::arg("query"), py::arg("columns"), py::arg("pareto"), py::arg("memory"));
   // The metric table's axis label of a metric ("attention KL, mean (nats, lower is
   // better)") and its direction, as the CLI's plots name it; None for another column.

@@ -262,15 +262,16 @@ def _config_argument(config):
 
 
 def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None, plots=None, quiet=False, shard=None,
-        resume=None):
+        resume=None, precision=None):
     """Runs an experiment as `kvbudget run` does and returns its Result.
 
     config: a config file's path (relative: from the working directory, else from
     source_dir(), so "configs/quickstart.toml" runs from anywhere), a TOML string or a
     dict (the TOML's tables).
     overrides: ["data.max_tokens=128", ...] as --set; budgets: queries as --budget;
-    threads, out, backend ("cpu", "cuda", "auto"), plots (False = --no-plots), quiet,
-    shard ("I/N"), resume (a results folder) as the options of the same names.
+    threads, out, backend ("cpu", "cuda", "auto"), precision ("fp32", "tf32": the CUDA
+    simulator's plan-dependent products), plots (False = --no-plots), quiet, shard
+    ("I/N"), resume (a results folder) as the options of the same names.
     Writes the same results folder as the CLI (Result.dir). A run whose points failed
     or whose files could not be written raises kvbudget.Error after writing what it
     could (the message names the folder); Ctrl-C raises KeyboardInterrupt after
@@ -285,7 +286,7 @@ def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None
     command += [f"--set {o}" for o in overrides] + [f"--budget {b!r}" for b in budgets]
     outcome = _core.run(text, is_text, list(overrides), list(budgets), int(threads), os.fspath(out) if out else "",
                         backend or "", plots, bool(quiet), shard or "", os.fspath(resume) if resume else "",
-                        " ".join(command) + ")")
+                        " ".join(command) + ")", precision or "")
     result = Result(outcome["dir"], outcome)
     if outcome["interrupted"]:
         raise KeyboardInterrupt(f"kvbudget.run interrupted: {outcome['measured'] + outcome['failed']} of "
