@@ -268,6 +268,17 @@ struct RowShared {
   Cand top_a[kTeams][kMaxTopK], top_b[kTeams][kMaxTopK];
 };
 
+// This thread's team of W warps (one row each), its rank in the team and the team's
+// row of the block (a row kernel returns for rows past the block's).
+template <int W>
+struct RowTeam {
+  static_assert(W == 1 || W == kRowWarps, "a team is one warp or the whole block");
+  static constexpr int kTeams = kRowWarps / W, kThreads = 32 * W;
+  int team, tt, row;
+  __device__ RowTeam()
+      : team(threadIdx.x / kThreads), tt(threadIdx.x % kThreads), row(blockIdx.x * kTeams + threadIdx.x / kThreads) {}
+};
+
 // Where a row of a block is, and how it reads its units' versions.
 struct RowPlace {
   int r = 0, i = 0;  // row in the block, position index in the block
@@ -289,11 +300,10 @@ __device__ RowPlace row_place(int r, int npos, const int32_t* positions, int64_t
 // ---------------------------------------------------------------------------
 template <int W, bool kRegList>
 __global__ void __launch_bounds__(kRowThreads) exact_rows_kernel(ExactRowsArgs a) {
-  static_assert(W == 1 || W == kRowWarps, "a team is one warp or the whole block");
-  constexpr int kTeams = kRowWarps / W, kTeamThreads = 32 * W;
+  constexpr int kTeamThreads = RowTeam<W>::kThreads;
   __shared__ RowShared<W> sh;
-  const int team = threadIdx.x / kTeamThreads, tt = threadIdx.x % kTeamThreads;
-  const int r = blockIdx.x * kTeams + team;
+  const RowTeam<W> rt;
+  const int team = rt.team, tt = rt.tt, r = rt.row;
   if (r >= a.rows) return;  // W == 1 only: the whole warp
   const RowPlace at = row_place(r, a.npos, a.positions, a.ld);
   const float* s = a.scores + at.row_off;
@@ -415,11 +425,10 @@ __device__ void reference_row(const RowBlockArgs& a, const RowPlace& at, const R
 
 template <int W, bool kRegList>
 __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArgs a) {
-  static_assert(W == 1 || W == kRowWarps, "a team is one warp or the whole block");
-  constexpr int kTeams = kRowWarps / W, kTeamThreads = 32 * W;
+  constexpr int kTeamThreads = RowTeam<W>::kThreads;
   __shared__ RowShared<W> sh;
-  const int team = threadIdx.x / kTeamThreads, tt = threadIdx.x % kTeamThreads;
-  const int r = blockIdx.x * kTeams + team;
+  const RowTeam<W> rt;
+  const int team = rt.team, tt = rt.tt, r = rt.row;
   if (r >= a.rows) return;  // W == 1 only (W > 1: one row per block, grid = rows): the whole warp
   const RowPlace at = row_place(r, a.npos, a.positions, a.ld);
   const int64_t n = at.n;

@@ -343,6 +343,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Rows warp, warp + kWarps, ... of a token chunk of `rows_here` rows, kLoadBatch loads in
+// flight: load(r) -> T for a batch of rows, then use(r, loaded) for each.
+template <class T, class Load, class Use>
+__device__ __forceinline__ void for_chunk_rows(int rows_here, int warp, Load load, Use use) {
+  for (int r0 = warp; r0 < rows_here; r0 += kWarps * kLoadBatch) {
+    T v[kLoadBatch];
+#pragma unroll
+    for (int k = 0; k < kLoadBatch; ++k) {
+      const int r = r0 + k * kWarps;
+      v[k] = r < rows_here ? load(r) : T{};
+    }
+#pragma unroll
+    for (int k = 0; k < kLoadBatch; ++k) {
+      const int r = r0 + k * kWarps;
+      if (r < rows_here) use(r, v[k]);
+    }
+  }
+}
+
 // ...then int_token_chunk_params_kernel merges the chunks, and one block per chunk and
 // slice encodes it: each thread its quad's four parameters once, then rows warp,
 // warp + kWarps, ... (kLoadBatch loads in flight).
@@ -359,20 +378,10 @@ __global__ void __launch_bounds__(kThreads)
   const IntGroupParams* gp = params + ck.sq * cols + 4 * cq;
   const IntGroupParams p[4] = {gp[0], gp[1], gp[2], gp[3]};
   const int64_t first = ck.row0 * cols + 4 * cq;
-  for (int r0 = warp; r0 < ck.rows_here; r0 += kWarps * kLoadBatch) {
-    float4 v[kLoadBatch];
-#pragma unroll
-    for (int k = 0; k < kLoadBatch; ++k) {
-      const int r = r0 + k * kWarps;
-      v[k] = r < ck.rows_here ? *reinterpret_cast<const float4*>(x + first + static_cast<int64_t>(r) * cols)
-                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int k = 0; k < kLoadBatch; ++k) {
-      const int r = r0 + k * kWarps;
-      if (r < ck.rows_here) encode_quad<kOut>(v[k], p, spec, first + static_cast<int64_t>(r) * cols, codes, out);
-    }
-  }
+  for_chunk_rows<float4>(
+      ck.rows_here, warp,
+      [&](int r) { return *reinterpret_cast<const float4*>(x + first + static_cast<int64_t>(r) * cols); },
+      [&](int r, float4 v) { encode_quad<kOut>(v, p, spec, first + static_cast<int64_t>(r) * cols, codes, out); });
 }
 
 // Dequantize of token groups (any G, any statistic): one block per (span, group,
@@ -390,25 +399,16 @@ __global__ void __launch_bounds__(kThreads)
   const IntGroupParams* gp = params + ck.sq * cols + 4 * cq;
   const IntGroupParams p[4] = {gp[0], gp[1], gp[2], gp[3]};
   const int64_t first = ck.row0 * cols + 4 * cq;
-  for (int r0 = warp; r0 < ck.rows_here; r0 += kWarps * kLoadBatch) {
-    uchar4 cd[kLoadBatch];
-#pragma unroll
-    for (int k = 0; k < kLoadBatch; ++k) {
-      const int r = r0 + k * kWarps;
-      cd[k] = r < ck.rows_here ? *reinterpret_cast<const uchar4*>(codes + first + static_cast<int64_t>(r) * cols)
-                               : make_uchar4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int k = 0; k < kLoadBatch; ++k) {
-      const int r = r0 + k * kWarps;
-      if (r < ck.rows_here)
+  for_chunk_rows<uchar4>(
+      ck.rows_here, warp,
+      [&](int r) { return *reinterpret_cast<const uchar4*>(codes + first + static_cast<int64_t>(r) * cols); },
+      [&](int r, uchar4 cd) {
         *reinterpret_cast<float4*>(out + first + static_cast<int64_t>(r) * cols) =
-            make_float4(int_decode(int_code_of_stored(cd[k].x, spec.bits, spec.symmetric), p[0]),
-                        int_decode(int_code_of_stored(cd[k].y, spec.bits, spec.symmetric), p[1]),
-                        int_decode(int_code_of_stored(cd[k].z, spec.bits, spec.symmetric), p[2]),
-                        int_decode(int_code_of_stored(cd[k].w, spec.bits, spec.symmetric), p[3]));
-    }
-  }
+            make_float4(int_decode(int_code_of_stored(cd.x, spec.bits, spec.symmetric), p[0]),
+                        int_decode(int_code_of_stored(cd.y, spec.bits, spec.symmetric), p[1]),
+                        int_decode(int_code_of_stored(cd.z, spec.bits, spec.symmetric), p[2]),
+                        int_decode(int_code_of_stored(cd.w, spec.bits, spec.symmetric), p[3]));
+      });
 }
 
 // The scalar kernels below serve what the vectorised ones do not: rows that are not
