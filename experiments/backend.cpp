@@ -50,7 +50,7 @@ MatmulPrecision parse_matmul_precision(const std::string& name, const std::strin
 
 void check_precision_backend(MatmulPrecision precision, BackendRequest b, const std::string& where) {
   if (precision == MatmulPrecision::Tf32 && b == BackendRequest::Cpu)
-    throw ConfigError(where + ": precision = \"tf32\" is the CUDA simulator's fast mode, but backend = \"cpu\" "
+    throw ConfigError(where + ": precision = \"tf32\" is the CUDA backend's fast mode, but backend = \"cpu\" "
                               "(the CPU always computes in fp32/fp64); use backend = \"cuda\" or \"auto\", or "
                               "precision = \"fp32\"");
 }

@@ -10,7 +10,8 @@
 
 namespace kvb {
 
-std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data, BackendRequest backend) {
+std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data, BackendRequest backend,
+                                                            MatmulPrecision precision) {
   if (data.source != DataSpec::Source::Model) throw Error("internal: build_model_evaluator without a model source");
   const ModelDataSpec& m = data.model;
   std::shared_ptr<const Transformer> model = Transformer::load(m.checkpoint);
@@ -45,10 +46,10 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   }
   ModelEvalOptions options;
   options.windows = m.windows;
-  const ModelBackend forward = make_model_backend(model, backend, "backend");
+  const ModelBackend forward = make_model_backend(model, backend, "backend", precision);
   if (forward.choice.used == Backend::Cuda)
-    std::fprintf(stderr, "kvbudget: model forward pass on cuda (%s)%s\n", forward.choice.device.c_str(),
-                 task ? "; the task's problems on the CPU" : "");
+    std::fprintf(stderr, "kvbudget: model forward pass on cuda (%s)%s%s\n", forward.choice.device.c_str(),
+                 forward.precision_note().c_str(), task ? "; the task's problems on the CPU" : "");
   options.backend = forward.forward;
   return std::make_shared<const ModelEvaluator>(std::move(model), std::move(tokens), m.continuations, source,
                                                 std::move(task), std::move(options));

@@ -30,8 +30,9 @@ SyntheticKeep synthetic_keep(const ExperimentSpec& spec, const std::vector<Sweep
 // For source = "model": loads the checkpoint and the tokens and runs the exact model
 // (ModelEvaluator), whose recording() is the experiment's recording. `backend` is where
 // its forward passes run, the quantized points' included (experiments/model_backend.h;
-// a task's problems run on the CPU).
+// a task's problems run on the CPU), `precision` the device pass's GEMMs.
 std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data,
-                                                            BackendRequest backend = BackendRequest::Cpu);
+                                                            BackendRequest backend = BackendRequest::Cpu,
+                                                            MatmulPrecision precision = MatmulPrecision::Fp32);
 
 }  // namespace kvb

@@ -11,9 +11,14 @@
 
 namespace kvb {
 
+std::string ModelBackend::precision_note() const {
+  return choice.used == Backend::Cuda && precision == MatmulPrecision::Tf32 ? ", precision tf32" : "";
+}
+
 ModelBackend make_model_backend(const std::shared_ptr<const Transformer>& model, BackendRequest request,
-                                const std::string& where) {
+                                const std::string& where, MatmulPrecision precision) {
   ModelBackend b;
+  b.precision = precision;
   b.choice.requested = request;
   if (request == BackendRequest::Cpu) {
     b.choice.reason = "requested";
@@ -34,7 +39,8 @@ ModelBackend make_model_backend(const std::shared_ptr<const Transformer>& model,
     std::unique_ptr<cuda::CudaTransformer> gpu;
   };
   auto shared = std::make_shared<Shared>();
-  shared->gpu = std::make_unique<cuda::CudaTransformer>(model);
+  shared->gpu = std::make_unique<cuda::CudaTransformer>(
+      model, precision == MatmulPrecision::Tf32 ? cuda::ForwardMath::Tf32 : cuda::ForwardMath::Fp32);
   const bool strict = request == BackendRequest::Cuda;
   // auto: a plan the device cannot run goes to the CPU, said once per format.
   auto on_host = [strict](const CacheQuantization& cache) {

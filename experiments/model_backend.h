@@ -5,6 +5,9 @@
 //         without nvcc, is an error
 //   auto  cuda when this build has CUDA and a device is present, else cpu; a plan
 //         with a format that has no twin then runs on the CPU, saying so on stderr
+// `precision` (--precision, a model config's `precision`): the device pass's GEMMs in
+// fp32 (the default) or on TF32 tensor cores (ForwardMath::Tf32, kernels/model_forward.h;
+// its logit error against fp32 is in experiments/bench/RESULTS.md); the CPU ignores it.
 #pragma once
 #include <memory>
 #include <string>
@@ -17,11 +20,14 @@ namespace kvb {
 struct ModelBackend {
   BackendChoice choice;    // what was asked for, what runs, why
   ForwardBackend forward;  // empty for the CPU
+  MatmulPrecision precision = MatmulPrecision::Fp32;  // of the device pass, when choice.used is cuda
+  // ", precision tf32" when the device pass runs in tf32, else "": for the backend lines.
+  std::string precision_note() const;
 };
 
 // Uploads the model to the device for cuda (and auto with a device). Throws
 // ConfigError naming `where` for cuda without a device or in a build without CUDA.
 ModelBackend make_model_backend(const std::shared_ptr<const Transformer>& model, BackendRequest request,
-                                const std::string& where);
+                                const std::string& where, MatmulPrecision precision = MatmulPrecision::Fp32);
 
 }  // namespace kvb

@@ -100,7 +100,7 @@ RunOutcome run_experiment(const RunRequest& request) {
       // A synthetic recording keeps what the whole sweep reads, not this shard's or
       // resumption's points: every shard of a run, and its resumption, see the same data
       // (recording_identity).
-      if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s], spec.backend);
+      if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s], spec.backend, spec.precision);
       else loaded[s] = build_recording(sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]));
     } catch (const RunInterrupted&) {
       throw;

@@ -110,7 +110,7 @@ int cmd_eval(const Args& args) {
   int64_t n_ctx = 512;
   std::string score_text = "all", kl_base;
   bool json = false;
-  std::string backend_text = "cpu";
+  std::string backend_text = "cpu", precision_text = "fp32";
   opts.add_options()("help,h", "show this help");
   plan_options.add_options(opts);
   opts.add_options()(
@@ -146,7 +146,9 @@ int cmd_eval(const Args& args) {
       "json", po::bool_switch(&json), "print the report as one JSON object on stdout (keys: README.md, eval)")(
       "backend", po::value(&backend_text)->default_value("cpu"),
       "the forward pass: cpu, cuda (the device's; a format without a CUDA twin is an error) or auto (cuda when a "
-      "device is present)");
+      "device is present)")(
+      "precision", po::value(&precision_text)->default_value("fp32"),
+      "the device pass's GEMMs: fp32, or tf32 (TF32 tensor cores, the declared fast mode; not with --backend cpu)");
   in.add_options(opts);
   po::variables_map vm;
   check_assignments(args, "--param", "format=int4-asym-g32");
@@ -207,18 +209,20 @@ int cmd_eval(const Args& args) {
   if (!layers_text.empty())
     quantized_layers = parse_layer_selection(layers_text, load_model_config(in.checkpoint), "--layers");
   const BackendRequest backend_request = parse_backend_request(backend_text, "--backend");
+  const MatmulPrecision precision = parse_matmul_precision(precision_text, "--precision");
+  check_precision_backend(precision, backend_request, "--precision");
   if (backend_request == BackendRequest::Cuda && !task_file.empty())
     throw ConfigError("--task with --backend cuda: a task's problems run on the CPU forward pass only; use "
                       "--backend cpu or auto");
   const std::shared_ptr<const Transformer> model = in.load_model();
   const ModelConfig& cfg = model->config();
   const std::vector<int64_t> tokens = in.load_tokens(cfg, n_ctx);
-  const ModelBackend backend = make_model_backend(model, backend_request, "--backend");
+  const ModelBackend backend = make_model_backend(model, backend_request, "--backend", precision);
   say(json, "model: %s (%.1f MiB of weights in memory, 16-bit weights kept 16-bit)\n  %s\ntokens: %zu from %s\n", cfg.dir.string().c_str(),
               static_cast<double>(model->weights().bytes()) / (1024.0 * 1024.0), cfg.summary().c_str(), tokens.size(),
               in.token_origin().c_str());
-  say(json, "backend: %s (%s%s%s)\n", backend_name(backend.choice.used), backend.choice.reason.c_str(),
-      backend.choice.device.empty() ? "" : ": ", backend.choice.device.c_str());
+  say(json, "backend: %s (%s%s%s)%s\n", backend_name(backend.choice.used), backend.choice.reason.c_str(),
+      backend.choice.device.empty() ? "" : ": ", backend.choice.device.c_str(), backend.precision_note().c_str());
   if (!task_file.empty() && backend.choice.used == Backend::Cuda)
     say(json, "backend: the task's problems run on the CPU forward pass\n");
   const std::string source = "model " + in.checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
@@ -347,6 +351,7 @@ int cmd_eval(const Args& args) {
     j["tokens"] = tokens.size();
     j["n_ctx"] = n_ctx;
     j["backend"] = backend_name(backend.choice.used);
+    if (backend.choice.used == Backend::Cuda) j["precision"] = matmul_precision_name(backend.precision);
     j["windows"] = n_windows;
     j["score"] = score_rule_name(score);
     j["positions"] = strat ? stats.model.nll.size() : exact_nll.size();

@@ -238,7 +238,7 @@ int cmd_generate(const Args& args) {
   int64_t max_new_tokens = 64, seed_arg = 0, width_arg = 0;
   SamplingSpec sampling;
   bool ignore_eos = false, json = false;
-  std::string backend_text = "cpu";
+  std::string backend_text = "cpu", precision_text = "fp32";
   opts.add_options()("help,h", "show this help")("prompt", po::value(&prompt), "the prompt text")(
       "prompt-file", po::value(&prompt_file), "read the prompt text from this file");
   plan_options.add_options(opts);
@@ -261,7 +261,9 @@ int cmd_generate(const Args& args) {
       "width", po::value(&width_arg)->default_value(0), "columns of the side-by-side layout (0: the terminal's, else 100)")(
       "backend", po::value(&backend_text)->default_value("cpu"),
       "the forward pass: cpu, cuda (the device's; a format without a CUDA twin is an error) or auto (cuda when a "
-      "device is present)");
+      "device is present)")(
+      "precision", po::value(&precision_text)->default_value("fp32"),
+      "the device pass's GEMMs: fp32, or tf32 (TF32 tensor cores, the declared fast mode; not with --backend cpu)");
   in.add_model_options(opts);
   po::variables_map vm;
   check_assignments(args, "--param", "format=int4-asym-g32");
@@ -291,9 +293,11 @@ int cmd_generate(const Args& args) {
   const std::string plan_source = strat ? plan_options.source() : std::string();
 
   const BackendRequest backend_request = parse_backend_request(backend_text, "--backend");
+  const MatmulPrecision precision = parse_matmul_precision(precision_text, "--precision");
+  check_precision_backend(precision, backend_request, "--precision");
   const std::shared_ptr<const Transformer> model = in.load_checkpoint();
   const ModelConfig& cfg = model->config();
-  const ModelBackend backend = make_model_backend(model, backend_request, "--backend");
+  const ModelBackend backend = make_model_backend(model, backend_request, "--backend", precision);
   const std::string where = prompt_file.empty() ? "--prompt" : prompt_file;
   if (!prompt_file.empty()) prompt = read_file_prefix(prompt_file, "a prompt file", SIZE_MAX);
   const std::unique_ptr<Tokenizer> tokenizer = in.make_tokenizer();
@@ -363,6 +367,7 @@ int cmd_generate(const Args& args) {
   j["model_summary"] = cfg.summary();
   j["tokenizer"] = tokenizer->name();
   j["backend"] = backend_name(backend.choice.used);
+  if (backend.choice.used == Backend::Cuda) j["precision"] = matmul_precision_name(backend.precision);
   j["prompt"] = prompt;
   j["prompt_ids"] = prompt_ids;
   j["plan"] = plan_text;
@@ -393,8 +398,9 @@ int cmd_generate(const Args& args) {
   }
 
   std::printf("model: %s\n  %s\n", cfg.dir.string().c_str(), cfg.summary().c_str());
-  std::printf("backend: %s (%s%s%s)\n", backend_name(backend.choice.used), backend.choice.reason.c_str(),
-              backend.choice.device.empty() ? "" : ": ", backend.choice.device.c_str());
+  std::printf("backend: %s (%s%s%s)%s\n", backend_name(backend.choice.used), backend.choice.reason.c_str(),
+              backend.choice.device.empty() ? "" : ": ", backend.choice.device.c_str(),
+              backend.precision_note().c_str());
   std::printf("prompt: %lld tokens (tokenizer %s)\n", static_cast<long long>(P), tokenizer->name().c_str());
   std::printf("%s\n", joined(display_cells(prompt)).c_str());
   if (built)

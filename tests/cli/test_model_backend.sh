@@ -43,6 +43,26 @@ rc=$?
 [ $rc -eq 2 ] || fail "eval --backend gpu: expected exit 2, got $rc"
 expect "$tmp/bad.out" 'backend must be "cpu", "cuda" or "auto", got "gpu"' "eval --backend gpu"
 
+# --precision tf32 is the device pass's declared fast mode: refused with --backend cpu
+# (eval and generate), anything but fp32/tf32 refused naming the choices.
+"$kvb" eval "$llama" --text "$text" --max-tokens 64 --precision tf32 >"$tmp/tf32cpu.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "eval --precision tf32 on the cpu backend: expected exit 2, got $rc"
+expect "$tmp/tf32cpu.out" 'precision = "tf32" is the CUDA backend' "eval --precision tf32 --backend cpu"
+"$kvb" generate "$llama" --prompt "$prompt" -n 4 --precision tf32 >"$tmp/gtf32cpu.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "generate --precision tf32 on the cpu backend: expected exit 2, got $rc"
+"$kvb" eval "$llama" --text "$text" --max-tokens 64 --backend auto --precision bf16 >"$tmp/bf16.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "eval --precision bf16: expected exit 2, got $rc"
+expect "$tmp/bf16.out" 'precision must be "fp32" or "tf32", got "bf16"' "eval --precision bf16"
+"$kvb" eval "$llama" --text "$text" --max-tokens 64 --backend auto --precision tf32 --json >"$tmp/auto_tf32.json" \
+  2>"$tmp/auto_tf32.err" || fail "eval --backend auto --precision tf32 exited $?: $(cat "$tmp/auto_tf32.err")"
+/usr/bin/python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+assert ("precision" in j) == (j["backend"] == "cuda"), j.get("backend")' "$tmp/auto_tf32.json" \
+  || fail "eval --json: precision must be reported exactly when the device ran"
+
 # generate: the same continuations on both backends where there is a device.
 "$kvb" generate "$llama" --prompt "$prompt" -n 24 --format int4-asym-g32 --backend cpu --json >"$tmp/gen_cpu.json" \
   2>"$tmp/gen_cpu.err" || fail "generate --backend cpu exited $?: $(cat "$tmp/gen_cpu.err")"

@@ -56,7 +56,7 @@ TEST_CASE("precision: fp32 or tf32, and tf32 only where the CUDA simulator may r
                        doctest::Contains("cfg.toml:3: precision: precision must be \"fp32\" or \"tf32\", got \"bf16\""),
                        ConfigError);
   CHECK_THROWS_WITH_AS(check_precision_backend(MatmulPrecision::Tf32, BackendRequest::Cpu, "--precision"),
-                       doctest::Contains("--precision: precision = \"tf32\" is the CUDA simulator's fast mode"),
+                       doctest::Contains("--precision: precision = \"tf32\" is the CUDA backend's fast mode"),
                        ConfigError);
   CHECK_NOTHROW(check_precision_backend(MatmulPrecision::Tf32, BackendRequest::Auto, "precision"));
   CHECK_NOTHROW(check_precision_backend(MatmulPrecision::Fp32, BackendRequest::Cpu, "precision"));

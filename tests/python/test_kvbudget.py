@@ -273,13 +273,13 @@ def test_run_errors_carry_the_cli_messages(tmp_path):
         kvbudget.run(QUICKSTART, overrides=SMALL + ["strategy.0.vars.group=[32, 48]"], out=tmp_path / "f",
                      plots=False, quiet=True)
     assert not list((tmp_path / "f").glob("*/2*"))
-    # precision = "tf32" is the CUDA simulator's fast mode: refused on the CPU backend, as
+    # precision = "tf32" is the CUDA backend's fast mode: refused on the CPU backend, as
     # `kvbudget run --precision tf32` refuses it.
     cli = subprocess.run([KVB, "run", str(QUICKSTART), "--precision", "tf32", "--out", str(tmp_path / "p")],
                          capture_output=True, text=True)
     assert cli.returncode == 2
-    assert 'precision = "tf32" is the CUDA simulator' in cli.stderr
-    with pytest.raises(kvbudget.ConfigError, match='precision = "tf32" is the CUDA simulator'):
+    assert 'precision = "tf32" is the CUDA backend' in cli.stderr
+    with pytest.raises(kvbudget.ConfigError, match='precision = "tf32" is the CUDA backend'):
         kvbudget.run(QUICKSTART, precision="tf32", out=tmp_path / "p")
     with pytest.raises(kvbudget.ConfigError, match='precision must be "fp32" or "tf32", got "fp16"'):
         kvbudget.run(QUICKSTART, backend="auto", precision="fp16", out=tmp_path / "p")
