@@ -265,9 +265,9 @@ void WeightMatrix::rows_to_f32(int64_t first, int64_t count, float* out) const {
   if (dtype_ == DType::F32) {
     std::copy(f32_.data() + begin, f32_.data() + begin + n, out);
   } else if (dtype_ == DType::BF16) {
-    for (size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(bits_[begin + i]);
+    bf16_to_f32_n(bits_.data() + begin, n, out);
   } else {
-    for (size_t i = 0; i < n; ++i) out[i] = f16_bits_to_f32(bits_[begin + i]);
+    f16_to_f32_n(bits_.data() + begin, n, out);
   }
 }
 
