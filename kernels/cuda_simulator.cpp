@@ -331,13 +331,11 @@ ErrorStats CudaSimulator::Impl::simulate_heads(const Plan& plan, int64_t layer, 
   // uploaded once per layer, before any kernel of it.
   std::vector<int32_t> key_from(static_cast<size_t>(rec.kv_heads) * pos.size());
   std::vector<int32_t> value_from(key_from.size());
-  for (int64_t g = g_begin; g < g_end; ++g)
-    for (size_t i = 0; i < pos.size(); ++i) {
-      const size_t at = static_cast<size_t>(g) * pos.size() + i;
-      key_from[at] = static_cast<int32_t>(row_versions(plan.unit(layer, g, Kind::Key), prefill, pos[i]).residual_begin);
-      value_from[at] =
-          static_cast<int32_t>(row_versions(plan.unit(layer, g, Kind::Value), prefill, pos[i]).residual_begin);
-    }
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const size_t at = static_cast<size_t>(g) * pos.size();
+    residual_begins(plan.unit(layer, g, Kind::Key), prefill, pos.data(), pos.size(), key_from.data() + at);
+    residual_begins(plan.unit(layer, g, Kind::Value), prefill, pos.data(), pos.size(), value_from.data() + at);
+  }
   m.key_residual_from.reserve(key_from.size());
   m.value_residual_from.reserve(value_from.size());
   m.key_residual_from.upload(key_from.data(), key_from.size());

@@ -57,6 +57,57 @@ RowVersions row_versions(const UnitPlan& unit, int64_t prefill, int64_t t) {
   return v;
 }
 
+namespace {
+
+// The first token of the group that holds t among groups of `size` tokens from `origin`
+// (t >= origin): window_first_held(size, true, t, origin), remembered so that the next
+// position in the same group costs no division (ascending positions: one per group).
+class GroupStart {
+ public:
+  int64_t at(int64_t size, int64_t origin, int64_t t) {
+    if (size != size_ || origin != origin_ || t < begin_ || t >= begin_ + size) {
+      size_ = size;
+      origin_ = origin;
+      begin_ = window_first_held(size, true, t, origin);
+    }
+    return begin_;
+  }
+
+ private:
+  int64_t size_ = 0, origin_ = 0, begin_ = 0;
+};
+
+}  // namespace
+
+void residual_begins(const UnitPlan& unit, int64_t prefill, const int32_t* positions, size_t n, int32_t* out) {
+  const bool window = unit.window.active();
+  const bool chunked = unit.window.mode == RecentWindow::Mode::Chunked;
+  const std::vector<Segment>& segments = unit.segments;
+  GroupStart open_group, window_chunk;
+  // The segment cursor: segments[next] is the first that begins after the last position.
+  size_t next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t t = positions[i];
+    if (next > 0 && t < segments[next - 1].begin) next = 0;  // positions went back: search again
+    while (next < segments.size() && segments[next].begin <= t) ++next;
+    // open_group_begin(unit, t): t + 1 when t is in no segment, past its end, kept
+    // exact, or in a format that quantizes tokens one by one.
+    int64_t begin = t + 1;
+    if (next > 0) {
+      const Segment& s = segments[next - 1];
+      const int64_t tokens_per_group = s.format && t < s.end ? s.format->tokens_per_group() : 1;
+      if (tokens_per_group > 1) begin = open_group.at(tokens_per_group, s.begin, t);
+      else if (tokens_per_group <= 0) begin = s.begin;  // one group over the whole segment
+    }
+    if (window) {
+      const int64_t held = chunked && t >= prefill ? window_chunk.at(unit.window.size, prefill, t)
+                                                   : window_first_held(unit.window.size, chunked, t, prefill);
+      begin = std::min(begin, held);
+    }
+    out[i] = static_cast<int32_t>(begin);
+  }
+}
+
 bool reads_residual(const UnitPlan& unit, int64_t prefill) {
   if (prefill > 0 || unit.window.active()) return true;
   for (const Segment& s : unit.segments)

@@ -105,6 +105,11 @@ struct RowVersions {
   }
 };
 RowVersions row_versions(const UnitPlan& unit, int64_t prefill, int64_t t);
+// row_versions(unit, prefill, positions[i]).residual_begin for every i, into out[i]
+// (n values): one walk over the unit's segments for positions in ascending order (any
+// order is accepted). The CUDA simulator's per-layer table of every KV head and
+// evaluated position, where one call per position cost 0.3-0.5 ms a layer on the host.
+void residual_begins(const UnitPlan& unit, int64_t prefill, const int32_t* positions, size_t n, int32_t* out);
 // Whether some query may read another version of the unit than the stored one.
 bool reads_residual(const UnitPlan& unit, int64_t prefill);
 

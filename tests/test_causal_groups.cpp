@@ -163,6 +163,34 @@ TEST_CASE("simulator: open groups are read at the residual precision") {
   CHECK(beyond_window == 0);
 }
 
+TEST_CASE("residual_begins: row_versions' residual_begin for every position, in any order") {
+  const int64_t T = 100;
+  for (const Case& c : cases()) {
+    INFO(c.name);
+    const Plan plan = plan_for(1, 1, T, 64, c);
+    std::vector<int32_t> ascending(T), mixed;
+    for (int32_t t = 0; t < T; ++t) ascending[static_cast<size_t>(t)] = t;
+    for (int32_t t : {70, 3, 99, 0, 41, 41, 40, 4, 5, 63, 64, 31, 32}) mixed.push_back(t);  // back and forth
+    for (const std::vector<int32_t>* positions : {&ascending, &mixed})
+      for (Kind k : {Kind::Key, Kind::Value}) {
+        const UnitPlan& u = plan.unit(0, 0, k);
+        std::vector<int32_t> got(positions->size(), -1);
+        residual_begins(u, plan.prefill(), positions->data(), positions->size(), got.data());
+        for (size_t i = 0; i < positions->size(); ++i) {
+          const int32_t t = (*positions)[i];
+          CAPTURE(t);
+          CHECK(got[i] == row_versions(u, plan.prefill(), t).residual_begin);
+        }
+      }
+  }
+  UnitPlan none;  // a unit without segments: every token is its own (t + 1)
+  const int32_t t[] = {0, 7};
+  int32_t got[2];
+  residual_begins(none, 0, t, 2, got);
+  CHECK(got[0] == 1);
+  CHECK(got[1] == 8);
+}
+
 TEST_CASE("memory: an open group costs the residual's precision, not its format's") {
   const int64_t T = 64, d = 32;
   const FormatPtr ch32 = make_format("int2-asym-ch32"), fp16 = make_format("keep-fp16"),
