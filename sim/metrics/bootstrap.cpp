@@ -41,6 +41,93 @@ constexpr uint64_t kIntervalTag = 0x626f6f7473747261ull;
 
 }  // namespace
 
+namespace detail {
+
+void resample_quantiles_gathered(const std::vector<double>& values, const std::vector<size_t>& start, double q,
+                                 const std::vector<uint32_t>& draws, size_t first, size_t count,
+                                 std::vector<double>& resampled) {
+  const size_t blocks = start.size() - 1;
+  std::vector<double> gathered;
+  for (size_t r = first; r < first + count; ++r) {
+    const uint32_t* pick = draws.data() + r * blocks;
+    gathered.clear();
+    for (size_t k = 0; k < blocks; ++k)
+      gathered.insert(gathered.end(), values.begin() + static_cast<long>(start[pick[k]]),
+                      values.begin() + static_cast<long>(start[pick[k] + 1]));
+    resampled[r] = quantile_in_place(gathered, q);
+  }
+}
+
+void resample_quantiles(const std::vector<double>& values, const std::vector<size_t>& start, double q,
+                        const std::vector<uint32_t>& draws, std::vector<double>& resampled) {
+  const size_t blocks = start.size() - 1, rows = values.size(), resamples = resampled.size();
+  // Each block's NaN (a resample drawing it is NaN) and the rows' blocks.
+  std::vector<char> block_nan(blocks, 0);
+  std::vector<uint32_t> block_of(rows);
+  for (size_t b = 0; b < blocks; ++b)
+    for (size_t j = start[b]; j < start[b + 1]; ++j) {
+      block_of[j] = static_cast<uint32_t>(b);
+      if (std::isnan(values[j])) block_nan[b] = 1;
+    }
+  // The tail list: the non-NaN rows nearest the tail q points into, in walk order
+  // (descending for q >= 1/2, else ascending), at most `kept` of them.
+  const bool from_top = q >= 0.5;
+  const double share = from_top ? 1 - q : q;
+  const size_t kept_goal = std::max<size_t>(1024, 4 * static_cast<size_t>(std::ceil(share * static_cast<double>(rows))) + 4);
+  std::vector<size_t> tail;
+  tail.reserve(rows);
+  for (size_t j = 0; j < rows; ++j)
+    if (!std::isnan(values[j])) tail.push_back(j);
+  auto before = [&](size_t a, size_t b) { return from_top ? values[a] > values[b] : values[a] < values[b]; };
+  const size_t kept = std::min(kept_goal, tail.size());
+  std::nth_element(tail.begin(), tail.begin() + static_cast<long>(kept > 0 ? kept - 1 : 0), tail.end(), before);
+  tail.resize(kept);
+  std::sort(tail.begin(), tail.end(), before);
+
+  std::vector<uint32_t> count(blocks);
+  for (size_t r = 0; r < resamples; ++r) {
+    const uint32_t* pick = draws.data() + r * blocks;
+    std::fill(count.begin(), count.end(), 0u);
+    size_t n = 0;
+    bool nan = false;
+    for (size_t k = 0; k < blocks; ++k) {
+      ++count[pick[k]];
+      n += start[pick[k] + 1] - start[pick[k]];
+      nan = nan || block_nan[pick[k]];
+    }
+    if (n == 0) {
+      resampled[r] = 0.0;  // quantile_in_place of nothing
+      continue;
+    }
+    if (nan) {
+      resampled[r] = std::nan("");
+      continue;
+    }
+    // Ascending ranks lo and hi = min(lo + 1, n − 1), as quantile_in_place; their
+    // ranks counted from the walk's start.
+    const double pos = q * static_cast<double>(n - 1);
+    const size_t lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, n - 1);
+    const size_t walk_lo = from_top ? n - 1 - lo : lo, walk_hi = from_top ? n - 1 - hi : hi;
+    double a = 0, b = 0;
+    size_t seen = 0;  // rows of the resample passed so far
+    bool found_lo = false, found_hi = false;
+    for (size_t i = 0; i < tail.size() && !(found_lo && found_hi); ++i) {
+      const size_t j = tail[i];
+      seen += count[block_of[j]];
+      if (!found_lo && seen > walk_lo) a = values[j], found_lo = true;
+      if (!found_hi && seen > walk_hi) b = values[j], found_hi = true;
+    }
+    if (!(found_lo && found_hi)) {  // beyond the kept tail: gather
+      resample_quantiles_gathered(values, start, q, draws, r, 1, resampled);
+      continue;
+    }
+    resampled[r] = a + (pos - static_cast<double>(lo)) * (b - a);
+  }
+}
+
+}  // namespace detail
+
 RowBlocks group_rows_into_blocks(const std::vector<AttentionRow>& rows) {
   // Block of each row: the rank of its position among the distinct positions, over
   // the block length.
@@ -123,7 +210,7 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
   const std::vector<uint32_t> draws = bootstrap_draws(settings, blocks, kIntervalTag);
 
   const double tail = (1 - settings.level) / 2;
-  std::vector<double> resampled(resamples), block_num(blocks), block_den(blocks), values, gathered;
+  std::vector<double> resampled(resamples), block_num(blocks), block_den(blocks), values;
   for (size_t m = 0; m < metrics.size(); ++m) {
     const RowReduction& red = metrics[m]->rows;
     if (red.kind == RowReduction::Kind::None) continue;
@@ -161,14 +248,7 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
       // A quantile below 1 gathers the rows of the chosen blocks.
       values.resize(rows.size());
       for (size_t j = 0; j < rows.size(); ++j) values[j] = red.numerator(rows[order[j]]);
-      for (size_t r = 0; r < resamples; ++r) {
-        const uint32_t* pick = draws.data() + r * blocks;
-        gathered.clear();
-        for (size_t k = 0; k < blocks; ++k)
-          gathered.insert(gathered.end(), values.begin() + static_cast<long>(start[pick[k]]),
-                          values.begin() + static_cast<long>(start[pick[k] + 1]));
-        resampled[r] = quantile_in_place(gathered, red.q);
-      }
+      detail::resample_quantiles(values, start, red.q, draws, resampled);
     }
     if (resamples_out) (*resamples_out)[m] = resampled;
     out[m].lo = quantile(resampled, tail);

@@ -7,10 +7,11 @@
 // interval is the (1 − level)/2 and (1 + level)/2 quantiles of the resampled values.
 //
 // Cost: the blocks' sums (ratio metrics) and maxima are computed once, so a resample
-// of those is O(blocks); a quantile below 1 (p99) gathers the chosen blocks' rows,
-// O(rows) per resample. Deterministic for a seed: the draws come from a fixed
-// generator (splitmix64), run on one thread, and are the same for every point with
-// the same positions (common random numbers, so points' intervals are comparable).
+// of those is O(blocks); a quantile below 1 (p99) walks the rows' values, sorted once
+// from its tail, O(tail rows) per resample (detail::resample_quantiles).
+// Deterministic for a seed: the draws come from a fixed generator (splitmix64), run on
+// one thread, and are the same for every point with the same positions (common random
+// numbers, so points' intervals are comparable).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -44,6 +45,28 @@ RowBlocks group_rows_into_blocks(const std::vector<AttentionRow>& rows);
 // splitmix64 stream seeded with settings.seed ^ tag (a fixed tag per use, so that
 // uses of one seed draw different streams).
 std::vector<uint32_t> bootstrap_draws(const BootstrapSettings& settings, size_t blocks, uint64_t tag);
+
+namespace detail {
+// The quantile q < 1 of every resample of blocks (bootstrap_intervals' quantile
+// metrics, as quantile_in_place computes it on the resample's rows gathered: NaN when a
+// drawn block holds a NaN, else NumPy's interpolation between the order statistics at
+// ranks floor(q·(n−1)) and the next over the n rows of the drawn blocks, counted with
+// their multiplicities). values: the rows' values in block order (block b is
+// [start[b], start[b+1])); draws: bootstrap_draws' (resampled.size() resamples).
+// Fast: the values are sorted once from the tail q points into (the largest first for
+// q >= 1/2), keeping a few times the tail's share; a resample walks that list adding up
+// its draw counts of each value's block until it passes the two ranks, O(tail) instead
+// of gathering and selecting among all rows (11 s a point for two p99 metrics over the
+// 2.1 million rows of a Llama-3-8B-shaped recording at 2048 positions). A resample whose
+// ranks lie beyond the kept list is gathered.
+void resample_quantiles(const std::vector<double>& values, const std::vector<size_t>& start, double q,
+                        const std::vector<uint32_t>& draws, std::vector<double>& resampled);
+// The plain reference it is tested against: resamples [first, first + count) gathered
+// and quantile_in_place'd.
+void resample_quantiles_gathered(const std::vector<double>& values, const std::vector<size_t>& start, double q,
+                                 const std::vector<uint32_t>& draws, size_t first, size_t count,
+                                 std::vector<double>& resampled);
+}  // namespace detail
 
 // One interval per metric, aligned with `metrics`; {NaN, NaN} for a metric whose
 // RowReduction is Kind::None, or when `stats` has no rows. Rows may come in any order

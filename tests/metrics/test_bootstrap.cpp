@@ -156,3 +156,84 @@ TEST_CASE("bootstrap: the 95 % interval of attn_kl_mean covers the known mean ab
   CHECK(width > 0.10);
   CHECK(width < 0.18);
 }
+
+namespace {
+
+// Rows' values in `blocks` blocks of uneven sizes (1 to 2·mean_size), rounded to
+// `levels` distinct values when levels > 0 (ties), and their block starts.
+struct BlockedValues {
+  std::vector<double> values;
+  std::vector<size_t> start{0};
+};
+BlockedValues blocked_values(uint64_t seed, size_t blocks, size_t mean_size, int levels) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> e(1.0);
+  BlockedValues out;
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t n = 1 + rng() % (2 * mean_size);
+    for (size_t i = 0; i < n; ++i) {
+      double v = e(rng);
+      if (levels > 0) v = std::round(v * levels) / levels;
+      out.values.push_back(v);
+    }
+    out.start.push_back(out.values.size());
+  }
+  return out;
+}
+
+// Both paths on every resample, compared bit for bit (NaN with NaN).
+void check_same_resamples(const BlockedValues& d, double q, uint64_t seed) {
+  BootstrapSettings s;
+  s.seed = seed;
+  const size_t blocks = d.start.size() - 1;
+  const std::vector<uint32_t> draws = bootstrap_draws(s, blocks, 7);
+  std::vector<double> fast(static_cast<size_t>(s.resamples)), plain(fast.size());
+  detail::resample_quantiles(d.values, d.start, q, draws, fast);
+  detail::resample_quantiles_gathered(d.values, d.start, q, draws, 0, plain.size(), plain);
+  size_t differing = 0;
+  for (size_t r = 0; r < fast.size(); ++r) {
+    const bool same = (std::isnan(fast[r]) && std::isnan(plain[r])) || fast[r] == plain[r];
+    if (!same && differing++ < 3) {
+      CAPTURE(r);
+      CHECK(fast[r] == plain[r]);
+    }
+  }
+  CHECK(differing == 0);
+}
+
+}  // namespace
+
+TEST_CASE("bootstrap: the quantiles of resamples, walked from the sorted tail, equal the gathered rows'") {
+  for (double q : {0.99, 0.999, 0.9, 0.5, 0.1, 0.01}) {
+    CAPTURE(q);
+    check_same_resamples(blocked_values(1, 40, 300, 0), q, 1);    // distinct values
+    check_same_resamples(blocked_values(2, 13, 900, 4), q, 2);    // many ties
+    check_same_resamples(blocked_values(3, 3, 2, 0), q, 3);       // a handful of rows
+  }
+  SUBCASE("a block holding a NaN makes every resample that draws it NaN") {
+    BlockedValues d = blocked_values(4, 30, 200, 0);
+    d.values[d.start[5] + 1] = std::nan("");
+    check_same_resamples(d, 0.99, 4);
+  }
+  SUBCASE("resamples that miss the tail's blocks are gathered") {
+    // 20 blocks of 600 rows, the 1200 largest values in blocks 0 and 1: the kept tail
+    // is max(1024, 4 x 1 % of the rows) = 1024 values, all theirs, so each resample that
+    // draws neither (about one in eight) must look past it.
+    BlockedValues d;
+    std::mt19937_64 rng(5);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (size_t b = 0; b < 20; ++b) {
+      for (int i = 0; i < 600; ++i) d.values.push_back(u(rng) + (b < 2 ? 100.0 : 0.0));
+      d.start.push_back(d.values.size());
+    }
+    check_same_resamples(d, 0.99, 5);
+    check_same_resamples(d, 0.01, 5);
+  }
+  SUBCASE("infinities") {
+    BlockedValues d = blocked_values(6, 25, 100, 0);
+    d.values[d.start[3]] = INFINITY;
+    d.values[d.start[7] + 2] = -INFINITY;
+    check_same_resamples(d, 0.99, 6);
+    check_same_resamples(d, 0.01, 6);
+  }
+}
