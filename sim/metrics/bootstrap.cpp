@@ -61,26 +61,28 @@ void resample_quantiles_gathered(const std::vector<double>& values, const std::v
 void resample_quantiles(const std::vector<double>& values, const std::vector<size_t>& start, double q,
                         const std::vector<uint32_t>& draws, std::vector<double>& resampled) {
   const size_t blocks = start.size() - 1, rows = values.size(), resamples = resampled.size();
-  // Each block's NaN (a resample drawing it is NaN) and the rows' blocks.
+  // Each block's NaN (a resample drawing it is NaN), and the tail list: the non-NaN
+  // rows nearest the tail q points into, as (value, block), in walk order (descending
+  // for q >= 1/2, else ascending), at most `kept` of them.
+  struct Entry {
+    double value;
+    uint32_t block;
+  };
   std::vector<char> block_nan(blocks, 0);
-  std::vector<uint32_t> block_of(rows);
+  std::vector<Entry> tail;
+  tail.reserve(rows);
   for (size_t b = 0; b < blocks; ++b)
     for (size_t j = start[b]; j < start[b + 1]; ++j) {
-      block_of[j] = static_cast<uint32_t>(b);
       if (std::isnan(values[j])) block_nan[b] = 1;
+      else tail.push_back({values[j], static_cast<uint32_t>(b)});
     }
-  // The tail list: the non-NaN rows nearest the tail q points into, in walk order
-  // (descending for q >= 1/2, else ascending), at most `kept` of them.
   const bool from_top = q >= 0.5;
   const double share = from_top ? 1 - q : q;
   const size_t kept_goal = std::max<size_t>(1024, 4 * static_cast<size_t>(std::ceil(share * static_cast<double>(rows))) + 4);
-  std::vector<size_t> tail;
-  tail.reserve(rows);
-  for (size_t j = 0; j < rows; ++j)
-    if (!std::isnan(values[j])) tail.push_back(j);
-  auto before = [&](size_t a, size_t b) { return from_top ? values[a] > values[b] : values[a] < values[b]; };
+  auto before = [&](const Entry& a, const Entry& b) { return from_top ? a.value > b.value : a.value < b.value; };
   const size_t kept = std::min(kept_goal, tail.size());
-  std::nth_element(tail.begin(), tail.begin() + static_cast<long>(kept > 0 ? kept - 1 : 0), tail.end(), before);
+  if (kept > 0 && kept < tail.size())
+    std::nth_element(tail.begin(), tail.begin() + static_cast<long>(kept - 1), tail.end(), before);
   tail.resize(kept);
   std::sort(tail.begin(), tail.end(), before);
 
@@ -113,10 +115,9 @@ void resample_quantiles(const std::vector<double>& values, const std::vector<siz
     size_t seen = 0;  // rows of the resample passed so far
     bool found_lo = false, found_hi = false;
     for (size_t i = 0; i < tail.size() && !(found_lo && found_hi); ++i) {
-      const size_t j = tail[i];
-      seen += count[block_of[j]];
-      if (!found_lo && seen > walk_lo) a = values[j], found_lo = true;
-      if (!found_hi && seen > walk_hi) b = values[j], found_hi = true;
+      seen += count[tail[i].block];
+      if (!found_lo && seen > walk_lo) a = tail[i].value, found_lo = true;
+      if (!found_hi && seen > walk_hi) b = tail[i].value, found_hi = true;
     }
     if (!(found_lo && found_hi)) {  // beyond the kept tail: gather
       resample_quantiles_gathered(values, start, q, draws, r, 1, resampled);
@@ -130,19 +131,24 @@ void resample_quantiles(const std::vector<double>& values, const std::vector<siz
 
 RowBlocks group_rows_into_blocks(const std::vector<AttentionRow>& rows) {
   // Block of each row: the rank of its position among the distinct positions, over
-  // the block length.
-  std::vector<int32_t> positions;
-  positions.reserve(rows.size());
-  for (const AttentionRow& r : rows) positions.push_back(r.position);
-  std::sort(positions.begin(), positions.end());
-  positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
-  const int64_t per_block = bootstrap_block_positions(static_cast<int64_t>(positions.size()));
-  const size_t blocks = static_cast<size_t>(bootstrap_blocks(static_cast<int64_t>(positions.size())));
-  std::vector<uint32_t> block_of(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto rank = std::lower_bound(positions.begin(), positions.end(), rows[i].position) - positions.begin();
-    block_of[i] = static_cast<uint32_t>(rank / per_block);
+  // the block length. The ranks come from a table over [min, max] of the positions (a
+  // point's rows repeat a few thousand positions over every layer and head: a pass over
+  // them, not a sort).
+  if (rows.empty()) return RowBlocks{{0}, {}};
+  int32_t lowest = rows.front().position, highest = lowest;
+  for (const AttentionRow& r : rows) {
+    lowest = std::min(lowest, r.position);
+    highest = std::max(highest, r.position);
   }
+  std::vector<int64_t> rank_of(static_cast<size_t>(static_cast<int64_t>(highest) - lowest + 1), 0);
+  for (const AttentionRow& r : rows) rank_of[static_cast<size_t>(r.position - lowest)] = 1;  // present
+  int64_t distinct = 0;
+  for (int64_t& rank : rank_of) rank = rank ? distinct++ : -1;
+  const int64_t per_block = bootstrap_block_positions(distinct);
+  const size_t blocks = static_cast<size_t>(bootstrap_blocks(distinct));
+  std::vector<uint32_t> block_of(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i)
+    block_of[i] = static_cast<uint32_t>(rank_of[static_cast<size_t>(rows[i].position - lowest)] / per_block);
   RowBlocks g;
   g.start.assign(blocks + 1, 0);
   for (uint32_t b : block_of) ++g.start[b + 1];
