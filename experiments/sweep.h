@@ -141,7 +141,9 @@ std::string uniform_allocation(const Plan& plan);
 // distortion tables measured on planning_backend()), then the chosen backend's
 // Measurer (sim/measurer.h) runs the (point, variant, layer) tasks, as many at once as
 // it runs measurements: in parallel on the CPU, one after another on CUDA (in task
-// order, so points one after another on the device). When *stop becomes true (Ctrl-C), points
+// order, so points one after another on the device; a finished point's results, its
+// merged rows, metrics and intervals, are computed on a host thread of their own while
+// the device runs the next point, and reported in point order). When *stop becomes true (Ctrl-C), points
 // not yet started are skipped and only finished points are returned. Returned results
 // are sorted by id. `chosen` receives the backend that ran and why. Throws kvb::Error
 // when backend = "cuda" finds no usable device.
