@@ -587,7 +587,7 @@ TEST_CASE("run's options are recorded in the resolved config, which parses back 
   ExperimentSpec e = parse(kData + "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n"
                                    "[budgets]\nqueries = \"bpe <= 4\"\n");
   CHECK(e.name == "test");  // the file's stem
-  record_run_options(e, RunOptionsInConfig{3, "/tmp/elsewhere", "auto", true, {"attn_kl_mean <= 1e-3"}});
+  record_run_options(e, RunOptionsInConfig{3, "/tmp/elsewhere", "auto", true, {"attn_kl_mean <= 1e-3"}, ""});
   const ExperimentSpec again = parse(e.resolved_toml);
   CHECK(again.name == "test");  // kept, though the saved copy is named config.toml
   CHECK(again.threads == 3);
