@@ -82,13 +82,17 @@ double perplexity(const std::vector<double>& nll) {
   return std::exp(sum / static_cast<double>(nll.size()));
 }
 
-void log_softmax(const float* logits, int64_t n, std::vector<double>& out) {
-  out.resize(static_cast<size_t>(n));
+double log_sum_exp(const float* logits, int64_t n) {
   double mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
   double z = 0;
   for (int64_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(logits[i]) - mx);
-  const double log_z = mx + std::log(z);
+  return mx + std::log(z);
+}
+
+void log_softmax(const float* logits, int64_t n, std::vector<double>& out) {
+  out.resize(static_cast<size_t>(n));
+  const double log_z = log_sum_exp(logits, n);
   for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<double>(logits[i]) - log_z;
 }
 
@@ -99,6 +103,22 @@ double kl_from_log_probs(const std::vector<double>& log_p, const std::vector<dou
     if (p > 0) kl += p * (log_p[i] - log_q[i]);
   }
   return std::max(0.0, kl);
+}
+
+NextTokenComparison compare_next_token(const float* exact, double exact_log_sum_exp, const float* quantized, int64_t n,
+                                       int64_t next) {
+  const double log_zq = log_sum_exp(quantized, n);
+  NextTokenComparison c;
+  c.nll = -(static_cast<double>(quantized[next]) - log_zq);
+  double kl = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double log_p = static_cast<double>(exact[i]) - exact_log_sum_exp;
+    const double log_q = static_cast<double>(quantized[i]) - log_zq;
+    const double p = std::exp(log_p);
+    if (p > 0) kl += p * (log_p - log_q);
+  }
+  c.kl = std::max(0.0, kl);
+  return c;
 }
 
 double token_match_rate(const std::vector<std::vector<int64_t>>& candidates,

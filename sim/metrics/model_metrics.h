@@ -46,6 +46,20 @@ double perplexity(const std::vector<double>& nll);
 void log_softmax(const float* logits, int64_t n, std::vector<double>& out);
 // KL(p || q) = Σ p (log p − log q) from log-probabilities; >= 0 up to rounding, clamped at 0.
 double kl_from_log_probs(const std::vector<double>& log_p, const std::vector<double>& log_q);
+// log Σ exp(logits), as log_softmax computes it (its out[i] is logits[i] − this).
+double log_sum_exp(const float* logits, int64_t n);
+
+// One scored position of a quantized run against the exact one: what the model-level
+// metrics take from the two rows of n logits, with the next token `next`.
+struct NextTokenComparison {
+  double nll = 0;  // −log q(next)
+  double kl = 0;   // KL(p || q), clamped at 0
+};
+// The values log_softmax and kl_from_log_probs give on these rows, bit for bit,
+// without the two vectors of n log-probabilities (the exact row's log Σ exp is given:
+// the same for every quantized run). tests/metrics/test_model_metrics.cpp holds them equal.
+NextTokenComparison compare_next_token(const float* exact, double exact_log_sum_exp, const float* quantized, int64_t n,
+                                       int64_t next);
 
 // Fraction of positions i < |reference| where candidate[i] == reference[i], pooled
 // over all pairs (a candidate shorter than its reference misses the rest).

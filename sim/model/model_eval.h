@@ -161,6 +161,8 @@ class ModelEvaluator {
   // Teacher forcing and greedy continuations, on options_.backend when set.
   RowMatrix run_forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const;
   std::vector<int64_t> continuation(int64_t prompt_length, const CacheQuantization& cache) const;
+  // next_token_nll_of, given each row's log Σ exp.
+  std::vector<double> next_token_nll_from(const RowMatrix& logits, const std::vector<double>& log_sum_exp_of_rows) const;
   ModelEvalOptions options_;
   std::vector<TokenWindow> windows_;
   std::vector<int64_t> scored_;
@@ -170,6 +172,7 @@ class ModelEvaluator {
   ContinuationSpec continuation_spec_;
   Recording recording_;
   RowMatrix base_logits_;
+  std::vector<double> base_log_sum_exp_;  // [T]: log Σ exp of each row of base_logits_
   std::vector<double> base_nll_;
   std::vector<int64_t> prompt_lengths_;
   std::vector<std::vector<int64_t>> base_continuations_;

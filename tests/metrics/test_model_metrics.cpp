@@ -1,5 +1,6 @@
 // Model-level metrics (sim/metrics/model_metrics.h and their metric-table entries)
 // against cases computed by hand.
+#include <random>
 #include <cmath>
 
 #include "sim/metrics/metric_table.h"
@@ -158,5 +159,27 @@ TEST_CASE("metric table: every metric has an axis label with its quantity, unit 
     CHECK(label.rfind(m.quantity + " (", 0) == 0);
     CHECK(label.find(m.unit) != std::string::npos);
     CHECK(label.find(m.better == Better::Lower ? "lower is better)" : "higher is better)") != std::string::npos);
+  }
+}
+
+TEST_CASE("compare_next_token equals log_softmax and kl_from_log_probs bit for bit") {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> logit(0.0f, 4.0f);
+  for (int64_t n : {1, 2, 7, 259, 5000}) {
+    CAPTURE(n);
+    std::vector<float> exact(static_cast<size_t>(n)), quantized(exact.size());
+    for (size_t i = 0; i < exact.size(); ++i) {
+      exact[i] = logit(rng);
+      quantized[i] = exact[i] + 0.1f * logit(rng);
+    }
+    if (n > 2) exact[1] = -200.0f;  // a probability that underflows in the exact row
+    std::vector<double> lp, lq;
+    kvb::log_softmax(exact.data(), n, lp);
+    kvb::log_softmax(quantized.data(), n, lq);
+    const int64_t next = n / 2;
+    const kvb::NextTokenComparison c =
+        kvb::compare_next_token(exact.data(), kvb::log_sum_exp(exact.data(), n), quantized.data(), n, next);
+    CHECK(c.nll == -lq[static_cast<size_t>(next)]);
+    CHECK(c.kl == kvb::kl_from_log_probs(lp, lq));
   }
 }
