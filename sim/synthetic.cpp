@@ -22,6 +22,7 @@
 #include <exception>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <numbers>
 #include <optional>
 #include <sstream>
@@ -430,21 +431,27 @@ std::vector<float> to_post(const Plan& P, const std::vector<float>& pre) {
   return post;
 }
 
+// Tokens per parallel task in the generator's passes over [T, d] buffers.
+constexpr int64_t kTokenBlock = 256;
+
 // Solves the shared weight w of one phase so that the research ρ of the layer (keys
 // averaged over KV heads, post frame) hits `target`. mean_* are the head-averaged post
 // frame parts, [T, d] double.
-double solve_shared_weight(const Plan& P, const std::vector<double>& mean_shared, const std::vector<double>& mean_own,
-                           const std::vector<double>& mean_fixed, int64_t t0, int64_t t1, double target,
-                           const std::string& where, std::vector<std::string>& warnings) {
+double solve_shared_weight(const Plan& P, const double* mean_shared, const double* mean_own, const double* mean_fixed,
+                           int64_t t0, int64_t t1, double target, const std::string& where,
+                           std::vector<std::string>& warnings) {
   const int64_t d = P.d, n = t1 - t0;
-  std::vector<double> rows(static_cast<size_t>(n * d));
+  // [n, d]: the rows ρ is measured on; written (first touched) by the parallel blocks.
+  const std::unique_ptr<double[]> rows = std::make_unique_for_overwrite<double[]>(static_cast<size_t>(n * d));
   auto rho_at = [&](double w) {
     const double a = std::sqrt(w), b = std::sqrt(1.0 - w);
-    for (int64_t i = 0; i < n * d; ++i) {
-      const size_t k = static_cast<size_t>(t0 * d + i);
-      rows[static_cast<size_t>(i)] = a * mean_shared[k] + b * mean_own[k] + mean_fixed[k];
-    }
-    return mean_pairwise_cosine(rows.data(), n, d);
+    parallel_for_rethrow((n + kTokenBlock - 1) / kTokenBlock, [&](int64_t block) {
+      for (int64_t i = block * kTokenBlock * d; i < std::min(n, (block + 1) * kTokenBlock) * d; ++i) {
+        const int64_t k = t0 * d + i;
+        rows[static_cast<size_t>(i)] = a * mean_shared[k] + b * mean_own[k] + mean_fixed[k];
+      }
+    });
+    return mean_pairwise_cosine(rows.get(), n, d);
   };
   // ρ(w) normally rises from ρ(0) (own parts only) to ρ(1) (shared direction only); with
   // tiny head_dim or theta RoPE can turn the shared direction faster than the positional
@@ -808,10 +815,10 @@ LayerResult generate_layer_reference(const Plan& P, int64_t l, const SyntheticKe
     }
   }
   double w[2] = {0, 0};
-  w[0] = solve_shared_weight(P, mean_shared, mean_own, mean_fixed, 0, P.boundary, s.rho_first,
+  w[0] = solve_shared_weight(P, mean_shared.data(), mean_own.data(), mean_fixed.data(), 0, P.boundary, s.rho_first,
                              layer_where + " phase 1 (rho_first)", out.warnings);
   if (P.num_phases() == 2)
-    w[1] = solve_shared_weight(P, mean_shared, mean_own, mean_fixed, P.boundary, T, s.rho_second,
+    w[1] = solve_shared_weight(P, mean_shared.data(), mean_own.data(), mean_fixed.data(), P.boundary, T, s.rho_second,
                                layer_where + " phase 2 (rho_second)", out.warnings);
   out.report.shared_weight_first = w[0];
   out.report.shared_weight_second = P.num_phases() == 2 ? w[1] : w[0];
@@ -1045,19 +1052,20 @@ void generate_values(const Plan& P, int64_t l, int64_t g, float* v) {
 // Head-averaged post-frame parts (sums over KV heads 0..G−1 in that order, as the
 // reference adds them), [T, d] double each: what the ρ calibration reads.
 struct MeanParts {
-  std::vector<double> shared, own, fixed;
+  std::unique_ptr<double[]> shared, own, fixed;  // written (first touched) by the parallel blocks
 };
 
 // own_pre: the layer's key tensor [G, T, d] holding every KV head's own parts (pre frame).
 MeanParts mean_parts(const Plan& P, const std::vector<KeyHeadConstants>& kc, const Tensor& own_pre) {
   const int64_t T = P.T, d = P.d, G = P.G;
   MeanParts m;
-  for (std::vector<double>* v : {&m.shared, &m.own, &m.fixed}) v->assign(static_cast<size_t>(T * d), 0.0);
-  constexpr int64_t kBlock = 256;  // tokens per task
-  parallel_for_rethrow((T + kBlock - 1) / kBlock, [&](int64_t b) {
+  for (std::unique_ptr<double[]>* v : {&m.shared, &m.own, &m.fixed})
+    *v = std::make_unique_for_overwrite<double[]>(static_cast<size_t>(T * d));
+  parallel_for_rethrow((T + kTokenBlock - 1) / kTokenBlock, [&](int64_t b) {
     std::vector<float> row(static_cast<size_t>(d));
-    for (int64_t t = b * kBlock; t < std::min(T, (b + 1) * kBlock); ++t) {
+    for (int64_t t = b * kTokenBlock; t < std::min(T, (b + 1) * kTokenBlock); ++t) {
       const size_t at = static_cast<size_t>(t * d);
+      for (std::unique_ptr<double[]>* v : {&m.shared, &m.own, &m.fixed}) std::fill_n(v->get() + at, d, 0.0);
       for (int64_t g = 0; g < G; ++g) {
         const KeyHeadConstants& k = kc[static_cast<size_t>(g)];
         shared_row(P, k, t, row.data());
@@ -1226,10 +1234,10 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) 
   double w[2] = {0, 0};
   {
     const MeanParts m = mean_parts(P, kc, L.key);
-    w[0] = solve_shared_weight(P, m.shared, m.own, m.fixed, 0, P.boundary, s.rho_first,
+    w[0] = solve_shared_weight(P, m.shared.get(), m.own.get(), m.fixed.get(), 0, P.boundary, s.rho_first,
                                layer_where + " phase 1 (rho_first)", out.warnings);
     if (P.num_phases() == 2)
-      w[1] = solve_shared_weight(P, m.shared, m.own, m.fixed, P.boundary, T, s.rho_second,
+      w[1] = solve_shared_weight(P, m.shared.get(), m.own.get(), m.fixed.get(), P.boundary, T, s.rho_second,
                                  layer_where + " phase 2 (rho_second)", out.warnings);
   }
   out.report.shared_weight_first = w[0];
