@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <future>
 #include <iterator>
 #include <memory>
 #include <numbers>
@@ -1196,11 +1197,25 @@ void parallel_for_workers(int64_t n, int max_workers, Body&& body) {
     if (f) std::rethrow_exception(f);
 }
 
-LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) {
+// A layer's zeroed key and value tensors [G, T, d] (and pre-RoPE keys when kept), the
+// storage generate_layer fills. Zeroing them is the first touch of about one layer's
+// keys and values, page faults included: generate_synthetic has it done on a helper
+// thread while the previous layer is generated.
+LayerTensors allocate_layer(const Plan& P, const SyntheticKeep& keep) {
+  LayerTensors L;
+  L.key = Tensor({P.G, P.T, P.d});
+  L.value = Tensor({P.G, P.T, P.d});
+  if (P.spec.rope && keep.key_pre_rope) L.key_pre_rope = Tensor({P.G, P.T, P.d});
+  return L;
+}
+
+// storage: allocate_layer's.
+LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep, LayerTensors storage) {
   const SyntheticSpec& s = P.spec;
   const int64_t G = P.G, T = P.T, d = P.d, Hq = P.Hq;
   const std::string layer_where = "layer " + std::to_string(l);
   LayerResult out;
+  out.tensors = std::move(storage);
   LayerTensors& L = out.tensors;
 
   // Which query rows are built, and which target keys they look for, per KV head.
@@ -1222,8 +1237,6 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) 
 
   // Own key parts (pre frame) into the key tensor, where the keys are finished in place;
   // the values beside them: 2G independent streams.
-  L.key = Tensor({G, T, d});
-  L.value = Tensor({G, T, d});
   parallel_for_rethrow(2 * G, [&](int64_t task) {
     const int64_t g = task % G;
     if (task < G) generate_own_parts(P, l, g, kc[static_cast<size_t>(g)], L.key.slice(g), targets[static_cast<size_t>(g)]);
@@ -1245,7 +1258,6 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) 
 
   // Final keys; per KV head its positional query rows and the scores its query heads share.
   const bool keep_pre = s.rope && keep.key_pre_rope;
-  if (keep_pre) L.key_pre_rope = Tensor({G, T, d});
   std::vector<std::vector<float>> pos_rows(static_cast<size_t>(G));  // [G][positions.size() * d]
   std::vector<KvHeadScores> kv_scores(static_cast<size_t>(G));
   parallel_for_rethrow(G, [&](int64_t g) {
@@ -1370,8 +1382,17 @@ Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const Syn
   std::vector<LayerResult> layers(static_cast<size_t>(P.L));
   if (reference)
     parallel_for_rethrow(P.L, [&](int64_t l) { layers[static_cast<size_t>(l)] = generate_layer_reference(P, l, keep); });
-  else
-    for (int64_t l = 0; l < P.L; ++l) layers[static_cast<size_t>(l)] = generate_layer(P, l, keep);
+  else {
+    // Layer l + 1's storage is zeroed (first touched) on a helper thread while layer l is
+    // generated, so that no thread waits for those page faults but layer 0's.
+    auto allocate = [&] { return std::async(std::launch::async, [&] { return allocate_layer(P, keep); }); };
+    std::future<LayerTensors> next = allocate();
+    for (int64_t l = 0; l < P.L; ++l) {
+      LayerTensors storage = next.get();
+      if (l + 1 < P.L) next = allocate();
+      layers[static_cast<size_t>(l)] = generate_layer(P, l, keep, std::move(storage));
+    }
+  }
 
   Recording rec;
   rec.name = "synthetic";
