@@ -154,7 +154,8 @@ void validate_synthetic_spec(const SyntheticSpec& spec);
 // details; the recording's metadata carries the spec, the measured ρ per phase and the
 // warnings either way.
 //
-// Memory: the recording (what `keep` keeps) plus one layer's working set, whatever the
+// Memory: the recording (what `keep` keeps; the next layer's keys and values are
+// allocated while a layer is generated) plus one layer's working set, whatever the
 // thread count (layers are generated one after another, each in parallel inside): while
 // the keys' shared weight is solved, the head-averaged key parts in fp64 (8 [T, head_dim]
 // fp32's worth: 4/kv_heads of a layer's keys and values); then the calibration scores
