@@ -3,12 +3,17 @@
 // Frames: "pre" is the key before RoPE (what key_pre_rope stores), "post" after it (what
 // attention reads). Without RoPE they coincide. Queries are built in the post frame.
 //
-// Work is split by layer; every random stream is keyed by (seed, purpose, layer, head), and
-// every reduction runs inside one layer in a fixed order, so the result does not depend on
-// the number of threads.
+// Layers are generated one after another, each in parallel inside (over KV heads, token
+// blocks and query heads) with a working set bounded by about one layer's keys and values
+// whatever the thread count (generate_layer). Every random stream is keyed by (seed,
+// purpose, layer, head), and every reduction runs in a fixed order, so the result does
+// not depend on the number of threads; generate_layer_reference, the plain version that
+// holds every KV head's [T, d] parts, gives the same tensors bit for bit.
 #include "sim/synthetic.h"
 
 #include <unistd.h>
+
+#include <omp.h>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -16,6 +21,9 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <future>
+#include <iterator>
+#include <memory>
 #include <numbers>
 #include <optional>
 #include <sstream>
@@ -424,21 +432,27 @@ std::vector<float> to_post(const Plan& P, const std::vector<float>& pre) {
   return post;
 }
 
+// Tokens per parallel task in the generator's passes over [T, d] buffers.
+constexpr int64_t kTokenBlock = 256;
+
 // Solves the shared weight w of one phase so that the research ρ of the layer (keys
 // averaged over KV heads, post frame) hits `target`. mean_* are the head-averaged post
 // frame parts, [T, d] double.
-double solve_shared_weight(const Plan& P, const std::vector<double>& mean_shared, const std::vector<double>& mean_own,
-                           const std::vector<double>& mean_fixed, int64_t t0, int64_t t1, double target,
-                           const std::string& where, std::vector<std::string>& warnings) {
+double solve_shared_weight(const Plan& P, const double* mean_shared, const double* mean_own, const double* mean_fixed,
+                           int64_t t0, int64_t t1, double target, const std::string& where,
+                           std::vector<std::string>& warnings) {
   const int64_t d = P.d, n = t1 - t0;
-  std::vector<double> rows(static_cast<size_t>(n * d));
+  // [n, d]: the rows ρ is measured on; written (first touched) by the parallel blocks.
+  const std::unique_ptr<double[]> rows = std::make_unique_for_overwrite<double[]>(static_cast<size_t>(n * d));
   auto rho_at = [&](double w) {
     const double a = std::sqrt(w), b = std::sqrt(1.0 - w);
-    for (int64_t i = 0; i < n * d; ++i) {
-      const size_t k = static_cast<size_t>(t0 * d + i);
-      rows[static_cast<size_t>(i)] = a * mean_shared[k] + b * mean_own[k] + mean_fixed[k];
-    }
-    return mean_pairwise_cosine(rows.data(), n, d);
+    parallel_for_rethrow((n + kTokenBlock - 1) / kTokenBlock, [&](int64_t block) {
+      for (int64_t i = block * kTokenBlock * d; i < std::min(n, (block + 1) * kTokenBlock) * d; ++i) {
+        const int64_t k = t0 * d + i;
+        rows[static_cast<size_t>(i)] = a * mean_shared[k] + b * mean_own[k] + mean_fixed[k];
+      }
+    });
+    return mean_pairwise_cosine(rows.get(), n, d);
   };
   // ρ(w) normally rises from ρ(0) (own parts only) to ρ(1) (shared direction only); with
   // tiny head_dim or theta RoPE can turn the shared direction faster than the positional
@@ -463,14 +477,27 @@ double solve_shared_weight(const Plan& P, const std::vector<double>& mean_shared
 // Scores at the calibration positions, by source, so that the query gains β and γ can
 // be varied without new dot products: row r is query position t = calib_positions[r],
 // column j a key (only j <= t is causal). All scores are already divided by √d.
-struct CalibrationScores {
-  RowMatrix positional;     // [R, T] q_pos,t · k_j / √d of a KV head (unused when recency = 0)
+// The parts of a KV head, shared by its query heads:
+struct KvHeadScores {
+  RowMatrix positional;     // [R, T] q_pos,t · k_j / √d (unused when recency = 0)
   std::vector<float> sink;  // [T] e_sink · k_j / √d, per unit sink gain (empty without sinks)
+};
+// One query head's, with its scratch:
+struct CalibrationScores {
+  const KvHeadScores* kv = nullptr;  // its KV head's
   RowMatrix content;        // [R, T] q̂_t · k_j / √d of the current query head
   RowMatrix query_rows;     // [R, d] scratch: the query rows being scored
   std::vector<float> logits;   // [T] scratch: shifted logits of one row
   std::vector<float> weights;  // [T] scratch: their exponentials
 };
+
+// out = query_rows [R, d] · keysᵀ / √d, [R, T].
+void score_query_rows(const Plan& P, const RowMatrix& query_rows, const float* keys, RowMatrix& out) {
+  const ConstRowMap K(keys, P.T, P.d);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(P.d));
+  out.resize(query_rows.rows(), P.T);
+  out.noalias() = (query_rows * K.transpose()) * inv_sqrt_d;
+}
 
 // out = (rows calib_positions of queries [T, d]) · keysᵀ / √d, [R, T].
 void score_rows(const Plan& P, const std::vector<float>& queries, const float* keys, RowMatrix& query_rows,
@@ -479,19 +506,22 @@ void score_rows(const Plan& P, const std::vector<float>& queries, const float* k
   query_rows.resize(R, P.d);
   for (Eigen::Index r = 0; r < R; ++r)
     query_rows.row(r) = ConstRowMap(queries.data() + P.calib_positions[static_cast<size_t>(r)] * P.d, 1, P.d);
-  const ConstRowMap K(keys, P.T, P.d);
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(P.d));
-  out.resize(R, P.T);
-  out.noalias() = (query_rows * K.transpose()) * inv_sqrt_d;
+  score_query_rows(P, query_rows, keys, out);
 }
 
-void kv_head_scores(const Plan& P, const std::vector<float>& pos_queries, const float* keys, CalibrationScores& sc) {
-  if (!P.ch.positional.empty()) score_rows(P, pos_queries, keys, sc.query_rows, sc.positional);
-  sc.sink.clear();
+// The sink scores of a KV head's keys [T, d] (left empty without sink heads).
+void sink_scores(const Plan& P, const float* keys, std::vector<float>& sink) {
+  sink.clear();
   if (const int64_t ch = P.sink_channel(); ch >= 0) {
     const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(P.d));
-    for (int64_t j = 0; j < P.T; ++j) sc.sink.push_back(keys[j * P.d + ch] * inv_sqrt_d);
+    for (int64_t j = 0; j < P.T; ++j) sink.push_back(keys[j * P.d + ch] * inv_sqrt_d);
   }
+}
+
+void kv_head_scores(const Plan& P, const std::vector<float>& pos_queries, const float* keys, KvHeadScores& kv,
+                    RowMatrix& query_rows) {
+  if (!P.ch.positional.empty()) score_rows(P, pos_queries, keys, query_rows, kv.positional);
+  sink_scores(P, keys, kv.sink);
 }
 
 struct AttentionSummary {
@@ -511,18 +541,19 @@ AttentionSummary summarize(const Plan& P, CalibrationScores& sc, double beta, do
   sc.weights.resize(T);
   float* logits = sc.logits.data();
   float* weights = sc.weights.data();
-  const bool has_pos = !P.ch.positional.empty(), has_sink = !sc.sink.empty() && gamma != 0;
+  const KvHeadScores& kv = *sc.kv;
+  const bool has_pos = !P.ch.positional.empty(), has_sink = !kv.sink.empty() && gamma != 0;
   const float b = static_cast<float>(beta), g = static_cast<float>(gamma);
   for (size_t r = 0; r < R; ++r) {
     const int64_t n = P.calib_positions[r] + 1;
     const float* content = sc.content.data() + r * T;
     for (int64_t j = 0; j < n; ++j) logits[j] = b * content[j];
     if (has_pos) {
-      const float* positional = sc.positional.data() + r * T;
+      const float* positional = kv.positional.data() + r * T;
       for (int64_t j = 0; j < n; ++j) logits[j] += positional[j];
     }
     if (has_sink)
-      for (int64_t j = 0; j < n; ++j) logits[j] += g * sc.sink[static_cast<size_t>(j)];
+      for (int64_t j = 0; j < n; ++j) logits[j] += g * kv.sink[static_cast<size_t>(j)];
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j) mx = std::max(mx, logits[j]);
     for (int64_t j = 0; j < n; ++j) {
@@ -756,7 +787,10 @@ struct LayerResult {
   std::vector<std::string> warnings;
 };
 
-LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) {
+// The reference: every KV head's key parts [T, d] and query targets held at once, every
+// query built at every position; generate_synthetic_reference runs it on every layer in
+// parallel.
+LayerResult generate_layer_reference(const Plan& P, int64_t l, const SyntheticKeep& keep) {
   const SyntheticSpec& s = P.spec;
   const int64_t G = P.G, T = P.T, d = P.d, Hq = P.Hq;
   const std::string layer_where = "layer " + std::to_string(l);
@@ -782,10 +816,10 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) 
     }
   }
   double w[2] = {0, 0};
-  w[0] = solve_shared_weight(P, mean_shared, mean_own, mean_fixed, 0, P.boundary, s.rho_first,
+  w[0] = solve_shared_weight(P, mean_shared.data(), mean_own.data(), mean_fixed.data(), 0, P.boundary, s.rho_first,
                              layer_where + " phase 1 (rho_first)", out.warnings);
   if (P.num_phases() == 2)
-    w[1] = solve_shared_weight(P, mean_shared, mean_own, mean_fixed, P.boundary, T, s.rho_second,
+    w[1] = solve_shared_weight(P, mean_shared.data(), mean_own.data(), mean_fixed.data(), P.boundary, T, s.rho_second,
                                layer_where + " phase 2 (rho_second)", out.warnings);
   out.report.shared_weight_first = w[0];
   out.report.shared_weight_second = P.num_phases() == 2 ? w[1] : w[0];
@@ -835,12 +869,14 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) 
   L.query = Tensor({Hq, rows, d});
   if (sparse) L.query_positions = keep.query_positions;
   const int64_t sc = P.sink_channel();
+  KvHeadScores kv_scores;
   CalibrationScores scores;
+  scores.kv = &kv_scores;
   std::vector<float> unit_q;  // [T, d], one query head's at a time
   for (int64_t g = 0; g < G; ++g) {
     const float* keys = L.key.slice(g);
     const std::vector<float> pos_q = positional_queries(P, parts[static_cast<size_t>(g)]);
-    kv_head_scores(P, pos_q, keys, scores);
+    kv_head_scores(P, pos_q, keys, kv_scores, scores.query_rows);
     for (int64_t h = g * P.group; h < (g + 1) * P.group; ++h) {
       unit_queries(P, l, h, query_targets[static_cast<size_t>(g)], unit_q);
       score_rows(P, unit_q, keys, scores.query_rows, scores.content);
@@ -861,6 +897,419 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep) 
     query_targets[static_cast<size_t>(g)] = std::vector<float>();  // freed: this KV head's queries are done
     parts[static_cast<size_t>(g)].fixed = std::vector<float>();
   }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// One layer, bounded memory (what generate_synthetic runs)
+// ---------------------------------------------------------------------------
+//
+// The same numbers as generate_layer_reference, bit for bit, from a working set that
+// does not hold every KV head's [T, d] parts: of a key's parts only the own Gaussian part
+// needs its random stream and is kept, in the layer's own key buffer until the key is
+// final; the shared and fixed parts are cheap functions of (layer, KV head, token) and
+// are recomputed row by row. Queries are only ever read at the calibration rows and the
+// kept rows, so only those rows are built (their random streams still run over every
+// token, for the same draws), and of the target keys' own parts only the rows those
+// queries look for are kept. Work is parallel inside the layer (over KV heads, rows and
+// query heads), so one layer is in flight whatever the thread count; every reduction
+// keeps the reference's order.
+
+// The small constants of one KV head's key parts (what make_key_parts draws besides
+// the own Gaussian parts), from which any row of `shared` and `fixed` is computed.
+struct KeyHeadConstants {
+  std::vector<int64_t> outliers;        // channels scaled by outlier_scale, sorted
+  std::vector<double> scale;            // [d] D: outlier_scale on the outliers, else 1
+  std::vector<std::vector<double>> u;   // [phases][d] the shared direction per phase
+  std::vector<double> phi;              // [positional pairs] phase of each positional pair
+};
+
+KeyHeadConstants key_head_constants(const Plan& P, int64_t l, int64_t g) {
+  const SyntheticSpec& s = P.spec;
+  const uint64_t ul = static_cast<uint64_t>(l), ug = static_cast<uint64_t>(g);
+  KeyHeadConstants kc;
+  kc.outliers = choose_outlier_channels(P, l, g);
+  kc.scale.assign(static_cast<size_t>(P.d), 1.0);
+  for (int64_t c : kc.outliers) kc.scale[static_cast<size_t>(c)] = s.outlier_scale;
+  const double per_channel = P.shared_amplitude / std::sqrt(static_cast<double>(P.ch.shared.size()));
+  kc.u.resize(static_cast<size_t>(P.num_phases()));
+  for (int64_t ph = 0; ph < P.num_phases(); ++ph) {
+    Rng rng(derive_seed({s.seed, kSharedDirection, ul, ug, static_cast<uint64_t>(ph)}));
+    kc.u[static_cast<size_t>(ph)].assign(static_cast<size_t>(P.d), 0.0);
+    for (int64_t c : P.ch.shared) kc.u[static_cast<size_t>(ph)][static_cast<size_t>(c)] = rng.sign() * per_channel;
+  }
+  Rng phase_rng(derive_seed({s.seed, kPositionalPhase, ul, ug}));
+  for (size_t k = 0; k < P.ch.positional_freq.size(); ++k) kc.phi.push_back(2.0 * std::numbers::pi * phase_rng.uniform());
+  return kc;
+}
+
+// Row t of a KV head's shared part, pre frame, into row [d] (make_key_parts' `shared`).
+void shared_row(const Plan& P, const KeyHeadConstants& kc, int64_t t, float* row) {
+  std::fill(row, row + P.d, 0.0f);
+  const std::vector<double>& ut = kc.u[static_cast<size_t>(P.phase_of(t))];
+  for (int64_t c : P.ch.content) row[c] = static_cast<float>(kc.scale[static_cast<size_t>(c)] * ut[static_cast<size_t>(c)]);
+}
+
+// Row t of a KV head's fixed part (positional pairs + sink component), pre frame, into
+// row [d] (make_key_parts' `fixed`).
+void fixed_row(const Plan& P, const KeyHeadConstants& kc, int64_t t, float* row) {
+  const SyntheticSpec& s = P.spec;
+  const int64_t half = P.d / 2;
+  std::fill(row, row + P.d, 0.0f);
+  for (size_t k = 0; k < P.ch.positional_freq.size(); ++k) {
+    const int64_t lo = P.ch.positional[2 * k], hi = lo + half;
+    const double omega = s.rope ? 0.0 : P.ch.positional_freq[k];
+    const double angle = omega * static_cast<double>(t) + kc.phi[k];
+    row[lo] = static_cast<float>(P.positional_key_amp * std::cos(angle));
+    row[hi] = static_cast<float>(P.positional_key_amp * std::sin(angle));
+  }
+  if (const int64_t sc = P.sink_channel(); sc >= 0 && t < s.sink_tokens) row[sc] = static_cast<float>(P.sink_key_value);
+}
+
+// A pre-frame row at position t into the post frame, in place (RoPE's own row rotation:
+// the same floats as rotating the whole [T, d] buffer).
+void row_to_post(const Plan& P, float* row, int64_t t) {
+  if (P.rope) apply_rope_row(row, *P.rope, t);
+}
+
+// The query rows a layer builds: the calibration positions and the kept positions.
+struct QueryRowPlan {
+  std::vector<int64_t> positions;  // sorted, distinct: calib_positions ∪ kept positions
+  std::vector<int64_t> row_of;     // [T] index into positions, −1 for a position not built
+  std::vector<int64_t> calib_rows; // [R] row of calib_positions[r]
+};
+
+QueryRowPlan plan_query_rows(const Plan& P, const SyntheticKeep& keep) {
+  QueryRowPlan qr;
+  if (keep.query_positions.empty()) {  // every position is kept
+    qr.positions.resize(static_cast<size_t>(P.T));
+    for (int64_t t = 0; t < P.T; ++t) qr.positions[static_cast<size_t>(t)] = t;
+  } else {
+    std::set_union(P.calib_positions.begin(), P.calib_positions.end(), keep.query_positions.begin(),
+                   keep.query_positions.end(), std::back_inserter(qr.positions));
+  }
+  qr.row_of.assign(static_cast<size_t>(P.T), -1);
+  for (size_t i = 0; i < qr.positions.size(); ++i) qr.row_of[static_cast<size_t>(qr.positions[i])] = static_cast<int64_t>(i);
+  for (int64_t t : P.calib_positions) qr.calib_rows.push_back(qr.row_of[static_cast<size_t>(t)]);
+  return qr;
+}
+
+// The key each built query row of query head h looks for (unit_queries' target_rng
+// stream: one draw per token), [positions.size()].
+std::vector<int64_t> query_targets_at(const Plan& P, int64_t l, int64_t h, const QueryRowPlan& qr) {
+  Rng target_rng(derive_seed({P.spec.seed, kQueryTarget, static_cast<uint64_t>(l), static_cast<uint64_t>(h)}));
+  std::vector<int64_t> targets(qr.positions.size());
+  for (int64_t t = 0; t < P.T; ++t) {
+    const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
+    if (const int64_t row = qr.row_of[static_cast<size_t>(t)]; row >= 0) targets[static_cast<size_t>(row)] = target;
+  }
+  return targets;
+}
+
+// Rows of a KV head's own parts before outlier scaling, post frame, at the tokens its
+// query heads' built rows look for (the reference's query_targets, only where read).
+struct TargetRows {
+  int64_t d = 0;
+  std::vector<int64_t> tokens;  // sorted, distinct
+  std::vector<float> rows;      // [tokens.size(), d]
+  const float* at(int64_t t) const {  // t must be one of `tokens`
+    return rows.data() + (std::lower_bound(tokens.begin(), tokens.end(), t) - tokens.begin()) * d;
+  }
+};
+
+// A KV head's own parts: the D-scaled ones, pre frame, into own [T, d] (make_key_parts'
+// `own`; the content channels only are written, the others must be zero), and the
+// unscaled ones at target.tokens into target.rows, post frame.
+void generate_own_parts(const Plan& P, int64_t l, int64_t g, const KeyHeadConstants& kc, float* own,
+                        TargetRows& target) {
+  const SyntheticSpec& s = P.spec;
+  const int64_t d = P.d;
+  target.d = d;
+  target.rows.assign(target.tokens.size() * static_cast<size_t>(d), 0.0f);
+  Rng own_rng(derive_seed({s.seed, kKeyOwn, static_cast<uint64_t>(l), static_cast<uint64_t>(g)}));
+  size_t next = 0;  // next target token
+  for (int64_t t = 0; t < P.T; ++t) {
+    const bool is_target = next < target.tokens.size() && target.tokens[next] == t;
+    float* unscaled = is_target ? target.rows.data() + next * static_cast<size_t>(d) : nullptr;
+    for (int64_t c : P.ch.content) {
+      const double D = kc.scale[static_cast<size_t>(c)];
+      const double z = s.key_scale * own_rng.normal();
+      own[t * d + c] = static_cast<float>(D * z);
+      if (unscaled) unscaled[c] = static_cast<float>(z);
+    }
+    if (unscaled) {
+      row_to_post(P, unscaled, t);
+      ++next;
+    }
+  }
+}
+
+// The values of KV head g, [T, d].
+void generate_values(const Plan& P, int64_t l, int64_t g, float* v) {
+  Rng rng(derive_seed({P.spec.seed, kValues, static_cast<uint64_t>(l), static_cast<uint64_t>(g)}));
+  for (int64_t i = 0; i < P.T * P.d; ++i) v[i] = static_cast<float>(P.spec.value_scale * rng.normal());
+}
+
+// Head-averaged post-frame parts (sums over KV heads 0..G−1 in that order, as the
+// reference adds them), [T, d] double each: what the ρ calibration reads.
+struct MeanParts {
+  std::unique_ptr<double[]> shared, own, fixed;  // written (first touched) by the parallel blocks
+};
+
+// own_pre: the layer's key tensor [G, T, d] holding every KV head's own parts (pre frame).
+MeanParts mean_parts(const Plan& P, const std::vector<KeyHeadConstants>& kc, const Tensor& own_pre) {
+  const int64_t T = P.T, d = P.d, G = P.G;
+  MeanParts m;
+  for (std::unique_ptr<double[]>* v : {&m.shared, &m.own, &m.fixed})
+    *v = std::make_unique_for_overwrite<double[]>(static_cast<size_t>(T * d));
+  parallel_for_rethrow((T + kTokenBlock - 1) / kTokenBlock, [&](int64_t b) {
+    std::vector<float> row(static_cast<size_t>(d));
+    for (int64_t t = b * kTokenBlock; t < std::min(T, (b + 1) * kTokenBlock); ++t) {
+      const size_t at = static_cast<size_t>(t * d);
+      for (std::unique_ptr<double[]>* v : {&m.shared, &m.own, &m.fixed}) std::fill_n(v->get() + at, d, 0.0);
+      for (int64_t g = 0; g < G; ++g) {
+        const KeyHeadConstants& k = kc[static_cast<size_t>(g)];
+        shared_row(P, k, t, row.data());
+        row_to_post(P, row.data(), t);
+        for (int64_t c = 0; c < d; ++c) m.shared[at + static_cast<size_t>(c)] += row[static_cast<size_t>(c)];
+        std::copy(own_pre.slice(g) + t * d, own_pre.slice(g) + (t + 1) * d, row.begin());
+        row_to_post(P, row.data(), t);
+        for (int64_t c = 0; c < d; ++c) m.own[at + static_cast<size_t>(c)] += row[static_cast<size_t>(c)];
+        fixed_row(P, k, t, row.data());
+        row_to_post(P, row.data(), t);
+        for (int64_t c = 0; c < d; ++c) m.fixed[at + static_cast<size_t>(c)] += row[static_cast<size_t>(c)];
+      }
+    }
+  });
+  return m;
+}
+
+// KV head g's final keys from its own parts: key = √w·shared + √(1−w)·own + fixed per
+// token (w of the token's phase), pre frame into pre [T, d] (may be `own` itself), then
+// rotated into post [T, d] with RoPE (post == pre without RoPE).
+void finish_keys(const Plan& P, const KeyHeadConstants& kc, const double w[2], const float* own, float* pre,
+                 float* post) {
+  const int64_t T = P.T, d = P.d;
+  std::vector<float> sh(static_cast<size_t>(d)), fx(static_cast<size_t>(d));
+  for (int64_t t = 0; t < T; ++t) {
+    const double ph_w = w[P.phase_of(t)];
+    const float a = static_cast<float>(std::sqrt(ph_w)), b = static_cast<float>(std::sqrt(1.0 - ph_w));
+    shared_row(P, kc, t, sh.data());
+    fixed_row(P, kc, t, fx.data());
+    for (int64_t c = 0; c < d; ++c)
+      pre[t * d + c] = a * sh[static_cast<size_t>(c)] + b * own[t * d + c] + fx[static_cast<size_t>(c)];
+  }
+  if (P.rope) {
+    if (post != pre) std::copy(pre, pre + T * d, post);
+    apply_rope(post, *P.rope);
+  }
+}
+
+// Positional query rows of a KV head's query heads at the built positions, post frame,
+// [positions.size(), d] (the reference's positional_queries, only where read).
+std::vector<float> positional_query_rows(const Plan& P, const KeyHeadConstants& kc, const QueryRowPlan& qr) {
+  const int64_t d = P.d, half = d / 2;
+  const double ratio = P.positional_query_amp / P.positional_key_amp;
+  std::vector<float> out(qr.positions.size() * static_cast<size_t>(d), 0.0f), fx(static_cast<size_t>(d));
+  for (size_t i = 0; i < qr.positions.size(); ++i) {
+    const int64_t t = qr.positions[i];
+    float* row = out.data() + i * static_cast<size_t>(d);
+    fixed_row(P, kc, t, fx.data());
+    for (size_t k = 0; k < P.ch.positional_freq.size(); ++k) {
+      const int64_t lo = P.ch.positional[2 * k], hi = lo + half;
+      for (int64_t c : {lo, hi}) row[c] = static_cast<float>(ratio * fx[static_cast<size_t>(c)]);
+    }
+    row_to_post(P, row, t);
+  }
+  return out;
+}
+
+// Query content directions of query head h at the built positions into out
+// [positions.size(), d] (unit_queries' rows there; its noise stream still draws for
+// every token).
+void unit_query_rows(const Plan& P, int64_t l, int64_t h, const QueryRowPlan& qr, const TargetRows& targets,
+                     std::vector<float>& out) {
+  const SyntheticSpec& s = P.spec;
+  const int64_t T = P.T, d = P.d;
+  const uint64_t ul = static_cast<uint64_t>(l), uh = static_cast<uint64_t>(h);
+  Rng target_rng(derive_seed({s.seed, kQueryTarget, ul, uh}));
+  Rng noise_rng(derive_seed({s.seed, kQueryNoise, ul, uh}));
+  const double noise_sd = kQueryNoiseWeight / std::sqrt(static_cast<double>(P.ch.content.size()));
+  out.assign(qr.positions.size() * static_cast<size_t>(d), 0.0f);
+  std::vector<double> v(static_cast<size_t>(d));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
+    const int64_t row = qr.row_of[static_cast<size_t>(t)];
+    if (row < 0) {  // not built: the same draws, no arithmetic
+      for (size_t c = 0; c < P.ch.content.size(); ++c) (void)noise_rng.normal();
+      continue;
+    }
+    const float* k = targets.at(target);
+    double knorm2 = 0;
+    for (int64_t c : P.ch.content) knorm2 += static_cast<double>(k[c]) * k[c];
+    const double kinv = knorm2 > 0 ? 1.0 / std::sqrt(knorm2) : 0.0;
+    double vnorm2 = 0;
+    for (int64_t c : P.ch.content) {
+      const double x = k[c] * kinv + noise_sd * noise_rng.normal();
+      v[static_cast<size_t>(c)] = x;
+      vnorm2 += x * x;
+    }
+    const double vinv = 1.0 / std::sqrt(vnorm2);
+    float* q = out.data() + row * d;
+    for (int64_t c : P.ch.content) q[c] = static_cast<float>(v[static_cast<size_t>(c)] * vinv);
+  }
+}
+
+// rows [positions.size(), d] at the calibration rows, [R, d].
+void gather_calibration_rows(const Plan& P, const QueryRowPlan& qr, const std::vector<float>& rows, RowMatrix& out) {
+  const Eigen::Index R = static_cast<Eigen::Index>(qr.calib_rows.size());
+  out.resize(R, P.d);
+  for (Eigen::Index r = 0; r < R; ++r)
+    out.row(r) = ConstRowMap(rows.data() + qr.calib_rows[static_cast<size_t>(r)] * P.d, 1, P.d);
+}
+
+// How many query heads calibrate at once: as many as one layer's keys and values'
+// worth of scratch holds (at least one, at most q_heads), whatever the thread count.
+int calibration_workers(const Plan& P, const QueryRowPlan& qr) {
+  const double R = static_cast<double>(P.calib_positions.size()), T = static_cast<double>(P.T);
+  const double per_head = 4.0 * (R * T + 2.0 * T + R * static_cast<double>(P.d) +
+                                 static_cast<double>(qr.positions.size()) * static_cast<double>(P.d));
+  const double layer_kv = 4.0 * 2.0 * static_cast<double>(P.G) * T * static_cast<double>(P.d);
+  const double fit = std::floor(layer_kv / per_head);
+  return static_cast<int>(std::clamp<double>(fit, 1.0, static_cast<double>(P.Hq)));
+}
+
+// parallel_for_rethrow on at most max_workers threads; body(i, worker) with worker in
+// [0, max_workers) names the calling thread's scratch.
+template <class Body>
+void parallel_for_workers(int64_t n, int max_workers, Body&& body) {
+  const int workers = std::max(1, std::min(max_workers, omp_get_max_threads()));
+  std::vector<std::exception_ptr> failures(static_cast<size_t>(n > 0 ? n : 0));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(workers)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      body(i, omp_get_thread_num());
+    } catch (...) {
+      failures[static_cast<size_t>(i)] = std::current_exception();
+    }
+  }
+  for (const std::exception_ptr& f : failures)
+    if (f) std::rethrow_exception(f);
+}
+
+// A layer's zeroed key and value tensors [G, T, d] (and pre-RoPE keys when kept), the
+// storage generate_layer fills. Zeroing them is the first touch of about one layer's
+// keys and values, page faults included: generate_synthetic has it done on a helper
+// thread while the previous layer is generated.
+LayerTensors allocate_layer(const Plan& P, const SyntheticKeep& keep) {
+  LayerTensors L;
+  L.key = Tensor({P.G, P.T, P.d});
+  L.value = Tensor({P.G, P.T, P.d});
+  if (P.spec.rope && keep.key_pre_rope) L.key_pre_rope = Tensor({P.G, P.T, P.d});
+  return L;
+}
+
+// storage: allocate_layer's.
+LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep, LayerTensors storage) {
+  const SyntheticSpec& s = P.spec;
+  const int64_t G = P.G, T = P.T, d = P.d, Hq = P.Hq;
+  const std::string layer_where = "layer " + std::to_string(l);
+  LayerResult out;
+  out.tensors = std::move(storage);
+  LayerTensors& L = out.tensors;
+
+  // Which query rows are built, and which target keys they look for, per KV head.
+  const QueryRowPlan qr = plan_query_rows(P, keep);
+  std::vector<KeyHeadConstants> kc(static_cast<size_t>(G));
+  std::vector<TargetRows> targets(static_cast<size_t>(G));
+  parallel_for_rethrow(G, [&](int64_t g) {
+    kc[static_cast<size_t>(g)] = key_head_constants(P, l, g);
+    std::vector<int64_t>& tokens = targets[static_cast<size_t>(g)].tokens;
+    for (int64_t h = g * P.group; h < (g + 1) * P.group; ++h) {
+      const std::vector<int64_t> t_h = query_targets_at(P, l, h, qr);
+      tokens.insert(tokens.end(), t_h.begin(), t_h.end());
+    }
+    std::sort(tokens.begin(), tokens.end());
+    tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+  });
+  out.report.outlier_channels.resize(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) out.report.outlier_channels[static_cast<size_t>(g)] = kc[static_cast<size_t>(g)].outliers;
+
+  // Own key parts (pre frame) into the key tensor, where the keys are finished in place;
+  // the values beside them: 2G independent streams.
+  parallel_for_rethrow(2 * G, [&](int64_t task) {
+    const int64_t g = task % G;
+    if (task < G) generate_own_parts(P, l, g, kc[static_cast<size_t>(g)], L.key.slice(g), targets[static_cast<size_t>(g)]);
+    else generate_values(P, l, g, L.value.slice(g));
+  });
+
+  // The shared weight per phase, from the head-averaged parts (freed after).
+  double w[2] = {0, 0};
+  {
+    const MeanParts m = mean_parts(P, kc, L.key);
+    w[0] = solve_shared_weight(P, m.shared.get(), m.own.get(), m.fixed.get(), 0, P.boundary, s.rho_first,
+                               layer_where + " phase 1 (rho_first)", out.warnings);
+    if (P.num_phases() == 2)
+      w[1] = solve_shared_weight(P, m.shared.get(), m.own.get(), m.fixed.get(), P.boundary, T, s.rho_second,
+                                 layer_where + " phase 2 (rho_second)", out.warnings);
+  }
+  out.report.shared_weight_first = w[0];
+  out.report.shared_weight_second = P.num_phases() == 2 ? w[1] : w[0];
+
+  // Final keys; per KV head its positional query rows and the scores its query heads share.
+  const bool keep_pre = s.rope && keep.key_pre_rope;
+  std::vector<std::vector<float>> pos_rows(static_cast<size_t>(G));  // [G][positions.size() * d]
+  std::vector<KvHeadScores> kv_scores(static_cast<size_t>(G));
+  parallel_for_rethrow(G, [&](int64_t g) {
+    const KeyHeadConstants& k = kc[static_cast<size_t>(g)];
+    float* key = L.key.slice(g);
+    finish_keys(P, k, w, key, keep_pre ? L.key_pre_rope.slice(g) : key, key);
+    pos_rows[static_cast<size_t>(g)] = positional_query_rows(P, k, qr);
+    KvHeadScores& kv = kv_scores[static_cast<size_t>(g)];
+    if (!P.ch.positional.empty()) {
+      RowMatrix query_rows;
+      gather_calibration_rows(P, qr, pos_rows[static_cast<size_t>(g)], query_rows);
+      score_query_rows(P, query_rows, key, kv.positional);
+    }
+    sink_scores(P, key, kv.sink);
+  });
+
+  // Queries, calibrated head by head against the final keys, a bounded number at once.
+  const std::vector<HeadRole> roles = assign_roles(P, l);
+  out.report.heads.resize(static_cast<size_t>(Hq));
+  const bool sparse = !keep.query_positions.empty();
+  const int64_t rows = sparse ? static_cast<int64_t>(keep.query_positions.size()) : T;
+  L.query = Tensor({Hq, rows, d});
+  if (sparse) L.query_positions = keep.query_positions;
+  const int64_t sc = P.sink_channel();
+  const int workers = calibration_workers(P, qr);
+  struct Scratch {
+    CalibrationScores scores;
+    std::vector<float> unit_q;  // [positions.size(), d]
+  };
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));
+  std::vector<std::vector<std::string>> head_warnings(static_cast<size_t>(Hq));
+  parallel_for_workers(Hq, workers, [&](int64_t h, int worker) {
+    Scratch& x = scratch[static_cast<size_t>(worker)];
+    const int64_t g = h / P.group;
+    unit_query_rows(P, l, h, qr, targets[static_cast<size_t>(g)], x.unit_q);
+    gather_calibration_rows(P, qr, x.unit_q, x.scores.query_rows);
+    score_query_rows(P, x.scores.query_rows, L.key.slice(g), x.scores.content);
+    x.scores.kv = &kv_scores[static_cast<size_t>(g)];
+    const std::string where = layer_where + " q head " + std::to_string(h);
+    const SyntheticHeadReport rep =
+        calibrate_head(P, roles[static_cast<size_t>(h)], x.scores, where, head_warnings[static_cast<size_t>(h)]);
+    out.report.heads[static_cast<size_t>(h)] = rep;
+    const float beta = static_cast<float>(rep.content_gain), gamma = static_cast<float>(rep.sink_gain);
+    const std::vector<float>& pos_q = pos_rows[static_cast<size_t>(g)];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = qr.row_of[static_cast<size_t>(sparse ? keep.query_positions[static_cast<size_t>(r)] : r)];
+      float* q = L.query.slice(h) + r * d;
+      for (int64_t c = 0; c < d; ++c) q[c] = beta * x.unit_q[static_cast<size_t>(i * d + c)] + pos_q[static_cast<size_t>(i * d + c)];
+      if (sc >= 0 && gamma != 0.0f) q[sc] += gamma;
+    }
+  });
+  for (const std::vector<std::string>& hw : head_warnings) out.warnings.insert(out.warnings.end(), hw.begin(), hw.end());
   return out;
 }
 
@@ -913,7 +1362,12 @@ std::map<std::string, std::string> spec_metadata(const SyntheticSpec& s) {
 
 }  // namespace
 
-Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep_asked) {
+namespace {
+
+// generate_synthetic (layers one after another, each generated in parallel in bounded
+// memory) or, with `reference`, generate_synthetic_reference (layers in parallel).
+Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep_asked,
+                   bool reference) {
   validate_synthetic_spec(spec);
   const std::vector<int64_t>& kept = keep_asked.query_positions;
   for (size_t i = 0; i < kept.size(); ++i)
@@ -926,7 +1380,19 @@ Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report,
   const Plan P = make_plan(spec);
 
   std::vector<LayerResult> layers(static_cast<size_t>(P.L));
-  parallel_for_rethrow(P.L, [&](int64_t l) { layers[static_cast<size_t>(l)] = generate_layer(P, l, keep); });
+  if (reference)
+    parallel_for_rethrow(P.L, [&](int64_t l) { layers[static_cast<size_t>(l)] = generate_layer_reference(P, l, keep); });
+  else {
+    // Layer l + 1's storage is zeroed (first touched) on a helper thread while layer l is
+    // generated, so that no thread waits for those page faults but layer 0's.
+    auto allocate = [&] { return std::async(std::launch::async, [&] { return allocate_layer(P, keep); }); };
+    std::future<LayerTensors> next = allocate();
+    for (int64_t l = 0; l < P.L; ++l) {
+      LayerTensors storage = next.get();
+      if (l + 1 < P.L) next = allocate();
+      layers[static_cast<size_t>(l)] = generate_layer(P, l, keep, std::move(storage));
+    }
+  }
 
   Recording rec;
   rec.name = "synthetic";
@@ -972,6 +1438,16 @@ Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report,
   rec.validate();
   if (report) *report = std::move(rep);
   return rec;
+}
+
+}  // namespace
+
+Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep) {
+  return generate(spec, report, keep, false);
+}
+
+Recording generate_synthetic_reference(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep) {
+  return generate(spec, report, keep, true);
 }
 
 }  // namespace kvb

@@ -153,7 +153,23 @@ void validate_synthetic_spec(const SyntheticSpec& spec);
 // Validates the spec and generates. When `report` is given it receives the calibration
 // details; the recording's metadata carries the spec, the measured ρ per phase and the
 // warnings either way.
+//
+// Memory: the recording (what `keep` keeps; the next layer's keys and values are
+// allocated while a layer is generated) plus one layer's working set, whatever the
+// thread count (layers are generated one after another, each in parallel inside): while
+// the keys' shared weight is solved, the head-averaged key parts in fp64 (8 [T, head_dim]
+// fp32's worth: 4/kv_heads of a layer's keys and values); then the calibration scores
+// (kv_heads + at most enough query heads at once for one layer's keys and values' worth,
+// at least one, of calibration_queries x T fp32 each).
 Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report = nullptr,
                              const SyntheticKeep& keep = {});
+
+// The same recording, report and metadata bit for bit from the plain generator that
+// generate_synthetic replaced: layers in parallel, each holding every KV head's key parts
+// and query targets and every position's query, about 25 kB per token per layer in
+// flight on Llama-3-8B's head shape. Kept as the reference the bounded-memory generator
+// is tested against (tests/test_synthetic.cpp).
+Recording generate_synthetic_reference(const SyntheticSpec& spec, SyntheticReport* report = nullptr,
+                                       const SyntheticKeep& keep = {});
 
 }  // namespace kvb
