@@ -132,14 +132,14 @@ TEST_CASE("config hash: --out, --threads and plots aside, any change of the swee
     return e;
   };
   const ExperimentSpec a = run_spec(kSweep, {});
-  const ExperimentSpec b = run_spec(kSweep, RunOptionsInConfig{3, "/elsewhere", "", true, {}});
+  const ExperimentSpec b = run_spec(kSweep, RunOptionsInConfig{3, "/elsewhere", "", true, {}, ""});
   CHECK(sweep_config_hash(a) == sweep_config_hash(b));
   // The saved config.toml, loaded again (run --resume without CONFIG): the same hash.
   CHECK(sweep_config_hash(run_spec(b.resolved_toml, {})) == sweep_config_hash(a));
   CHECK(sweep_config_hash(a) != sweep_config_hash(run_spec("seed = 1\n" + kSweep, {})));
   CHECK(sweep_config_hash(a) !=
-        sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "", false, {"bpe <= 4"}})));
-  CHECK(sweep_config_hash(a) != sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "cuda", false, {}})));
+        sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "", false, {"bpe <= 4"}, ""})));
+  CHECK(sweep_config_hash(a) != sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "cuda", false, {}, ""})));
 }
 
 TEST_CASE("results.jsonl: a point result reads back bit for bit, non-finite numbers and text included") {
