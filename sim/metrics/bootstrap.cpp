@@ -1,5 +1,7 @@
 #include "sim/metrics/bootstrap.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -34,6 +36,26 @@ double finish_ratio(const RowReduction& r, double num, double den) {
 
 // Maximum that keeps a NaN (as quantile() does).
 double nan_max(double a, double b) { return std::isnan(a) || a > b ? a : b; }
+
+// Runs body(r) for r = 0 .. n-1 as OpenMP tasks, each writing only its own results.
+// Called inside a parallel region (a sweep finalizing a point while the other threads
+// wait at the end of its task loop), the team's idle threads take tasks; outside one,
+// in a region of its own. Which thread runs r changes nothing: body(r) is one
+// resample from fixed inputs.
+template <class Body>
+void for_each_resample(size_t n, const Body& body) {
+  const auto tasks = [&] {
+#pragma omp taskloop grainsize(1)
+    for (size_t r = 0; r < n; ++r) body(r);
+  };
+  if (omp_in_parallel()) {
+    tasks();
+  } else {
+#pragma omp parallel
+#pragma omp single
+    tasks();
+  }
+}
 
 // Tag mixed into the seed of the intervals' draws ("bootstra"), so that the stream
 // differs from other users of the experiment's seed.
@@ -123,7 +145,7 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
   const std::vector<uint32_t> draws = bootstrap_draws(settings, blocks, kIntervalTag);
 
   const double tail = (1 - settings.level) / 2;
-  std::vector<double> resampled(resamples), block_num(blocks), block_den(blocks), values, gathered;
+  std::vector<double> resampled(resamples), block_num(blocks), block_den(blocks), values;
   for (size_t m = 0; m < metrics.size(); ++m) {
     const RowReduction& red = metrics[m]->rows;
     if (red.kind == RowReduction::Kind::None) continue;
@@ -158,17 +180,19 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
         resampled[r] = ratio ? finish_ratio(red, num, den) : num;
       }
     } else {
-      // A quantile below 1 gathers the rows of the chosen blocks.
+      // A quantile below 1 gathers the rows of the chosen blocks: O(rows) a resample,
+      // the bootstrap's cost (200 resamples of a point's rows), in parallel.
       values.resize(rows.size());
       for (size_t j = 0; j < rows.size(); ++j) values[j] = red.numerator(rows[order[j]]);
-      for (size_t r = 0; r < resamples; ++r) {
+      for_each_resample(resamples, [&](size_t r) {
         const uint32_t* pick = draws.data() + r * blocks;
-        gathered.clear();
+        std::vector<double> gathered;
+        gathered.reserve(rows.size());
         for (size_t k = 0; k < blocks; ++k)
           gathered.insert(gathered.end(), values.begin() + static_cast<long>(start[pick[k]]),
                           values.begin() + static_cast<long>(start[pick[k] + 1]));
         resampled[r] = quantile_in_place(gathered, red.q);
-      }
+      });
     }
     if (resamples_out) (*resamples_out)[m] = resampled;
     out[m].lo = quantile(resampled, tail);

@@ -8,9 +8,11 @@
 //
 // Cost: the blocks' sums (ratio metrics) and maxima are computed once, so a resample
 // of those is O(blocks); a quantile below 1 (p99) gathers the chosen blocks' rows,
-// O(rows) per resample. Deterministic for a seed: the draws come from a fixed
-// generator (splitmix64), run on one thread, and are the same for every point with
-// the same positions (common random numbers, so points' intervals are comparable).
+// O(rows) per resample, resamples in parallel (OpenMP tasks). Deterministic for a
+// seed and any thread count: the draws come from a fixed generator (splitmix64), run
+// on one thread, and are the same for every point with the same positions (common
+// random numbers, so points' intervals are comparable); each resample's value depends
+// on its draws only.
 #pragma once
 #include <cstdint>
 #include <vector>
