@@ -588,7 +588,7 @@ void SweepRun::merge_point(size_t i) {
                                       spec_.data.sequence_count() > 1 ? &r.resamples : nullptr);
     for (size_t k = 0; k < metrics_.size(); ++k)  // closed-form intervals (answer_accuracy)
       if (metrics_[k]->interval) r.intervals[k] = metrics_[k]->interval(merged[0]);
-    for (const MetricDef* m : metrics_) r.block_sums.push_back(metric_block_sums(*m, merged[0]));
+    r.block_sums = metric_block_sums(metrics_, merged[0]);
     if (spec_.attribution.selects(points_[i].id) && variants > 0)
       r.attribution = attribute(merged[0], regions_[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
                                 rec_.num_layers(), rec_.q_heads, spec_.attribution.attributed_errors());
