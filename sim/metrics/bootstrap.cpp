@@ -42,10 +42,13 @@ double nan_max(double a, double b) { return std::isnan(a) || a > b ? a : b; }
 // wait at the end of its task loop), the team's idle threads take tasks; outside one,
 // in a region of its own. Which thread runs r changes nothing: body(r) is one
 // resample from fixed inputs.
+// At most 4 tasks a thread: libgomp runs a taskloop's tasks undeferred, all on the
+// encountering thread, once its team would hold more than 64 a thread.
 template <class Body>
 void for_each_resample(size_t n, const Body& body) {
   const auto tasks = [&] {
-#pragma omp taskloop grainsize(1)
+    const size_t count = std::min(n, 4 * static_cast<size_t>(omp_get_num_threads()));
+#pragma omp taskloop num_tasks(count)
     for (size_t r = 0; r < n; ++r) body(r);
   };
   if (omp_in_parallel()) {
