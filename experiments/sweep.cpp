@@ -311,9 +311,10 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
 namespace {
 
 // One run_sweep: phase 1 builds the points' plans on the CPU (build_plans); then the
-// chosen backend's measurer runs the (point, variant, layer) tasks and, with a model,
-// one (point, model) task per point (plan_tasks, run_tasks); a point is finalized
-// (merged in a fixed order, its metrics computed, reported) once its last task is done.
+// chosen backend's measurer runs the (point, variant, layer) tasks, split by KV head
+// where the measurer runs tasks in parallel, and, with a model, one (point, model)
+// task per point (plan_tasks, run_tasks); a point is finalized (merged in a fixed
+// order, its metrics computed, reported) once its last task is done.
 class SweepRun {
  public:
   SweepRun(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
@@ -349,6 +350,7 @@ class SweepRun {
  private:
   struct Task {
     size_t point, variant, layer;  // variant 0: the point; v > 0: attribution region v-1
+    size_t kv_head = 0;            // with unit_tasks_ > 1: the layer's KV head this task measures
     bool model = false;            // the point's model task (variant and layer unused)
   };
   bool stopped() const { return stop_ && stop_->load(); }
@@ -358,6 +360,9 @@ class SweepRun {
   void run_model_task(size_t i, size_t k);
   void finalize(size_t i);
   void merge_point(size_t i);
+  // Variant v's stats of point i from its tasks, merged as layer tasks merge: each
+  // layer's KV-head tasks first, in order (the sums a layer task adds), then the layers.
+  ErrorStats merged_variant(size_t i, size_t v) const;
 
   const ExperimentSpec& spec_;
   const Recording& rec_;
@@ -380,6 +385,10 @@ class SweepRun {
   // Why the measurer cannot run a point's plan ("" when it can): its first task fails with it.
   std::vector<std::string> refused_;
   std::vector<Task> tasks_;  // a point's tasks are contiguous, layer tasks first
+  // Tasks per (point, variant, layer): 1 (the layer), or the recording's KV heads when
+  // the measurer runs tasks in parallel (more tasks than threads: a sweep of one point
+  // of 4 layers still keeps 16 threads busy).
+  size_t unit_tasks_ = 1;
   std::vector<size_t> first_task_, layer_tasks_, point_tasks_;
   std::vector<ErrorStats> stats_of_;  // per task, released once its point is finalized
   std::vector<double> task_seconds_;
@@ -492,6 +501,7 @@ void SweepRun::plan_tasks(Measurer& measurer) {
   }
   // A point's layer tasks are left out when it needs neither tensor/attention metrics
   // nor attribution.
+  unit_tasks_ = measurer.concurrency() > 1 ? static_cast<size_t>(rec_.kv_heads) : 1;
   first_task_.assign(n_, 0);
   layer_tasks_.assign(n_, 0);
   point_tasks_.assign(n_, 0);
@@ -500,9 +510,10 @@ void SweepRun::plan_tasks(Measurer& measurer) {
     if (!plans_[i]) continue;
     if (need_sim_ || spec_.attribution.selects(points_[i].id))
       for (size_t v = 0; v <= regions_[i].size(); ++v)
-        for (size_t l = 0; l < layers_; ++l) tasks_.push_back({i, v, l});
+        for (size_t l = 0; l < layers_; ++l)
+          for (size_t g = 0; g < unit_tasks_; ++g) tasks_.push_back({i, v, l, g});
     layer_tasks_[i] = tasks_.size() - first_task_[i];
-    if (need_model_) tasks_.push_back({i, 0, 0, true});
+    if (need_model_) tasks_.push_back({i, 0, 0, 0, true});
     point_tasks_[i] = tasks_.size() - first_task_[i];
   }
   stats_of_.resize(tasks_.size());
@@ -538,7 +549,9 @@ void SweepRun::run_task(Measurer& measurer, size_t k) {
     try {
       SimOptions o = opt_;
       if (task.variant > 0) o.region = &regions_[i][task.variant - 1].region;
-      stats_of_[k] = measurer.measure_layer(*plans_[i], static_cast<int64_t>(task.layer), o);
+      const int64_t layer = static_cast<int64_t>(task.layer);
+      stats_of_[k] = unit_tasks_ > 1 ? measurer.measure_kv_head(*plans_[i], layer, static_cast<int64_t>(task.kv_head), o)
+                                     : measurer.measure_layer(*plans_[i], layer, o);
     } catch (const SimulationStopped&) {
       return;  // the point stays unfinished, as one whose tasks a stop skipped
     } catch (const std::exception& e) {
@@ -551,18 +564,25 @@ void SweepRun::run_task(Measurer& measurer, size_t k) {
   else finalize(i);
 }
 
+ErrorStats SweepRun::merged_variant(size_t i, size_t v) const {
+  const ErrorStats* first = stats_of_.data() + first_task_[i] + v * layers_ * unit_tasks_;
+  if (unit_tasks_ == 1) return ErrorStats::merged(first, layers_);
+  std::vector<ErrorStats> layers(layers_);
+  for (size_t l = 0; l < layers_; ++l) layers[l] = ErrorStats::merged(first + l * unit_tasks_, unit_tasks_);
+  return ErrorStats::merged(layers.data(), layers_);
+}
+
 // The point's results from its tasks' (in task order): the first task error fails it,
 // else its metrics, intervals, block sums and attribution. Throws on a failure merging.
 void SweepRun::merge_point(size_t i) {
   PointResult& r = results_[i];
   const size_t variants = layer_tasks_[i] ? regions_[i].size() + 1 : (plans_[i] ? 1 : 0);
-  const size_t layers_per_variant = layer_tasks_[i] ? layers_ : 0;
   const size_t t0 = first_task_[i];
   for (size_t t = t0; t < t0 + point_tasks_[i] && r.error.empty(); ++t) r.error = task_error_[t];
   if (r.error.empty() && plans_[i]) {
     std::vector<ErrorStats> merged(variants);
-    for (size_t v = 0; v < variants; ++v)
-      merged[v] = ErrorStats::merged(stats_of_.data() + t0 + v * layers_, layers_per_variant);
+    if (layer_tasks_[i])
+      for (size_t v = 0; v < variants; ++v) merged[v] = merged_variant(i, v);
     if (point_tasks_[i] > layer_tasks_[i]) merged[0].merge(stats_of_[t0 + layer_tasks_[i]]);  // the model task
     // The CPU simulator refuses such a reconstruction itself (reconstruct_unit/
     // _window); this catches it on every backend (windows reach only the rows).
@@ -576,7 +596,7 @@ void SweepRun::merge_point(size_t i) {
                                       spec_.data.sequence_count() > 1 ? &r.resamples : nullptr);
     for (size_t k = 0; k < metrics_.size(); ++k)  // closed-form intervals (answer_accuracy)
       if (metrics_[k]->interval) r.intervals[k] = metrics_[k]->interval(merged[0]);
-    for (const MetricDef* m : metrics_) r.block_sums.push_back(metric_block_sums(*m, merged[0]));
+    r.block_sums = metric_block_sums(metrics_, merged[0]);
     if (spec_.attribution.selects(points_[i].id) && variants > 0)
       r.attribution = attribute(merged[0], regions_[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
                                 rec_.num_layers(), rec_.q_heads, spec_.attribution.attributed_errors());
@@ -625,8 +645,15 @@ void SweepRun::run_tasks() {
   for (size_t i = 0; i < n_; ++i)
     if (!results_[i].error.empty() || (plans_[i] && point_tasks_[i] == 0)) finalize(i);
 
-  // What every point's layer tasks share (the CPU's exact attention pass) is done once.
-  if (std::any_of(layer_tasks_.begin(), layer_tasks_.end(), [](size_t t) { return t > 0; }) && !stopped()) {
+  // What every point's layer tasks share (the CPU's exact attention pass) is done once,
+  // when some layer is measured more than once (several points, attribution regions).
+  // For a single measurement it would only add its memory (fresh: about 8.7 MB a query
+  // head at 2048 tokens, a page fault per 4 KiB) to the arithmetic the measurement does
+  // as well without it; the results are the same either way.
+  size_t measurements_per_layer = 0;
+  for (size_t i = 0; i < n_; ++i)
+    if (layer_tasks_[i] > 0) measurements_per_layer += regions_[i].size() + 1;
+  if (measurements_per_layer > 1 && !stopped()) {
     try {
       measurer.prepare(opt_);
     } catch (const SimulationStopped&) {  // stopped while it was prepared: no task runs

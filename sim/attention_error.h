@@ -112,9 +112,10 @@ void block_queries(const QueryRows& Q, const int64_t* pos, int64_t rows, float i
 // top-k indices of p (ranked by s) into topk [min(k, n)]; returns mass and count.
 ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk, std::vector<double>& val);
 // The exact pass of one block: scores [rows, cols] of the rows at positions pos[0..rows),
-// Vtop the first cols values; fills `out` (probs, top-k, mass, ‖p·V‖²).
+// Vtop the first cols values; fills `out` (top-k, mass, ‖p·V‖²) and its probs, written
+// to probs_memory [rows·cols].
 void exact_block(const Eigen::Ref<const RowMat>& scores, const Eigen::Ref<const RowMat>& Vtop, const int64_t* pos,
-                 int64_t rows, int64_t k, HeadScratch& s, ExactBlock& out);
+                 int64_t rows, int64_t k, HeadScratch& s, float* probs_memory, ExactBlock& out);
 // The exact pass of query head h of `layer` at the positions, blocked as opt.row_block.
 ExactHead exact_head(const Recording& rec, int64_t layer, int64_t h, const std::vector<int64_t>& pos,
                      const SimOptions& opt, HeadScratch& s);

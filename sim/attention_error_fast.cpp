@@ -220,33 +220,44 @@ ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk
 }
 
 void exact_block(const Eigen::Ref<const RowMat>& scores, const Eigen::Ref<const RowMat>& Vtop, const int64_t* pos,
-                 int64_t rows, int64_t k, HeadScratch& s, ExactBlock& out) {
+                 int64_t rows, int64_t k, HeadScratch& s, float* probs_memory, ExactBlock& out) {
   const int64_t cols = scores.cols(), d = Vtop.cols();
+  Eigen::Map<RowMat> probs(probs_memory, rows, cols);
+  out.probs = probs_memory;
+  out.cols = cols;
   out.k = std::max<int64_t>(k, 0);
-  out.probs.setZero(rows, cols);
+  probs.setZero();
   out.topk.assign(static_cast<size_t>(rows * out.k), 0);
   out.rows.assign(static_cast<size_t>(rows), ExactRow{});
   for (int64_t r = 0; r < rows; ++r)
     out.rows[static_cast<size_t>(r)] =
-        exact_row(scores.row(r).data(), pos[r] + 1, out.k, out.probs.row(r).data(), out.topk.data() + r * out.k, s.val);
+        exact_row(scores.row(r).data(), pos[r] + 1, out.k, probs.row(r).data(), out.topk.data() + r * out.k, s.val);
   auto o = HeadScratch::blk(s.out, rows, d);
-  o.noalias() = out.probs * Vtop;
+  o.noalias() = probs * Vtop;
   for (int64_t r = 0; r < rows; ++r) out.rows[static_cast<size_t>(r)].out_norm2 = o.row(r).squaredNorm();
 }
 
 ExactHead exact_head(const Recording& rec, int64_t layer, int64_t h, const std::vector<int64_t>& pos,
                      const SimOptions& opt, HeadScratch& s) {
   const HeadTensors ht(rec, layer, h);
+  const std::vector<RowBlock> blocks = row_blocks(pos, opt.row_block);
+  size_t floats = 0;
+  for (const RowBlock& b : blocks) floats += static_cast<size_t>(b.rows * b.cols);
   ExactHead head;
+  // The head's probs in one buffer, allocated up front (a cache of many heads is GiBs
+  // of fresh memory: faulted in page by page it cost more than the arithmetic).
+  head.memory = PrefaultedBuffer(floats * sizeof(float));
+  float* next = static_cast<float*>(head.memory.data());
   RowMat Qb, Qs;
-  for (const RowBlock& b : row_blocks(pos, opt.row_block)) {
+  for (const RowBlock& b : blocks) {
     check_stop(opt, b.index, layer, h);
     s.reserve(b.rows, ht.T, ht.d);
     block_queries(ht.Q, pos.data() + b.begin, b.rows, ht.inv_sqrt_d, Qb, Qs);
     exact_scores(Qs, ht.K, b.cols, s);
     head.blocks.emplace_back();
     exact_block(HeadScratch::blk(s.scores, b.rows, b.cols), ht.V.topRows(b.cols), pos.data() + b.begin, b.rows,
-                opt.topk, s, head.blocks.back());
+                opt.topk, s, next, head.blocks.back());
+    next += b.rows * b.cols;
   }
   return head;
 }
@@ -278,8 +289,10 @@ void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, in
     const ExactBlock* ex = cached ? &cached->blocks[block] : nullptr;
     if (!ex) {  // the exact pass of this block, as the cache would hold it
       computed.blocks.resize(1);
+      // p into the scratch's probs (reserved [row_block, T] above; the fast path has no
+      // other use for it).
       exact_block(HeadScratch::blk(s.scores, rows, cols), V.topRows(cols), pos.data() + b0, rows, opt.topk, s,
-                  computed.blocks[0]);
+                  s.probs.data(), computed.blocks[0]);
       ex = &computed.blocks[0];
     }
     auto dprobs = HeadScratch::blk(s.dprobs, rows, cols), phat_stored = HeadScratch::blk(s.phat_stored, rows, cols);
@@ -314,7 +327,7 @@ void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, in
         return s.scores.row(r).data();
       };
       const RowResult res =
-          fast_row(ex->rows[static_cast<size_t>(r)], ex->probs.row(r).data(), ex->topk_of(r), row_scores, dsr, n,
+          fast_row(ex->rows[static_cast<size_t>(r)], ex->probs_of(r), ex->topk_of(r), row_scores, dsr, n,
                    opt.topk, s, dp, phat);
       if (mixed_v) {  // p̂ goes to the version of V each entry reads: exact ones drop out
         const int64_t v0 = t < prefill ? 0 : std::min(n, dv.versions(t, prefill).residual_begin);

@@ -6,7 +6,7 @@
 namespace kvb {
 
 size_t ExactBlock::bytes() const {
-  return static_cast<size_t>(probs.size()) * sizeof(float) + topk.size() * sizeof(int32_t) +
+  return rows.size() * static_cast<size_t>(cols) * sizeof(float) + topk.size() * sizeof(int32_t) +
          rows.size() * sizeof(ExactRow);
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "sim/core/allocator.h"
 #include "sim/recording.h"
 #include "sim/simulator.h"
 
@@ -25,15 +26,20 @@ struct ExactRow {
 // walks them: rows r = 0..rows-1 at positions pos[r], keys 0..cols-1 (cols = last
 // position + 1).
 struct ExactBlock {
-  Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> probs;  // [rows, cols], p, 0 beyond t
+  // [rows, cols] row-major, p, 0 beyond t: memory the block's owner gives exact_block
+  // (its head's `memory`, or a thread's scratch).
+  const float* probs = nullptr;
+  int64_t cols = 0;
   std::vector<int32_t> topk;  // [rows, k]: indices of the k largest p, ascending; ties to the lower index
   std::vector<ExactRow> rows;
   int64_t k = 0;
+  const float* probs_of(int64_t r) const { return probs + r * cols; }
   const int32_t* topk_of(int64_t r) const { return topk.data() + r * k; }
   size_t bytes() const;
 };
 
 struct ExactHead {
+  PrefaultedBuffer memory;  // every block's probs, one after another
   std::vector<ExactBlock> blocks;
 };
 

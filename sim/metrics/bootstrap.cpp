@@ -251,7 +251,7 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
         resampled[r] = ratio ? finish_ratio(red, num, den) : num;
       }
     } else {
-      // A quantile below 1 gathers the rows of the chosen blocks.
+      // A quantile below 1: each resample walks the values sorted once from the tail.
       values.resize(rows.size());
       for (size_t j = 0; j < rows.size(); ++j) values[j] = red.numerator(rows[order[j]]);
       detail::resample_quantiles(values, start, red.q, draws, resampled);

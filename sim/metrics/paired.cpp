@@ -1,5 +1,6 @@
 #include "sim/metrics/paired.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -24,10 +25,10 @@ size_t sample_count(const SampleReduction& s, const ModelStats& m) {
   return s.unit == SampleReduction::Unit::Problems ? m.answers_correct.size() : m.nll.size();
 }
 
-BlockSums attention_block_sums(const RowReduction& red, const std::vector<AttentionRow>& rows) {
+// `g`: the rows grouped into blocks (group_rows_into_blocks).
+BlockSums attention_block_sums(const RowReduction& red, const std::vector<AttentionRow>& rows, const RowBlocks& g) {
   BlockSums out;
   if (rows.empty()) return out;
-  const RowBlocks g = group_rows_into_blocks(rows);
   out.num.assign(g.blocks(), 0.0);
   out.den.assign(g.blocks(), 0.0);
   for (size_t b = 0; b < g.blocks(); ++b)
@@ -57,13 +58,35 @@ BlockSums sample_block_sums(const SampleReduction& s, const ModelStats& m) {
   return out;
 }
 
+// Whether the metric's block sums come from the attention rows.
+bool sums_attention_rows(const MetricDef& metric) {
+  return metric.level == MetricLevel::Attention && metric.rows.kind == RowReduction::Kind::RatioOfSums;
+}
+
+// metric_block_sums with the rows grouped into blocks (`grouped`: group_rows_into_blocks
+// of stats.rows, read only when the metric sums attention rows and there are some).
+BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats, const RowBlocks& grouped) {
+  if (sums_attention_rows(metric)) return attention_block_sums(metric.rows, stats.rows, grouped);
+  if (metric.level == MetricLevel::Model && metric.samples.value) return sample_block_sums(metric.samples, stats.model);
+  return {};
+}
+
 }  // namespace
 
 BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats) {
-  if (metric.level == MetricLevel::Attention && metric.rows.kind == RowReduction::Kind::RatioOfSums)
-    return attention_block_sums(metric.rows, stats.rows);
-  if (metric.level == MetricLevel::Model && metric.samples.value) return sample_block_sums(metric.samples, stats.model);
-  return {};
+  const bool need_rows = sums_attention_rows(metric) && !stats.rows.empty();
+  return metric_block_sums(metric, stats, need_rows ? group_rows_into_blocks(stats.rows) : RowBlocks{});
+}
+
+std::vector<BlockSums> metric_block_sums(const std::vector<const MetricDef*>& metrics, const ErrorStats& stats) {
+  const bool need_rows = !stats.rows.empty() && std::any_of(metrics.begin(), metrics.end(), [](const MetricDef* m) {
+    return sums_attention_rows(*m);
+  });
+  const RowBlocks grouped = need_rows ? group_rows_into_blocks(stats.rows) : RowBlocks{};
+  std::vector<BlockSums> out;
+  out.reserve(metrics.size());
+  for (const MetricDef* m : metrics) out.push_back(metric_block_sums(*m, stats, grouped));
+  return out;
 }
 
 BlockSums join_sequences(const std::vector<BlockSums>& per_sequence) {

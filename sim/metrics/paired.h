@@ -43,6 +43,9 @@ BlockSums join_sequences(const std::vector<BlockSums>& per_sequence);
 // The metric's block sums on `stats` (empty when the metric is not pairable or the
 // stats hold none of its samples).
 BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats);
+// metric_block_sums of each metric, aligned with `metrics`, the rows grouped into
+// blocks once for all of them (the grouping sorts every row's position).
+std::vector<BlockSums> metric_block_sums(const std::vector<const MetricDef*>& metrics, const ErrorStats& stats);
 // finish(Σ num / Σ den) over all blocks: the metric's value up to summation order.
 // Over several sequences: the mean over sequences of that value on each sequence's
 // blocks (each sequence weighs the same).

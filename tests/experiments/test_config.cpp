@@ -3,8 +3,11 @@
 // at the bundled recording (not loaded here).
 #include <sys/stat.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "experiments/attribution.h"
 #include "experiments/data_building.h"
@@ -460,6 +463,76 @@ TEST_CASE("run_sweep: points without tasks are finished; a throwing callback is 
                                  [](const SweepPoint&, const PointResult&, size_t, size_t) { throw Error("disk full"); },
                                  nullptr),
                        doctest::Contains("disk full"), Error);
+}
+
+namespace {
+
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+// Every number two results of one point report, compared bit for bit.
+void check_same_point(const PointResult& a, const PointResult& b) {
+  INFO("point " << a.id << ": " << a.error << b.error);
+  REQUIRE(a.ok);
+  REQUIRE(b.ok);
+  CHECK(a.id == b.id);
+  CHECK(same_bits(a.metrics, b.metrics));
+  CHECK(same_bits(a.standard_errors, b.standard_errors));
+  REQUIRE(a.intervals.size() == b.intervals.size());
+  for (size_t k = 0; k < a.intervals.size(); ++k) {
+    CHECK(std::memcmp(&a.intervals[k].lo, &b.intervals[k].lo, sizeof(double)) == 0);
+    CHECK(std::memcmp(&a.intervals[k].hi, &b.intervals[k].hi, sizeof(double)) == 0);
+  }
+  REQUIRE(a.block_sums.size() == b.block_sums.size());
+  for (size_t k = 0; k < a.block_sums.size(); ++k) {
+    CHECK(same_bits(a.block_sums[k].num, b.block_sums[k].num));
+    CHECK(same_bits(a.block_sums[k].den, b.block_sums[k].den));
+  }
+  REQUIRE(a.attribution.has_value() == b.attribution.has_value());
+  if (a.attribution) {
+    CHECK(same_bits(a.attribution->total, b.attribution->total));
+    REQUIRE(a.attribution->head.size() == b.attribution->head.size());
+    for (size_t h = 0; h < a.attribution->head.size(); ++h) CHECK(same_bits(a.attribution->head[h], b.attribution->head[h]));
+    REQUIRE(a.attribution->regions.size() == b.attribution->regions.size());
+    for (size_t r = 0; r < a.attribution->regions.size(); ++r)
+      CHECK(same_bits(a.attribution->regions[r].error, b.attribution->regions[r].error));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("run_sweep: the same numbers on any thread count, with or without the exact pass's cache") {
+  // One thread measures layer tasks, several measure a task per (layer, KV head),
+  // merged per layer first; the cache of the exact pass is built when a layer is
+  // measured more than once (two points; kivi-2's attribution regions), not for the
+  // uniform point alone. None of it may change a number.
+  const std::string text =
+      "[data.synthetic]\nlayers = 2\nq_heads = 4\nkv_heads = 2\nhead_dim = 32\ntokens = 96\n"
+      "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n"
+      "[[strategy]]\npreset = \"kivi-2\"\n";
+  ExperimentSpec spec = parse(text);
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  REQUIRE(points.size() == 2);
+  const Recording rec = build_recording(spec.data);
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<PointResult>> both, uniform_alone;
+  for (int threads : {1, 3}) {
+    spec.threads = threads;
+    both.push_back(run_sweep(spec, rec, points, nullptr, nullptr));
+    uniform_alone.push_back(run_sweep(spec, rec, {points[0]}, nullptr, nullptr));
+  }
+  omp_set_num_threads(saved);
+  REQUIRE(both[0].size() == 2);
+  REQUIRE(both[0][1].attribution.has_value());
+  CHECK_FALSE(both[0][1].attribution->regions.empty());  // kivi-2's window: a region measured again
+  for (size_t r = 0; r < 2; ++r) {
+    REQUIRE(both[r].size() == 2);
+    REQUIRE(uniform_alone[r].size() == 1);
+    check_same_point(both[0][0], both[r][0]);
+    check_same_point(both[0][1], both[r][1]);
+    check_same_point(both[0][0], uniform_alone[r][0]);
+  }
 }
 
 TEST_CASE("ranges: overflow and huge ranges are errors at their key, never hangs") {

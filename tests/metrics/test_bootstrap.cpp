@@ -1,8 +1,11 @@
 // The bootstrap intervals of the attention metrics (sim/metrics/bootstrap.h): block
 // layout, determinism, agreement of the row reductions with the metrics, and coverage
 // on synthetic rows whose mean is known.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "sim/metrics/bootstrap.h"
@@ -130,6 +133,39 @@ TEST_CASE("bootstrap: deterministic for a seed, independent of row order, NaN wh
   CHECK(std::isnan(tensor[0].hi));
   settings.resamples = 0;
   CHECK_THROWS(bootstrap_intervals(s, metrics, settings));
+}
+
+TEST_CASE("bootstrap: the same resamples on any thread count, inside a parallel loop or not") {
+  // The resamples run as OpenMP tasks: in a region of their own, or, inside a parallel
+  // loop (a sweep finalizing a point), on the threads that wait at its end.
+  const std::vector<const MetricDef*> metrics = attention_metrics();
+  const ErrorStats s = stats_of(synthetic_rows(4, 0.2, 2, 3, 150));
+  BootstrapSettings settings;
+  settings.seed = 11;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  std::vector<std::vector<double>> one_thread;
+  const std::vector<Interval> a = bootstrap_intervals(s, metrics, settings, &one_thread);
+  omp_set_num_threads(3);
+  std::vector<std::vector<double>> three_threads;
+  const std::vector<Interval> b = bootstrap_intervals(s, metrics, settings, &three_threads);
+  std::vector<std::vector<std::vector<double>>> in_loop(4);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int i = 0; i < 4; ++i) (void)bootstrap_intervals(s, metrics, settings, &in_loop[static_cast<size_t>(i)]);
+  omp_set_num_threads(saved);
+  auto same_bits = [](const std::vector<double>& x, const std::vector<double>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
+  };
+  const auto p99 = std::find_if(metrics.begin(), metrics.end(), [](auto* m) { return m->name == "attn_kl_p99"; });
+  REQUIRE(p99 != metrics.end());
+  CHECK(one_thread[static_cast<size_t>(p99 - metrics.begin())].size() == static_cast<size_t>(settings.resamples));
+  for (size_t m = 0; m < metrics.size(); ++m) {
+    INFO(metrics[m]->name);
+    CHECK(std::memcmp(&a[m].lo, &b[m].lo, sizeof(double)) == 0);
+    CHECK(std::memcmp(&a[m].hi, &b[m].hi, sizeof(double)) == 0);
+    CHECK(same_bits(one_thread[m], three_threads[m]));
+    for (const auto& loop : in_loop) CHECK(same_bits(one_thread[m], loop[m]));
+  }
 }
 
 TEST_CASE("bootstrap: the 95 % interval of attn_kl_mean covers the known mean about 95 % of the time") {

@@ -76,6 +76,17 @@ TEST_CASE("block sums reproduce every pairable metric") {
   CHECK(metric_block_sums(require_metric("answer_accuracy", "test"), s).num.size() == 4);  // one block per problem
   // Positions: ⌈300^(1/3)⌉ = 7 per block.
   CHECK(metric_block_sums(require_metric("ppl_ratio", "test"), s).num.size() == 43);
+  // Every metric at once (the rows grouped once): the same sums, metric by metric.
+  std::vector<const MetricDef*> all;
+  for (const MetricDef& m : metric_table()) all.push_back(&m);
+  const std::vector<BlockSums> at_once = metric_block_sums(all, s);
+  REQUIRE(at_once.size() == all.size());
+  for (size_t k = 0; k < all.size(); ++k) {
+    const BlockSums one = metric_block_sums(*all[k], s);
+    CHECK_MESSAGE((at_once[k].num == one.num && at_once[k].den == one.den), all[k]->name);
+  }
+  CHECK(metric_block_sums(all, ErrorStats{}).size() == all.size());  // no rows: every metric's sums empty
+  for (const BlockSums& b : metric_block_sums(all, ErrorStats{})) CHECK(b.empty());
 }
 
 TEST_CASE("a point against itself: zero difference, no measurable difference") {
