@@ -9,11 +9,10 @@
 # layers of the Llama-3-8B shape (32 query / 8 KV heads, 2048 tokens, head_dim 128), so
 # that every thread has a layer. One point (uniform int4-asym-g32, every attention
 # metric at every position), `kvbudget run --backend cpu --threads N`; the time is the
-# manifest's wall_seconds (the whole run: the synthetic recording's generation, parallel
-# over layers; the point, parallel over (layer, KV head) tasks, its exact pass inline
-# since one point measures each layer once; its bootstrap intervals, parallel over
-# resamples). Efficiency at N threads =
-# time(1) / (N x time(N)). Prints a Markdown table; identical numbers at every thread
+# manifest's wall_seconds (the whole run: the synthetic recording's generation, layer
+# after layer, each in parallel inside; the point, parallel over (layer, KV head) tasks,
+# its exact pass inline since one point measures each layer once; its merge, metrics and
+# bootstrap intervals on one thread). Efficiency at N threads = time(1) / (N x time(N)). Prints a Markdown table; identical numbers at every thread
 # count are checked (points.csv, the timing columns aside).
 set -euo pipefail
 kvb=$1
