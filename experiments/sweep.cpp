@@ -662,10 +662,9 @@ void SweepRun::run_tasks() {
 
   // As many tasks at once as the measurer runs: one OpenMP thread each on the CPU;
   // on CUDA one after another in task order (points one after another, each on the
-  // whole device), outside any parallel region.
-  // On a device, one task at a time: a finished point is finalized on a host thread of
-  // its own while the device runs the next point's tasks (not on the CPU, whose thread
-  // count the user chose).
+  // whole device), outside any parallel region, a finished point being finalized on a
+  // host thread of its own while the device runs the next point's tasks (not on the
+  // CPU, whose thread count the user chose).
   const bool parallel = measurer.concurrency() > 1;
   std::optional<BackgroundQueue> background;
   if (!parallel && backend_.used != Backend::Cpu) background.emplace([this](size_t i) { finalize(i); });
