@@ -678,6 +678,25 @@ std::vector<HeadRole> assign_roles(const Plan& P, int64_t l) {
   return roles;
 }
 
+// One query's content direction: unit(k̂ + ν·noise) over the content channels, k̂ the
+// target key's own part normalized, written into q (the other channels untouched); draws
+// one noise value per content channel. v: scratch of head_dim doubles. Shared by the
+// plain generator (unit_queries) and the bounded-memory one (unit_query_rows).
+void unit_query_row(const Plan& P, const float* k, Rng& noise_rng, double noise_sd, std::vector<double>& v,
+                    float* q) {
+  double knorm2 = 0;
+  for (int64_t c : P.ch.content) knorm2 += static_cast<double>(k[c]) * k[c];
+  const double kinv = knorm2 > 0 ? 1.0 / std::sqrt(knorm2) : 0.0;
+  double vnorm2 = 0;
+  for (int64_t c : P.ch.content) {
+    const double x = k[c] * kinv + noise_sd * noise_rng.normal();
+    v[static_cast<size_t>(c)] = x;
+    vnorm2 += x * x;
+  }
+  const double vinv = 1.0 / std::sqrt(vnorm2);
+  for (int64_t c : P.ch.content) q[c] = static_cast<float>(v[static_cast<size_t>(c)] * vinv);
+}
+
 // Query content directions q̂_t of one query head into out [T, d] (zero outside the
 // content channels; its storage is reused from head to head, so a long context's
 // buffer is not faulted in again per head): unit(ẑ_target + ν·noise) with ẑ the target
@@ -695,18 +714,7 @@ void unit_queries(const Plan& P, int64_t l, int64_t h, const std::vector<float>&
   std::vector<double> v(static_cast<size_t>(d));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
-    const float* k = targets_post.data() + target * d;
-    double knorm2 = 0;
-    for (int64_t c : P.ch.content) knorm2 += static_cast<double>(k[c]) * k[c];
-    const double kinv = knorm2 > 0 ? 1.0 / std::sqrt(knorm2) : 0.0;
-    double vnorm2 = 0;
-    for (int64_t c : P.ch.content) {
-      const double x = k[c] * kinv + noise_sd * noise_rng.normal();
-      v[static_cast<size_t>(c)] = x;
-      vnorm2 += x * x;
-    }
-    const double vinv = 1.0 / std::sqrt(vnorm2);
-    for (int64_t c : P.ch.content) out[static_cast<size_t>(t * d + c)] = static_cast<float>(v[static_cast<size_t>(c)] * vinv);
+    unit_query_row(P, targets_post.data() + target * d, noise_rng, noise_sd, v, out.data() + t * d);
   }
 }
 
@@ -1144,19 +1152,7 @@ void unit_query_rows(const Plan& P, int64_t l, int64_t h, const QueryRowPlan& qr
       for (size_t c = 0; c < P.ch.content.size(); ++c) (void)noise_rng.normal();
       continue;
     }
-    const float* k = targets.at(target);
-    double knorm2 = 0;
-    for (int64_t c : P.ch.content) knorm2 += static_cast<double>(k[c]) * k[c];
-    const double kinv = knorm2 > 0 ? 1.0 / std::sqrt(knorm2) : 0.0;
-    double vnorm2 = 0;
-    for (int64_t c : P.ch.content) {
-      const double x = k[c] * kinv + noise_sd * noise_rng.normal();
-      v[static_cast<size_t>(c)] = x;
-      vnorm2 += x * x;
-    }
-    const double vinv = 1.0 / std::sqrt(vnorm2);
-    float* q = out.data() + row * d;
-    for (int64_t c : P.ch.content) q[c] = static_cast<float>(v[static_cast<size_t>(c)] * vinv);
+    unit_query_row(P, targets.at(target), noise_rng, noise_sd, v, out.data() + row * d);
   }
 }
 
