@@ -678,6 +678,17 @@ std::vector<HeadRole> assign_roles(const Plan& P, int64_t l) {
   return roles;
 }
 
+// The random streams of query head h of layer l: which earlier token each query
+// targets, and the noise added to its direction (ν per content channel).
+struct QueryStreams {
+  QueryStreams(const Plan& P, int64_t l, int64_t h)
+      : target(derive_seed({P.spec.seed, kQueryTarget, static_cast<uint64_t>(l), static_cast<uint64_t>(h)})),
+        noise(derive_seed({P.spec.seed, kQueryNoise, static_cast<uint64_t>(l), static_cast<uint64_t>(h)})),
+        noise_sd(kQueryNoiseWeight / std::sqrt(static_cast<double>(P.ch.content.size()))) {}
+  Rng target, noise;
+  double noise_sd;
+};
+
 // One query's content direction: unit(k̂ + ν·noise) over the content channels, k̂ the
 // target key's own part normalized, written into q (the other channels untouched); draws
 // one noise value per content channel. v: scratch of head_dim doubles. Shared by the
@@ -704,17 +715,13 @@ void unit_query_row(const Plan& P, const float* k, Rng& noise_rng, double noise_
 // in [0, t].
 void unit_queries(const Plan& P, int64_t l, int64_t h, const std::vector<float>& targets_post,
                   std::vector<float>& out) {
-  const SyntheticSpec& s = P.spec;
   const int64_t T = P.T, d = P.d;
-  const uint64_t ul = static_cast<uint64_t>(l), uh = static_cast<uint64_t>(h);
-  Rng target_rng(derive_seed({s.seed, kQueryTarget, ul, uh}));
-  Rng noise_rng(derive_seed({s.seed, kQueryNoise, ul, uh}));
-  const double noise_sd = kQueryNoiseWeight / std::sqrt(static_cast<double>(P.ch.content.size()));
+  QueryStreams q(P, l, h);
   out.assign(static_cast<size_t>(T * d), 0.0f);
   std::vector<double> v(static_cast<size_t>(d));
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
-    unit_query_row(P, targets_post.data() + target * d, noise_rng, noise_sd, v, out.data() + t * d);
+    const int64_t target = static_cast<int64_t>(q.target.below(static_cast<uint64_t>(t + 1)));
+    unit_query_row(P, targets_post.data() + target * d, q.noise, q.noise_sd, v, out.data() + t * d);
   }
 }
 
@@ -1002,10 +1009,10 @@ QueryRowPlan plan_query_rows(const Plan& P, const SyntheticKeep& keep) {
   return qr;
 }
 
-// The key each built query row of query head h looks for (unit_queries' target_rng
-// stream: one draw per token), [positions.size()].
+// The key each built query row of query head h looks for (QueryStreams::target: one
+// draw per token), [positions.size()].
 std::vector<int64_t> query_targets_at(const Plan& P, int64_t l, int64_t h, const QueryRowPlan& qr) {
-  Rng target_rng(derive_seed({P.spec.seed, kQueryTarget, static_cast<uint64_t>(l), static_cast<uint64_t>(h)}));
+  Rng target_rng = QueryStreams(P, l, h).target;
   std::vector<int64_t> targets(qr.positions.size());
   for (int64_t t = 0; t < P.T; ++t) {
     const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
@@ -1137,22 +1144,18 @@ std::vector<float> positional_query_rows(const Plan& P, const KeyHeadConstants& 
 // every token).
 void unit_query_rows(const Plan& P, int64_t l, int64_t h, const QueryRowPlan& qr, const TargetRows& targets,
                      std::vector<float>& out) {
-  const SyntheticSpec& s = P.spec;
   const int64_t T = P.T, d = P.d;
-  const uint64_t ul = static_cast<uint64_t>(l), uh = static_cast<uint64_t>(h);
-  Rng target_rng(derive_seed({s.seed, kQueryTarget, ul, uh}));
-  Rng noise_rng(derive_seed({s.seed, kQueryNoise, ul, uh}));
-  const double noise_sd = kQueryNoiseWeight / std::sqrt(static_cast<double>(P.ch.content.size()));
+  QueryStreams q(P, l, h);
   out.assign(qr.positions.size() * static_cast<size_t>(d), 0.0f);
   std::vector<double> v(static_cast<size_t>(d));
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t target = static_cast<int64_t>(target_rng.below(static_cast<uint64_t>(t + 1)));
+    const int64_t target = static_cast<int64_t>(q.target.below(static_cast<uint64_t>(t + 1)));
     const int64_t row = qr.row_of[static_cast<size_t>(t)];
     if (row < 0) {  // not built: the same draws, no arithmetic
-      for (size_t c = 0; c < P.ch.content.size(); ++c) (void)noise_rng.normal();
+      for (size_t c = 0; c < P.ch.content.size(); ++c) (void)q.noise.normal();
       continue;
     }
-    unit_query_row(P, targets.at(target), noise_rng, noise_sd, v, out.data() + row * d);
+    unit_query_row(P, targets.at(target), q.noise, q.noise_sd, v, out.data() + row * d);
   }
 }
 
