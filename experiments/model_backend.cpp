@@ -1,5 +1,6 @@
 #include "experiments/model_backend.h"
 
+#include <algorithm>
 #include <iostream>
 #include <mutex>
 
@@ -56,6 +57,16 @@ ModelBackend make_model_backend(const std::shared_ptr<const Transformer>& model,
     if (on_host(opt.cache)) return model->forward(tokens, opt);
     const std::lock_guard<std::mutex> lock(shared->mutex);
     return shared->gpu->forward(tokens, opt);
+  };
+  b.forward.forward_into = [shared, model, on_host](std::span<const int64_t> tokens, const ExtendOptions& opt,
+                                                    float* logits) {
+    if (on_host(opt.cache)) {
+      const RowMatrix host = model->forward(tokens, opt);
+      std::copy(host.data(), host.data() + host.size(), logits);
+      return;
+    }
+    const std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->gpu->forward(tokens, opt, logits);
   };
   b.forward.generate = [shared, model, on_host](std::span<const int64_t> prompt, int64_t max_new_tokens,
                                                 const CacheQuantization& cache, const TokenChooser& choose,

@@ -1,5 +1,6 @@
 // DeviceBuffer<T>: an owning, resizable array in device memory (cudaMalloc), with
-// explicit host transfers. Host-only header.
+// explicit host transfers; PinnedBuffer<T>: page-locked host memory (cudaMallocHost),
+// which the copy engines read and write at full speed and asynchronously. Host-only header.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -77,6 +78,44 @@ class DeviceBuffer {
     if (data_) {
       cudaDeviceSynchronize();
       cudaFree(data_);
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { release(); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  T* data() { return data_; }
+  size_t size() const { return size_; }
+  // At least `count` elements (grows, never shrinks); contents are not kept.
+  void reserve(size_t count) {
+    if (count <= size_) return;
+    release();
+    const cudaError_t err = cudaMallocHost(reinterpret_cast<void**>(&data_), count * sizeof(T));
+    if (err != cudaSuccess) {
+      data_ = nullptr;
+      cudaGetLastError();
+      throw Error("CUDA: cannot allocate " + std::to_string(count * sizeof(T) >> 20) +
+                  " MiB of page-locked host memory: " + cudaGetErrorString(err));
+    }
+    size_ = count;
+  }
+
+ private:
+  void release() {
+    // An asynchronous copy may still write the memory: wait for it before freeing.
+    if (data_) {
+      cudaDeviceSynchronize();
+      cudaFreeHost(data_);
     }
     data_ = nullptr;
     size_ = 0;

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cublas_check.h"
 #include "kernels/cuda_check.h"
@@ -216,36 +217,99 @@ struct CudaTransformer::Impl {
   DeviceNorm final_norm;
   std::vector<float> inv_freq;  // RoPE inverse frequencies [head_dim / 2] (the host model's)
   // Scratch, grown as needed: a 16-bit weight in fp32; activations [n, *].
-  DeviceBuffer<float> weight32, x, h, qkv, attn, proj, mlp, act, logits, rope_cos, rope_sin;
+  DeviceBuffer<float> weight32, x, h, qkv, attn, proj, mlp, act, rope_cos, rope_sin;
   DeviceBuffer<int32_t> tokens;
   LayerAttention attention;
   State forward_state;  // forward()'s, reused between passes
+  // The logits' way to the host (logits_to_host): two slots, each a chunk of rows on the
+  // device and in page-locked memory, and the events that order their reuse.
+  cudaStream_t copy_stream = nullptr;
+  DeviceBuffer<float> logits_chunk[2];
+  PinnedBuffer<float> logits_staging[2];
+  cudaEvent_t chunk_computed[2] = {}, chunk_copied[2] = {};
 
   ~Impl() {
+    for (cudaEvent_t e : {chunk_computed[0], chunk_computed[1], chunk_copied[0], chunk_copied[1]})
+      if (e) cudaEventDestroy(e);
     if (blas) cublasDestroy(blas);
+    if (copy_stream) cudaStreamDestroy(copy_stream);
     if (stream) cudaStreamDestroy(stream);
   }
 
   const DeviceMatrix& output_embedding() const { return lm_head.rows ? lm_head : token_embedding; }
 
-  // y [rows, out] = x [rows, in] · weightᵀ (+ bias), fp32 (weight converted exactly).
-  void dense(const float* in, int64_t rows, const DeviceMatrix& w, const DeviceVector* bias, float* y) {
+  // The weight as fp32 on the device: its own memory, or weight32 holding it converted
+  // exactly (valid until the next conversion).
+  const float* fp32_weight(const DeviceMatrix& w) {
+    if (w.dtype == WeightDtype::F32) return w.f32.data();
+    weight32.reserve(static_cast<size_t>(w.rows * w.cols));
+    launch_weight_to_f32(w.data(), w.dtype, 0, w.rows * w.cols, weight32.data(), stream);
+    return weight32.data();
+  }
+  // y [rows, w.rows] = x [rows, w.cols] · w32ᵀ (+ bias), fp32; w32 = fp32_weight(w).
+  void gemm(const float* in, int64_t rows, const DeviceMatrix& w, const float* w32, const DeviceVector* bias,
+            float* y) {
     if (rows == 0) return;
-    const float* w32 = nullptr;
-    if (w.dtype == WeightDtype::F32) {
-      w32 = w.f32.data();
-    } else {
-      weight32.reserve(static_cast<size_t>(w.rows * w.cols));
-      launch_weight_to_f32(w.data(), w.dtype, 0, w.rows * w.cols, weight32.data(), stream);
-      w32 = weight32.data();
-    }
     const bool has_bias = bias && bias->data();
     if (has_bias) launch_broadcast_rows(bias->data(), to_int(rows, "rows"), to_int(w.rows, "columns"), y, stream);
     const float one = 1.0f, beta = has_bias ? 1.0f : 0.0f;
     const int m = to_int(w.rows, "output features"), n = to_int(rows, "rows"), k = to_int(w.cols, "input features");
     KVB_CUBLAS_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w32, k, in, k, &beta, y, m));
   }
+  // y [rows, out] = x [rows, in] · weightᵀ (+ bias), fp32 (weight converted exactly).
+  void dense(const float* in, int64_t rows, const DeviceMatrix& w, const DeviceVector* bias, float* y) {
+    if (rows == 0) return;
+    gemm(in, rows, w, fp32_weight(w), bias, y);
+  }
   void dense(const float* in, int64_t rows, const DeviceDense& d, float* y) { dense(in, rows, d.weight, &d.bias, y); }
+
+  // Logits [rows, vocab] of the final-normed hidden states `normed` [rows, hidden]
+  // (device) into `out` (host, row-major; any memory). The output embedding's product
+  // runs in chunks of rows (at most logits_chunk_bytes each, a multiple of 128 rows when that is 128 or more) on `stream`; each chunk is
+  // copied to page-locked memory on copy_stream while the next one computes, then into
+  // `out` by the host's threads while the device goes on. The same numbers as one
+  // product (each logit is one dot product; cuBLAS may pick another kernel for the
+  // chunk's row count, so the last bit can differ from a single product of all rows).
+  int64_t logits_chunk_bytes = int64_t{128} << 20;
+  void logits_to_host(const float* normed, int64_t rows, float* out) {
+    const DeviceMatrix& embedding = output_embedding();
+    const int64_t vocab = embedding.rows, hidden = embedding.cols;
+    int64_t chunk = std::max<int64_t>(logits_chunk_bytes / (vocab * 4), 1);
+    if (chunk >= 128) chunk -= chunk % 128;  // whole tiles of the product's row dimension
+    chunk = std::min(chunk, rows);
+    const int64_t chunks = (rows + chunk - 1) / chunk;
+    for (int s = 0; s < 2; ++s) {
+      logits_chunk[s].reserve(static_cast<size_t>(chunk * vocab));
+      logits_staging[s].reserve(static_cast<size_t>(chunk * vocab));
+    }
+    const float* w32 = fp32_weight(embedding);
+    auto rows_of = [&](int64_t c) { return std::min(chunk, rows - c * chunk); };
+    auto drain = [&](int64_t c) {  // chunk c: staging -> out, once its copy is done
+      const int s = static_cast<int>(c % 2);
+      KVB_CUDA_CHECK(cudaEventSynchronize(chunk_copied[s]));
+      copy_in_parallel(logits_staging[s].data(), rows_of(c) * vocab, out + c * chunk * vocab);
+    };
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int s = static_cast<int>(c % 2);
+      if (c >= 2) drain(c - 2);  // slot s is free again on the device and the host
+      gemm(normed + c * chunk * hidden, rows_of(c), embedding, w32, nullptr, logits_chunk[s].data());
+      KVB_CUDA_CHECK(cudaEventRecord(chunk_computed[s], stream));
+      KVB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, chunk_computed[s], 0));
+      KVB_CUDA_CHECK(cudaMemcpyAsync(logits_staging[s].data(), logits_chunk[s].data(),
+                                     static_cast<size_t>(rows_of(c) * vocab) * sizeof(float), cudaMemcpyDeviceToHost,
+                                     copy_stream));
+      KVB_CUDA_CHECK(cudaEventRecord(chunk_copied[s], copy_stream));
+    }
+    for (int64_t c = std::max<int64_t>(0, chunks - 2); c < chunks; ++c) drain(c);
+  }
+  // dst[0, count) = src[0, count), pieces of 1 MiB on the host's threads.
+  static void copy_in_parallel(const float* src, int64_t count, float* dst) {
+    constexpr int64_t kPiece = int64_t{1} << 18;
+    const int64_t pieces = (count + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (pieces > 1)
+    for (int64_t i = 0; i < pieces; ++i)
+      std::memcpy(dst + i * kPiece, src + i * kPiece, static_cast<size_t>(std::min(kPiece, count - i * kPiece)) * 4);
+  }
 
   // Room for `tokens` tokens per unit, keeping the first `length`.
   void reserve_cache(DeviceCache& cache, int64_t tokens, int64_t length, int64_t kv_heads, int64_t d) {
@@ -276,6 +340,11 @@ CudaTransformer::CudaTransformer(std::shared_ptr<const Transformer> host, Forwar
   Impl& m = *impl_;
   KVB_CUDA_CHECK(cudaSetDevice(0));
   KVB_CUDA_CHECK(cudaStreamCreate(&m.stream));
+  KVB_CUDA_CHECK(cudaStreamCreate(&m.copy_stream));
+  for (int s = 0; s < 2; ++s) {
+    KVB_CUDA_CHECK(cudaEventCreateWithFlags(&m.chunk_computed[s], cudaEventDisableTiming));
+    KVB_CUDA_CHECK(cudaEventCreateWithFlags(&m.chunk_copied[s], cudaEventDisableTiming));
+  }
   KVB_CUBLAS_CHECK(cublasCreate(&m.blas));
   KVB_CUBLAS_CHECK(cublasSetStream(m.blas, m.stream));
   KVB_CUBLAS_CHECK(
@@ -305,6 +374,8 @@ CudaTransformer::CudaTransformer(std::shared_ptr<const Transformer> host, Forwar
 
 CudaTransformer::~CudaTransformer() = default;
 
+void CudaTransformer::set_logits_chunk_bytes(int64_t bytes) { impl_->logits_chunk_bytes = std::max<int64_t>(bytes, 1); }
+
 size_t CudaTransformer::weight_bytes() const {
   const Impl& m = *impl_;
   size_t b = m.token_embedding.bytes() + m.position_embedding.bytes() + m.lm_head.bytes();
@@ -322,6 +393,13 @@ CudaTransformer::State CudaTransformer::new_state() const {
 }
 
 RowMatrix CudaTransformer::extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  RowMatrix logits(opt.all_logits ? static_cast<int64_t>(tokens.size()) : 1, config().vocab_size);
+  extend(state, tokens, opt, logits.data());
+  return logits;
+}
+
+void CudaTransformer::extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt,
+                             float* logits) const {
   Impl& m = *impl_;
   const ModelConfig& c = config();
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -422,20 +500,20 @@ RowMatrix CudaTransformer::extend(State& state, std::span<const int64_t> tokens,
   const int64_t rows = opt.all_logits ? n : 1;
   launch_normalize_rows(m.x.data() + (n - rows) * H, m.final_norm.weight.data(), m.final_norm.bias.data(), c.norm_eps,
                         static_cast<int>(rows), static_cast<int>(H), m.h.data(), m.stream);
-  m.logits.reserve(static_cast<size_t>(rows * c.vocab_size));
-  m.dense(m.h.data(), rows, m.output_embedding(), nullptr, m.logits.data());
-  RowMatrix logits(rows, c.vocab_size);
-  KVB_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.logits.data(), static_cast<size_t>(rows * c.vocab_size) * sizeof(float),
-                                 cudaMemcpyDeviceToHost, m.stream));
-  KVB_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  return logits;
+  m.logits_to_host(m.h.data(), rows, logits);
 }
 
 RowMatrix CudaTransformer::forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  RowMatrix logits(opt.all_logits ? static_cast<int64_t>(tokens.size()) : 1, config().vocab_size);
+  forward(tokens, opt, logits.data());
+  return logits;
+}
+
+void CudaTransformer::forward(std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const {
   State& state = impl_->forward_state;  // its device cache is kept for the next pass
   state.length = 0;
   state.tokens.clear();
-  return extend(state, tokens, opt);
+  extend(state, tokens, opt, logits);
 }
 
 }  // namespace kvb::cuda

@@ -3,7 +3,9 @@
 // RoPE, GQA, tied or untied embeddings; Qwen2's q/k/v biases; sliding-window and
 // hybrid layers), with the same semantics: extend() runs new tokens after those in the
 // state's cache (all tokens at once: teacher forcing; a prompt then one token at a
-// time: generation), and returns their logits to the host.
+// time: generation), and returns their logits to the host: the output embedding's
+// product runs in chunks of rows, each copied through page-locked memory while the next
+// one computes, into the caller's memory or a new matrix.
 //
 // Weights are uploaded once, in their stored dtype (fp32, fp16 or bf16). Each dense
 // layer converts its matrix to an fp32 device scratch (exact) and multiplies with
@@ -84,6 +86,14 @@ class CudaTransformer {
   RowMatrix extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt) const;
   // Teacher forcing: a fresh state, every token.
   RowMatrix forward(std::span<const int64_t> tokens, const ExtendOptions& opt = {}) const;
+  // The same, writing the logits [n, vocab] (or [1, vocab] without all_logits) row-major
+  // into the caller's host memory: no allocation, and the copy from the device overlaps
+  // the output embedding's product (a model-level sweep's 4096 x 128256 logits are 2.1 GB).
+  void extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const;
+  void forward(std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const;
+  // The most bytes of logits computed and copied at once (default 128 MiB; tests set a
+  // few rows' worth to run many chunks on a small vocabulary).
+  void set_logits_chunk_bytes(int64_t bytes);
 
  private:
   struct Impl;

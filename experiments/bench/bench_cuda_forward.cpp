@@ -4,8 +4,10 @@
 //   build/bench/bench_cuda_forward MODEL_DIR [--tokens 512] [--repeats 5] [--decode 32] [--no-cpu]
 //
 // Prints the load and upload times; teacher-forced evaluation of --tokens tokens
-// (deterministic ids) in fp32 and tf32 (best of --repeats; tokens/s and model GFLOP/s,
-// Transformer::flops_per_token summed over the positions), the largest logit
+// (deterministic ids) in fp32 and tf32 (best of --repeats into a logits matrix allocated
+// once, as a model-level sweep runs; then one pass into a fresh matrix, allocation and
+// first touch included; tokens/s and model GFLOP/s, Transformer::flops_per_token
+// summed over the positions), the largest logit
 // difference relative to max |logit| of tf32 against fp32 and of fp32 against the CPU
 // (one CPU pass, every core, unless --no-cpu), and greedy decoding of --decode tokens
 // after the prompt on the GPU. Figures go to experiments/bench/RESULTS.md.
@@ -75,20 +77,27 @@ int main(int argc, char** argv) {
     double flops = 0;
     for (int64_t t = 0; t < tokens; ++t) flops += host->flops_per_token(t + 1);
 
-    RowMatrix logits32, logits_tf32;
+    // Each pass writes its logits into a matrix allocated once (as a model-level sweep
+    // does); one more pass into a fresh matrix shows what allocating and first touching
+    // the host memory adds (the returning forward()).
+    RowMatrix logits32(tokens, c.vocab_size), logits_tf32(tokens, c.vocab_size);
     for (const cuda::CudaTransformer* m : {&fp32, &tf32}) {
       RowMatrix& out = m == &fp32 ? logits32 : logits_tf32;
-      out = m->forward(ids);  // warm-up: allocations, cuBLAS heuristics
+      m->forward(ids, {}, out.data());  // warm-up: allocations, cuBLAS heuristics
       double best = INFINITY;
       for (int64_t r = 0; r < repeats; ++r) {
         t0 = Clock::now();
-        out = m->forward(ids);
+        m->forward(ids, {}, out.data());
         best = std::min(best, seconds_since(t0));
       }
+      t0 = Clock::now();
+      const RowMatrix fresh = m->forward(ids);
+      const double fresh_s = seconds_since(t0);
       std::printf("%s teacher-forced, %lld tokens: %.4f s (best of %lld; logits to the host included), %.0f tokens/s, "
-                  "%.0f GFLOP/s\n",
+                  "%.0f GFLOP/s; into a fresh matrix %.4f s\n",
                   cuda::forward_math_name(m->math()), static_cast<long long>(tokens), best,
-                  static_cast<long long>(repeats), static_cast<double>(tokens) / best, flops / best / 1e9);
+                  static_cast<long long>(repeats), static_cast<double>(tokens) / best, flops / best / 1e9, fresh_s);
+      if (fresh != out) std::printf("  (the fresh matrix's logits differ from the reused one's)\n");
     }
     std::printf("tf32 vs fp32: max |Δlogit| / max |logit| = %.3g\n", relative_difference(logits32, logits_tf32));
 

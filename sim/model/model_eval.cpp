@@ -294,9 +294,8 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
       ExtendOptions opt;
       if (w == 0) opt.capture = &capture;
       const std::vector<int64_t> ids = window_tokens(w);
-      const RowMatrix logits = run_forward(ids, opt);
-      if (w == 0) recording_ = recording_from_capture(model_->config(), std::move(capture), ids, source_description);
       if (w == 0 && stored) {
+        const RowMatrix logits = run_forward(ids, opt);
         // The first window, run anyway for the recording, tells whether the stored
         // logits are this model's (same shape, other weights would pass the checks above).
         const auto stored_rows = stored->logits.topRows(win.length);
@@ -307,8 +306,9 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
                             model_->config().dir.string() + "'s by up to " + std::to_string(diff) +
                             " (max |logit| " + std::to_string(scale) + "): computed by another model or other weights");
       } else {
-        base_logits_.middleRows(win.start, win.length) = logits;
+        run_forward_into(ids, opt, base_logits_.row(win.start).data());
       }
+      if (w == 0) recording_ = recording_from_capture(model_->config(), std::move(capture), ids, source_description);
     }
     if (options_.progress) options_.progress(static_cast<int64_t>(w) + 1, static_cast<int64_t>(windows_.size()));
   }
@@ -334,6 +334,15 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
 
 RowMatrix ModelEvaluator::run_forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const {
   return options_.backend ? options_.backend.forward(tokens, opt) : model_->forward(tokens, opt);
+}
+
+void ModelEvaluator::run_forward_into(std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const {
+  if (options_.backend.forward_into) {
+    options_.backend.forward_into(tokens, opt, logits);
+    return;
+  }
+  const RowMatrix computed = run_forward(tokens, opt);
+  std::copy(computed.data(), computed.data() + computed.size(), logits);
 }
 
 std::vector<int64_t> ModelEvaluator::continuation(int64_t prompt_length, const CacheQuantization& cache) const {
@@ -381,7 +390,7 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
   for (size_t w = 0; w < windows_.size(); ++w) {
     ExtendOptions opt;
     opt.cache = cache;
-    logits.middleRows(windows_[w].start, windows_[w].length) = run_forward(window_tokens(w), opt);
+    run_forward_into(window_tokens(w), opt, logits.row(windows_[w].start).data());
     if (options_.progress) options_.progress(static_cast<int64_t>(w) + 1, static_cast<int64_t>(windows_.size()));
   }
   // The scored sequence positions, in order; each compared on its own, in parallel.

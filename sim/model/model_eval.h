@@ -160,6 +160,9 @@ class ModelEvaluator {
   std::vector<int64_t> window_tokens(size_t w) const;
   // Teacher forcing and greedy continuations, on options_.backend when set.
   RowMatrix run_forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const;
+  // run_forward's logits [tokens, vocab] written into `logits` (host, row-major), without
+  // an intermediate matrix when the backend can (ForwardBackend::forward_into).
+  void run_forward_into(std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const;
   std::vector<int64_t> continuation(int64_t prompt_length, const CacheQuantization& cache) const;
   // next_token_nll_of, given each row's log Σ exp.
   std::vector<double> next_token_nll_from(const RowMatrix& logits, const std::vector<double>& log_sum_exp_of_rows) const;

@@ -136,6 +136,9 @@ struct ForwardBackend {
   std::string name;  // "cuda": for messages
   // Transformer::forward: a fresh state, every token.
   std::function<RowMatrix(std::span<const int64_t> tokens, const ExtendOptions& opt)> forward;
+  // The same, writing the logits [n, vocab] row-major into the caller's host memory
+  // (optional; ModelEvaluator's windows go straight into the run's matrix with it).
+  std::function<void(std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits)> forward_into;
   // kvb::generate on this implementation.
   std::function<std::vector<int64_t>(std::span<const int64_t> prompt, int64_t max_new_tokens,
                                      const CacheQuantization& cache, const TokenChooser& choose,

@@ -535,6 +535,30 @@ TEST_CASE("capture: queries, keys, values and attention outputs as the CPU's") {
   }
 }
 
+TEST_CASE("logits in chunks of rows, into the caller's memory: the CPU's, as from one product") {
+  const auto host = bundled("llama-bytes");
+  const ModelConfig& c = host->config();
+  const int64_t T = 300;
+  const std::vector<int64_t> tokens = text_tokens(T, c.vocab_size);
+  cuda::CudaTransformer chunked(host);
+  chunked.set_logits_chunk_bytes(7 * c.vocab_size * 4);  // 7 rows a chunk: 42 chunks and a tail of 6
+  RowMatrix into(T, c.vocab_size);
+  into.setConstant(std::numeric_limits<float>::quiet_NaN());
+  chunked.forward(tokens, {}, into.data());
+  REQUIRE(into.allFinite());
+  const cuda::CudaTransformer whole(host);
+  check_agree(host->forward(tokens), into, "7-row chunks vs the CPU");
+  check_agree(whole.forward(tokens), into, "7-row chunks vs one chunk");
+  // Generation's one row, into the caller's memory.
+  cuda::CudaTransformer::State state = chunked.new_state();
+  ExtendOptions last;
+  last.all_logits = false;
+  std::vector<float> row(static_cast<size_t>(c.vocab_size), std::numeric_limits<float>::quiet_NaN());
+  chunked.extend(state, tokens, last, row.data());
+  const RowMatrix last_row = Eigen::Map<const RowMatrix>(row.data(), 1, c.vocab_size);
+  check_agree(RowMatrix(into.bottomRows(1)), last_row, "the last row alone");
+}
+
 TEST_CASE("tf32 mode: its logit error against fp32 is measured") {
   for (const std::string name : {"gpt2-bytes", "llama-bytes"}) {
     const auto host = bundled(name);
