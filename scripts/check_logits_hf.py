@@ -2,8 +2,9 @@
 """Checks kvbudget's forward pass against Hugging Face transformers on random-weight
 checkpoints built with real architectures' configs (issue 21): sliding-window and hybrid
 attention (Qwen2's use_sliding_window + max_window_layers, explicit `layer_types`,
-Mistral's window on every layer), GQA Llama, GPT-2, and optionally the exact config of
-Llama-3.2-1B (llama3 RoPE scaling, tied embeddings, vocabulary 128256).
+Mistral's window on every layer), GQA Llama, GPT-2, and optionally the exact configs of
+Llama-3.2-1B (llama3 RoPE scaling, tied embeddings, vocabulary 128256) and Llama-3.1-8B
+(llama3 RoPE scaling, untied embeddings; 16 GB in bf16, built on the GPU when there is one).
 
 For each model: build it with transformers (seeded), `save_pretrained` in bf16, reload
 the saved checkpoint in fp32 for the reference (converting in memory would round RoPE's
@@ -13,11 +14,12 @@ sliding windows, so they cut), and compare with `kvbudget eval DIR --tokens ... 
 positions whose argmax differs. Random weights make no language model: logits, not
 perplexity. Needs torch and transformers (the GPU machine has them):
 
-    python3 scripts/check_logits_hf.py --kvbudget build/kvbudget [--tokens 160]
+    python3 scripts/check_logits_hf.py --kvbudget build/kvbudget [--tokens 160[,4096...]]
         [--models qwen2-max-window-layers,qwen2-layer-types,...] [--device cuda] [--keep DIR]
         [--backend cpu|cuda|auto]
 
---backend is kvbudget eval's: cpu (the default) checks the C++ forward pass, cuda the
+--tokens takes several lengths, each checked on the same checkpoint (the 8B shape's
+issue target: 512,4096). --backend is kvbudget eval's: cpu (the default) checks the C++ forward pass, cuda the
 CUDA one (kernels/model_forward.h).
 
 Prints one line per model and exits 1 when any model is off by more than --tolerance
@@ -61,36 +63,58 @@ def config(transformers, name):
             eos_token_id=128001, hidden_act="silu",
             rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
                               original_max_position_embeddings=8192, rope_type="llama3"))
+    if name == "llama-3.1-8b":  # Hugging Face's config.json of meta-llama/Llama-3.1-8B
+        return transformers.LlamaConfig(
+            hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+            rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
+            eos_token_id=128001, hidden_act="silu",
+            rope_scaling=dict(factor=8.0, high_freq_factor=4.0, low_freq_factor=1.0,
+                              original_max_position_embeddings=8192, rope_type="llama3"))
     raise SystemExit(f"check_logits_hf: unknown model {name}")
+
+
+BIG = {"llama-3.1-8b"}  # built on the reference's device in bf16 (an fp32 copy on the host: 32 GB)
 
 
 MODELS = ["qwen2-max-window-layers", "qwen2-layer-types", "mistral-sliding", "llama-gqa", "gpt2"]
 
 
-def build(torch, transformers, name, out):
+def build(torch, transformers, name, out, device):
     c = config(transformers, name)
     if c is None:
         return None
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(c)
+    if name in BIG:
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(c, torch_dtype=torch.bfloat16)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(c)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    del model
     return c
 
 
-def hf_logits(torch, transformers, path, ids, device):
+def hf_logits(torch, transformers, path, id_lists, device):
+    """The reference's logits [len(ids), vocab] for each list of ids, from one load."""
     model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32,
                                                               attn_implementation="eager").to(device).eval()
+    out = []
     with torch.no_grad():
-        out = model(torch.tensor([ids], device=device)).logits[0].float().cpu().numpy()
+        for ids in id_lists:
+            out.append(model(torch.tensor([ids], device=device)).logits[0].float().cpu().numpy())
     del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvbudget", default="build/kvbudget")
-    ap.add_argument("--tokens", type=int, default=160)
-    ap.add_argument("--models", default=",".join(MODELS), help=f"any of {MODELS + ['llama-3.2-1b']}")
+    ap.add_argument("--tokens", default="160", help="one length or several, comma-separated")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"any of {MODELS + ['llama-3.2-1b', 'llama-3.1-8b']}")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tolerance", type=float, default=1e-4)
     ap.add_argument("--keep", help="keep the checkpoints and logits here")
@@ -108,31 +132,35 @@ def main():
     for name in a.models.split(","):
         d = root / name
         try:
-            c = build(torch, transformers, name, d)
+            c = build(torch, transformers, name, d, device)
             if c is None:
                 print(f"{name}: skipped (this transformers has no such option)")
                 continue
+            lengths = [int(t) for t in str(a.tokens).split(",")]
             rng = np.random.default_rng(1)
-            ids = rng.integers(3, c.vocab_size, a.tokens).tolist()
-            (d / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
-            ref = hf_logits(torch, transformers, d, ids, device)
-            np.save(d / "hf_logits.npy", ref)
-            run = subprocess.run([a.kvbudget, "eval", str(d), "--tokens", str(d / "ids.txt"), "--ctx", "0",
-                                  "--out", str(d / "kvb_logits.npy"), "--backend", a.backend],
-                                 capture_output=True, text=True)
-            if run.returncode != 0:
-                raise RuntimeError(f"kvbudget eval failed ({run.returncode}): {run.stderr.strip()[-400:]}")
-            got = np.load(d / "kvb_logits.npy").reshape(ref.shape)
-            rel = float(np.abs(got - ref).max() / np.abs(ref).max())
-            argmax = int((got.argmax(-1) != ref.argmax(-1)).sum())
-            first_bad = int(np.argmax(np.abs(got - ref).max(-1) > a.tolerance * np.abs(ref).max()))
-            kinds = getattr(c, "layer_types", None)
-            ok = rel <= a.tolerance and argmax == 0
-            failed += not ok
-            print(f"{name}: {a.tokens} tokens, sliding_window {getattr(c, 'sliding_window', None)}, "
-                  f"layer_types {kinds}: max |Δlogit| / max |logit| = {rel:.3g}, argmax differs at "
-                  f"{argmax} positions{'' if ok else f' (first position off: {first_bad})'} "
-                  f"-> {'ok' if ok else 'FAIL'}")
+            all_ids = rng.integers(3, c.vocab_size, max(lengths)).tolist()
+            id_lists = [all_ids[:n] for n in lengths]
+            refs = hf_logits(torch, transformers, d, id_lists, device)
+            for n, ids, ref in zip(lengths, id_lists, refs):
+                (d / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+                np.save(d / f"hf_logits_{n}.npy", ref)
+                run = subprocess.run([a.kvbudget, "eval", str(d), "--tokens", str(d / "ids.txt"), "--ctx", "0",
+                                      "--max-tokens", str(n), "--out", str(d / "kvb_logits.npy"),
+                                      "--backend", a.backend],
+                                     capture_output=True, text=True)
+                if run.returncode != 0:
+                    raise RuntimeError(f"kvbudget eval failed ({run.returncode}): {run.stderr.strip()[-400:]}")
+                got = np.load(d / "kvb_logits.npy").reshape(ref.shape)
+                rel = float(np.abs(got - ref).max() / np.abs(ref).max())
+                argmax = int((got.argmax(-1) != ref.argmax(-1)).sum())
+                first_bad = int(np.argmax(np.abs(got - ref).max(-1) > a.tolerance * np.abs(ref).max()))
+                kinds = getattr(c, "layer_types", None)
+                ok = rel <= a.tolerance and argmax == 0
+                failed += not ok
+                print(f"{name}: {n} tokens, sliding_window {getattr(c, 'sliding_window', None)}, "
+                      f"layer_types {kinds}: max |Δlogit| / max |logit| = {rel:.3g}, argmax differs at "
+                      f"{argmax} positions{'' if ok else f' (first position off: {first_bad})'} "
+                      f"-> {'ok' if ok else 'FAIL'}", flush=True)
         except Exception as e:  # noqa: BLE001 (one line per model; the others still run)
             failed += 1
             print(f"{name}: FAIL: {type(e).__name__}: {e}")
