@@ -14,8 +14,8 @@
 # --backend cuda --precision P` for P in $KVB_PRECISIONS, default "fp32 tf32"); the
 # peer's are the best of 3 (fp32, TF32 off; KVB_BACKEND=cpu runs kvbudget on the CPU
 # instead, fp32 only). Prints a Markdown table with the ratio peer / kvbudget (> 1:
-# kvbudget faster), the wall time per point after the first (a second run of the first
-# point alone, subtracted) and, with both precisions, tf32's relative difference from fp32 on
+# kvbudget faster), the wall time per point after the first (from the times its progress
+# lines arrive) and, with both precisions, tf32's relative difference from fp32 on
 # six metrics (the declared fast mode's error).
 set -euo pipefail
 kvb=$1
@@ -45,40 +45,36 @@ overlap = true
 positions = "all"
 report = ["attn_kl_mean", "attn_out_rel_err", "attn_kl_p99", "attn_out_rel_err_p99", "topk_overlap", "logit_rmse"]
 TOML
-# The same run with its first point only: the wall time of the later points is the
-# difference (each point's device work plus its host share: merging the layers' rows,
-# the metrics and their bootstrap intervals, which `seconds` leaves out).
-sed 's/^bits = \[3, 2, 4, 8\]$/bits = [3]/' "$work/peer.toml" >"$work/first.toml"
-grep -q '^bits = \[3\]$' "$work/first.toml"
 backend=${KVB_BACKEND:-cuda}
 precisions=${KVB_PRECISIONS:-fp32 tf32}
 [ "$backend" = cpu ] && precisions=fp32
 echo "shape: $L layers x $QH query / $KVH KV heads x $T tokens x head_dim $D; load $(cut -d' ' -f1-3 /proc/loadavg)"
+# Each progress line ("point i/n done ...", on stderr as each point's results are
+# final) is stamped with the time it arrived: the wall time per point after the first is
+# (last stamp - first stamp) / (n - 1): each point's device work plus its host share
+# (merging the layers' rows, the metrics and their bootstrap intervals), which `seconds`
+# leaves out, without the run's data generation.
 for prec in $precisions; do
-  t0=$(date +%s.%N)
-  "$kvb" run "$work/peer.toml" --backend "$backend" --precision "$prec" --out "$work/runs_$prec" --no-plots -q \
-    >"$work/run_$prec.log" 2>&1 || { cat "$work/run_$prec.log"; exit 1; }
-  awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }' >"$work/wall_$prec"
-  t0=$(date +%s.%N)
-  "$kvb" run "$work/first.toml" --backend "$backend" --precision "$prec" --out "$work/first_$prec" --no-plots -q \
-    >"$work/first_$prec.log" 2>&1 || { cat "$work/first_$prec.log"; exit 1; }
-  awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }' >"$work/wall_first_$prec"
+  "$kvb" run "$work/peer.toml" --backend "$backend" --precision "$prec" --out "$work/runs_$prec" --no-plots \
+    2>&1 >"$work/run_$prec.log" | while IFS= read -r line; do printf '%s %s\n' "$(date +%s.%N)" "$line"; done \
+    >"$work/progress_$prec" || { cat "$work/run_$prec.log" "$work/progress_$prec"; exit 1; }
 done
 python3 "$here/peer_torch.py" --synthetic "$L,$QH,$KVH,$T,$D" \
   --formats int2-asym-g32,int4-asym-g32,int8-asym-g32 >"$work/peer.json"
 python3 - "$work" "$backend" $precisions <<'PY'
-import csv, json, sys
+import csv, json, re, sys
 work, backend, precs = sys.argv[1], sys.argv[2], sys.argv[3:]
 peer = json.load(open(f"{work}/peer.json"))
 runs = {p: list(csv.DictReader(open(f"{work}/runs_{p}/gpu_peer/latest/points.csv"))) for p in precs}
 later_wall = {}
 for p in precs:
-    wall = float(open(f"{work}/wall_{p}").read())
-    first = float(open(f"{work}/wall_first_{p}").read())
-    later_wall[p] = (wall - first) / (len(runs[p]) - 1)
-    print(f"kvbudget run --backend {backend} --precision {p}: {len(runs[p])} points, {wall:.1f} s wall in all "
-          f"(data generation, upload and the exact pass included); its first point alone {first:.1f} s; "
-          f"wall per later point {later_wall[p]:.3f} s (the difference over {len(runs[p]) - 1}: the device's work "
+    stamps = [float(l.split()[0]) for l in open(f"{work}/progress_{p}") if re.match(r"\S+ point \d+/\d+ done", l)]
+    if len(stamps) != len(runs[p]):
+        sys.exit(f"bench_gpu_peer: {len(stamps)} progress lines for {len(runs[p])} points ({work}/progress_{p})")
+    later_wall[p] = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    print(f"kvbudget run --backend {backend} --precision {p}: {len(runs[p])} points; "
+          f"wall per point after the first {later_wall[p]:.3f} s (between the first and last points' progress lines, "
+          f"over {len(stamps) - 1} points: the device's work "
           f"and the host's merge, metrics and bootstrap intervals, which `seconds` leaves out)")
 print(f"peer: {peer['device']}, torch {peer['torch']}, exact pass {peer['exact_seconds']:.3f} s, "
       f"peak {peer.get('peak_gib', 0):.1f} GiB")
