@@ -1196,15 +1196,25 @@ void parallel_for_workers(int64_t n, int max_workers, Body&& body) {
     if (f) std::rethrow_exception(f);
 }
 
-// A layer's zeroed key and value tensors [G, T, d] (and pre-RoPE keys when kept), the
-// storage generate_layer fills. Zeroing them is the first touch of about one layer's
-// keys and values, page faults included: generate_synthetic has it done on a helper
-// thread while the previous layer is generated.
+// Query rows a layer keeps: the kept positions', or every position's.
+int64_t query_rows_kept(const Plan& P, const SyntheticKeep& keep) {
+  return keep.query_positions.empty() ? P.T : static_cast<int64_t>(keep.query_positions.size());
+}
+
+// A layer's zeroed key and value tensors [G, T, d] (and pre-RoPE keys when kept) and
+// query tensor [Hq, kept rows (T when every position is kept), d]: the storage
+// generate_layer fills. Zeroing them is the first touch of about one layer's tensors,
+// page faults included: generate_synthetic has it done on a helper thread while the
+// previous layer is generated. (The queries were zeroed in generate_layer itself, on one
+// thread between its parallel steps: with every position kept, 4 % of the CPU samples
+// of a 2-thread run of 4 layers of the 8B shape at 2048 tokens, serial at any thread
+// count.)
 LayerTensors allocate_layer(const Plan& P, const SyntheticKeep& keep) {
   LayerTensors L;
   L.key = Tensor({P.G, P.T, P.d});
   L.value = Tensor({P.G, P.T, P.d});
   if (P.spec.rope && keep.key_pre_rope) L.key_pre_rope = Tensor({P.G, P.T, P.d});
+  L.query = Tensor({P.Hq, query_rows_kept(P, keep), P.d});
   return L;
 }
 
@@ -1277,8 +1287,9 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep, 
   const std::vector<HeadRole> roles = assign_roles(P, l);
   out.report.heads.resize(static_cast<size_t>(Hq));
   const bool sparse = !keep.query_positions.empty();
-  const int64_t rows = sparse ? static_cast<int64_t>(keep.query_positions.size()) : T;
-  L.query = Tensor({Hq, rows, d});
+  const int64_t rows = query_rows_kept(P, keep);
+  if (L.query.shape != std::vector<int64_t>{Hq, rows, d})
+    throw Error("internal: generate_layer's storage has no query tensor of the kept rows (allocate_layer)");
   if (sparse) L.query_positions = keep.query_positions;
   const int64_t sc = P.sink_channel();
   const int workers = calibration_workers(P, qr);
