@@ -3,11 +3,15 @@
 namespace kvb {
 
 void ErrorStats::merge(const ErrorStats& o) {
+  merge_sums(o);
+  rows.insert(rows.end(), o.rows.begin(), o.rows.end());
+}
+
+void ErrorStats::merge_sums(const ErrorStats& o) {
   k_err2 += o.k_err2;
   k_norm2 += o.k_norm2;
   v_err2 += o.v_err2;
   v_norm2 += o.v_norm2;
-  rows.insert(rows.end(), o.rows.begin(), o.rows.end());
   logit_pairs += o.logit_pairs;
   model.merge(o.model);
 }

@@ -72,6 +72,8 @@ struct ErrorStats {
   // Appends another partial result (e.g. the next layer). Merging in a fixed order
   // keeps results identical for any thread count.
   void merge(const ErrorStats& other);
+  // merge() without the rows: the sums and counts only (the caller places the rows).
+  void merge_sums(const ErrorStats& other);
   // The partial results `parts` merged in their order, the rows' memory reserved once
   // (a point's rows are many: merging them one by one regrows and refaults the vector).
   // `parts` points to `count` results (a pointer, not std::span: nvcc compiles this
