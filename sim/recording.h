@@ -90,6 +90,11 @@ struct Recording {
   // Shapes agree across layers, GQA divides, positions/token ids have length T, and
   // every value is finite. Throws kvb::Error naming the tensor (and index) otherwise.
   void validate() const;
+  // validate() in two parts, for a recording whose layers are streamed
+  // (sim/layer_stream.h): everything but the layers' tensors, and layer i's tensors
+  // (shapes, finite values, score bound) while it is held.
+  void validate_except_layer_tensors() const;
+  void validate_layer(int64_t i) const;
   // Keeps the first n tokens (n <= T), e.g. for a quick run on a prefix.
   void truncate_tokens(int64_t n);
   // Keeps the queries at `positions` only (sorted, distinct, each < T; a subset of the
