@@ -20,11 +20,10 @@ double kv_bytes(const DataSpec& data) {
 
 std::string streaming_obstacle(const ExperimentSpec& spec, const std::vector<SweepPoint>& points) {
   const DataSpec& data = spec.data;
-  if (data.source != DataSpec::Source::Synthetic)
-    return std::string("data.source = \"") + (data.source == DataSpec::Source::Model ? "model" : "file") +
-           "\": only a synthetic recording is streamed (a file recording and a model's are held whole)";
+  if (data.source == DataSpec::Source::Model)
+    return "data.source = \"model\": the model's recording is held whole (its evaluator runs the model on it)";
   if (data.sequence_count() > 1) return data.sequences_where + ": a run over several sequences holds each whole";
-  if (data.max_tokens > 0 && data.max_tokens < data.synthetic.tokens)
+  if (data.source == DataSpec::Source::Synthetic && data.max_tokens > 0 && data.max_tokens < data.synthetic.tokens)
     return "data.max_tokens = " + std::to_string(data.max_tokens) +
            " cuts the recording after it is generated; set data.synthetic.tokens instead";
   if (spec.backend != BackendRequest::Cpu) {
@@ -48,7 +47,9 @@ bool streams_layers(const ExperimentSpec& spec, const std::vector<SweepPoint>& p
                         obstacle + " (experiments/streaming.h; configs/README.md, \"Long contexts\")");
     return *spec.data.stream_layers;
   }
-  return obstacle.empty() && kv_bytes(spec.data) >= kStreamLayersAutoBytes;
+  // A file's size is known once it is opened: it streams when stream_layers = true.
+  return obstacle.empty() && spec.data.source == DataSpec::Source::Synthetic &&
+         kv_bytes(spec.data) >= kStreamLayersAutoBytes;
 }
 
 bool points_need_statistics(const std::vector<SweepPoint>& points) {
@@ -59,12 +60,24 @@ bool points_need_statistics(const std::vector<SweepPoint>& points) {
 
 StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, const SyntheticKeep& keep,
                               bool with_stats) {
-  if (data.source != DataSpec::Source::Synthetic) throw Error("internal: stream_recording of data that is not synthetic");
   StreamedData out;
-  out.synthetic = std::make_unique<SyntheticLayers>(data.synthetic, keep);
-  SyntheticLayers& layers = *out.synthetic;
-  out.streamed = std::make_unique<StreamedRecording>(
-      layers.skeleton(), [&layers](Recording& rec, int64_t l) { layers.generate_into(rec, l); });
+  if (data.source == DataSpec::Source::Synthetic) {
+    out.synthetic = std::make_unique<SyntheticLayers>(data.synthetic, keep);
+    SyntheticLayers& layers = *out.synthetic;
+    out.streamed = std::make_unique<StreamedRecording>(
+        layers.skeleton(), [&layers](Recording& rec, int64_t l) { layers.generate_into(rec, l); });
+  } else if (data.source == DataSpec::Source::File) {
+    out.file = std::make_unique<RecordingFileLayers>(data.file);
+    const RecordingFileLayers& layers = *out.file;
+    out.streamed = std::make_unique<StreamedRecording>(
+        layers.skeleton(), [&layers](Recording& rec, int64_t l) { layers.load_into(rec, l); });
+    if (out.streamed->recording().tokens < 2)  // as build_recording says it
+      throw Error(data.file.path.string() + ": the recording has " + std::to_string(out.streamed->recording().tokens) +
+                  " token: its one query attends to itself alone, so attention KL would be 0 and top-k overlap 1 "
+                  "whatever the cache holds; a recording needs at least 2 tokens");
+  } else {
+    throw Error("internal: stream_recording of a model's recording");
+  }
   StreamedRecording& streamed = *out.streamed;
   const Recording& rec = streamed.recording();
   rec.validate_except_layer_tensors();
@@ -78,7 +91,7 @@ StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, 
     if (out.stats) out.stats->add_layer(l);
   }
   if (out.stats) out.stats->finish_layers();
-  layers.finish(streamed.recording_to_complete());
+  if (out.synthetic) out.synthetic->finish(streamed.recording_to_complete());
   out.identity = identity.finish(rec);
   return out;
 }

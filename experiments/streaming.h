@@ -13,10 +13,14 @@
 // layer twice. Results are the held recording's bit for bit (every per-layer quantity is
 // computed by the same code on the same tensors, and merged in the same order).
 //
-// Which runs stream (data.stream_layers, configs/README.md): a synthetic recording of
-// one sequence, without data.max_tokens cutting it, measured on the CPU backend, whose
-// points' strategies plan on attention statistics at most (not phase or taqg, which
-// measure ρ on the keys, nor optimal, which measures distortion tables on them).
+// For a recording file, "generated" is "read" (RecordingFileLayers: the file stays
+// open, each layer read and cut to max_tokens when a pass needs it).
+//
+// Which runs stream (data.stream_layers, configs/README.md): a synthetic recording or a
+// recording file, one sequence, (synthetic) without data.max_tokens cutting it after
+// generation, measured on the CPU backend, whose points' strategies plan on attention
+// statistics at most (not phase or taqg, which measure ρ on the keys, nor optimal, which
+// measures distortion tables on them).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -41,13 +45,14 @@ inline constexpr double kStreamLayersAutoBytes = 1024.0 * 1024.0 * 1024.0;
 std::string streaming_obstacle(const ExperimentSpec& spec, const std::vector<SweepPoint>& points);
 
 // Whether the run streams: data.stream_layers when given (true with an obstacle throws
-// kvb::ConfigError at data.stream_layers naming it), else when there is no obstacle and
-// the keys and values reach kStreamLayersAutoBytes.
+// kvb::ConfigError at data.stream_layers naming it), else when there is no obstacle, the
+// recording is synthetic and its keys and values reach kStreamLayersAutoBytes.
 bool streams_layers(const ExperimentSpec& spec, const std::vector<SweepPoint>& points);
 
 // A recording streamed, after its first pass.
 struct StreamedData {
-  std::unique_ptr<SyntheticLayers> synthetic;   // the layers' source
+  std::unique_ptr<SyntheticLayers> synthetic;   // the layers' source: the generator,
+  std::unique_ptr<RecordingFileLayers> file;    // or the recording file
   std::unique_ptr<StreamedRecording> streamed;  // its recording(): every field, no layer held
   // The statistics every point's plan reads (computed in the first pass when some
   // point's strategy needs them; then complete, else empty and never warmed up).
@@ -55,10 +60,10 @@ struct StreamedData {
   std::string identity;  // recording_identity, as on the held recording
 };
 
-// Opens the synthetic recording `data` describes, keeping what `keep` says, and runs the
-// first pass over its layers (above); `with_stats`: compute the attention statistics on
-// spec's calibration positions. Throws what generate_synthetic and
-// Recording::validate throw, and RunInterrupted-free: a stop is the caller's to check.
+// Opens the synthetic recording or recording file `data` describes (a synthetic one
+// keeping what `keep` says) and runs the first pass over its layers (above);
+// `with_stats`: compute the attention statistics on spec's calibration positions. Throws
+// what generate_synthetic, load_recording and Recording::validate throw.
 StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, const SyntheticKeep& keep,
                               bool with_stats);
 

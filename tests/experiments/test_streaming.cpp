@@ -15,6 +15,7 @@
 #include "experiments/streaming.h"
 #include "experiments/sweep.h"
 #include "sim/core/error.h"
+#include "sim/io/recording_writer.h"
 #include "sim/synthetic.h"
 #include "test_util.h"
 
@@ -182,6 +183,58 @@ TEST_CASE("streaming: a sweep holding one layer at a time gives the held sweep's
     CHECK(got[0].attribution.has_value());
   }
   omp_set_num_threads(saved);
+}
+
+TEST_CASE("streaming: a recording file read one layer at a time gives load_recording's recording and results") {
+  ExperimentSpec spec = parse(kConfig);
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  // Every query and the pre-RoPE keys, as a file holds them.
+  const std::filesystem::path file = test::scratch_dir("streaming_file") / "rec.safetensors";
+  write_recording(file, generate_synthetic(spec.data.synthetic), DType::F32);
+  spec.data.source = DataSpec::Source::File;
+  spec.data.file = RecordingSpec{};
+  spec.data.file.path = file;
+
+  // Read layer by layer (in any order, a layer twice), cut to max_tokens or not.
+  for (int64_t max_tokens : {int64_t{0}, int64_t{700}}) {
+    INFO("max_tokens " << max_tokens);
+    RecordingSpec rs = spec.data.file;
+    rs.max_tokens = max_tokens;
+    const Recording held = load_recording(rs);
+    const RecordingFileLayers layers(rs);
+    Recording rec = layers.skeleton();
+    CHECK(rec.tokens == held.tokens);
+    CHECK(rec.layers[0].key.empty());
+    for (int64_t l : {1, 0, 2, 1}) layers.load_into(rec, l);
+    for (size_t l = 0; l < held.layers.size(); ++l) {
+      CHECK(same_tensor(rec.layers[l].query, held.layers[l].query));
+      CHECK(same_tensor(rec.layers[l].key, held.layers[l].key));
+      CHECK(same_tensor(rec.layers[l].value, held.layers[l].value));
+      CHECK(same_tensor(rec.layers[l].key_pre_rope, held.layers[l].key_pre_rope));
+    }
+    CHECK(rec.token_ids == held.token_ids);
+    CHECK(rec.positions == held.positions);
+    CHECK(rec.rope.applied == held.rope.applied);
+    CHECK(rec.metadata == held.metadata);
+    CHECK(recording_identity(rec) == recording_identity(held));
+  }
+
+  // The sweep: the held recording's results, one layer held at a time.
+  REQUIRE(streams_layers(spec, points));
+  const Recording held = build_recording(spec.data);
+  const std::vector<PointResult> want = run_sweep(spec, held, points, nullptr, nullptr);
+  StreamedData data = stream_recording(spec, spec.data, {}, true);
+  CHECK(data.identity == recording_identity(held));
+  PlanCheck check = check_plans(spec, data.streamed->recording(), points, nullptr, data.stats.get());
+  REQUIRE(check.errors.empty());
+  const std::vector<PointResult> got = run_sweep(spec, data.streamed->recording(), points, nullptr, nullptr, nullptr,
+                                                 nullptr, nullptr, &check, data.streamed.get());
+  check_same_results(want, got);
+  CHECK(data.streamed->loads() == 2 * held.num_layers());
+  CHECK(data.streamed->max_layers_held() == 1);
+  // Not automatic for a file (its size is known once it is open).
+  spec.data.stream_layers.reset();
+  CHECK_FALSE(streams_layers(spec, points));
 }
 
 TEST_CASE("streaming: which runs stream their layers, and why not") {
