@@ -665,6 +665,8 @@ void SweepRun::run_tasks() {
   for (size_t i = 0; i < n_; ++i)
     if (layer_tasks_[i] > 0) measurements_per_layer += regions_[i].size() + 1;
   if (streamed_) {
+    if (backend_.used != Backend::Cpu)  // streaming_obstacle() keeps such runs held
+      throw Error("internal: a streamed recording measured on the " + std::string(measurer.name()) + " backend");
     run_tasks_streamed(measurer, measurements_per_layer > 1);
     return;
   }
