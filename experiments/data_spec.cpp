@@ -141,6 +141,10 @@ DataSpec parse_data(const ConfigTable& t, const std::filesystem::path& config, u
   d.max_tokens = t.integer("max_tokens", 0);
   if (d.max_tokens < 0) t.fail("max_tokens", "must be >= 0 (0 keeps every token)");
   if (d.max_tokens == 1) t.fail("max_tokens", kOneTokenContext);
+  if (t.has("stream_layers")) {
+    d.stream_layers = t.boolean("stream_layers", false);
+    d.stream_layers_where = t.where("stream_layers");
+  }
   if (source == "synthetic") {
     if (!synth) t.fail("source", "source = \"synthetic\" needs a [data.synthetic] table");
     d.source = DataSpec::Source::Synthetic;

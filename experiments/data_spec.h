@@ -42,6 +42,11 @@ struct DataSpec {
   SyntheticSpec synthetic;
   ModelDataSpec model;
   int64_t max_tokens = 0;  // applied to synthetic and model data too
+  // data.stream_layers: whether the run streams the recording's layers, one held at a
+  // time (experiments/streaming.h); nullopt = automatic (when the keys and values are
+  // large and the run allows it).
+  std::optional<bool> stream_layers;
+  std::string stream_layers_where;  // "file:line: data.stream_layers"
   std::string where;       // config location, for messages
   // Several sequences (methods.md §4 "Several sequences"): every point is measured on
   // each and results aggregate over them. data.recordings (source = "file"),

@@ -20,6 +20,7 @@
 #include "experiments/report.h"
 #include "experiments/run_state.h"
 #include "experiments/sequences.h"
+#include "experiments/streaming.h"
 #include "sim/core/strings.h"
 
 namespace kvb {
@@ -93,6 +94,10 @@ RunOutcome run_experiment(const RunRequest& request) {
   for (const DataSpec& d : sequence_data) sources.push_back(sequence_source(d));
   std::vector<std::shared_ptr<const ModelEvaluator>> models(S);
   std::vector<Recording> loaded(S);
+  // A long synthetic recording is streamed, one layer held at a time
+  // (experiments/streaming.h): its first pass runs here, as the data loads.
+  const bool stream = streams_layers(spec, all_points);
+  std::optional<StreamedData> streamed;
   std::vector<const Recording*> recs(S);
   for (size_t s = 0; s < S; ++s) {
     if (s > 0 && stopped()) throw RunInterrupted("interrupted while loading the data; nothing was written");
@@ -101,6 +106,9 @@ RunOutcome run_experiment(const RunRequest& request) {
       // resumption's points: every shard of a run, and its resumption, see the same data
       // (recording_identity).
       if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s], spec.backend, spec.precision);
+      else if (stream)
+        streamed = stream_recording(spec, sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]),
+                                    points_need_statistics(to_run));
       else loaded[s] = build_recording(sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]));
     } catch (const RunInterrupted&) {
       throw;
@@ -111,10 +119,11 @@ RunOutcome run_experiment(const RunRequest& request) {
       if (S == 1) throw;
       throw Error(spec.data.sequences_where + "[" + std::to_string(s) + "] (" + sources[s] + "): " + e.what());
     }
-    recs[s] = models[s] ? &models[s]->recording() : &loaded[s];
+    recs[s] = models[s] ? &models[s]->recording() : streamed ? &streamed->streamed->recording() : &loaded[s];
     if (!quiet)
-      std::fprintf(stderr, "kvbudget: recording %s%s: %s\n", recs[s]->name.c_str(),
-                   S > 1 ? (" (sequence " + std::to_string(s) + ")").c_str() : "", recs[s]->summary().c_str());
+      std::fprintf(stderr, "kvbudget: recording %s%s: %s%s\n", recs[s]->name.c_str(),
+                   S > 1 ? (" (sequence " + std::to_string(s) + ")").c_str() : "", recs[s]->summary().c_str(),
+                   streamed ? "; layers streamed, one held at a time" : "");
   }
   check_sequences_alike(recs, sources, spec.data.sequences_where);
   const Recording& rec = *recs.front();
@@ -123,7 +132,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   check_model_metric_positions(spec, positions, rec.tokens);
   check_attention_rows(spec, positions, rec.tokens);
   for (const Recording* r : recs) check_full_causal_metrics(spec, *r);  // sliding-window models past W
-  std::string data_identity = recording_identity(rec);
+  std::string data_identity = streamed ? streamed->identity : recording_identity(rec);
   for (size_t s = 1; s < S; ++s) data_identity += " + " + recording_identity(*recs[s]);
   if (resumed) check_resume_data(resume_dir, *resumed, data_identity);
   // The checks that need the data (a group size against head_dim, a budget against
@@ -132,7 +141,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   std::vector<PlanCheck> plan_checks;
   std::vector<std::string> plan_errors;
   for (size_t s = 0; s < S; ++s) {
-    plan_checks.push_back(check_plans(spec, *recs[s], to_run, request.stop));
+    plan_checks.push_back(check_plans(spec, *recs[s], to_run, request.stop, streamed ? streamed->stats.get() : nullptr));
     const std::string on = S > 1 ? "sequence " + std::to_string(s) + " (" + sources[s] + "): " : "";
     for (const std::string& e : plan_checks.back().errors) plan_errors.push_back(on + e);
   }
@@ -280,7 +289,8 @@ RunOutcome run_experiment(const RunRequest& request) {
     }
     std::vector<std::string> errors_here;
     std::vector<PointResult> finished = run_sweep(spec, *recs[s], to_run, on_sequence_point, request.stop,
-                                                  &info.backend, models[s].get(), &errors_here, &plan_checks[s]);
+                                                  &info.backend, models[s].get(), &errors_here, &plan_checks[s],
+                                                  streamed ? streamed->streamed.get() : nullptr);
     const std::string on = S > 1 ? "sequence " + std::to_string(s) + " (" + sources[s] + "): " : "";
     for (const std::string& e : errors_here) sweep_errors.push_back(on + e);
     progress_offset += to_run.size();

@@ -155,19 +155,23 @@ std::string sweep_config_hash(const ExperimentSpec& spec) {
   return hex(h);
 }
 
-std::string recording_identity(const Recording& rec) {
-  uint64_t h = kFnvOffset;
-  for (int64_t v : {rec.q_heads, rec.kv_heads, rec.head_dim, rec.tokens, rec.num_layers()}) fnv_int(h, v);
-  for (int id : rec.layer_ids) fnv_int(h, id);
-  for (const LayerTensors& l : rec.layers) {
-    for (const Tensor* t : {&l.query, &l.key, &l.value, &l.key_pre_rope, &l.attn_output}) {
-      fnv_int(h, static_cast<int64_t>(t->shape.size()));
-      for (int64_t d : t->shape) fnv_int(h, d);
-      fnv_words(h, t->data.data(), t->data.size() * sizeof(float));
-    }
-    // Sampled queries: which positions they are (nothing is added for every position).
-    if (l.sparse_queries()) fnv_words(h, l.query_positions.data(), l.query_positions.size() * sizeof(int64_t));
+RecordingIdentity::RecordingIdentity(const Recording& rec) : h_(kFnvOffset) {
+  for (int64_t v : {rec.q_heads, rec.kv_heads, rec.head_dim, rec.tokens, rec.num_layers()}) fnv_int(h_, v);
+  for (int id : rec.layer_ids) fnv_int(h_, id);
+}
+
+void RecordingIdentity::add_layer(const LayerTensors& l) {
+  for (const Tensor* t : {&l.query, &l.key, &l.value, &l.key_pre_rope, &l.attn_output}) {
+    fnv_int(h_, static_cast<int64_t>(t->shape.size()));
+    for (int64_t d : t->shape) fnv_int(h_, d);
+    fnv_words(h_, t->data.data(), t->data.size() * sizeof(float));
   }
+  // Sampled queries: which positions they are (nothing is added for every position).
+  if (l.sparse_queries()) fnv_words(h_, l.query_positions.data(), l.query_positions.size() * sizeof(int64_t));
+}
+
+std::string RecordingIdentity::finish(const Recording& rec) const {
+  uint64_t h = h_;
   fnv_words(h, rec.token_ids.data(), rec.token_ids.size() * sizeof(int64_t));
   fnv_int(h, -1);
   fnv_words(h, rec.positions.data(), rec.positions.size() * sizeof(int64_t));
@@ -176,6 +180,12 @@ std::string recording_identity(const Recording& rec) {
   fnv_bytes(h, &rec.rope.theta, sizeof rec.rope.theta);
   fnv_words(h, rec.rope.inv_freq.data(), rec.rope.inv_freq.size() * sizeof(float));
   return hex(h);
+}
+
+std::string recording_identity(const Recording& rec) {
+  RecordingIdentity id(rec);
+  for (const LayerTensors& l : rec.layers) id.add_layer(l);
+  return id.finish(rec);
 }
 
 }  // namespace kvb

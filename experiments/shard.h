@@ -57,5 +57,17 @@ std::string sweep_config_hash(const ExperimentSpec& spec);
 // points see: every layer's tensors, token ids, positions, the RoPE and the phase
 // boundary, with the shapes; for a model source, the exact model's recording.
 std::string recording_identity(const Recording& rec);
+// recording_identity one layer at a time, for a recording whose layers are streamed
+// (sim/layer_stream.h): add_layer(rec.layers[l]) for l = 0, 1, ... in order, then
+// finish(rec): the same hash.
+class RecordingIdentity {
+ public:
+  explicit RecordingIdentity(const Recording& rec);
+  void add_layer(const LayerTensors& layer);
+  std::string finish(const Recording& rec) const;
+
+ private:
+  uint64_t h_;
+};
 
 }  // namespace kvb

@@ -16,6 +16,7 @@
 #include "sim/core/background_queue.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/layer_stream.h"
 #include "sim/measurer.h"
 #include "sim/model/layer_selection.h"
 #include "sim/simulator.h"
@@ -261,14 +262,16 @@ std::string uniform_allocation(const Plan& plan) {
 }
 
 PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
-                      const std::atomic<bool>* stop) {
+                      const std::atomic<bool>* stop, RecordingStats* computed_stats) {
   const size_t n = points.size();
   auto stopped = [&] { return stop && stop->load(); };
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
   Measurers measurers(spec.precision);  // the planning backend's, for the distortion tables
   const MeasurerFor measurer_for = measurers.source(planning_backend(spec.backend));
-  RecordingStats stats(rec, positions.calibration);
+  std::optional<RecordingStats> own_stats;
+  if (!computed_stats) own_stats.emplace(rec, positions.calibration);
+  RecordingStats& stats = computed_stats ? *computed_stats : *own_stats;
   std::vector<std::unique_ptr<Strategy>> strategies(n);
   std::vector<std::string> errors(n), warnings(n);
   PlanCheck check;
@@ -319,9 +322,9 @@ class SweepRun {
  public:
   SweepRun(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
            const PointCallback& on_point, const std::atomic<bool>* stop, const ModelEvaluator* model,
-           PlanCheck* prepared)
+           PlanCheck* prepared, StreamedRecording* streamed)
       : spec_(spec), rec_(rec), points_(points), on_point_(on_point), stop_(stop), model_(model),
-        prepared_(prepared), n_(points.size()), layers_(static_cast<size_t>(rec.num_layers())),
+        prepared_(prepared), streamed_(streamed), n_(points.size()), layers_(static_cast<size_t>(rec.num_layers())),
         positions_(resolve_positions(spec, rec.tokens)), measurers_(spec.precision), results_(n_), plans_(n_) {
     for (const std::string& m : spec.metrics.report) {
       metrics_.push_back(&require_metric(m, "metrics.report"));
@@ -334,6 +337,8 @@ class SweepRun {
     opt_.positions = positions_.evaluation;
     opt_.stop = stop;  // a layer task stops within a few row blocks (SimulationStopped)
     if (prepared && prepared->plans.size() != n_) throw Error("run_sweep: the prepared plans are for other points");
+    if (streamed && &streamed->recording() != &rec) throw Error("internal: run_sweep: `rec` is not the streamed recording");
+    if (streamed && need_model_) throw Error("internal: run_sweep: a model source's recording is not streamed");
   }
 
   // Phase 1: every point's plan, and what results say about it before it is measured.
@@ -357,6 +362,9 @@ class SweepRun {
   // Attribution regions and the task list, on the chosen backend's measurer.
   void plan_tasks(Measurer& measurer);
   void run_task(Measurer& measurer, size_t k);
+  // The layer tasks of a streamed recording, layer by layer: each layer held while its
+  // tasks of every point run (and its exact pass, when `share_exact`), then released.
+  void run_tasks_streamed(Measurer& measurer, bool share_exact);
   void run_model_task(size_t i, size_t k);
   void finalize(size_t i);
   void merge_point(size_t i);
@@ -371,6 +379,7 @@ class SweepRun {
   const std::atomic<bool>* stop_;
   const ModelEvaluator* model_;
   PlanCheck* prepared_;
+  StreamedRecording* streamed_;  // the recording's layers streamed (sim/layer_stream.h), or nullptr
   const size_t n_, layers_;
   const QueryPositions positions_;
   std::vector<const MetricDef*> metrics_;  // spec.metrics.report
@@ -423,7 +432,7 @@ void SweepRun::build_plans() {
       // reported when the plan is built
     }
   }
-  if (need_stats && !stopped()) stats.warm_up();
+  if (need_stats && !stopped() && !streamed_) stats.warm_up();
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < n_; ++i) {
@@ -432,6 +441,8 @@ void SweepRun::build_plans() {
     if (stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
+      if (streamed_ && !prebuilt(i))  // its layers' tensors are not held: no statistics or tensors to plan on
+        throw Error("internal: a streamed recording's plan was not built by check_plans");
       if (prebuilt(i)) r.seconds += prepared_->plan_seconds[i];
       else if (!strategies[i]) strategies[i] = require_strategy_type(points_[i].type, "strategy").make(points_[i].params);
       Plan plan = prebuilt(i) ? std::move(*prepared_->plans[i])
@@ -667,6 +678,12 @@ void SweepRun::run_tasks() {
   size_t measurements_per_layer = 0;
   for (size_t i = 0; i < n_; ++i)
     if (layer_tasks_[i] > 0) measurements_per_layer += regions_[i].size() + 1;
+  if (streamed_) {
+    if (backend_.used != Backend::Cpu)  // streaming_obstacle() keeps such runs held
+      throw Error("internal: a streamed recording measured on the " + std::string(measurer.name()) + " backend");
+    run_tasks_streamed(measurer, measurements_per_layer > 1);
+    return;
+  }
   if (measurements_per_layer > 1 && !stopped()) {
     try {
       measurer.prepare(opt_);
@@ -690,6 +707,33 @@ void SweepRun::run_tasks() {
   background_ = nullptr;
 }
 
+void SweepRun::run_tasks_streamed(Measurer& measurer, bool share_exact) {
+  // Every task is a layer task (a streamed recording has no model task), each point's
+  // finalized as its last layer's last task is done; the task order within a layer is
+  // the held path's, and results are merged in the same fixed order.
+  std::vector<std::vector<long>> of_layer(layers_);
+  for (size_t k = 0; k < tasks_.size(); ++k) {
+    if (tasks_[k].model) throw Error("internal: a model task in a streamed sweep");
+    of_layer[tasks_[k].layer].push_back(static_cast<long>(k));
+  }
+  const bool parallel = measurer.concurrency() > 1;
+  for (size_t l = 0; l < layers_ && !stopped(); ++l) {
+    if (of_layer[l].empty()) continue;
+    const HeldLayer held(*streamed_, static_cast<int64_t>(l));
+    if (share_exact) {
+      try {
+        measurer.prepare_layer(opt_, static_cast<int64_t>(l));
+      } catch (const SimulationStopped&) {  // the layer's tasks see the stop and return
+      }
+    }
+    const std::vector<long>& ks = of_layer[l];
+    const long n = static_cast<long>(ks.size());
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    for (long j = 0; j < n; ++j) run_task(measurer, static_cast<size_t>(ks[static_cast<size_t>(j)]));
+    measurer.release_prepared();
+  }
+}
+
 std::vector<PointResult> SweepRun::finished_results(std::vector<std::string>* callback_errors) {
   if (!sweep_errors_.empty()) {
     if (!callback_errors)
@@ -708,9 +752,10 @@ std::vector<PointResult> SweepRun::finished_results(std::vector<std::string>* ca
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
                                    const std::atomic<bool>* stop, BackendChoice* chosen, const ModelEvaluator* model,
-                                   std::vector<std::string>* callback_errors, PlanCheck* prepared) {
+                                   std::vector<std::string>* callback_errors, PlanCheck* prepared,
+                                   StreamedRecording* streamed) {
   if (spec.threads > 0) omp_set_num_threads(spec.threads);
-  SweepRun run(spec, rec, points, on_point, stop, model, prepared);
+  SweepRun run(spec, rec, points, on_point, stop, model, prepared, streamed);
   run.build_plans();
   const BackendChoice& backend = run.choose_backend();
   if (chosen) *chosen = backend;

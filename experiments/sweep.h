@@ -22,6 +22,9 @@
 
 namespace kvb {
 
+class RecordingStats;     // sim/strategies/statistics.h
+class StreamedRecording;  // sim/layer_stream.h
+
 struct SweepPoint {
   size_t id = 0;
   size_t block = 0;    // index of its [[strategy]] block
@@ -128,8 +131,10 @@ struct PlanCheck {
 // of the points; the optimal allocator's tables on planning_backend()),
 // to refuse a sweep whose points cannot run before anything is measured or written.
 // Stops early (returning what it found) when *stop becomes true.
+// `stats`: the statistics on `rec` computed already (a streamed recording's first pass,
+// experiments/streaming.h, whose layers' tensors are not held now); nullptr = its own.
 PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
-                      const std::atomic<bool>* stop = nullptr);
+                      const std::atomic<bool>* stop = nullptr, RecordingStats* stats = nullptr);
 
 // When every allocated segment of the plan's keys has one format and likewise for its
 // values, over more than one unit: that allocation, "K:int2-asym-g32 V:int2-asym-g32";
@@ -158,11 +163,17 @@ std::string uniform_allocation(const Plan& plan);
 // is thrown as kvb::Error once the sweep has finished.
 // `prepared`: check_plans() on these same points; its plans are moved into the sweep
 // (no plan is built twice).
+// `streamed`: `rec` is streamed->recording(), whose layers are held one at a time
+// (sim/layer_stream.h, experiments/streaming.h): the layer tasks then run layer by
+// layer, every point's tasks of a layer while it alone is held (with its exact pass,
+// when it is measured more than once), and the results are the held recording's bit
+// for bit. Needs `prepared` with every point's plan (plans are not built on a recording
+// whose layers are not held) and no model.
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
                                    const std::atomic<bool>* stop, BackendChoice* chosen = nullptr,
                                    const ModelEvaluator* model = nullptr,
                                    std::vector<std::string>* callback_errors = nullptr,
-                                   PlanCheck* prepared = nullptr);
+                                   PlanCheck* prepared = nullptr, StreamedRecording* streamed = nullptr);
 
 }  // namespace kvb

@@ -47,9 +47,11 @@ struct ExactHead {
 // (positions, row_block, topk), built in parallel, head by head while the memory
 // stays within a budget (heads beyond it are measured without the cache). Throws
 // SimulationStopped when opt.stop becomes true while it is built.
+// With only_layer >= 0, only that layer's heads (a streamed recording holds one layer
+// at a time, sim/layer_stream.h); the others are measured without the cache.
 class ExactAttentionCache {
  public:
-  ExactAttentionCache(const Recording& rec, const SimOptions& opt, size_t budget_bytes);
+  ExactAttentionCache(const Recording& rec, const SimOptions& opt, size_t budget_bytes, int64_t only_layer = -1);
 
   // The cached head, or nullptr when it was not cached or `opt` asks for other
   // positions, row blocks or k than the cache was built for.

@@ -21,6 +21,14 @@ void CpuMeasurer::prepare(const SimOptions& opt) {
   exact_ = std::make_unique<ExactAttentionCache>(rec_, opt, exact_cache_bytes_);
 }
 
+void CpuMeasurer::prepare_layer(const SimOptions& opt, int64_t layer) {
+  if (exact_cache_bytes_ == 0) return;
+  exact_.reset();  // the previous layer's, released before this one's is built
+  exact_ = std::make_unique<ExactAttentionCache>(rec_, opt, exact_cache_bytes_, layer);
+}
+
+void CpuMeasurer::release_prepared() { exact_.reset(); }
+
 SimOptions CpuMeasurer::with_exact(const SimOptions& opt) const {
   SimOptions o = opt;
   if (!o.exact) o.exact = exact_.get();  // used only for the options it was built for

@@ -52,6 +52,15 @@ class Measurer {
   // (the CPU's exact attention pass, sim/exact_attention.h); results are identical
   // without it. Throws SimulationStopped when opt.stop becomes true meanwhile.
   virtual void prepare(const SimOptions& opt) { (void)opt; }
+  // prepare() for layer `layer` only, while a streamed recording holds it
+  // (sim/layer_stream.h); replaces what an earlier prepare built. Results are identical
+  // without it.
+  virtual void prepare_layer(const SimOptions& opt, int64_t layer) {
+    (void)opt;
+    (void)layer;
+  }
+  // Drops what prepare() or prepare_layer() built.
+  virtual void release_prepared() {}
 
   // As kvb::simulate_layer: one layer (index into recording().layers), rows in
   // (q_head, position) order.
@@ -79,6 +88,8 @@ class CpuMeasurer final : public Measurer {
   bool measures_regions() const override { return true; }
   int concurrency() const override;
   void prepare(const SimOptions& opt) override;
+  void prepare_layer(const SimOptions& opt, int64_t layer) override;
+  void release_prepared() override;
   ErrorStats measure_layer(const Plan& plan, int64_t layer, const SimOptions& opt) override;
   ErrorStats measure_kv_head(const Plan& plan, int64_t layer, int64_t kv_head, const SimOptions& opt) override;
   ErrorStats measure(const Plan& plan, const SimOptions& opt) override;

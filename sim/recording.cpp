@@ -100,6 +100,11 @@ int64_t Recording::full_causal_queries() const {
 }
 
 void Recording::validate() const {
+  validate_except_layer_tensors();
+  for (size_t i = 0; i < layers.size(); ++i) validate_layer(static_cast<int64_t>(i));
+}
+
+void Recording::validate_except_layer_tensors() const {
   const std::string where = "recording '" + name + "' (" + source + ")";
   if (layers.empty()) throw Error(where + ": no layers");
   if (q_heads <= 0 || kv_heads <= 0 || head_dim <= 0 || tokens <= 0)
@@ -115,40 +120,14 @@ void Recording::validate() const {
     if (kept[i] < 0 || kept[i] >= tokens || (i > 0 && kept[i] <= kept[i - 1]))
       throw Error(where + ": kept query position " + std::to_string(kept[i]) + " (entry " + std::to_string(i) +
                   ") is not sorted, distinct and within [0, " + std::to_string(tokens) + ")");
-  const int64_t query_rows = kept.empty() ? tokens : static_cast<int64_t>(kept.size());
-  const std::vector<int64_t> qshape = {q_heads, query_rows, head_dim};
-  const std::vector<int64_t> kvshape = {kv_heads, tokens, head_dim};
   if (!attention_windows.empty() && attention_windows.size() != layers.size())
     throw Error(where + ": " + std::to_string(attention_windows.size()) + " attention windows for " +
                 std::to_string(layers.size()) + " layers");
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const LayerTensors& L = layers[i];
-    const std::string lw = where + " layer " + std::to_string(layer_ids.empty() ? int(i) : layer_ids[i]);
-    if (L.query_positions != kept)
-      throw Error(lw + ": keeps queries at other positions than layer " +
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (layers[i].query_positions != kept)
+      throw Error(where + " layer " + std::to_string(layer_ids.empty() ? int(i) : layer_ids[i]) +
+                  ": keeps queries at other positions than layer " +
                   std::to_string(layer_ids.empty() ? 0 : layer_ids[0]));
-    auto need = [&](const Tensor& t, const std::vector<int64_t>& shape, const char* what) {
-      if (t.shape != shape)
-        throw Error(lw + ": " + what + " has shape " + shape_str(t.shape) + ", expected " + shape_str(shape) +
-                    " [heads, tokens, head_dim]");
-    };
-    need(L.query, qshape, "query");
-    need(L.key, kvshape, "key");
-    need(L.value, kvshape, "value");
-    if (!L.key_pre_rope.empty()) need(L.key_pre_rope, kvshape, "key_pre_rope");
-    if (!L.attn_output.empty()) need(L.attn_output, {tokens, q_heads * head_dim}, "attn_output");
-    require_finite(L.query, lw + " query");
-    require_finite(L.key, lw + " key");
-    require_finite(L.value, lw + " value");
-    if (!L.key_pre_rope.empty()) require_finite(L.key_pre_rope, lw + " key_pre_rope");
-    if (!L.attn_output.empty()) require_finite(L.attn_output, lw + " attn_output");
-    // |q·k| / √d <= max|q| · max|k| · √d: finite scores for every pair (and for keys a
-    // quantizer moves a little), with margin below fp32's 3.4e38.
-    const double score_bound = max_abs(L.query) * max_abs(L.key) * std::sqrt(static_cast<double>(head_dim));
-    if (score_bound > 1e36)
-      throw Error(lw + ": max|query| · max|key| · √head_dim = " + format_double(score_bound) +
-                  ": attention scores q·k/√d could overflow fp32 (values this large are not activations)");
-  }
   if (!token_ids.empty() && static_cast<int64_t>(token_ids.size()) != tokens)
     throw Error(where + ": " + std::to_string(token_ids.size()) + " token ids for " + std::to_string(tokens) + " tokens");
   if (!positions.empty() && static_cast<int64_t>(positions.size()) != tokens)
@@ -156,6 +135,37 @@ void Recording::validate() const {
   if (phase_boundary && (*phase_boundary < 0 || *phase_boundary > tokens))
     throw Error(where + ": phase boundary " + std::to_string(*phase_boundary) + " outside [0, " +
                 std::to_string(tokens) + "]");
+}
+
+void Recording::validate_layer(int64_t i) const {
+  const std::string where = "recording '" + name + "' (" + source + ")";
+  const LayerTensors& L = layers[static_cast<size_t>(i)];
+  const std::string lw = where + " layer " + std::to_string(layer_ids.empty() ? int(i) : layer_ids[static_cast<size_t>(i)]);
+  const std::vector<int64_t>& kept = L.query_positions;
+  const int64_t query_rows = kept.empty() ? tokens : static_cast<int64_t>(kept.size());
+  const std::vector<int64_t> qshape = {q_heads, query_rows, head_dim};
+  const std::vector<int64_t> kvshape = {kv_heads, tokens, head_dim};
+  auto need = [&](const Tensor& t, const std::vector<int64_t>& shape, const char* what) {
+    if (t.shape != shape)
+      throw Error(lw + ": " + what + " has shape " + shape_str(t.shape) + ", expected " + shape_str(shape) +
+                  " [heads, tokens, head_dim]");
+  };
+  need(L.query, qshape, "query");
+  need(L.key, kvshape, "key");
+  need(L.value, kvshape, "value");
+  if (!L.key_pre_rope.empty()) need(L.key_pre_rope, kvshape, "key_pre_rope");
+  if (!L.attn_output.empty()) need(L.attn_output, {tokens, q_heads * head_dim}, "attn_output");
+  require_finite(L.query, lw + " query");
+  require_finite(L.key, lw + " key");
+  require_finite(L.value, lw + " value");
+  if (!L.key_pre_rope.empty()) require_finite(L.key_pre_rope, lw + " key_pre_rope");
+  if (!L.attn_output.empty()) require_finite(L.attn_output, lw + " attn_output");
+  // |q·k| / √d <= max|q| · max|k| · √d: finite scores for every pair (and for keys a
+  // quantizer moves a little), with margin below fp32's 3.4e38.
+  const double score_bound = max_abs(L.query) * max_abs(L.key) * std::sqrt(static_cast<double>(head_dim));
+  if (score_bound > 1e36)
+    throw Error(lw + ": max|query| · max|key| · √head_dim = " + format_double(score_bound) +
+                ": attention scores q·k/√d could overflow fp32 (values this large are not activations)");
 }
 
 namespace {

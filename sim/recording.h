@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,6 +91,11 @@ struct Recording {
   // Shapes agree across layers, GQA divides, positions/token ids have length T, and
   // every value is finite. Throws kvb::Error naming the tensor (and index) otherwise.
   void validate() const;
+  // validate() in two parts, for a recording whose layers are streamed
+  // (sim/layer_stream.h): everything but the layers' tensors, and layer i's tensors
+  // (shapes, finite values, score bound) while it is held.
+  void validate_except_layer_tensors() const;
+  void validate_layer(int64_t i) const;
   // Keeps the first n tokens (n <= T), e.g. for a quick run on a prefix.
   void truncate_tokens(int64_t n);
   // Keeps the queries at `positions` only (sorted, distinct, each < T; a subset of the
@@ -126,6 +132,28 @@ struct RecordingSpec {
 // Loads and validates (Recording::validate) a recording. Layers are discovered from
 // the key pattern. Errors name the file, the tensor and the expected shape.
 Recording load_recording(const RecordingSpec& spec);
+
+// load_recording one layer at a time, for a run that streams its layers
+// (experiments/streaming.h): the file stays open, and each layer is read (and cut to
+// max_tokens) when a pass needs it. skeleton() + load_into() of every layer give
+// load_recording's recording bit for bit; the checks of what is not in the layers'
+// tensors run on opening (the first layer is read once then, for the shapes), those of
+// layer i's tensors in load_into (shapes) and Recording::validate_layer (values).
+class RecordingFileLayers {
+ public:
+  explicit RecordingFileLayers(const RecordingSpec& spec);
+  ~RecordingFileLayers();
+  RecordingFileLayers(const RecordingFileLayers&) = delete;
+  RecordingFileLayers& operator=(const RecordingFileLayers&) = delete;
+  // Every field but the layers' tensors.
+  Recording skeleton() const;
+  // Reads layer i (index into skeleton().layers) into rec.layers[i].
+  void load_into(Recording& rec, int64_t i) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // Throws kvb::ConfigError "OPTION 'text': why" when `text` is not a valid axis order for
 // q/k/v (RecordingSpec::layout) or, with for_attn_output, for attn_output (what

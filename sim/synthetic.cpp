@@ -1374,10 +1374,9 @@ std::map<std::string, std::string> spec_metadata(const SyntheticSpec& s) {
 
 namespace {
 
-// generate_synthetic (layers one after another, each generated in parallel in bounded
-// memory) or, with `reference`, generate_synthetic_reference (layers in parallel).
-Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep_asked,
-                   bool reference) {
+// The spec checked and the kept positions normalized (every position = none), as
+// generate_synthetic and SyntheticLayers take them. Throws SyntheticSpecError / kvb::Error.
+SyntheticKeep checked_keep(const SyntheticSpec& spec, const SyntheticKeep& keep_asked) {
   validate_synthetic_spec(spec);
   const std::vector<int64_t>& kept = keep_asked.query_positions;
   for (size_t i = 0; i < kept.size(); ++i)
@@ -1386,6 +1385,63 @@ Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const Syn
                   " is not sorted, distinct and within [0, tokens = " + std::to_string(spec.tokens) + ")");
   SyntheticKeep keep = keep_asked;
   if (static_cast<int64_t>(kept.size()) >= spec.tokens) keep.query_positions.clear();  // every position
+  return keep;
+}
+
+// The recording's every field but its layers' tensors and what is measured on them:
+// `layers` holds P.L entries with their kept query positions only.
+Recording skeleton_of(const Plan& P, const SyntheticKeep& keep) {
+  const SyntheticSpec& spec = P.spec;
+  Recording rec;
+  rec.name = "synthetic";
+  rec.q_heads = P.Hq;
+  rec.kv_heads = P.G;
+  rec.head_dim = P.d;
+  rec.tokens = P.T;
+  std::ostringstream src;
+  src << "synthetic(seed=" << spec.seed << ", " << P.L << " layers, " << P.Hq << "/" << P.G << " heads, d=" << P.d
+      << ", T=" << P.T << ")";
+  rec.source = src.str();
+  rec.token_ids = make_token_ids(P);
+  rec.positions.resize(static_cast<size_t>(P.T));
+  for (int64_t t = 0; t < P.T; ++t) rec.positions[static_cast<size_t>(t)] = t;
+  if (P.boundary < P.T) rec.phase_boundary = P.boundary;
+  rec.rope.applied = spec.rope;
+  rec.rope.theta = spec.rope_theta;
+  rec.metadata = spec_metadata(spec);
+  for (int64_t l = 0; l < P.L; ++l) {
+    rec.layer_ids.push_back(static_cast<int>(l));
+    rec.layers.emplace_back().query_positions = keep.query_positions;
+  }
+  return rec;
+}
+
+// What was reached in layer l (held in rec.layers[l]), measured on the generated keys
+// with the research definition.
+void measure_layer_rho(const Plan& P, const Recording& rec, int64_t l, SyntheticLayerReport& lr) {
+  lr.rho_first = key_rho_layer(rec, l, 0, P.boundary);
+  lr.rho_second = P.boundary < P.T ? key_rho_layer(rec, l, P.boundary, P.T) : lr.rho_first;
+}
+
+// The metadata measured on the layers (their reports in rep.layers, in order): ρ per
+// phase averaged over layers, and the warnings.
+void finish_metadata(const Plan& P, const SyntheticReport& rep, Recording& rec) {
+  double rho_first = 0, rho_second = 0;
+  for (const SyntheticLayerReport& lr : rep.layers) {
+    rho_first += lr.rho_first / static_cast<double>(P.L);
+    rho_second += lr.rho_second / static_cast<double>(P.L);
+  }
+  rec.metadata["synthetic.phase_boundary"] = num(P.boundary);
+  rec.metadata["synthetic.rho_first_measured"] = num(rho_first);
+  if (P.boundary < P.T) rec.metadata["synthetic.rho_second_measured"] = num(rho_second);
+  rec.metadata["synthetic.warnings"] = join(rep.warnings, "\n");  // one warning per line
+}
+
+// generate_synthetic (layers one after another, each generated in parallel in bounded
+// memory) or, with `reference`, generate_synthetic_reference (layers in parallel).
+Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep_asked,
+                   bool reference) {
+  const SyntheticKeep keep = checked_keep(spec, keep_asked);
   check_fits_memory(spec, keep.query_positions.empty() ? spec.tokens : static_cast<int64_t>(keep.query_positions.size()));
   const Plan P = make_plan(spec);
 
@@ -1404,47 +1460,18 @@ Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const Syn
     }
   }
 
-  Recording rec;
-  rec.name = "synthetic";
-  rec.q_heads = P.Hq;
-  rec.kv_heads = P.G;
-  rec.head_dim = P.d;
-  rec.tokens = P.T;
-  std::ostringstream src;
-  src << "synthetic(seed=" << spec.seed << ", " << P.L << " layers, " << P.Hq << "/" << P.G << " heads, d=" << P.d
-      << ", T=" << P.T << ")";
-  rec.source = src.str();
-  rec.token_ids = make_token_ids(P);
-  rec.positions.resize(static_cast<size_t>(P.T));
-  for (int64_t t = 0; t < P.T; ++t) rec.positions[static_cast<size_t>(t)] = t;
-  if (P.boundary < P.T) rec.phase_boundary = P.boundary;
-  rec.rope.applied = spec.rope;
-  rec.rope.theta = spec.rope_theta;
+  Recording rec = skeleton_of(P, keep);
   SyntheticReport rep;
   rep.channels = P.ch;
   rep.phase_boundary = P.boundary;
   for (int64_t l = 0; l < P.L; ++l) {
     LayerResult& lr = layers[static_cast<size_t>(l)];
-    rec.layer_ids.push_back(static_cast<int>(l));
-    rec.layers.push_back(std::move(lr.tensors));
+    rec.layers[static_cast<size_t>(l)] = std::move(lr.tensors);
     rep.warnings.insert(rep.warnings.end(), lr.warnings.begin(), lr.warnings.end());
     rep.layers.push_back(std::move(lr.report));
   }
-
-  // What was reached, measured on the generated keys with the research definition.
-  double rho_first = 0, rho_second = 0;
-  for (int64_t l = 0; l < P.L; ++l) {
-    SyntheticLayerReport& lr = rep.layers[static_cast<size_t>(l)];
-    lr.rho_first = key_rho_layer(rec, l, 0, P.boundary);
-    lr.rho_second = P.boundary < P.T ? key_rho_layer(rec, l, P.boundary, P.T) : lr.rho_first;
-    rho_first += lr.rho_first / static_cast<double>(P.L);
-    rho_second += lr.rho_second / static_cast<double>(P.L);
-  }
-  rec.metadata = spec_metadata(spec);
-  rec.metadata["synthetic.phase_boundary"] = num(P.boundary);
-  rec.metadata["synthetic.rho_first_measured"] = num(rho_first);
-  if (P.boundary < P.T) rec.metadata["synthetic.rho_second_measured"] = num(rho_second);
-  rec.metadata["synthetic.warnings"] = join(rep.warnings, "\n");  // one warning per line
+  for (int64_t l = 0; l < P.L; ++l) measure_layer_rho(P, rec, l, rep.layers[static_cast<size_t>(l)]);
+  finish_metadata(P, rep, rec);
   rec.validate();
   if (report) *report = std::move(rep);
   return rec;
@@ -1458,6 +1485,57 @@ Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report,
 
 Recording generate_synthetic_reference(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep) {
   return generate(spec, report, keep, true);
+}
+
+struct SyntheticLayers::State {
+  Plan plan;
+  SyntheticKeep keep;
+  SyntheticReport report;           // layers[l] and warnings_of[l] filled as layer l is first generated
+  std::vector<char> generated;      // [L]
+  std::vector<std::vector<std::string>> warnings_of;  // [L]
+};
+
+SyntheticLayers::SyntheticLayers(const SyntheticSpec& spec, const SyntheticKeep& keep) : state_(std::make_unique<State>()) {
+  state_->keep = checked_keep(spec, keep);
+  state_->plan = make_plan(spec);
+  const Plan& P = state_->plan;
+  state_->report.channels = P.ch;
+  state_->report.phase_boundary = P.boundary;
+  state_->report.layers.resize(static_cast<size_t>(P.L));
+  state_->generated.assign(static_cast<size_t>(P.L), 0);
+  state_->warnings_of.resize(static_cast<size_t>(P.L));
+}
+
+SyntheticLayers::~SyntheticLayers() = default;
+
+int64_t SyntheticLayers::layers() const { return state_->plan.L; }
+
+Recording SyntheticLayers::skeleton() const { return skeleton_of(state_->plan, state_->keep); }
+
+void SyntheticLayers::generate_into(Recording& rec, int64_t l) {
+  const Plan& P = state_->plan;
+  if (l < 0 || l >= P.L || rec.num_layers() != P.L)
+    throw Error("internal: SyntheticLayers::generate_into: layer " + std::to_string(l) + " of a recording of " +
+                std::to_string(rec.num_layers()) + " layers (the generator's: " + std::to_string(P.L) + ")");
+  LayerResult lr = generate_layer(P, l, state_->keep, allocate_layer(P, state_->keep));
+  rec.layers[static_cast<size_t>(l)] = std::move(lr.tensors);
+  const size_t i = static_cast<size_t>(l);
+  if (state_->generated[i]) return;  // the same tensors as the first time
+  measure_layer_rho(P, rec, l, lr.report);
+  state_->report.layers[i] = std::move(lr.report);
+  state_->warnings_of[i] = std::move(lr.warnings);
+  state_->generated[i] = 1;
+}
+
+void SyntheticLayers::finish(Recording& rec, SyntheticReport* report) const {
+  const Plan& P = state_->plan;
+  for (int64_t l = 0; l < P.L; ++l)
+    if (!state_->generated[static_cast<size_t>(l)])
+      throw Error("internal: SyntheticLayers::finish before layer " + std::to_string(l) + " was generated");
+  SyntheticReport rep = state_->report;
+  for (const std::vector<std::string>& w : state_->warnings_of) rep.warnings.insert(rep.warnings.end(), w.begin(), w.end());
+  finish_metadata(P, rep, rec);
+  if (report) *report = std::move(rep);
 }
 
 }  // namespace kvb

@@ -23,6 +23,7 @@
 // the sink tokens.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -171,5 +172,37 @@ Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report 
 // is tested against (tests/test_synthetic.cpp).
 Recording generate_synthetic_reference(const SyntheticSpec& spec, SyntheticReport* report = nullptr,
                                        const SyntheticKeep& keep = {});
+
+// The bounded-memory generator one layer at a time, for a run that streams its layers
+// (experiments/streaming.h): layer l is a pure function of the spec, `keep` and l, so it
+// can be generated when a pass needs it and dropped after. skeleton() + generate_into()
+// of every layer + finish() give generate_synthetic's recording, metadata and report bit
+// for bit (tests/experiments/test_streaming.cpp).
+class SyntheticLayers {
+ public:
+  // Validates as generate_synthetic does (SyntheticSpecError, or kvb::Error for a bad
+  // kept position).
+  explicit SyntheticLayers(const SyntheticSpec& spec, const SyntheticKeep& keep = {});
+  ~SyntheticLayers();
+  SyntheticLayers(const SyntheticLayers&) = delete;
+  SyntheticLayers& operator=(const SyntheticLayers&) = delete;
+
+  int64_t layers() const;
+  // The recording without its layers' tensors: every other field as generate_synthetic
+  // sets it, `layers` one entry per layer holding its kept query positions only, and
+  // the spec's metadata (what is measured on the layers comes with finish()).
+  Recording skeleton() const;
+  // Generates layer l into rec.layers[l] (rec: skeleton()'s), one layer's working set
+  // as generate_synthetic's. The first time, notes what finish() reports of the layer
+  // (measured ρ, warnings).
+  void generate_into(Recording& rec, int64_t l);
+  // Adds the metadata measured on the layers (ρ per phase, warnings) to rec.metadata and
+  // gives the report. Throws kvb::Error when some layer was never generated.
+  void finish(Recording& rec, SyntheticReport* report = nullptr) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace kvb

@@ -15,19 +15,21 @@
 #   bash experiments/bench/bench_long_context.sh KVBUDGET [T ...]
 #
 # Environment: LAYERS (2), Q_HEADS (8), KV_HEADS (2), HEAD_DIM (64), POSITIONS (16
-# evaluated), CALIBRATION (16 positions), THREADS (0 = all cores).
+# evaluated), CALIBRATION (16 positions), THREADS (0 = all cores), STREAM (data.stream_layers:
+# true = one layer held at a time, false = every layer held; unset = automatic, which
+# streams from 1 GiB of keys and values, experiments/streaming.h).
 set -euo pipefail
 kvb=$1
 shift
 sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(8192 16384 32768 65536 131072)
 layers=${LAYERS:-2} q_heads=${Q_HEADS:-8} kv_heads=${KV_HEADS:-2} head_dim=${HEAD_DIM:-64}
-positions=${POSITIONS:-16} calibration=${CALIBRATION:-16} threads=${THREADS:-0}
+positions=${POSITIONS:-16} calibration=${CALIBRATION:-16} threads=${THREADS:-0} stream=${STREAM:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-printf 'kvbudget %s; %s layers, %s/%s q/kv heads, head_dim %s; %s evaluated + %s calibration positions; threads %s\n' \
-  "$kvb" "$layers" "$q_heads" "$kv_heads" "$head_dim" "$positions" "$calibration" "$threads"
+printf 'kvbudget %s; %s layers, %s/%s q/kv heads, head_dim %s; %s evaluated + %s calibration positions; threads %s; stream_layers %s\n' \
+  "$kvb" "$layers" "$q_heads" "$kv_heads" "$head_dim" "$positions" "$calibration" "$threads" "${stream:-auto}"
 printf 'machine: %s, %s cores; load average at start: %s; GLIBC_TUNABLES=%s\n' \
   "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" \
   "${GLIBC_TUNABLES:-}"
@@ -43,6 +45,7 @@ for T in "${sizes[@]}"; do
 name = "bench_long_$T"
 seed = 0
 threads = $threads
+$([ -n "$stream" ] && printf '\n[data]\nstream_layers = %s\n' "$stream")
 
 [data.synthetic]
 layers = $layers

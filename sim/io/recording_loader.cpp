@@ -361,69 +361,154 @@ void check_layout(const std::string& text, const char* option, bool for_attn_out
   (void)parse_layout(text, option, for_attn_output);
 }
 
-Recording load_recording(const RecordingSpec& spec) {
-  const std::unique_ptr<TensorStore> store = TensorStore::open(spec.path);
-  const std::string where = spec.path.string();
-  const LayerReader reader(*store, spec);
-  const std::vector<int> layers = select_layers(reader, spec, where);
+namespace {
 
-  Recording rec;
-  rec.name = recording_name(spec.path);
-  rec.source = where;
-  rec.metadata = store->metadata();
+// A recording file opened: its store, reader, selected layers and which optional tensors
+// it has (checked for the first selected layer, and by read_layer for the others).
+struct OpenRecording {
+  std::unique_ptr<TensorStore> store;
+  std::string where;
+  std::unique_ptr<LayerReader> reader;
+  std::vector<int> layers;
+  bool pre_rope = false, attn_out = false;
+};
+
+OpenRecording open_recording(const RecordingSpec& spec) {
+  OpenRecording o;
+  o.store = TensorStore::open(spec.path);
+  o.where = spec.path.string();
+  o.reader = std::make_unique<LayerReader>(*o.store, spec);
+  const LayerReader& reader = *o.reader;
+  o.layers = select_layers(reader, spec, o.where);
   // Optional tensors must be present for every layer or for none, and where the
   // config names one, present.
   auto require_named = [&](bool required, const std::string& name, const std::string& pattern, const char* key) {
     if (required && !reader.has(name))
-      fail(where, "no tensor '" + name + "' (data." + key + " = \"" + pattern + "\")" +
-                      nearest_names_hint(name, reader.names()));
+      fail(o.where, "no tensor '" + name + "' (data." + key + " = \"" + pattern + "\")" +
+                        nearest_names_hint(name, reader.names()));
   };
-  require_named(spec.key_pre_rope_required, layer_name(spec.key_pre_rope, layers.front()), spec.key_pre_rope,
+  require_named(spec.key_pre_rope_required, layer_name(spec.key_pre_rope, o.layers.front()), spec.key_pre_rope,
                 "key_pre_rope");
-  require_named(spec.attn_output_required, layer_name(spec.attn_output, layers.front()), spec.attn_output,
+  require_named(spec.attn_output_required, layer_name(spec.attn_output, o.layers.front()), spec.attn_output,
                 "attn_output");
   require_named(spec.token_ids_required, spec.token_ids, spec.token_ids, "token_ids");
-  const bool pre_rope = reader.has(layer_name(spec.key_pre_rope, layers.front()));
-  const bool attn_out = reader.has(layer_name(spec.attn_output, layers.front()));
-  for (int l : layers) {
-    LayerTensors L;
-    L.query = reader.read_htd(spec.query, l, "query");
-    L.key = reader.read_htd(spec.key, l, "key");
-    L.value = reader.read_htd(spec.value, l, "value");
-    auto optional = [&](bool wanted, const std::string& pattern, const char* role) {
-      const std::string name = layer_name(pattern, l);
-      if (reader.has(name) != wanted)
-        fail(where, std::string(role) + " tensors are present for some layers but not others: layer " +
-                        std::to_string(layers.front()) + (wanted ? " has " : " lacks ") + "'" +
-                        layer_name(pattern, layers.front()) + "', layer " + std::to_string(l) +
+  o.pre_rope = reader.has(layer_name(spec.key_pre_rope, o.layers.front()));
+  o.attn_out = reader.has(layer_name(spec.attn_output, o.layers.front()));
+  return o;
+}
+
+// Layer l's tensors in canonical order, its shapes checked (check_layer_shapes: the first
+// layer read sets rec's dimensions).
+LayerTensors read_layer(const OpenRecording& o, const RecordingSpec& spec, int l, Recording& rec) {
+  const LayerReader& reader = *o.reader;
+  LayerTensors L;
+  L.query = reader.read_htd(spec.query, l, "query");
+  L.key = reader.read_htd(spec.key, l, "key");
+  L.value = reader.read_htd(spec.value, l, "value");
+  auto optional = [&](bool wanted, const std::string& pattern, const char* role) {
+    const std::string name = layer_name(pattern, l);
+    if (reader.has(name) != wanted)
+      fail(o.where, std::string(role) + " tensors are present for some layers but not others: layer " +
+                        std::to_string(o.layers.front()) + (wanted ? " has " : " lacks ") + "'" +
+                        layer_name(pattern, o.layers.front()) + "', layer " + std::to_string(l) +
                         (wanted ? " lacks " : " has ") + "'" + name + "'");
-      return wanted;
-    };
-    if (optional(pre_rope, spec.key_pre_rope, "key_pre_rope"))
-      L.key_pre_rope = reader.read_htd(spec.key_pre_rope, l, "key_pre_rope");
-    if (optional(attn_out, spec.attn_output, "attn_output")) L.attn_output = reader.read_attn_output(spec.attn_output, l);
-    check_layer_shapes(rec, L, l, spec, where);
-    rec.layers.push_back(std::move(L));
-    rec.layer_ids.push_back(l);
-  }
-  if (reader.has(spec.token_ids)) rec.token_ids = read_token_ids(*store, spec.token_ids, rec.tokens);
+    return wanted;
+  };
+  if (optional(o.pre_rope, spec.key_pre_rope, "key_pre_rope"))
+    L.key_pre_rope = reader.read_htd(spec.key_pre_rope, l, "key_pre_rope");
+  if (optional(o.attn_out, spec.attn_output, "attn_output")) L.attn_output = reader.read_attn_output(spec.attn_output, l);
+  check_layer_shapes(rec, L, l, spec, o.where);
+  return L;
+}
+
+// What follows the layers: token ids, positions and the RoPE (rec's dimensions set).
+void read_after_layers(const OpenRecording& o, const RecordingSpec& spec, Recording& rec) {
+  if (o.reader->has(spec.token_ids)) rec.token_ids = read_token_ids(*o.store, spec.token_ids, rec.tokens);
   rec.positions.resize(static_cast<size_t>(rec.tokens));
   std::iota(rec.positions.begin(), rec.positions.end(), int64_t{0});
 
-  if (pre_rope || spec.rope_theta) {
+  if (o.pre_rope || spec.rope_theta) {
     if (spec.rope_theta) {  // the config's theta: unscaled RoPE
       if (!std::isfinite(*spec.rope_theta) || !(*spec.rope_theta > 0))
-        throw ConfigError("[data] rope_theta = " + format_double(*spec.rope_theta) + " for " + where +
+        throw ConfigError("[data] rope_theta = " + format_double(*spec.rope_theta) + " for " + o.where +
                           ": must be a finite number > 0");
       rec.rope.theta = *spec.rope_theta;
     } else {  // the file's theta, and its scaled frequencies (`kvbudget record`) if any
-      rec.rope = rope_from_metadata(rec.metadata, rec.head_dim, where);
+      rec.rope = rope_from_metadata(rec.metadata, rec.head_dim, o.where);
     }
     rec.rope.applied = true;
   }
+}
+
+}  // namespace
+
+Recording load_recording(const RecordingSpec& spec) {
+  const OpenRecording o = open_recording(spec);
+  Recording rec;
+  rec.name = recording_name(spec.path);
+  rec.source = o.where;
+  rec.metadata = o.store->metadata();
+  for (int l : o.layers) {
+    LayerTensors L = read_layer(o, spec, l, rec);
+    rec.layers.push_back(std::move(L));
+    rec.layer_ids.push_back(l);
+  }
+  read_after_layers(o, spec, rec);
   if (spec.max_tokens > 0) rec.truncate_tokens(spec.max_tokens);
   rec.validate();
   return rec;
+}
+
+struct RecordingFileLayers::State {
+  RecordingSpec spec;
+  OpenRecording file;
+  Recording shapes;  // the untruncated dimensions, with one layer entry (check_layer_shapes compares against it)
+  Recording skeleton;
+};
+
+RecordingFileLayers::RecordingFileLayers(const RecordingSpec& spec) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.spec = spec;
+  s.file = open_recording(spec);
+  Recording& rec = s.skeleton;
+  rec.name = recording_name(spec.path);
+  rec.source = s.file.where;
+  rec.metadata = s.file.store->metadata();
+  // The dimensions, from the first layer (read once here, then dropped).
+  (void)read_layer(s.file, spec, s.file.layers.front(), rec);
+  for (int l : s.file.layers) {
+    rec.layers.emplace_back();
+    rec.layer_ids.push_back(l);
+  }
+  read_after_layers(s.file, spec, rec);
+  s.shapes.q_heads = rec.q_heads;
+  s.shapes.kv_heads = rec.kv_heads;
+  s.shapes.tokens = rec.tokens;
+  s.shapes.head_dim = rec.head_dim;
+  s.shapes.layer_ids = {s.file.layers.front()};
+  s.shapes.layers.resize(1);
+  // Truncated as load_recording truncates (no layer holds tensors yet).
+  if (spec.max_tokens > 0 && spec.max_tokens < rec.tokens) {
+    rec.token_ids.resize(std::min(rec.token_ids.size(), static_cast<size_t>(spec.max_tokens)));
+    rec.positions.resize(static_cast<size_t>(spec.max_tokens));
+    rec.tokens = spec.max_tokens;
+  }
+  rec.validate_except_layer_tensors();
+}
+
+RecordingFileLayers::~RecordingFileLayers() = default;
+
+Recording RecordingFileLayers::skeleton() const { return state_->skeleton; }
+
+void RecordingFileLayers::load_into(Recording& rec, int64_t i) const {
+  State& s = *state_;
+  if (i < 0 || i >= static_cast<int64_t>(s.file.layers.size()) || rec.num_layers() != static_cast<int64_t>(s.file.layers.size()))
+    throw Error("internal: RecordingFileLayers::load_into: layer " + std::to_string(i) + " of a recording of " +
+                std::to_string(rec.num_layers()) + " layers");
+  Recording one = s.shapes;  // this layer alone, truncated as load_recording truncates every layer
+  one.layers[0] = read_layer(s.file, s.spec, s.file.layers[static_cast<size_t>(i)], one);
+  if (s.spec.max_tokens > 0) one.truncate_tokens(s.spec.max_tokens);
+  rec.layers[static_cast<size_t>(i)] = std::move(one.layers[0]);
 }
 
 }  // namespace kvb

@@ -46,8 +46,48 @@ RecordingStats::RecordingStats(const Recording& rec, std::vector<int64_t> calibr
   calibration_.erase(beyond, calibration_.end());
 }
 
+RecordingStats::Entropies RecordingStats::head_statistics(int64_t li, int64_t h, std::vector<double>& recv) const {
+  const int64_t T = rec_.tokens, d = rec_.head_dim;
+  const LayerTensors& Lt = rec_.layers[static_cast<size_t>(li)];
+  const float* k = Lt.key.slice(rec_.kv_head_of(h));
+  std::vector<float> s(static_cast<size_t>(T));
+  std::vector<double> p(static_cast<size_t>(T));
+  Entropies e;
+  double weight_shannon = 0, weight_renyi2 = 0;  // Σ_t 2^(−H(t))
+  for (int64_t t : calibration_) {
+    attention_scores(Lt.query_row(h, t), k, t + 1, d, 0, 1, s.data());
+    softmax_row(s.data(), t + 1, p.data());
+    const double hs = shannon_entropy_bits(p.data(), t + 1), h2 = renyi2_entropy_bits(p.data(), t + 1);
+    e.mean.shannon += hs;
+    e.mean.renyi2 += h2;
+    weight_shannon += std::exp2(-hs);
+    weight_renyi2 += std::exp2(-h2);
+    for (int64_t j = 0; j <= t; ++j) recv[static_cast<size_t>(j)] += p[static_cast<size_t>(j)];
+  }
+  if (!calibration_.empty()) {
+    const double n = static_cast<double>(calibration_.size());
+    e.mean.shannon /= n;
+    e.mean.renyi2 /= n;
+    e.effective.shannon = -std::log2(weight_shannon / n);
+    e.effective.renyi2 = -std::log2(weight_renyi2 / n);
+  }
+  return e;
+}
+
+std::vector<std::vector<double>> RecordingStats::received_per_kv_head(const std::vector<std::vector<double>>& recv_q,
+                                                                      size_t first) const {
+  const int64_t Hq = rec_.q_heads, T = rec_.tokens;
+  std::vector<std::vector<double>> recv(static_cast<size_t>(rec_.kv_heads), std::vector<double>(static_cast<size_t>(T)));
+  for (int64_t h = 0; h < Hq; ++h) {
+    std::vector<double>& dst = recv[static_cast<size_t>(rec_.kv_head_of(h))];
+    const std::vector<double>& src = recv_q[first + static_cast<size_t>(h)];
+    for (int64_t j = 0; j < T; ++j) dst[static_cast<size_t>(j)] += src[static_cast<size_t>(j)];
+  }
+  return recv;
+}
+
 void RecordingStats::compute_attention_statistics(bool parallel) {
-  const int64_t L = rec_.num_layers(), Hq = rec_.q_heads, Hkv = rec_.kv_heads, T = rec_.tokens, d = rec_.head_dim;
+  const int64_t L = rec_.num_layers(), Hq = rec_.q_heads, T = rec_.tokens;
   std::vector<std::vector<Entropies>> ent(static_cast<size_t>(L), std::vector<Entropies>(static_cast<size_t>(Hq)));
   // Per query head first (so heads can run in parallel), summed per KV head after.
   std::vector<std::vector<double>> recv_q(static_cast<size_t>(L * Hq), std::vector<double>(static_cast<size_t>(T)));
@@ -55,43 +95,36 @@ void RecordingStats::compute_attention_statistics(bool parallel) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t li = task / Hq, h = task % Hq;
-    const LayerTensors& Lt = rec_.layers[static_cast<size_t>(li)];
-    const float* k = Lt.key.slice(rec_.kv_head_of(h));
-    std::vector<float> s(static_cast<size_t>(T));
-    std::vector<double> p(static_cast<size_t>(T));
-    Entropies e;
-    double weight_shannon = 0, weight_renyi2 = 0;  // Σ_t 2^(−H(t))
-    std::vector<double>& recv = recv_q[static_cast<size_t>(task)];
-    for (int64_t t : calibration_) {
-      attention_scores(Lt.query_row(h, t), k, t + 1, d, 0, 1, s.data());
-      softmax_row(s.data(), t + 1, p.data());
-      const double hs = shannon_entropy_bits(p.data(), t + 1), h2 = renyi2_entropy_bits(p.data(), t + 1);
-      e.mean.shannon += hs;
-      e.mean.renyi2 += h2;
-      weight_shannon += std::exp2(-hs);
-      weight_renyi2 += std::exp2(-h2);
-      for (int64_t j = 0; j <= t; ++j) recv[static_cast<size_t>(j)] += p[static_cast<size_t>(j)];
-    }
-    if (!calibration_.empty()) {
-      const double n = static_cast<double>(calibration_.size());
-      e.mean.shannon /= n;
-      e.mean.renyi2 /= n;
-      e.effective.shannon = -std::log2(weight_shannon / n);
-      e.effective.renyi2 = -std::log2(weight_renyi2 / n);
-    }
-    ent[static_cast<size_t>(li)][static_cast<size_t>(h)] = e;
+    ent[static_cast<size_t>(li)][static_cast<size_t>(h)] = head_statistics(li, h, recv_q[static_cast<size_t>(task)]);
   }
-  std::vector<std::vector<std::vector<double>>> recv(
-      static_cast<size_t>(L),
-      std::vector<std::vector<double>>(static_cast<size_t>(Hkv), std::vector<double>(static_cast<size_t>(T))));
-  for (int64_t li = 0; li < L; ++li)
-    for (int64_t h = 0; h < Hq; ++h) {
-      std::vector<double>& dst = recv[static_cast<size_t>(li)][static_cast<size_t>(rec_.kv_head_of(h))];
-      const std::vector<double>& src = recv_q[static_cast<size_t>(li * Hq + h)];
-      for (int64_t j = 0; j < T; ++j) dst[static_cast<size_t>(j)] += src[static_cast<size_t>(j)];
-    }
+  std::vector<std::vector<std::vector<double>>> recv(static_cast<size_t>(L));
+  for (int64_t li = 0; li < L; ++li) recv[static_cast<size_t>(li)] = received_per_kv_head(recv_q, static_cast<size_t>(li * Hq));
   entropies_ = std::move(ent);
   received_ = std::move(recv);
+}
+
+void RecordingStats::add_layer(int64_t li) {
+  const int64_t L = rec_.num_layers(), Hq = rec_.q_heads, T = rec_.tokens;
+  if (entropies_.empty()) {
+    entropies_.assign(static_cast<size_t>(L), {});
+    received_.assign(static_cast<size_t>(L), {});
+    layers_added_.assign(static_cast<size_t>(L), 0);
+  }
+  std::vector<Entropies> ent(static_cast<size_t>(Hq));
+  std::vector<std::vector<double>> recv_q(static_cast<size_t>(Hq), std::vector<double>(static_cast<size_t>(T)));
+#pragma omp parallel for schedule(dynamic, 1) if (!omp_in_parallel())
+  for (int64_t h = 0; h < Hq; ++h) ent[static_cast<size_t>(h)] = head_statistics(li, h, recv_q[static_cast<size_t>(h)]);
+  entropies_[static_cast<size_t>(li)] = std::move(ent);
+  received_[static_cast<size_t>(li)] = received_per_kv_head(recv_q, 0);
+  layers_added_[static_cast<size_t>(li)] = 1;
+}
+
+void RecordingStats::finish_layers() {
+  for (size_t li = 0; li < layers_added_.size(); ++li)
+    if (!layers_added_[li]) throw Error("internal: RecordingStats::finish_layers before layer " + std::to_string(li));
+  if (layers_added_.size() != static_cast<size_t>(rec_.num_layers()))
+    throw Error("internal: RecordingStats::finish_layers: no layer was added");
+  std::call_once(attention_once_, [] {});  // what add_layer computed is the statistics
 }
 
 void RecordingStats::warm_up() {

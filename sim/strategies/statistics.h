@@ -71,6 +71,12 @@ class RecordingStats {
   // Computes head entropies and received attention now, in parallel over heads (call
   // outside a parallel region; later calls are free).
   void warm_up();
+  // warm_up() layer by layer, for a recording whose layers are streamed
+  // (sim/layer_stream.h): add_layer(li) while layer li is held (in parallel over its
+  // query heads), for every layer, then finish_layers(). The same values as warm_up's,
+  // bit for bit. finish_layers throws kvb::Error when a layer was not added.
+  void add_layer(int64_t li);
+  void finish_layers();
 
   // The value stored under `key`, computed by `compute` on first use. T must be
   // copyable; a throwing compute leaves the entry empty for the next caller.
@@ -91,6 +97,12 @@ class RecordingStats {
   };
   Slot& slot_for(const std::string& key);
   void compute_attention_statistics(bool parallel);
+  // One query head's entropies over the calibration positions (layer li held); adds the
+  // attention each token receives to recv [T].
+  Entropies head_statistics(int64_t li, int64_t h, std::vector<double>& recv) const;
+  // [kv_heads][T]: recv_q[first + h] summed over each KV head's query heads, in order.
+  std::vector<std::vector<double>> received_per_kv_head(const std::vector<std::vector<double>>& recv_q,
+                                                        size_t first) const;
 
   const Recording& rec_;
   std::vector<int64_t> calibration_;
@@ -98,6 +110,7 @@ class RecordingStats {
   std::once_flag attention_once_;
   std::vector<std::vector<Entropies>> entropies_;
   std::vector<std::vector<std::vector<double>>> received_;
+  std::vector<char> layers_added_;  // [layers]: add_layer ran (streamed layers)
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<Slot>> slots_;
 };

@@ -128,6 +128,11 @@ struct StrategyType {
   // refuses a plan that reports another, and output.series / output.marker may name
   // these.
   std::vector<std::string> columns;
+  // Whether its plans read the recording's tensors (keys, queries) while they are built,
+  // beyond RecordingStats' attention statistics: ρ measured on the keys, distortion
+  // tables measured on the layers. Such a point needs every layer held while plans are
+  // built, so a run with one does not stream its layers (experiments/streaming.h).
+  bool plans_read_tensors = false;
 
   std::vector<ParamDef> all_params() const { return expand_per_kind(params); }
 };

@@ -1,0 +1,99 @@
+#include "experiments/streaming.h"
+
+#include "experiments/backend.h"
+#include "experiments/query_positions.h"
+#include "experiments/shard.h"
+#include "sim/core/error.h"
+#include "sim/core/strings.h"
+#include "sim/strategies/strategy.h"
+
+namespace kvb {
+
+namespace {
+// The keys and values of the recording `data` describes, in fp32 bytes.
+double kv_bytes(const DataSpec& data) {
+  const SyntheticSpec& s = data.synthetic;
+  return 2.0 * 4.0 * static_cast<double>(s.layers) * static_cast<double>(s.kv_heads) *
+         static_cast<double>(s.tokens) * static_cast<double>(s.head_dim);
+}
+}  // namespace
+
+std::string streaming_obstacle(const ExperimentSpec& spec, const std::vector<SweepPoint>& points) {
+  const DataSpec& data = spec.data;
+  if (data.source == DataSpec::Source::Model)
+    return "data.source = \"model\": the model's recording is held whole (its evaluator runs the model on it)";
+  if (data.sequence_count() > 1) return data.sequences_where + ": a run over several sequences holds each whole";
+  if (data.source == DataSpec::Source::Synthetic && data.max_tokens > 0 && data.max_tokens < data.synthetic.tokens)
+    return "data.max_tokens = " + std::to_string(data.max_tokens) +
+           " cuts the recording after it is generated; set data.synthetic.tokens instead";
+  if (spec.backend != BackendRequest::Cpu) {
+    if (spec.backend == BackendRequest::Cuda) return "backend = \"cuda\": the CUDA backend holds every layer on the device";
+    if (!cuda_device(nullptr).empty())
+      return "backend = \"auto\" with a CUDA device: the CUDA backend holds every layer on the device; give "
+             "backend = \"cpu\" to stream";
+  }
+  for (const SweepPoint& p : points)
+    if (require_strategy_type(p.type, "strategy").plans_read_tensors)
+      return "point " + p.key + ": strategy type '" + p.type +
+             "' reads the recording's tensors while its plan is built (every layer held)";
+  return {};
+}
+
+bool streams_layers(const ExperimentSpec& spec, const std::vector<SweepPoint>& points) {
+  const std::string obstacle = streaming_obstacle(spec, points);
+  if (spec.data.stream_layers) {
+    if (*spec.data.stream_layers && !obstacle.empty())
+      throw ConfigError(spec.data.stream_layers_where + ": stream_layers = true, but this run cannot stream its layers: " +
+                        obstacle + " (experiments/streaming.h; configs/README.md, \"Long contexts\")");
+    return *spec.data.stream_layers;
+  }
+  // A file's size is known once it is opened: it streams when stream_layers = true.
+  return obstacle.empty() && spec.data.source == DataSpec::Source::Synthetic &&
+         kv_bytes(spec.data) >= kStreamLayersAutoBytes;
+}
+
+bool points_need_statistics(const std::vector<SweepPoint>& points) {
+  for (const SweepPoint& p : points)
+    if (require_strategy_type(p.type, "strategy").make(p.params)->needs_statistics()) return true;
+  return false;
+}
+
+StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, const SyntheticKeep& keep,
+                              bool with_stats) {
+  StreamedData out;
+  if (data.source == DataSpec::Source::Synthetic) {
+    out.synthetic = std::make_unique<SyntheticLayers>(data.synthetic, keep);
+    SyntheticLayers& layers = *out.synthetic;
+    out.streamed = std::make_unique<StreamedRecording>(
+        layers.skeleton(), [&layers](Recording& rec, int64_t l) { layers.generate_into(rec, l); });
+  } else if (data.source == DataSpec::Source::File) {
+    out.file = std::make_unique<RecordingFileLayers>(data.file);
+    const RecordingFileLayers& layers = *out.file;
+    out.streamed = std::make_unique<StreamedRecording>(
+        layers.skeleton(), [&layers](Recording& rec, int64_t l) { layers.load_into(rec, l); });
+    if (out.streamed->recording().tokens < 2)  // as build_recording says it
+      throw Error(data.file.path.string() + ": the recording has " + std::to_string(out.streamed->recording().tokens) +
+                  " token: its one query attends to itself alone, so attention KL would be 0 and top-k overlap 1 "
+                  "whatever the cache holds; a recording needs at least 2 tokens");
+  } else {
+    throw Error("internal: stream_recording of a model's recording");
+  }
+  StreamedRecording& streamed = *out.streamed;
+  const Recording& rec = streamed.recording();
+  rec.validate_except_layer_tensors();
+  if (with_stats)
+    out.stats = std::make_unique<RecordingStats>(rec, resolve_positions(spec, rec.tokens).calibration);
+  RecordingIdentity identity(rec);
+  for (int64_t l = 0; l < rec.num_layers(); ++l) {
+    const HeldLayer held(streamed, l);
+    rec.validate_layer(l);
+    identity.add_layer(rec.layers[static_cast<size_t>(l)]);
+    if (out.stats) out.stats->add_layer(l);
+  }
+  if (out.stats) out.stats->finish_layers();
+  if (out.synthetic) out.synthetic->finish(streamed.recording_to_complete());
+  out.identity = identity.finish(rec);
+  return out;
+}
+
+}  // namespace kvb
