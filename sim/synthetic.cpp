@@ -157,21 +157,28 @@ SyntheticChannels plan_channels(const SyntheticSpec& s) {
   return ch;
 }
 
-// Throws SyntheticSpecError at `tokens` when layers x (query_rows/tokens x q_heads + 3
-// kv_heads) x tokens x head_dim fp32 values do not fit in this machine's memory.
-void check_fits_memory(const SyntheticSpec& s, int64_t query_rows) {
+// Throws SyntheticSpecError at `tokens` when `layers` x (query_rows x q_heads + 3
+// kv_heads x tokens) x head_dim fp32 values do not fit in this machine's memory: the
+// layers a run holds at once (all of them, or one when they stream).
+void check_fits_memory(const SyntheticSpec& s, int64_t query_rows, int64_t layers) {
   const double kv_rows = 3.0 * static_cast<double>(s.kv_heads) * static_cast<double>(s.tokens);
-  const double floats = static_cast<double>(s.layers) * static_cast<double>(s.head_dim) *
+  const double floats = static_cast<double>(layers) * static_cast<double>(s.head_dim) *
                         (static_cast<double>(s.q_heads) * static_cast<double>(query_rows) + kv_rows);
   const double bytes = 4 * floats;
   const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (!(ram > 0 && bytes > ram)) return;
   char sizes[160];
   std::snprintf(sizes, sizeof sizes, "%.3g fp32 values (%.1f GiB) do not fit in this machine's %.1f GiB", floats,
                 bytes / (1 << 30), ram / (1 << 30));
-  const std::string what = query_rows == 0 ? "layers x 3 kv_heads x tokens x head_dim (keys, pre-RoPE keys, values)"
-                                           : "layers x (q_heads x " + std::to_string(query_rows) +
-                                                 " query positions + 3 kv_heads x tokens) x head_dim";
-  if (ram > 0 && bytes > ram) bad_field("tokens", what + " = " + std::string(sizes) + " of memory; make the recording smaller");
+  const std::string per_layer = query_rows == 0 ? "3 kv_heads x tokens x head_dim (keys, pre-RoPE keys, values)"
+                                                : "(q_heads x " + std::to_string(query_rows) +
+                                                      " query positions + 3 kv_heads x tokens) x head_dim";
+  if (layers == 1)
+    bad_field("tokens", "one layer's " + per_layer + " = " + std::string(sizes) +
+                            " of memory; make the recording smaller");
+  bad_field("tokens", "layers x " + per_layer + " = " + std::string(sizes) +
+                          " of memory; make the recording smaller, or let its layers stream (data.stream_layers: "
+                          "one layer held at a time on the CPU backend, configs/README.md)");
 }
 
 }  // namespace
@@ -190,9 +197,10 @@ void validate_synthetic_spec(const SyntheticSpec& s) {
   require(!s.rope || s.head_dim % 2 == 0, "head_dim",
           num(s.head_dim) + " is odd, but rope = true rotates channel pairs (i, i + head_dim/2)");
   require(s.tokens >= 2, "tokens", "must be >= 2, got " + num(s.tokens));
-  // The recording's fp32 keys, pre-RoPE keys and values must fit in memory (its queries
-  // are counted by generate_synthetic, which knows how many positions are kept).
-  check_fits_memory(s, 0);
+  // One layer's fp32 keys, pre-RoPE keys and values must fit in memory (a streamed run
+  // holds one layer at a time; generate_synthetic, which holds every layer, checks them
+  // all with the kept queries).
+  check_fits_memory(s, 0, 1);
   require(std::isfinite(s.entropy_mean) && s.entropy_mean >= 0, "entropy_mean",
           "must be a finite number of bits >= 0, got " + num(s.entropy_mean));
   require(std::isfinite(s.entropy_spread) && s.entropy_spread >= 0, "entropy_spread",
@@ -1442,7 +1450,8 @@ void finish_metadata(const Plan& P, const SyntheticReport& rep, Recording& rec) 
 Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const SyntheticKeep& keep_asked,
                    bool reference) {
   const SyntheticKeep keep = checked_keep(spec, keep_asked);
-  check_fits_memory(spec, keep.query_positions.empty() ? spec.tokens : static_cast<int64_t>(keep.query_positions.size()));
+  check_fits_memory(spec, keep.query_positions.empty() ? spec.tokens : static_cast<int64_t>(keep.query_positions.size()),
+                    spec.layers);
   const Plan P = make_plan(spec);
 
   std::vector<LayerResult> layers(static_cast<size_t>(P.L));
@@ -1497,6 +1506,8 @@ struct SyntheticLayers::State {
 
 SyntheticLayers::SyntheticLayers(const SyntheticSpec& spec, const SyntheticKeep& keep) : state_(std::make_unique<State>()) {
   state_->keep = checked_keep(spec, keep);
+  const std::vector<int64_t>& kept = state_->keep.query_positions;
+  check_fits_memory(spec, kept.empty() ? spec.tokens : static_cast<int64_t>(kept.size()), 1);  // one layer held
   state_->plan = make_plan(spec);
   const Plan& P = state_->plan;
   state_->report.channels = P.ch;

@@ -656,6 +656,30 @@ TEST_CASE("synthetic: spec validation names the field and the reason") {
   CHECK(config_error_of(small_spec()).empty());
 }
 
+TEST_CASE("synthetic: the memory check counts one layer when the layers stream, all of them when held") {
+  // Far more layers than any machine holds (4 x 10^5 layers x 3 x 2^20 x 8 fp32 values
+  // is 37 TiB), each small (96 MiB): a streamed run holds one at a time.
+  kvb::SyntheticSpec s = small_spec();
+  s.layers = 400000;
+  s.q_heads = 1;
+  s.kv_heads = 1;
+  s.head_dim = 8;
+  s.tokens = int64_t{1} << 20;
+  CHECK_NOTHROW(kvb::validate_synthetic_spec(s));
+  CHECK_NOTHROW(kvb::SyntheticLayers(s, kvb::SyntheticKeep{{s.tokens - 1}, false}));
+  const std::string held = config_error_of(s);  // refused before any allocation
+  CHECK(held.find("tokens: layers x") != std::string::npos);
+  CHECK(held.find("stream_layers") != std::string::npos);
+  // One layer too large is refused whichever way the run goes.
+  s.layers = 1;
+  s.kv_heads = 1 << 16;
+  s.q_heads = 1 << 16;
+  s.head_dim = 1 << 10;
+  const std::string one = config_error_of(s);
+  CHECK(one.find("tokens: one layer's") != std::string::npos);
+  CHECK_THROWS_AS(kvb::validate_synthetic_spec(s), kvb::ConfigError);
+}
+
 // Its speed is measured by the benchmarks, not asserted here (no test depends on wall time).
 TEST_CASE("synthetic: a 6x6x64x512 recording with every feature generates") {
   kvb::SyntheticSpec s;
