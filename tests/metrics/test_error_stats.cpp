@@ -62,6 +62,14 @@ TEST_CASE("merged() is the partial results merged one by one, in order") {
     CHECK(all.rows[i].kl == one_by_one.rows[i].kl);
   }
   CHECK(ErrorStats::merged(nullptr, 0).rows.empty());
+
+  // merge_sums() is merge() without the rows.
+  ErrorStats sums;
+  for (const ErrorStats& p : parts) sums.merge_sums(p);
+  CHECK(sums.k_err2 == one_by_one.k_err2);
+  CHECK(sums.v_norm2 == one_by_one.v_norm2);
+  CHECK(sums.logit_pairs == one_by_one.logit_pairs);
+  CHECK(sums.rows.empty());
 }
 
 }  // namespace kvb
