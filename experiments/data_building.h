@@ -22,9 +22,9 @@ Recording build_recording(const DataSpec& data, const SyntheticKeep& keep = {});
 // What a run of `spec` and `points` (the whole sweep's, so that every shard and resumption
 // of a run sees the same data) reads of the synthetic recording `data` describes:
 // the queries of its calibration and evaluated positions (every position when they
-// cover them all, or when the backend is not "cpu": the CUDA simulator reads every
-// query), and the pre-RoPE keys only when some point's parameters name a prerope:
-// format. Everything for data that is not synthetic.
+// cover them all; both backends read the sampled queries only), and the pre-RoPE keys
+// only when some point's parameters name a prerope: format. Everything for data that
+// is not synthetic.
 SyntheticKeep synthetic_keep(const ExperimentSpec& spec, const std::vector<SweepPoint>& points, const DataSpec& data);
 
 // For source = "model": loads the checkpoint and the tokens and runs the exact model
