@@ -265,9 +265,10 @@ struct CudaTransformer::Impl {
 
   // Logits [rows, vocab] of the final-normed hidden states `normed` [rows, hidden]
   // (device) into `out` (host, row-major; any memory). The output embedding's product
-  // runs in chunks of rows (at most logits_chunk_bytes each, a multiple of 128 rows when that is 128 or more) on `stream`; each chunk is
-  // copied to page-locked memory on copy_stream while the next one computes, then into
-  // `out` by the host's threads while the device goes on. The same numbers as one
+  // runs in chunks of rows on `stream` (at most logits_chunk_bytes each; a multiple of
+  // 128 rows when that is 128 or more); each chunk is copied to page-locked memory on
+  // copy_stream while the next one computes, then into `out` by the host's threads
+  // while the device goes on. The same numbers as one
   // product (each logit is one dot product; cuBLAS may pick another kernel for the
   // chunk's row count, so the last bit can differ from a single product of all rows).
   int64_t logits_chunk_bytes = int64_t{128} << 20;
