@@ -57,12 +57,14 @@ void check_precision_backend(MatmulPrecision precision, BackendRequest b, const 
 
 const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"; }
 
-std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec, MatmulPrecision precision) {
+std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec, MatmulPrecision precision,
+                                        bool layers_streamed) {
   if (b == Backend::Cpu) return std::make_unique<CpuMeasurer>(rec, kExactCacheBytes);
 #if KVB_HAVE_CUDA
-  return std::make_unique<cuda::CudaMeasurer>(rec, precision);
+  return std::make_unique<cuda::CudaMeasurer>(rec, precision, layers_streamed);
 #else
   (void)precision;
+  (void)layers_streamed;
   throw Error("CUDA backend: built without CUDA");
 #endif
 }
@@ -89,7 +91,7 @@ Measurer& Measurers::of(Backend b, const Recording& rec) {
   // Held while a measurer is made: two threads asking for the same one get one upload.
   const std::lock_guard<std::mutex> lock(mu_);
   std::unique_ptr<Measurer>& m = made_[{b, &rec}];
-  if (!m) m = make_measurer(b, rec, precision_);
+  if (!m) m = make_measurer(b, rec, precision_, &rec == streamed_);
   return *m;
 }
 

@@ -68,8 +68,12 @@ inline constexpr size_t kExactCacheBytes = size_t(1) << 30;
 // The one place a backend's Measurer is created: CpuMeasurer (with kExactCacheBytes for
 // its exact pass) or cuda::CudaMeasurer, which uploads `rec` (kvb::Error when no
 // device is usable, or in a build without CUDA). `rec` must outlive it.
+// `layers_streamed`: `rec` is a StreamedRecording's (sim/layer_stream.h), whose layers
+// the measurer is told of by Measurer::layer_held / layer_released (the CUDA one then
+// uploads one layer at a time instead of every layer up front).
 std::unique_ptr<Measurer> make_measurer(Backend b, const Recording& rec,
-                                        MatmulPrecision precision = MatmulPrecision::Fp32);
+                                        MatmulPrecision precision = MatmulPrecision::Fp32,
+                                        bool layers_streamed = false);
 
 // Why backend `b` cannot measure `plan` with `opt` ("" when it can), without creating
 // a measurer or touching a device (Measurer::unsupported_reason of that backend): an
@@ -88,13 +92,17 @@ Backend planning_backend(BackendRequest r);
 class Measurers {
  public:
   // `precision`: what make_measurer gives the CUDA measurer (the CPU ignores it).
-  explicit Measurers(MatmulPrecision precision = MatmulPrecision::Fp32) : precision_(precision) {}
+  // `streamed`: the run's recording when its layers are streamed (its measurers are made
+  // with layers_streamed), else nullptr.
+  explicit Measurers(MatmulPrecision precision = MatmulPrecision::Fp32, const Recording* streamed = nullptr)
+      : precision_(precision), streamed_(streamed) {}
   Measurer& of(Backend b, const Recording& rec);
   // of(b, ·), as StrategyInput::measurer_for holds it; valid while this object lives.
   MeasurerFor source(Backend b);
 
  private:
   MatmulPrecision precision_;
+  const Recording* streamed_;
   std::mutex mu_;
   std::map<std::pair<Backend, const Recording*>, std::unique_ptr<Measurer>> made_;
 };

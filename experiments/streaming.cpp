@@ -1,6 +1,5 @@
 #include "experiments/streaming.h"
 
-#include "experiments/backend.h"
 #include "experiments/query_positions.h"
 #include "experiments/shard.h"
 #include "sim/core/error.h"
@@ -26,12 +25,6 @@ std::string streaming_obstacle(const ExperimentSpec& spec, const std::vector<Swe
   if (data.source == DataSpec::Source::Synthetic && data.max_tokens > 0 && data.max_tokens < data.synthetic.tokens)
     return "data.max_tokens = " + std::to_string(data.max_tokens) +
            " cuts the recording after it is generated; set data.synthetic.tokens instead";
-  if (spec.backend != BackendRequest::Cpu) {
-    if (spec.backend == BackendRequest::Cuda) return "backend = \"cuda\": the CUDA backend holds every layer on the device";
-    if (!cuda_device(nullptr).empty())
-      return "backend = \"auto\" with a CUDA device: the CUDA backend holds every layer on the device; give "
-             "backend = \"cpu\" to stream";
-  }
   for (const SweepPoint& p : points)
     if (require_strategy_type(p.type, "strategy").plans_read_tensors)
       return "point " + p.key + ": strategy type '" + p.type +

@@ -18,7 +18,8 @@
 //
 // Which runs stream (data.stream_layers, configs/README.md): a synthetic recording or a
 // recording file, one sequence, (synthetic) without data.max_tokens cutting it after
-// generation, measured on the CPU backend, whose points' strategies plan on attention
+// generation, on either backend (the CUDA one uploads the held layer alone, as the
+// sweep holds it: Measurer::layer_held), whose points' strategies plan on attention
 // statistics at most (not phase or taqg, which measure ρ on the keys, nor optimal, which
 // measures distortion tables on them).
 #pragma once

@@ -313,6 +313,20 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
 
 namespace {
 
+// Tells a measurer that a streamed recording's layer is held for a scope
+// (Measurer::layer_held / layer_released: the CUDA one uploads it meanwhile).
+class MeasuredLayer {
+ public:
+  MeasuredLayer(Measurer& m, int64_t layer) : m_(m), layer_(layer) { m_.layer_held(layer_); }
+  ~MeasuredLayer() { m_.layer_released(layer_); }
+  MeasuredLayer(const MeasuredLayer&) = delete;
+  MeasuredLayer& operator=(const MeasuredLayer&) = delete;
+
+ private:
+  Measurer& m_;
+  int64_t layer_;
+};
+
 // One run_sweep: phase 1 builds the points' plans on the CPU (build_plans); then the
 // chosen backend's measurer runs the (point, variant, layer) tasks, split by KV head
 // where the measurer runs tasks in parallel, and, with a model, one (point, model)
@@ -325,7 +339,8 @@ class SweepRun {
            PlanCheck* prepared, StreamedRecording* streamed)
       : spec_(spec), rec_(rec), points_(points), on_point_(on_point), stop_(stop), model_(model),
         prepared_(prepared), streamed_(streamed), n_(points.size()), layers_(static_cast<size_t>(rec.num_layers())),
-        positions_(resolve_positions(spec, rec.tokens)), measurers_(spec.precision), results_(n_), plans_(n_) {
+        positions_(resolve_positions(spec, rec.tokens)),
+        measurers_(spec.precision, streamed ? &streamed->recording() : nullptr), results_(n_), plans_(n_) {
     for (const std::string& m : spec.metrics.report) {
       metrics_.push_back(&require_metric(m, "metrics.report"));
       (metrics_.back()->level == MetricLevel::Model ? need_model_ : need_sim_) = true;
@@ -362,9 +377,13 @@ class SweepRun {
   // Attribution regions and the task list, on the chosen backend's measurer.
   void plan_tasks(Measurer& measurer);
   void run_task(Measurer& measurer, size_t k);
-  // The layer tasks of a streamed recording, layer by layer: each layer held while its
-  // tasks of every point run (and its exact pass, when `share_exact`), then released.
-  void run_tasks_streamed(Measurer& measurer, bool share_exact);
+  // The tasks of a held recording, after the exact pass every measurement shares when
+  // `share_exact`; `parallel`: as many at once as OpenMP runs, else in task order.
+  void run_tasks_held(Measurer& measurer, bool share_exact, bool parallel);
+  // The layer tasks of a streamed recording, layer by layer: each layer held (by the
+  // recording and the measurer) while its tasks of every point run (and its exact
+  // pass, when `share_exact`), then released.
+  void run_tasks_streamed(Measurer& measurer, bool share_exact, bool parallel);
   void run_model_task(size_t i, size_t k);
   void finalize(size_t i);
   void merge_point(size_t i);
@@ -678,19 +697,6 @@ void SweepRun::run_tasks() {
   size_t measurements_per_layer = 0;
   for (size_t i = 0; i < n_; ++i)
     if (layer_tasks_[i] > 0) measurements_per_layer += regions_[i].size() + 1;
-  if (streamed_) {
-    if (backend_.used != Backend::Cpu)  // streaming_obstacle() keeps such runs held
-      throw Error("internal: a streamed recording measured on the " + std::string(measurer.name()) + " backend");
-    run_tasks_streamed(measurer, measurements_per_layer > 1);
-    return;
-  }
-  if (measurements_per_layer > 1 && !stopped()) {
-    try {
-      measurer.prepare(opt_);
-    } catch (const SimulationStopped&) {  // stopped while it was prepared: no task runs
-    }
-  }
-
   // As many tasks at once as the measurer runs: one OpenMP thread each on the CPU;
   // on CUDA one after another in task order (points one after another, each on the
   // whole device), outside any parallel region, a finished point being finalized on a
@@ -700,14 +706,29 @@ void SweepRun::run_tasks() {
   std::optional<BackgroundQueue> background;
   if (!parallel && backend_.used != Backend::Cpu) background.emplace([this](size_t i) { finalize(i); });
   background_ = background ? &*background : nullptr;
-  const long ntasks = static_cast<long>(tasks_.size());
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (long k = 0; k < ntasks; ++k) run_task(measurer, static_cast<size_t>(k));
+  if (streamed_) {
+    run_tasks_streamed(measurer, measurements_per_layer > 1, parallel);
+  } else {
+    run_tasks_held(measurer, measurements_per_layer > 1, parallel);
+  }
   if (background) background->drain();
   background_ = nullptr;
 }
 
-void SweepRun::run_tasks_streamed(Measurer& measurer, bool share_exact) {
+void SweepRun::run_tasks_held(Measurer& measurer, bool share_exact, bool parallel) {
+  if (share_exact && !stopped()) {
+    try {
+      measurer.prepare(opt_);
+    } catch (const SimulationStopped&) {  // stopped while it was prepared: no task runs
+    }
+  }
+
+  const long ntasks = static_cast<long>(tasks_.size());
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (long k = 0; k < ntasks; ++k) run_task(measurer, static_cast<size_t>(k));
+}
+
+void SweepRun::run_tasks_streamed(Measurer& measurer, bool share_exact, bool parallel) {
   // Every task is a layer task (a streamed recording has no model task), each point's
   // finalized as its last layer's last task is done; the task order within a layer is
   // the held path's, and results are merged in the same fixed order.
@@ -716,10 +737,10 @@ void SweepRun::run_tasks_streamed(Measurer& measurer, bool share_exact) {
     if (tasks_[k].model) throw Error("internal: a model task in a streamed sweep");
     of_layer[tasks_[k].layer].push_back(static_cast<long>(k));
   }
-  const bool parallel = measurer.concurrency() > 1;
   for (size_t l = 0; l < layers_ && !stopped(); ++l) {
     if (of_layer[l].empty()) continue;
     const HeldLayer held(*streamed_, static_cast<int64_t>(l));
+    const MeasuredLayer measured(measurer, static_cast<int64_t>(l));
     if (share_exact) {
       try {
         measurer.prepare_layer(opt_, static_cast<int64_t>(l));

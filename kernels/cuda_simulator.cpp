@@ -101,8 +101,12 @@ struct CudaSimulator::Impl {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   // Per layer, device: query [q_heads, query rows, d] (every position, or the sampled
-  // ones of LayerTensors::query_positions), key and value [kv_heads, T, d].
+  // ones of LayerTensors::query_positions), key and value [kv_heads, T, d]. Every layer
+  // is on the device, or with `layers_streamed` only those upload_layer put there (the
+  // streamed recording's held layer).
   std::vector<DeviceBuffer<float>> query, key, value;
+  bool layers_streamed = false;
+  std::vector<char> on_device;  // [layers]
   // Reconstruction errors x̂ - x of a batch of units, [batch, T, d] device.
   DeviceBuffer<float> dk_stored, dk_window, dv_stored, dv_window;
   // [kv_heads, 2 (K, V), 2 (stored, window), kDeltaBlocks, 2]: (Σ Δ², Σ x²) per block
@@ -134,6 +138,7 @@ struct CudaSimulator::Impl {
     DeviceBuffer<float> scores;
     DeviceBuffer<ExactRowStats> stats;
     DeviceBuffer<int32_t> topk;
+    size_t bytes = 0;  // what it counts in ExactCache::bytes
   };
   struct ExactCache {
     std::vector<int32_t> positions;
@@ -171,6 +176,10 @@ struct CudaSimulator::Impl {
     if (u.window.active()) launch_delta(x, delta_win, T * d, partial_at + 2 * kDeltaBlocks, stream);
   }
 
+  // Layer l's tensors to the device, or off it with what was kept for it.
+  void upload_layer(int64_t l);
+  void drop_layer(int64_t l);
+
   // The row of each evaluated position's query in the layer's query tensor.
   std::vector<int32_t> query_rows_of(const LayerTensors& lt, const std::vector<int32_t>& pos) const;
 
@@ -201,8 +210,10 @@ void sum_partial(const double* p, double& err2, double& norm2) {
 
 }  // namespace
 
-CudaSimulator::CudaSimulator(const Recording& rec, MatmulPrecision precision) : impl_(std::make_unique<Impl>(rec)) {
+CudaSimulator::CudaSimulator(const Recording& rec, MatmulPrecision precision, bool layers_streamed)
+    : impl_(std::make_unique<Impl>(rec)) {
   impl_->precision = precision;
+  impl_->layers_streamed = layers_streamed;
   const DeviceInfo dev = device_info();
   if (!dev.available) throw Error("CUDA backend: no usable CUDA device (" + dev.why_not + ")");
   KVB_CUDA_CHECK(cudaSetDevice(0));
@@ -215,19 +226,73 @@ CudaSimulator::CudaSimulator(const Recording& rec, MatmulPrecision precision) : 
   impl_->query.resize(L);
   impl_->key.resize(L);
   impl_->value.resize(L);
-  for (size_t l = 0; l < L; ++l) {
-    impl_->query[l].upload(rec.layers[l].query.data);
-    impl_->key[l].upload(rec.layers[l].key.data);
-    impl_->value[l].upload(rec.layers[l].value.data);
-  }
+  impl_->on_device.assign(L, 0);
+  if (!layers_streamed)
+    for (size_t l = 0; l < L; ++l) impl_->upload_layer(static_cast<int64_t>(l));
   impl_->partial.resize(static_cast<size_t>(rec.kv_heads) * 8 * kDeltaBlocks);
   impl_->exact_norms.resize(L);
-  // The score cache may take half of what the recording left free, less room for the
-  // row blocks' scratch (six score-like matrices).
+  // The score cache may take half of what the recording left free (streamed: less the
+  // largest layer, which is not uploaded yet), less room for the row blocks' scratch
+  // (six score-like matrices).
   size_t free_b = 0, total_b = 0;
   KVB_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t scratch = 6 * static_cast<size_t>(kMaxBlockElements) * sizeof(float);
-  impl_->exact_cache.budget = free_b > scratch ? (free_b - scratch) / 2 : 0;
+  size_t reserved = 6 * static_cast<size_t>(kMaxBlockElements) * sizeof(float);
+  if (layers_streamed) {
+    size_t largest = 0;
+    for (const LayerTensors& lt : rec.layers) {
+      const size_t rows = lt.sparse_queries() ? lt.query_positions.size() : static_cast<size_t>(rec.tokens);
+      const size_t kv = static_cast<size_t>(rec.kv_heads * rec.tokens);
+      const size_t floats = static_cast<size_t>(rec.head_dim) * (static_cast<size_t>(rec.q_heads) * rows + 2 * kv);
+      largest = std::max(largest, floats * sizeof(float));
+    }
+    reserved += largest;
+  }
+  impl_->exact_cache.budget = free_b > reserved ? (free_b - reserved) / 2 : 0;
+}
+
+void CudaSimulator::Impl::upload_layer(int64_t l) {
+  const LayerTensors& lt = rec.layers[static_cast<size_t>(l)];
+  const size_t kv = static_cast<size_t>(rec.kv_heads * rec.tokens * rec.head_dim);
+  if (lt.key.data.size() != kv || lt.value.data.size() != kv)
+    throw Error("internal: CUDA backend: layer " + std::to_string(l) +
+                "'s keys and values are not held by the recording (a streamed layer is uploaded while held)");
+  query[static_cast<size_t>(l)].upload(lt.query.data);
+  key[static_cast<size_t>(l)].upload(lt.key.data);
+  value[static_cast<size_t>(l)].upload(lt.value.data);
+  on_device[static_cast<size_t>(l)] = 1;
+}
+
+void CudaSimulator::Impl::drop_layer(int64_t l) {
+  const size_t i = static_cast<size_t>(l);
+  query[i] = DeviceBuffer<float>{};  // frees, after the work queued on the device
+  key[i] = DeviceBuffer<float>{};
+  value[i] = DeviceBuffer<float>{};
+  on_device[i] = 0;
+  exact_norms[i] = ExactNorms{};
+  for (auto it = exact_cache.blocks.begin(); it != exact_cache.blocks.end();) {
+    if (it->first[0] == l) {
+      exact_cache.bytes -= it->second.bytes;
+      it = exact_cache.blocks.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CudaSimulator::upload_layer(int64_t layer) {
+  Impl& m = *impl_;
+  if (!m.layers_streamed) throw Error("internal: CUDA backend: upload_layer on a recording uploaded whole");
+  if (layer < 0 || layer >= m.rec.num_layers())
+    throw Error("internal: CUDA backend: layer " + std::to_string(layer) + " of " + std::to_string(m.rec.num_layers()));
+  m.upload_layer(layer);
+}
+
+void CudaSimulator::drop_layer(int64_t layer) {
+  Impl& m = *impl_;
+  if (!m.layers_streamed) throw Error("internal: CUDA backend: drop_layer on a recording uploaded whole");
+  if (layer < 0 || layer >= m.rec.num_layers())
+    throw Error("internal: CUDA backend: layer " + std::to_string(layer) + " of " + std::to_string(m.rec.num_layers()));
+  m.drop_layer(layer);
 }
 
 CudaSimulator::~CudaSimulator() = default;
@@ -282,6 +347,7 @@ CudaSimulator::Impl::ExactBlock* CudaSimulator::Impl::cached_exact(std::array<in
     c.budget = c.bytes;
     return nullptr;
   }
+  b.bytes = bytes;
   c.bytes += bytes;
   fresh = true;
   return &b;
@@ -305,6 +371,9 @@ ErrorStats CudaSimulator::Impl::simulate_heads(const Plan& plan, int64_t layer, 
       plan.head_dim() != rec.head_dim)
     throw Error("internal: plan shape does not match the recording on the device");
   if (const std::string why = unsupported_reason(plan, opt); !why.empty()) throw Error("CUDA backend: " + why);
+  if (layer < 0 || layer >= rec.num_layers() || !m.on_device[static_cast<size_t>(layer)])
+    throw Error("internal: CUDA backend: layer " + std::to_string(layer) +
+                " is not on the device (a streamed recording's layer is measured while held)");
   const int64_t T = rec.tokens, G = rec.group_size(), prefill = plan.prefill();
   const LayerTensors& lt = rec.layers[static_cast<size_t>(layer)];
 

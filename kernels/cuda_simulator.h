@@ -36,7 +36,11 @@ class CudaSimulator {
   // kvb::Error when no device is usable or the recording does not fit.
   // `precision`: the plan-dependent matrix products in fp32 (default) or on TF32
   // tensor cores (sim/matmul_precision.h); the exact ones are always fp32.
-  explicit CudaSimulator(const Recording& rec, MatmulPrecision precision = MatmulPrecision::Fp32);
+  // `layers_streamed`: `rec` is a StreamedRecording's (sim/layer_stream.h): nothing is
+  // uploaded here; upload_layer(l) uploads layer l while the recording holds it, and
+  // only layers on the device are measured (so the device holds one layer, not all).
+  explicit CudaSimulator(const Recording& rec, MatmulPrecision precision = MatmulPrecision::Fp32,
+                         bool layers_streamed = false);
   ~CudaSimulator();
   CudaSimulator(const CudaSimulator&) = delete;
   CudaSimulator& operator=(const CudaSimulator&) = delete;
@@ -53,6 +57,13 @@ class CudaSimulator {
   ErrorStats simulate_kv_head(const Plan& plan, int64_t layer, int64_t kv_head, const SimOptions& opt);
   // As kvb::simulate: all layers in order, merged.
   ErrorStats simulate(const Plan& plan, const SimOptions& opt);
+
+  // A streamed recording's layer l (index into recording().layers), held by the
+  // recording now: uploads its tensors. drop_layer(l) frees them and everything kept
+  // for layer l (its exact-pass cache entries and norms). Both throw kvb::Error on a
+  // simulator whose layers are not streamed; measuring a layer not on the device does too.
+  void upload_layer(int64_t layer);
+  void drop_layer(int64_t layer);
 
  private:
   struct Impl;

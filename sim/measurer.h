@@ -13,7 +13,8 @@
 // The implementations: CpuMeasurer (below, the reference) and cuda::CudaMeasurer
 // (kernels/cuda_measurer.h). Both are created in one place, make_measurer()
 // (experiments/backend.h); a new backend implements this interface and is added
-// there. Each is bound to one recording (the CUDA one holds it on the device).
+// there. Each is bound to one recording (the CUDA one holds it on the device: every
+// layer, or for a streamed recording the one layer it holds).
 // Every method may be called from several threads at once; a measurer that cannot run
 // measurements concurrently (concurrency() == 1) serializes them itself.
 #pragma once
@@ -61,6 +62,15 @@ class Measurer {
   }
   // Drops what prepare() or prepare_layer() built.
   virtual void release_prepared() {}
+
+  // A streamed recording (sim/layer_stream.h) holds layer `layer`'s tensors from
+  // layer_held(layer) to layer_released(layer), and that layer is measured only in
+  // between. A measurer that keeps its own copy of the layers (CUDA's, on the device)
+  // takes that layer's copy at layer_held and drops it at layer_released; the CPU one
+  // reads the recording directly. Called only on a measurer made for a streamed
+  // recording (make_measurer's `layers_streamed`), one layer at a time.
+  virtual void layer_held(int64_t layer) { (void)layer; }
+  virtual void layer_released(int64_t layer) { (void)layer; }
 
   // As kvb::simulate_layer: one layer (index into recording().layers), rows in
   // (q_head, position) order.

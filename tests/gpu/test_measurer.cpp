@@ -3,16 +3,22 @@
 // (gpu_test_util.h); a reconstruction that is not finite refused alike on a KV head;
 // the optimal allocator's distortion tables measured on the GPU giving the CPU's
 // allocation; a sweep of optimal points on backend = "cuda" (tables on the GPU) giving
-// the CPU's points. Without a device: what the CUDA backend refuses, through
-// backend.h's make_measurer() side.
+// the CPU's points; a streamed recording measured one layer on the device at a time,
+// giving the held run's points bit for bit. Without a device: what the CUDA backend
+// refuses, through backend.h's make_measurer() side.
 #include <cmath>
 
 #include "experiments/backend.h"
+#include "experiments/config.h"
 #include "experiments/data_building.h"
 #include "experiments/experiment.h"
+#include "experiments/streaming.h"
 #include "experiments/sweep.h"
 #include "gpu_test_util.h"
 #include "kernels/cuda_measurer.h"
+#include "kernels/cuda_simulator.h"
+#include "point_results_test_util.h"
+#include "sim/layer_stream.h"
 #include "sim/formats/registry.h"
 #include "sim/reconstruction.h"
 #include "sim/strategies/uniform.h"
@@ -162,4 +168,87 @@ TEST_CASE("a sweep of optimal points on backend = \"cuda\" calibrates on the GPU
                     spec.metrics.report[m] << ": cpu " << c << " gpu " << g);
     }
   }
+}
+
+TEST_CASE("a streamed recording on backend = \"cuda\": one layer on the device at a time, the held run's points") {
+  // Three layers, GQA, sink heads, RoPE; uniform, KIVI-2 (a recency window), entropy
+  // (reads the statistics of the first pass) and sink tokens chosen by attention.
+  ExperimentSpec spec = parse_experiment(ConfigDoc::parse(R"(
+backend = "cuda"
+[data]
+stream_layers = true
+[data.synthetic]
+layers = 3
+q_heads = 4
+kv_heads = 2
+head_dim = 32
+tokens = 1024
+entropy_mean = 5.0
+sink_heads = 1
+rope = true
+calibration_queries = 32
+[[strategy]]
+type = "uniform"
+key_format = "int{bits}-asym-ch32"
+value_format = "int{bits}-asym-g32"
+[strategy.vars]
+bits = [2, 4]
+[[strategy]]
+preset = "kivi-2"
+[[strategy]]
+type = "entropy"
+budget_bpe = 4.0
+family = "int{b}-asym-g32"
+alpha = 0.25
+[[strategy]]
+type = "uniform"
+key_format = "int2-asym-g32"
+value_format = "int2-asym-g32"
+sink_tokens = 2
+sink_token_select = "attention"
+[calibration]
+positions = "900..963:8"
+[metrics]
+positions = "964..1023:4"
+)",
+                                                          "stream_cuda.toml"));
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  REQUIRE(streams_layers(spec, points));
+  const SyntheticKeep keep = synthetic_keep(spec, points, spec.data);
+  const Recording held = build_recording(spec.data, keep);
+  BackendChoice chosen;
+  const std::vector<PointResult> want = run_sweep(spec, held, points, nullptr, nullptr, &chosen);
+  CHECK(chosen.used == Backend::Cuda);
+
+  StreamedData data = stream_recording(spec, spec.data, keep, true);
+  StreamedRecording& streamed = *data.streamed;
+  PlanCheck check = check_plans(spec, streamed.recording(), points, nullptr, data.stats.get());
+  REQUIRE(check.errors.empty());
+  const std::vector<PointResult> got = run_sweep(spec, streamed.recording(), points, nullptr, nullptr, &chosen, nullptr,
+                                                 nullptr, &check, &streamed);
+  CHECK(chosen.used == Backend::Cuda);
+  // The same kernels on the same operands, layer by layer: the held run's bits.
+  test::check_same_results(want, got);
+  CHECK(streamed.loads() == 2 * held.num_layers());
+  CHECK(streamed.max_layers_held() == 1);
+
+  // A streamed simulator measures only the layer it was given.
+  cuda::CudaSimulator sim(streamed.recording(), MatmulPrecision::Fp32, /*layers_streamed=*/true);
+  const Plan plan = uniform_plan(held, "int4-asym-g32", "int4-asym-g32");
+  SimOptions opt;
+  opt.positions = {964, 1000, 1023};
+  CHECK_THROWS_WITH_AS(sim.simulate_layer(plan, 1, opt), doctest::Contains("is not on the device"), Error);
+  {
+    const HeldLayer layer(streamed, 1);
+    sim.upload_layer(1);
+    const ErrorStats one = sim.simulate_layer(plan, 1, opt);
+    cuda::CudaSimulator whole(held);
+    const ErrorStats all = whole.simulate_layer(plan, 1, opt);
+    REQUIRE(one.rows.size() == all.rows.size());
+    for (size_t r = 0; r < one.rows.size(); ++r) CHECK(one.rows[r].kl == all.rows[r].kl);
+    sim.drop_layer(1);
+  }
+  CHECK_THROWS_WITH_AS(sim.simulate_layer(plan, 1, opt), doctest::Contains("is not on the device"), Error);
+  cuda::CudaSimulator whole(held);
+  CHECK_THROWS_WITH_AS(whole.upload_layer(0), doctest::Contains("uploaded whole"), Error);
 }
