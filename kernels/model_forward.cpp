@@ -256,9 +256,20 @@ struct CudaTransformer::Impl {
     const int m = to_int(w.rows, "output features"), n = to_int(rows, "rows"), k = to_int(w.cols, "input features");
     KVB_CUBLAS_CHECK(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w32, k, in, k, &beta, y, m));
   }
+  // Whether a product of `rows` rows with 16-bit weight w reads w in place
+  // (launch_skinny_dense: a decoding step's few rows) instead of converting it to fp32
+  // for a GEMM, which would move three times its bytes.
+  static bool skinny(int64_t rows, const DeviceMatrix& w) {
+    return rows <= kMaxSkinnyRows && w.dtype != WeightDtype::F32;
+  }
+  void skinny_dense(const float* in, int64_t rows, const DeviceMatrix& w, const DeviceVector* bias, float* y) {
+    launch_skinny_dense(in, static_cast<int>(rows), w.data(), w.dtype, w.rows, w.cols,
+                        bias && bias->data() ? bias->data() : nullptr, y, stream);
+  }
   // y [rows, out] = x [rows, in] · weightᵀ (+ bias), fp32 (weight converted exactly).
   void dense(const float* in, int64_t rows, const DeviceMatrix& w, const DeviceVector* bias, float* y) {
     if (rows == 0) return;
+    if (skinny(rows, w)) return skinny_dense(in, rows, w, bias, y);
     gemm(in, rows, w, fp32_weight(w), bias, y);
   }
   void dense(const float* in, int64_t rows, const DeviceDense& d, float* y) { dense(in, rows, d.weight, &d.bias, y); }
@@ -283,7 +294,8 @@ struct CudaTransformer::Impl {
       logits_chunk[s].reserve(static_cast<size_t>(chunk * vocab));
       logits_staging[s].reserve(static_cast<size_t>(chunk * vocab));
     }
-    const float* w32 = fp32_weight(embedding);
+    const bool in_place = skinny(rows, embedding);
+    const float* w32 = in_place ? nullptr : fp32_weight(embedding);
     auto rows_of = [&](int64_t c) { return std::min(chunk, rows - c * chunk); };
     auto drain = [&](int64_t c) {  // chunk c: staging -> out, once its copy is done
       const int s = static_cast<int>(c % 2);
@@ -293,7 +305,8 @@ struct CudaTransformer::Impl {
     for (int64_t c = 0; c < chunks; ++c) {
       const int s = static_cast<int>(c % 2);
       if (c >= 2) drain(c - 2);  // slot s is free again on the device and the host
-      gemm(normed + c * chunk * hidden, rows_of(c), embedding, w32, nullptr, logits_chunk[s].data());
+      if (in_place) skinny_dense(normed + c * chunk * hidden, rows_of(c), embedding, nullptr, logits_chunk[s].data());
+      else gemm(normed + c * chunk * hidden, rows_of(c), embedding, w32, nullptr, logits_chunk[s].data());
       KVB_CUDA_CHECK(cudaEventRecord(chunk_computed[s], stream));
       KVB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, chunk_computed[s], 0));
       KVB_CUDA_CHECK(cudaMemcpyAsync(logits_staging[s].data(), logits_chunk[s].data(),

@@ -32,6 +32,77 @@ __global__ void weight_to_f32_kernel(const void* w, WeightDtype dtype, int64_t f
     out[i] = weight_at(w, dtype, first + i);
 }
 
+// 8 consecutive 16-bit weights (one 16-byte load) widened to fp32.
+__device__ __forceinline__ void widen8(uint4 packed, WeightDtype dtype, float* out) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+  for (int i = 0; i < 4; ++i) {
+    const uint16_t lo = static_cast<uint16_t>(words[i] & 0xffffu), hi = static_cast<uint16_t>(words[i] >> 16);
+    if (dtype == WeightDtype::BF16) {
+      out[2 * i] = __uint_as_float(static_cast<uint32_t>(lo) << 16);
+      out[2 * i + 1] = __uint_as_float(static_cast<uint32_t>(hi) << 16);
+    } else {
+      out[2 * i] = __half2float(__ushort_as_half(lo));
+      out[2 * i + 1] = __half2float(__ushort_as_half(hi));
+    }
+  }
+}
+
+// launch_skinny_dense: warp w of the grid computes output feature o = w for R rows.
+// `vec8`: 16-bit W, `in` a multiple of 8, W and x 16-byte aligned (8 weights and two
+// float4 of each row per load); otherwise element by element.
+template <int R>
+__global__ void skinny_dense_kernel(const float* __restrict__ x, const void* __restrict__ w, WeightDtype dtype,
+                                    int64_t out, int64_t in, const float* __restrict__ bias, float* __restrict__ y,
+                                    bool vec8) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t o = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+  if (o >= out) return;
+  float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  if (vec8) {
+    const uint4* row = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + o * in);
+    const int64_t packs = in / 8;
+#pragma unroll 4
+    for (int64_t c = lane; c < packs; c += 32) {
+      float wf[8];
+      widen8(__ldg(row + c), dtype, wf);
+      for (int r = 0; r < R; ++r) {
+        const float4* xr = reinterpret_cast<const float4*>(x + r * in + c * 8);
+        const float4 a = xr[0], b = xr[1];
+        float s = acc[r];
+        s = __fmaf_rn(wf[0], a.x, s);
+        s = __fmaf_rn(wf[1], a.y, s);
+        s = __fmaf_rn(wf[2], a.z, s);
+        s = __fmaf_rn(wf[3], a.w, s);
+        s = __fmaf_rn(wf[4], b.x, s);
+        s = __fmaf_rn(wf[5], b.y, s);
+        s = __fmaf_rn(wf[6], b.z, s);
+        s = __fmaf_rn(wf[7], b.w, s);
+        acc[r] = s;
+      }
+    }
+  } else {
+    for (int64_t k = lane; k < in; k += 32) {
+      const float wk = weight_at(w, dtype, o * in + k);
+      for (int r = 0; r < R; ++r) acc[r] = __fmaf_rn(wk, x[r * in + k], acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = acc[r];
+    for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+    if (lane == 0) y[r * out + o] = bias ? s + bias[o] : s;
+  }
+}
+
+template <int R>
+void launch_skinny_rows(const float* x, const void* w, WeightDtype dtype, int64_t out, int64_t in, const float* bias,
+                        float* y, bool vec8, cudaStream_t stream) {
+  constexpr int kWarps = kThreads / 32;
+  const int64_t blocks = (out + kWarps - 1) / kWarps;
+  skinny_dense_kernel<R><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, w, dtype, out, in, bias, y, vec8);
+  KVB_CUDA_CHECK_LAUNCH("skinny_dense_kernel");
+}
+
 __global__ void embed_kernel(const int32_t* tokens, const void* tok, const void* pos, WeightDtype dtype,
                              int64_t first_position, int hidden, float* x) {
   const int r = blockIdx.x;
@@ -568,6 +639,26 @@ void launch_weight_to_f32(const void* weight, WeightDtype dtype, int64_t first, 
   if (n <= 0) return;
   weight_to_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(weight, dtype, first, n, out);
   KVB_CUDA_CHECK_LAUNCH("weight_to_f32_kernel");
+}
+
+void launch_skinny_dense(const float* x, int rows, const void* w, WeightDtype dtype, int64_t out, int64_t in,
+                         const float* bias, float* y, cudaStream_t stream) {
+  if (rows < 1 || rows > kMaxSkinnyRows || out <= 0 || in <= 0) {
+    if (rows == 0 || out == 0) return;
+    throw Error("internal: launch_skinny_dense: " + std::to_string(rows) + " rows of " + std::to_string(in) + " -> " +
+                std::to_string(out) + " features (at most " + std::to_string(kMaxSkinnyRows) + " rows)");
+  }
+  const bool vec8 = dtype != WeightDtype::F32 && in % 8 == 0 && aligned16(w) && aligned16(x);
+  switch (rows) {
+    case 1: return launch_skinny_rows<1>(x, w, dtype, out, in, bias, y, vec8, stream);
+    case 2: return launch_skinny_rows<2>(x, w, dtype, out, in, bias, y, vec8, stream);
+    case 3: return launch_skinny_rows<3>(x, w, dtype, out, in, bias, y, vec8, stream);
+    case 4: return launch_skinny_rows<4>(x, w, dtype, out, in, bias, y, vec8, stream);
+    case 5: return launch_skinny_rows<5>(x, w, dtype, out, in, bias, y, vec8, stream);
+    case 6: return launch_skinny_rows<6>(x, w, dtype, out, in, bias, y, vec8, stream);
+    case 7: return launch_skinny_rows<7>(x, w, dtype, out, in, bias, y, vec8, stream);
+    default: return launch_skinny_rows<8>(x, w, dtype, out, in, bias, y, vec8, stream);
+  }
 }
 
 void launch_embed(const int32_t* tokens, int n, const void* token_embedding, const void* position_embedding,

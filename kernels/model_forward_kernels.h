@@ -15,6 +15,19 @@ enum class WeightDtype : int { F32 = 0, F16 = 1, BF16 = 2 };
 void launch_weight_to_f32(const void* weight, WeightDtype dtype, int64_t first, int64_t n, float* out,
                           cudaStream_t stream);
 
+// Rows up to which launch_skinny_dense computes a dense layer (decoding: one row a step).
+constexpr int kMaxSkinnyRows = 8;
+
+// y [rows, out] = x [rows, in] · Wᵀ (+ bias [out] when non-null), rows in
+// [1, kMaxSkinnyRows], reading W [out, in] (row-major) in its stored dtype, each element
+// widened exactly as launch_weight_to_f32 does, products summed in fp32 (one warp per
+// output feature: each lane a strided share of `in`, then a fixed-order warp
+// reduction). For the few rows of a decoding step, where converting a 16-bit W to fp32
+// before a GEMM would move three times W's bytes. Equal to that GEMM within fp32
+// summation order (tests/gpu/test_forward.cpp).
+void launch_skinny_dense(const float* x, int rows, const void* w, WeightDtype dtype, int64_t out, int64_t in,
+                         const float* bias, float* y, cudaStream_t stream);
+
 // x [n, hidden] = token_embedding[tokens[r]] (+ position_embedding[first_position + r]
 // when position_embedding is non-null); both tables [*, hidden] in `dtype`.
 void launch_embed(const int32_t* tokens, int n, const void* token_embedding, const void* position_embedding,

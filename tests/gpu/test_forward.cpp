@@ -19,6 +19,7 @@
 #include <string>
 
 #include "gpu_test_util.h"
+#include "kernels/cuda_check.h"
 #include "kernels/device_buffer.h"
 #include "kernels/model_forward.h"
 #include "kernels/model_forward_kernels.h"
@@ -590,4 +591,80 @@ TEST_CASE("a plan with a format that has no CUDA twin fails naming the format an
   CHECK(message.find("layer 1 kv_head 1 V") != std::string::npos);
   CHECK(cuda::forward_unsupported_reason(plan) != "");
   CHECK(cuda::forward_unsupported_reason(plan_for(c, 20, "int4-asym-g32")) == "");
+}
+
+namespace {
+
+// `count` finite 16-bit weights of `dtype` (random sign, exponent near 1, mantissa) and
+// their values, widened on the host in double.
+struct Weights16 {
+  std::vector<uint16_t> bits;
+  std::vector<double> values;
+};
+Weights16 random_weights16(int64_t count, cuda::WeightDtype dtype, uint64_t seed) {
+  Weights16 w;
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&s] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t r = next();
+    const uint16_t sign = static_cast<uint16_t>(r & 1u);
+    if (dtype == cuda::WeightDtype::BF16) {  // 1 sign, 8 exponent (bias 127), 7 mantissa bits
+      const uint16_t e = static_cast<uint16_t>(120 + (r >> 1) % 14), m = static_cast<uint16_t>((r >> 8) & 0x7fu);
+      w.bits.push_back(static_cast<uint16_t>(sign << 15 | e << 7 | m));
+      w.values.push_back((sign ? -1.0 : 1.0) * std::ldexp(1.0 + m / 128.0, e - 127));
+    } else {  // fp16: 1 sign, 5 exponent (bias 15), 10 mantissa bits
+      const uint16_t e = static_cast<uint16_t>(8 + (r >> 1) % 14), m = static_cast<uint16_t>((r >> 8) & 0x3ffu);
+      w.bits.push_back(static_cast<uint16_t>(sign << 15 | e << 10 | m));
+      w.values.push_back((sign ? -1.0 : 1.0) * std::ldexp(1.0 + m / 1024.0, e - 15));
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("skinny dense kernel: a decoding step's rows against the widened weights, both 16-bit dtypes") {
+  // (out, in): 16-byte loads (in a multiple of 8), and element by element (in = 203).
+  for (const auto dtype : {cuda::WeightDtype::BF16, cuda::WeightDtype::F16})
+    for (const auto& [out, in] : {std::pair<int64_t, int64_t>{1000, 4096}, {77, 200}, {130, 203}})
+      for (const int rows : {1, 3, 8})
+        for (const bool with_bias : {false, true})
+          for (const int64_t x_offset : {int64_t{0}, int64_t{1}}) {  // 1: x not 16-byte aligned
+            INFO((dtype == cuda::WeightDtype::BF16 ? "bf16 " : "fp16 ") << out << " x " << in << ", " << rows
+                                                                         << " rows, bias " << with_bias
+                                                                         << ", x offset " << x_offset);
+            const Weights16 w = random_weights16(out * in, dtype, static_cast<uint64_t>(out + in + rows));
+            const std::vector<float> x = random_normal(static_cast<size_t>(rows * in + x_offset), 7, 1.0f);
+            const std::vector<float> bias = random_normal(static_cast<size_t>(out), 8, 1.0f);
+            cuda::DeviceBuffer<uint16_t> dw(w.bits.size());
+            dw.upload(w.bits.data(), w.bits.size());
+            cuda::DeviceBuffer<float> dx(x.size()), db(bias.size()), dy(static_cast<size_t>(rows * out));
+            dx.upload(x.data(), x.size());
+            db.upload(bias.data(), bias.size());
+            cuda::launch_skinny_dense(dx.data() + x_offset, rows, dw.data(), dtype, out, in,
+                                      with_bias ? db.data() : nullptr, dy.data(), nullptr);
+            KVB_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<float> y = dy.download();
+            double worst = 0;
+            for (int r = 0; r < rows; ++r) {
+              double scale = 0, diff = 0;
+              for (int64_t o = 0; o < out; ++o) {
+                double want = with_bias ? bias[static_cast<size_t>(o)] : 0.0;
+                for (int64_t k = 0; k < in; ++k)
+                  want += w.values[static_cast<size_t>(o * in + k)] * x[static_cast<size_t>(x_offset + r * in + k)];
+                scale = std::max(scale, std::fabs(want));
+                diff = std::max(diff, std::fabs(static_cast<double>(y[static_cast<size_t>(r * out + o)]) - want));
+              }
+              worst = std::max(worst, diff / scale);
+            }
+            CHECK_MESSAGE(worst <= 1e-5, "worst relative difference " << worst);
+          }
+  CHECK_THROWS_AS(cuda::launch_skinny_dense(nullptr, cuda::kMaxSkinnyRows + 1, nullptr, cuda::WeightDtype::BF16, 4, 8,
+                                            nullptr, nullptr, nullptr),
+                  Error);
 }
