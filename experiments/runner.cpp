@@ -108,7 +108,7 @@ RunOutcome run_experiment(const RunRequest& request) {
       if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s], spec.backend, spec.precision);
       else if (stream)
         streamed = stream_recording(spec, sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]),
-                                    points_need_statistics(to_run));
+                                    to_run);
       else loaded[s] = build_recording(sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]));
     } catch (const RunInterrupted&) {
       throw;

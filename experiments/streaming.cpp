@@ -1,5 +1,7 @@
 #include "experiments/streaming.h"
 
+#include <algorithm>
+
 #include "experiments/query_positions.h"
 #include "experiments/shard.h"
 #include "sim/core/error.h"
@@ -26,7 +28,7 @@ std::string streaming_obstacle(const ExperimentSpec& spec, const std::vector<Swe
     return "data.max_tokens = " + std::to_string(data.max_tokens) +
            " cuts the recording after it is generated; set data.synthetic.tokens instead";
   for (const SweepPoint& p : points)
-    if (require_strategy_type(p.type, "strategy").plans_read_tensors)
+    if (require_strategy_type(p.type, "strategy").plan_reads == PlanReads::Tensors)
       return "point " + p.key + ": strategy type '" + p.type +
              "' reads the recording's tensors while its plan is built (every layer held)";
   return {};
@@ -51,8 +53,23 @@ bool points_need_statistics(const std::vector<SweepPoint>& points) {
   return false;
 }
 
+std::vector<KeyRhoRange> points_key_rho_ranges(const std::vector<SweepPoint>& points, const Recording& rec) {
+  std::vector<KeyRhoRange> ranges;
+  for (const SweepPoint& p : points) {
+    std::unique_ptr<Strategy> strategy;
+    try {
+      strategy = require_strategy_type(p.type, "strategy").make(p.params);
+    } catch (const std::exception&) {
+      continue;  // check_plans reports it
+    }
+    for (const KeyRhoRange& r : strategy->key_rho_ranges(rec))
+      if (std::find(ranges.begin(), ranges.end(), r) == ranges.end()) ranges.push_back(r);
+  }
+  return ranges;
+}
+
 StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, const SyntheticKeep& keep,
-                              bool with_stats) {
+                              const std::vector<SweepPoint>& points) {
   StreamedData out;
   if (data.source == DataSpec::Source::Synthetic) {
     out.synthetic = std::make_unique<SyntheticLayers>(data.synthetic, keep);
@@ -74,16 +91,19 @@ StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, 
   StreamedRecording& streamed = *out.streamed;
   const Recording& rec = streamed.recording();
   rec.validate_except_layer_tensors();
-  if (with_stats)
+  const bool attention_statistics = points_need_statistics(points);
+  const std::vector<KeyRhoRange> rho_ranges = points_key_rho_ranges(points, rec);
+  if (attention_statistics || !rho_ranges.empty())
     out.stats = std::make_unique<RecordingStats>(rec, resolve_positions(spec, rec.tokens).calibration);
   RecordingIdentity identity(rec);
   for (int64_t l = 0; l < rec.num_layers(); ++l) {
     const HeldLayer held(streamed, l);
     rec.validate_layer(l);
     identity.add_layer(rec.layers[static_cast<size_t>(l)]);
-    if (out.stats) out.stats->add_layer(l);
+    if (attention_statistics) out.stats->add_layer(l);
+    if (!rho_ranges.empty()) out.stats->add_key_rho_layer(l, rho_ranges);
   }
-  if (out.stats) out.stats->finish_layers();
+  if (attention_statistics) out.stats->finish_layers();
   if (out.synthetic) out.synthetic->finish(streamed.recording_to_complete());
   out.identity = identity.finish(rec);
   return out;

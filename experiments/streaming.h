@@ -2,8 +2,11 @@
 // layer's keys, values and queries for the whole run, the run holds one layer at a time.
 //
 //   pass 1 (stream_recording): each layer is generated, validated, hashed into the
-//     data identity, and its attention statistics (RecordingStats) computed when some
-//     point reads them; the generator's measured metadata is completed after the last;
+//     data identity, and what the points' plans read of it computed into their
+//     RecordingStats: its attention statistics when some point reads them, its key
+//     redundancy ρ over the token ranges phase and taqg points name
+//     (Strategy::key_rho_ranges, RecordingStats::add_key_rho_layer); the generator's
+//     measured metadata is completed after the last;
 //   plans: built on the statistics (check_plans with them), the layers not held;
 //   pass 2 (run_sweep with the StreamedRecording): each layer generated again and every
 //     point's tasks of that layer measured, then it is dropped.
@@ -20,8 +23,8 @@
 // recording file, one sequence, (synthetic) without data.max_tokens cutting it after
 // generation, on either backend (the CUDA one uploads the held layer alone, as the
 // sweep holds it: Measurer::layer_held), whose points' strategies plan on attention
-// statistics at most (not phase or taqg, which measure ρ on the keys, nor optimal, which
-// measures distortion tables on them).
+// statistics and key ρ at most (StrategyType::plan_reads; not optimal, which measures
+// distortion tables on the layers' tensors).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -55,20 +58,28 @@ struct StreamedData {
   std::unique_ptr<SyntheticLayers> synthetic;   // the layers' source: the generator,
   std::unique_ptr<RecordingFileLayers> file;    // or the recording file
   std::unique_ptr<StreamedRecording> streamed;  // its recording(): every field, no layer held
-  // The statistics every point's plan reads (computed in the first pass when some
-  // point's strategy needs them; then complete, else empty and never warmed up).
+  // The statistics every point's plan reads, computed in the first pass: the attention
+  // statistics when some point's strategy needs them (then complete, else never warmed
+  // up), the key ρ of every range some point names; nullptr when no point reads either.
   std::unique_ptr<RecordingStats> stats;
   std::string identity;  // recording_identity, as on the held recording
 };
 
 // Opens the synthetic recording or recording file `data` describes (a synthetic one
-// keeping what `keep` says) and runs the first pass over its layers (above);
-// `with_stats`: compute the attention statistics on spec's calibration positions. Throws
-// what generate_synthetic, load_recording and Recording::validate throw.
+// keeping what `keep` says) and runs the first pass over its layers (above), computing
+// the statistics the plans of `points` read (attention statistics on spec's calibration
+// positions, key ρ). Throws what generate_synthetic, load_recording and
+// Recording::validate throw; a point that cannot plan on the data (a bad rho_layers, a
+// phase_marker absent) is left to check_plans to report, as on a held recording.
 StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, const SyntheticKeep& keep,
-                              bool with_stats);
+                              const std::vector<SweepPoint>& points);
 
 // Whether some point's strategy reads the attention statistics (Strategy::needs_statistics).
 bool points_need_statistics(const std::vector<SweepPoint>& points);
+
+// The key ρ ranges the points' plans will read on `rec` (Strategy::key_rho_ranges),
+// each once, in the order of the points. A point whose strategy cannot be made is
+// skipped (check_plans reports it).
+std::vector<KeyRhoRange> points_key_rho_ranges(const std::vector<SweepPoint>& points, const Recording& rec);
 
 }  // namespace kvb

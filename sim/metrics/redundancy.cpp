@@ -30,10 +30,14 @@ double mean_pairwise_cosine_impl(const Real* rows, int64_t n, int64_t d) {
   return (s2 - m) / (m * (m - 1));
 }
 
-const Tensor& keys_of(const Recording& rec, int64_t li, KeyFrame frame) {
+void check_layer(const Recording& rec, int64_t li) {
   if (li < 0 || li >= rec.num_layers())
     throw Error("key rho: layer index " + std::to_string(li) + " outside [0, " + std::to_string(rec.num_layers()) +
                 ") of recording '" + rec.name + "'");
+}
+
+const Tensor& keys_of(const Recording& rec, int64_t li, KeyFrame frame) {
+  check_layer(rec, li);
   const LayerTensors& L = rec.layers[static_cast<size_t>(li)];
   if (frame == KeyFrame::PreRope) {
     if (L.key_pre_rope.empty())
@@ -72,12 +76,25 @@ double key_rho_layer(const Recording& rec, int64_t li, int64_t t0, int64_t t1, K
 }
 
 double key_rho(const Recording& rec, int64_t t0, int64_t t1, const std::vector<int64_t>& layers, KeyFrame frame) {
-  std::vector<int64_t> which = layers;
+  std::vector<double> layer_rhos;
+  for (int64_t li : key_rho_layers(rec, KeyRhoRange{t0, t1, layers}))
+    layer_rhos.push_back(key_rho_layer(rec, li, t0, t1, frame));
+  return mean_of_layer_rhos(layer_rhos);
+}
+
+std::vector<int64_t> key_rho_layers(const Recording& rec, const KeyRhoRange& range) {
+  check_range(rec, range.t0, range.t1);
+  std::vector<int64_t> which = range.layers;
   if (which.empty())
     for (int64_t li = 0; li < rec.num_layers(); ++li) which.push_back(li);
+  for (int64_t li : which) check_layer(rec, li);
+  return which;
+}
+
+double mean_of_layer_rhos(const std::vector<double>& layer_rhos) {
   double sum = 0;
-  for (int64_t li : which) sum += key_rho_layer(rec, li, t0, t1, frame);
-  return sum / static_cast<double>(which.size());
+  for (double rho : layer_rhos) sum += rho;
+  return sum / static_cast<double>(layer_rhos.size());
 }
 
 double key_rho_head(const Recording& rec, int64_t li, int64_t kv_head, int64_t t0, int64_t t1, KeyFrame frame) {

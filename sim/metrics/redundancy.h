@@ -42,9 +42,28 @@ double key_rho_layer(const Recording& rec, int64_t li, int64_t t0, int64_t t1,
                      KeyFrame frame = KeyFrame::Recorded);
 
 // Research ρ of a phase: key_rho_layer averaged over `layers` (indices into rec.layers;
-// empty = every layer).
+// empty = every layer), as mean_of_layer_rhos combines them.
 double key_rho(const Recording& rec, int64_t t0, int64_t t1, const std::vector<int64_t>& layers = {},
                KeyFrame frame = KeyFrame::Recorded);
+
+// The tokens and layers of one key_rho: tokens [t0, t1), `layers` indices into
+// rec.layers (empty = every layer; an index given twice counts twice).
+struct KeyRhoRange {
+  int64_t t0 = 0, t1 = 0;
+  std::vector<int64_t> layers;
+  bool operator==(const KeyRhoRange&) const = default;
+};
+
+// The layers key_rho averages over for `range` (range.layers, or every layer in order
+// when empty). Throws the kvb::Error key_rho throws for a bad token range or layer
+// index (the token range checked first), without reading any tensor.
+std::vector<int64_t> key_rho_layers(const Recording& rec, const KeyRhoRange& range);
+
+// key_rho from its per-layer values (key_rho_layer of each of key_rho_layers, in that
+// order): their sum in that order over their count. key_rho is exactly this, so ρ
+// combined from per-layer values computed one layer at a time (RecordingStats::key_rho
+// on a streamed recording) has the held computation's bits.
+double mean_of_layer_rhos(const std::vector<double>& layer_rhos);
 
 // Per-head variant: mean pairwise cosine of one KV head's keys over [t0, t1).
 double key_rho_head(const Recording& rec, int64_t li, int64_t kv_head, int64_t t0, int64_t t1,

@@ -98,14 +98,16 @@ int64_t PhaseBoundary::resolve(const Recording& rec) const {
   return b;
 }
 
+std::vector<KeyRhoRange> phase_rho_ranges(const Recording& rec, int64_t boundary, const std::vector<int64_t>& layers) {
+  return {KeyRhoRange{0, boundary, layers}, KeyRhoRange{boundary, rec.tokens, layers}};
+}
+
 PhaseRho phase_rho(const StrategyInput& in, int64_t boundary, const std::vector<int64_t>& layers) {
-  auto compute = [&] {
-    return PhaseRho{key_rho(in.rec, 0, boundary, layers), key_rho(in.rec, boundary, in.rec.tokens, layers)};
+  const std::vector<KeyRhoRange> ranges = phase_rho_ranges(in.rec, boundary, layers);
+  auto rho = [&](const KeyRhoRange& r) {
+    return in.stats ? in.stats->key_rho(r) : key_rho(in.rec, r.t0, r.t1, r.layers);
   };
-  if (!in.stats) return compute();
-  std::string key = "phase_rho:" + std::to_string(boundary) + ":";
-  for (int64_t l : layers) key += std::to_string(l) + ",";
-  return in.stats->memo<PhaseRho>(key, compute);
+  return PhaseRho{rho(ranges[0]), rho(ranges[1])};
 }
 
 TaqgRule parse_taqg_rule(const std::string& s) {
@@ -196,6 +198,16 @@ void PhaseStrategy::refuse_params_of_other_modes(const Params& p, const std::str
       refuse_unused_params(p, type, {"format"}, "without budget_bpe (a fixed format goes with a budget)");
       break;
   }
+}
+
+std::vector<KeyRhoRange> PhaseStrategy::key_rho_ranges(const Recording& rec) const {
+  int64_t b = 0;
+  try {
+    b = boundary_.resolve(rec);
+  } catch (const Error&) {
+    return {};  // build() throws the same
+  }
+  return phase_rho_ranges(rec, b, boundary_.rho_layers);
 }
 
 void PhaseStrategy::allocate(const StrategyInput& in, Plan& plan) const {

@@ -49,7 +49,9 @@ struct PhaseBoundary {
 struct PhaseRho {
   double first = 0, second = 0;
 };
-// Research ρ of both phases (memoized in in.stats when present).
+// The ranges of both phases' ρ: tokens [0, boundary) and [boundary, T) over `layers`.
+std::vector<KeyRhoRange> phase_rho_ranges(const Recording& rec, int64_t boundary, const std::vector<int64_t>& layers);
+// Research ρ of both phases (from in.stats, RecordingStats::key_rho, when present).
 PhaseRho phase_rho(const StrategyInput& in, int64_t boundary, const std::vector<int64_t>& layers);
 
 enum class TaqgRule { AsWritten, WaterFilling, Reversed };
@@ -66,6 +68,8 @@ class PhaseStrategy final : public ProtectedStrategy {
  public:
   // taqg = true: the split comes from the TAQG bound (type "taqg").
   PhaseStrategy(const Params& p, bool taqg);
+  // Both phases' ρ ranges at the boundary resolve() finds on `rec`.
+  std::vector<KeyRhoRange> key_rho_ranges(const Recording& rec) const override;
 
  protected:
   void allocate(const StrategyInput& in, Plan& plan) const override;

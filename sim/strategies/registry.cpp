@@ -23,19 +23,19 @@ const std::vector<StrategyType>& strategy_types() {
        phase_params(), &make_phase,
        with_shared_columns(
            {"phase_boundary", "rho_first", "rho_second", "split_bits", "phase_first_bits", "phase_second_bits"}, true),
-       /*plans_read_tensors=*/true},
+       PlanReads::KeyRho},
       {"taqg", "phase bits from the TAQG bound on per-phase key redundancy rho", taqg_params(), &make_taqg,
        with_shared_columns({"phase_boundary", "rho_first", "rho_second", "taqg_redundant_phase", "taqg_reduction_bits",
                             "taqg_split_bits", "taqg_first_bits", "taqg_second_bits", "split_bits", "phase_first_bits",
                             "phase_second_bits"},
                            true),
-       /*plans_read_tensors=*/true},
+       PlanReads::KeyRho},
       {"optimal", "Lagrangian allocation over measured per-unit distortion, with an additivity check", optimal_params(),
        &make_optimal,
        with_shared_columns({"objective", "objective_predicted", "objective_joint", "additivity", "lambda", "bits_mean",
                             "protections_chosen", "calibration_data", "objective_calibration"},
                            true),
-       /*plans_read_tensors=*/true},
+       PlanReads::Tensors},
   };
   return types;
 }

@@ -175,6 +175,35 @@ double RecordingStats::kv_head_entropy(int64_t li, int64_t g, EntropyKind kind, 
   return acc;
 }
 
+double RecordingStats::layer_key_rho(int64_t li, int64_t t0, int64_t t1) {
+  const std::string key = "key_rho_layer:" + std::to_string(li) + ":" + std::to_string(t0) + ":" + std::to_string(t1);
+  return memo<double>(key, [&] {
+    if (rec_.layers[static_cast<size_t>(li)].key.empty())
+      throw Error("internal: key rho of layer " + std::to_string(li) + " over tokens [" + std::to_string(t0) + ", " +
+                  std::to_string(t1) + ") was not computed while the streamed layer was held (a strategy's "
+                  "key_rho_ranges does not name every range its plan reads)");
+    return key_rho_layer(rec_, li, t0, t1);
+  });
+}
+
+double RecordingStats::key_rho(const KeyRhoRange& range) {
+  std::vector<double> layer_rhos;
+  for (int64_t li : key_rho_layers(rec_, range)) layer_rhos.push_back(layer_key_rho(li, range.t0, range.t1));
+  return mean_of_layer_rhos(layer_rhos);
+}
+
+void RecordingStats::add_key_rho_layer(int64_t li, const std::vector<KeyRhoRange>& ranges) {
+  for (const KeyRhoRange& range : ranges) {
+    std::vector<int64_t> layers;
+    try {
+      layers = key_rho_layers(rec_, range);
+    } catch (const Error&) {
+      continue;  // key_rho throws the same when the plan asks for it
+    }
+    if (std::find(layers.begin(), layers.end(), li) != layers.end()) layer_key_rho(li, range.t0, range.t1);
+  }
+}
+
 RecordingStats::Slot& RecordingStats::slot_for(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   std::unique_ptr<Slot>& s = slots_[key];

@@ -1,5 +1,5 @@
 // RecordingStats: statistics of a recording that strategies read (attention entropy
-// per head, attention received per token, ρ per phase, measured distortion tables),
+// per head, attention received per token, key redundancy ρ, measured distortion tables),
 // computed once per run on the calibration query positions and shared by every sweep
 // point. Thread-safe: each entry is filled lazily, once, by the first thread that
 // asks; every entry is a pure function of the recording and the calibration
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sim/metrics/attention.h"
+#include "sim/metrics/redundancy.h"
 #include "sim/recording.h"
 
 namespace kvb {
@@ -78,6 +79,18 @@ class RecordingStats {
   void add_layer(int64_t li);
   void finish_layers();
 
+  // Key redundancy ρ of `range` (key_rho, sim/metrics/redundancy.h; post-RoPE keys
+  // when the recording has RoPE), bit for bit: mean_of_layer_rhos of per-layer values
+  // memoized here, each computed on first use from its layer's keys, or beforehand by
+  // add_key_rho_layer (a streamed recording). Throws key_rho's kvb::Error for a bad
+  // range or layer, and kvb::Error for a layer whose keys are not held and whose value
+  // was not added.
+  double key_rho(const KeyRhoRange& range);
+  // For a streamed recording, while layer li is held: computes li's value for each of
+  // `ranges` that averages over it, for key_rho to find when the layer is gone. A range
+  // key_rho would refuse (bad tokens or layers) is skipped: key_rho throws for it later.
+  void add_key_rho_layer(int64_t li, const std::vector<KeyRhoRange>& ranges);
+
   // The value stored under `key`, computed by `compute` on first use. T must be
   // copyable; a throwing compute leaves the entry empty for the next caller.
   template <typename T>
@@ -97,6 +110,8 @@ class RecordingStats {
   };
   Slot& slot_for(const std::string& key);
   void compute_attention_statistics(bool parallel);
+  // key_rho_layer of layer li over [t0, t1), memoized (key_rho, add_key_rho_layer).
+  double layer_key_rho(int64_t li, int64_t t0, int64_t t1);
   // One query head's entropies over the calibration positions (layer li held); adds the
   // attention each token receives to recv [T].
   Entropies head_statistics(int64_t li, int64_t h, std::vector<double>& recv) const;

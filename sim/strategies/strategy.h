@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "sim/measurer.h"
+#include "sim/metrics/redundancy.h"
 #include "sim/plan.h"
 #include "sim/recording.h"
 
@@ -115,6 +116,30 @@ class Strategy {
   // Whether build() reads per-head entropies or received attention, so a sweep can
   // compute them once, in parallel, before building plans.
   virtual bool needs_statistics() const { return false; }
+  // The key redundancy ρ build() will ask in.stats for on `rec` (RecordingStats::key_rho),
+  // found from what a streamed recording holds without its layers' tensors (shapes,
+  // token ids): a streamed run computes them in its first pass, while each layer is held
+  // (experiments/streaming.h). Empty for a type whose plans read no ρ (PlanReads), and
+  // where build() would throw before reading ρ (it then throws the same error there).
+  virtual std::vector<KeyRhoRange> key_rho_ranges(const Recording& rec) const {
+    (void)rec;
+    return {};
+  }
+};
+
+// What a strategy type's plans read of the recording while they are built. A run
+// streams its layers (one held at a time, experiments/streaming.h) only when no point
+// reads PlanReads::Tensors: the others are computed in the streamed run's first pass.
+enum class PlanReads {
+  // Shapes, token ids and positions, and RecordingStats' attention statistics (per-head
+  // entropies, received attention) at most.
+  Statistics,
+  // Those and key redundancy ρ of the ranges Strategy::key_rho_ranges names (phase,
+  // taqg), through RecordingStats::key_rho.
+  KeyRho,
+  // The layers' tensors at will (optimal: distortion tables measured on them): every
+  // layer held while plans are built.
+  Tensors,
 };
 
 struct StrategyType {
@@ -128,11 +153,8 @@ struct StrategyType {
   // refuses a plan that reports another, and output.series / output.marker may name
   // these.
   std::vector<std::string> columns;
-  // Whether its plans read the recording's tensors (keys, queries) while they are built,
-  // beyond RecordingStats' attention statistics: ρ measured on the keys, distortion
-  // tables measured on the layers. Such a point needs every layer held while plans are
-  // built, so a run with one does not stream its layers (experiments/streaming.h).
-  bool plans_read_tensors = false;
+  // What its plans read of the recording while they are built (above).
+  PlanReads plan_reads = PlanReads::Statistics;
 
   std::vector<ParamDef> all_params() const { return expand_per_kind(params); }
 };

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # data.stream_layers (experiments/streaming.h): a run holding one layer of its synthetic
-# recording at a time says so, and gives the held run's numbers and data identity; a run
-# that cannot stream (an optimal point reads the keys while planning) is refused with
+# recording at a time says so, and gives the held run's numbers and data identity (a
+# taqg point's ρ computed in the first pass among them); a run that cannot stream (an
+# optimal point measures distortion tables on the layers while planning) is refused with
 # the reason when stream_layers = true, before anything is written. (The memory bound
 # is counted in tests/experiments/test_streaming.cpp; peak RSS is measured by
 # experiments/bench/bench_long_context.sh, not asserted.)
@@ -34,6 +35,11 @@ bits = [2, 4]
 type = "entropy"
 budget_bpe = 4.0
 family = "int{b}-asym-g32"
+[[strategy]]
+type = "taqg"
+budget_bpe = 4.0
+family = "int{b}-asym-g32"
+rho_layers = [3, 1]
 [calibration]
 positions = "3900..3995:8"
 [metrics]
@@ -52,7 +58,7 @@ grep -q "layers streamed" "$tmp/false.err" && fail "stream_layers = false stream
 
 numbers "$tmp/true/stream/latest/points.csv" >"$tmp/true.numbers"
 numbers "$tmp/false/stream/latest/points.csv" >"$tmp/false.numbers"
-[ "$(wc -l <"$tmp/true.numbers")" -eq 3 ] || fail "expected 3 points, got $(cat "$tmp/true.numbers")"
+[ "$(wc -l <"$tmp/true.numbers")" -eq 4 ] || fail "expected 4 points, got $(cat "$tmp/true.numbers")"
 cmp -s "$tmp/true.numbers" "$tmp/false.numbers" || fail "streaming changed the numbers:
 $(diff "$tmp/true.numbers" "$tmp/false.numbers" | head -6)"
 identity() { grep -o '"data_identity": "[0-9a-f]*"' "$1/stream/latest/manifest.json"; }

@@ -83,6 +83,74 @@ positions = "964..1023:4"
 points = [0]
 )";
 
+// Two phases (the second from token 768, at marker 257) of different key redundancy,
+// and points whose plans read ρ (phase, taqg: by marker, fraction and index, over all
+// layers and subsets, one layer twice), next to one reading the attention statistics,
+// with attribution of a taqg point (its token regions split at the boundary).
+const std::string kPhaseConfig = R"(
+backend = "cpu"
+
+[data]
+stream_layers = true
+
+[data.synthetic]
+layers = 3
+q_heads = 4
+kv_heads = 2
+head_dim = 32
+tokens = 1024
+entropy_mean = 5.0
+recency = 1.0
+rope = true
+phase_fraction = 0.75
+rho_first = 0.3
+rho_second = 0.5
+phase_marker = 257
+calibration_queries = 32
+
+[[strategy]]
+type = "taqg"
+low_bits = 4
+family = "int{b}-asym-g32"
+phase_marker = 257
+rho_layers = [2, 0]
+
+[[strategy]]
+type = "taqg"
+budget_bpe = 4.0
+family = "int{b}-asym-g32"
+rule = "water-filling"
+phase_fraction = 0.6
+
+[[strategy]]
+type = "phase"
+first_format = "int4-asym-g32"
+second_format = "int2-asym-g32"
+phase_index = 500
+rho_layers = [1, 1]
+
+[[strategy]]
+type = "phase"
+budget_bpe = 4.0
+family = "int{b}-asym-g32"
+phase_marker = 257
+split = 1.0
+
+[[strategy]]
+type = "entropy"
+budget_bpe = 4.0
+family = "int{b}-asym-g32"
+
+[calibration]
+positions = "900..963:8"
+
+[metrics]
+positions = "964..1023:4"
+
+[attribution]
+points = [0]
+)";
+
 bool same_tensor(const Tensor& a, const Tensor& b) {
   return a.shape == b.shape && a.data.size() == b.data.size() &&
          std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
@@ -129,7 +197,7 @@ TEST_CASE("streaming: a sweep holding one layer at a time gives the held sweep's
     INFO(threads << " threads");
     omp_set_num_threads(threads);
     const std::vector<PointResult> want = run_sweep(spec, held, points, nullptr, nullptr);
-    StreamedData data = stream_recording(spec, spec.data, keep, true);
+    StreamedData data = stream_recording(spec, spec.data, keep, points);
     StreamedRecording& streamed = *data.streamed;
     const Recording& rec = streamed.recording();
     // The first pass: every layer once, one at a time, none held after.
@@ -193,7 +261,7 @@ TEST_CASE("streaming: a recording file read one layer at a time gives load_recor
   REQUIRE(streams_layers(spec, points));
   const Recording held = build_recording(spec.data);
   const std::vector<PointResult> want = run_sweep(spec, held, points, nullptr, nullptr);
-  StreamedData data = stream_recording(spec, spec.data, {}, true);
+  StreamedData data = stream_recording(spec, spec.data, {}, points);
   CHECK(data.identity == recording_identity(held));
   PlanCheck check = check_plans(spec, data.streamed->recording(), points, nullptr, data.stats.get());
   REQUIRE(check.errors.empty());
@@ -205,6 +273,79 @@ TEST_CASE("streaming: a recording file read one layer at a time gives load_recor
   // Not automatic for a file (its size is known once it is open).
   spec.data.stream_layers.reset();
   CHECK_FALSE(streams_layers(spec, points));
+}
+
+TEST_CASE("streaming: phase and taqg points plan on rho computed one layer at a time, as held bit for bit") {
+  const ExperimentSpec spec = parse(kPhaseConfig);
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  REQUIRE(streaming_obstacle(spec, points).empty());
+  REQUIRE(streams_layers(spec, points));
+  const SyntheticKeep keep = synthetic_keep(spec, points, spec.data);
+  const Recording held = build_recording(spec.data, keep);
+  REQUIRE(held.token_ids[768] == 257);
+
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    omp_set_num_threads(threads);
+    const std::vector<PointResult> want = run_sweep(spec, held, points, nullptr, nullptr);
+    StreamedData data = stream_recording(spec, spec.data, keep, points);
+    StreamedRecording& streamed = *data.streamed;
+    const Recording& rec = streamed.recording();
+    // The ranges: [0, 768) and [768, 1024) over layers 2, 0 (the taqg point at the
+    // marker) and over every layer (the phase point at it), [0, 614) and [614, 1024)
+    // over every layer, [0, 500) and [500, 1024) over layer 1 twice.
+    CHECK(points_key_rho_ranges(points, rec).size() == 8);
+    CHECK(streamed.max_layers_held() == 1);
+    CHECK(streamed.layers_held() == 0);
+    REQUIRE(data.stats);
+    PlanCheck check = check_plans(spec, rec, points, nullptr, data.stats.get());
+    REQUIRE(check.errors.empty());
+    CHECK(streamed.loads() == held.num_layers());  // plans read the stored rho, no layer
+    const std::vector<PointResult> got =
+        run_sweep(spec, rec, points, nullptr, nullptr, nullptr, nullptr, nullptr, &check, &streamed);
+    check_same_results(want, got);
+    CHECK(streamed.loads() == 2 * held.num_layers());
+    CHECK(streamed.max_layers_held() == 1);
+    REQUIRE(got.size() == points.size());
+    for (const PointResult& r : got) {
+      INFO("point " << r.id << ": " << r.error);
+      CHECK(r.error.empty());
+    }
+    CHECK(got[0].attribution.has_value());
+  }
+  omp_set_num_threads(saved);
+
+  // Without a point reading the attention statistics: the rho alone is computed.
+  ExperimentSpec rho_only = spec;
+  rho_only.strategies.pop_back();  // the entropy point
+  const std::vector<SweepPoint> rho_points = expand_sweep(rho_only);
+  REQUIRE_FALSE(points_need_statistics(rho_points));
+  StreamedData data = stream_recording(rho_only, rho_only.data, keep, rho_points);
+  REQUIRE(data.stats);
+  PlanCheck check = check_plans(rho_only, data.streamed->recording(), rho_points, nullptr, data.stats.get());
+  REQUIRE(check.errors.empty());
+  check_same_results(run_sweep(rho_only, held, rho_points, nullptr, nullptr),
+                     run_sweep(rho_only, data.streamed->recording(), rho_points, nullptr, nullptr, nullptr, nullptr,
+                               nullptr, &check, data.streamed.get()));
+}
+
+TEST_CASE("streaming: a phase or taqg point that cannot plan on the data gives the held run's error") {
+  for (const char* bad : {"rho_layers = [0, 3]", "phase_marker = 999", "phase_index = 1023"}) {
+    INFO(bad);
+    const ExperimentSpec spec = parse(kConfig + "\n[[strategy]]\ntype = \"taqg\"\nlow_bits = 4\n"
+                                                "family = \"int{b}-asym-g32\"\n" + bad + "\n");
+    const std::vector<SweepPoint> points = expand_sweep(spec);
+    REQUIRE(streams_layers(spec, points));
+    const SyntheticKeep keep = synthetic_keep(spec, points, spec.data);
+    const Recording held = build_recording(spec.data, keep);
+    const PlanCheck want = check_plans(spec, held, points);
+    StreamedData data = stream_recording(spec, spec.data, keep, points);  // no error in the first pass
+    const PlanCheck got = check_plans(spec, data.streamed->recording(), points, nullptr, data.stats.get());
+    REQUIRE(want.errors.size() == 1);
+    CHECK(got.errors == want.errors);
+    CHECK(data.streamed->max_layers_held() == 1);
+  }
 }
 
 TEST_CASE("streaming: which runs stream their layers, and why not") {
@@ -225,7 +366,11 @@ TEST_CASE("streaming: which runs stream their layers, and why not") {
   off.data.stream_layers = false;
   CHECK_FALSE(streams_layers(off, points));
 
-  // A strategy that reads the keys while planning.
+  // phase and taqg read rho, computed in the first pass: they stream.
+  const ExperimentSpec phases = parse(kPhaseConfig);
+  CHECK(streaming_obstacle(phases, expand_sweep(phases)).empty());
+
+  // A strategy that reads the layers' tensors while planning.
   const ExperimentSpec optimal = parse(kConfig + R"(
 [[strategy]]
 type = "optimal"

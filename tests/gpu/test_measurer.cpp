@@ -220,7 +220,7 @@ positions = "964..1023:4"
   const std::vector<PointResult> want = run_sweep(spec, held, points, nullptr, nullptr, &chosen);
   CHECK(chosen.used == Backend::Cuda);
 
-  StreamedData data = stream_recording(spec, spec.data, keep, true);
+  StreamedData data = stream_recording(spec, spec.data, keep, points);
   StreamedRecording& streamed = *data.streamed;
   PlanCheck check = check_plans(spec, streamed.recording(), points, nullptr, data.stats.get());
   REQUIRE(check.errors.empty());

@@ -95,6 +95,17 @@ TEST_CASE("redundancy: research rho averages keys over KV heads, then over layer
   CHECK(both == doctest::Approx((kvb::key_rho_layer(rec, 0, 5, 30) + kvb::key_rho_layer(rec, 1, 5, 30)) / 2));
   CHECK(kvb::key_rho(rec, 5, 30, {1}) == doctest::Approx(kvb::key_rho_layer(rec, 1, 5, 30)));
 
+  // key_rho is mean_of_layer_rhos of its per-layer values, bit for bit (what a streamed
+  // recording combines, RecordingStats::key_rho).
+  CHECK(kvb::key_rho_layers(rec, {5, 30, {}}) == std::vector<int64_t>{0, 1});
+  CHECK(kvb::key_rho_layers(rec, {5, 30, {1, 0, 1}}) == std::vector<int64_t>{1, 0, 1});
+  CHECK(kvb::key_rho(rec, 5, 30, {1, 0, 1}) ==
+        kvb::mean_of_layer_rhos({kvb::key_rho_layer(rec, 1, 5, 30), kvb::key_rho_layer(rec, 0, 5, 30),
+                                 kvb::key_rho_layer(rec, 1, 5, 30)}));
+  CHECK_THROWS_WITH_AS(kvb::key_rho_layers(rec, {5, 30, {0, 2}}), doctest::Contains("layer index 2 outside [0, 2)"),
+                       kvb::Error);
+  CHECK_THROWS_WITH_AS(kvb::key_rho_layers(rec, {5, 6, {0, 2}}), doctest::Contains("token range [5, 6)"), kvb::Error);
+
   CHECK_THROWS_AS(kvb::key_rho_layer(rec, 2, 0, 10), kvb::Error);
   CHECK_THROWS_AS(kvb::key_rho_layer(rec, 0, 10, 11), kvb::Error);  // one token: no pairs
   CHECK_THROWS_AS(kvb::key_rho_layer(rec, 0, 0, T + 1), kvb::Error);

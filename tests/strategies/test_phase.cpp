@@ -109,3 +109,58 @@ TEST_CASE("TAQG: the bound as written, water-filling and reversed, at the resear
   CHECK(annotation(eq, "taqg_split_bits") == annotation(eq, "split_bits"));
   CHECK(eq.bpe() <= 4.5);
 }
+
+TEST_CASE("phase and taqg name the rho ranges their plans read; RecordingStats::key_rho is key_rho bit for bit") {
+  const Recording& rec = strategy_recording();  // 2 layers, 96 tokens, marker 257 at token 72
+  auto ranges_of = [&](const std::string& type, const std::map<std::string, ParamValue>& values) {
+    return require_strategy_type(type, "test").make(test::params_of(type, values))->key_rho_ranges(rec);
+  };
+  const std::map<std::string, ParamValue> taqg = {{"low_bits", int64_t{4}},
+                                                  {"family", std::string("int{b}-asym-g32")},
+                                                  {"phase_marker", int64_t{257}},
+                                                  {"rho_layers", IntList{1, 0, 1}}};
+  const std::vector<KeyRhoRange> ranges = ranges_of("taqg", taqg);
+  REQUIRE(ranges.size() == 2);
+  CHECK(ranges[0] == KeyRhoRange{0, 72, {1, 0, 1}});
+  CHECK(ranges[1] == KeyRhoRange{72, 96, {1, 0, 1}});
+  CHECK(ranges_of("phase", {{"first_format", std::string("int4-asym-g32")},
+                            {"second_format", std::string("int2-asym-g32")},
+                            {"phase_fraction", 0.5}}) ==
+        std::vector<KeyRhoRange>{{0, 48, {}}, {48, 96, {}}});
+  // Where the plan would throw, no range: the plan throws the same error later.
+  CHECK(ranges_of("taqg", {{"low_bits", int64_t{4}},
+                           {"family", std::string("int{b}-asym-g32")},
+                           {"phase_marker", int64_t{999}}})
+            .empty());
+  CHECK(ranges_of("taqg", {{"low_bits", int64_t{4}},
+                           {"family", std::string("int{b}-asym-g32")},
+                           {"rho_layers", IntList{2}}})
+            .empty());
+  CHECK(ranges_of("uniform", {{"format", std::string("int4-asym-g32")}}).empty());
+  CHECK(require_strategy_type("phase", "test").plan_reads == PlanReads::KeyRho);
+  CHECK(require_strategy_type("taqg", "test").plan_reads == PlanReads::KeyRho);
+  CHECK(require_strategy_type("optimal", "test").plan_reads == PlanReads::Tensors);
+
+  // Held: the same bits as key_rho, and as the plan's annotation.
+  RecordingStats held(rec, test::calibration_of(rec));
+  for (const KeyRhoRange& r : ranges) CHECK(held.key_rho(r) == key_rho(rec, r.t0, r.t1, r.layers));
+  CHECK(annotation(build_plan("taqg", taqg, rec, held), "rho_first") == key_rho(rec, 0, 72, {1, 0, 1}));
+
+  // One layer's keys at a time, as a streamed recording's first pass holds them.
+  Recording skeleton = rec;
+  for (LayerTensors& L : skeleton.layers) L = LayerTensors{};
+  RecordingStats streamed(skeleton, test::calibration_of(rec));
+  const std::vector<KeyRhoRange> with_bad = {ranges[0], ranges[1], KeyRhoRange{0, 72, {5}}, KeyRhoRange{95, 96, {}}};
+  for (int64_t l = 0; l < rec.num_layers(); ++l) {
+    skeleton.layers[static_cast<size_t>(l)] = rec.layers[static_cast<size_t>(l)];
+    streamed.add_key_rho_layer(l, with_bad);  // the bad ranges are skipped
+    skeleton.layers[static_cast<size_t>(l)] = LayerTensors{};
+  }
+  for (const KeyRhoRange& r : ranges) CHECK(streamed.key_rho(r) == key_rho(rec, r.t0, r.t1, r.layers));
+  CHECK(streamed.key_rho(KeyRhoRange{0, 72, {}}) == key_rho(rec, 0, 72));  // layers 0 and 1 over [0, 72): added
+  // The bad ranges throw key_rho's errors; a range not added says so.
+  CHECK_THROWS_WITH_AS(streamed.key_rho(with_bad[2]), doctest::Contains("layer index 5 outside [0, 2)"), Error);
+  CHECK_THROWS_WITH_AS(streamed.key_rho(with_bad[3]), doctest::Contains("must hold at least two"), Error);
+  CHECK_THROWS_WITH_AS(streamed.key_rho(KeyRhoRange{0, 50, {0}}),
+                       doctest::Contains("internal: key rho of layer 0 over tokens [0, 50) was not computed"), Error);
+}
