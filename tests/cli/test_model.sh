@@ -47,9 +47,11 @@ grep -qE '^logits +F32 +\[128, 257\]' "$tmp/e.out" || fail "eval --out: logits"
 grep -qE '^nll_exact +F32 +\[127\]' "$tmp/e.out" || fail "eval --out: nll_exact"
 "$kvb" inspect "$tmp/nll.npy" --no-stats >"$tmp/n.out" 2>&1 || fail "inspect nll.npy"
 expect "$tmp/n.out" "[127]" "eval --nll"
-# keep-fp16: the PPL ratio is 1 up to rounding.
+# keep-fp16: the PPL ratio is 1 up to the keys' and values' fp16 rounding (about 1e-4 on
+# these 128 tokens: 0.999893 +- 0.000096 on an AVX2 machine, whose fp32 sums round
+# otherwise than AVX-512's; a real cache change moves it by 1e-2 and more).
 "$kvb" eval "$llama" --text "$text" --max-tokens 128 --format keep-fp16 >"$tmp/f16.out" 2>&1 || fail "eval keep-fp16"
-awk '$1 == "ppl_ratio" { r = $2 + 0; exit !(r > 0.9999 && r < 1.0001) }' "$tmp/f16.out" || fail "keep-fp16 PPL ratio not 1"
+awk '$1 == "ppl_ratio" { r = $2 + 0; exit !(r > 0.9995 && r < 1.0005) }' "$tmp/f16.out" || fail "keep-fp16 PPL ratio not 1"
 # A strategy preset, and a --param overriding its per-kind formats.
 "$kvb" eval "$llama" --text "$text" --max-tokens 128 --strategy kivi-2 >"$tmp/kivi.out" 2>&1 || fail "eval kivi-2: $(cat "$tmp/kivi.out")"
 expect "$tmp/kivi.out" "K:int2-asym-ch32 V:int2-asym-g32 Kwindow:128xkeep-fp16/chunked" "eval --strategy preset"
