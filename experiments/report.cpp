@@ -177,6 +177,11 @@ std::string Report::manifest_text(const RunInfo& info) const {
   if (!info.signal.empty()) j["signal"] = info.signal;
   j["started"] = info.started_iso;
   j["wall_seconds"] = info.wall_seconds;
+  if (!info.phase_seconds.empty()) {
+    nlohmann::json phases = nlohmann::json::object();
+    for (const auto& [phase, seconds] : info.phase_seconds) phases[phase] = seconds;
+    j["phase_seconds"] = phases;
+  }
   j["git_commit"] = KVB_GIT_COMMIT;
   j["kvbudget_version"] = KVB_VERSION;
   j["build_type"] = KVB_BUILD_TYPE;

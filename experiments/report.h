@@ -33,6 +33,7 @@
 #pragma once
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "experiments/experiment.h"
@@ -66,6 +67,11 @@ struct RunInfo {
   std::string signal;  // the fatal signal of a "crashed" run (experiments/crash_marker.h)
   std::string started_iso;
   double wall_seconds = 0;
+  // Wall seconds of the run's phases, in order (manifest.json's `phase_seconds`; README.md):
+  // "data", "identity", "plans", "exact_pass", "points", "reports" follow one another
+  // within wall_seconds; "finalize" is the points' finalize summed, spent inside "points".
+  // Empty until the run ends.
+  std::vector<std::pair<std::string, double>> phase_seconds;
   size_t points_total = 0;
   std::string recording_summary;
   std::vector<std::string> warnings;  // about the data (targets the synthetic generator clamped)

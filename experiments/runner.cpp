@@ -74,6 +74,15 @@ RunOutcome run_experiment(const RunRequest& request) {
   }
   enter(RunPhase::Loading);
   const auto t_start = std::chrono::steady_clock::now();
+  // The phases' wall seconds (RunInfo::phase_seconds): each phase runs from the end of
+  // the one before (`t_phase`) to now.
+  auto t_phase = t_start;
+  auto phase_end = [&t_phase] {
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - t_phase).count();
+    t_phase = now;
+    return seconds;
+  };
   if (!quiet) {
     std::string which;  // "(shard 1/4 of 96), 10 kept from DIR (2 failed there: run again)"
     if (!shard.whole()) which += " (shard " + shard.text() + " of " + std::to_string(all_points.size()) + ")";
@@ -132,8 +141,10 @@ RunOutcome run_experiment(const RunRequest& request) {
   check_model_metric_positions(spec, positions, rec.tokens);
   check_attention_rows(spec, positions, rec.tokens);
   for (const Recording* r : recs) check_full_causal_metrics(spec, *r);  // sliding-window models past W
+  const double data_seconds = phase_end();
   std::string data_identity = streamed ? streamed->identity : recording_identity(rec);
   for (size_t s = 1; s < S; ++s) data_identity += " + " + recording_identity(*recs[s]);
+  const double identity_seconds = phase_end();
   if (resumed) check_resume_data(resume_dir, *resumed, data_identity);
   // The checks that need the data (a group size against head_dim, a budget against
   // the family's cheapest and dearest allocation) run on every point's plan now, on
@@ -173,6 +184,7 @@ RunOutcome run_experiment(const RunRequest& request) {
     for (const std::string& w : plan_checks[s].warnings)
       std::fprintf(stderr, "kvbudget run: warning: %s%s\n",
                    S > 1 ? ("sequence " + std::to_string(s) + ": ").c_str() : "", w.c_str());
+  const double check_plans_seconds = phase_end();
   const std::string shard_suffix =
       shard.whole() ? "" : "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count);
   // A stop while the data loaded (a caller that does not end the process then) leaves
@@ -265,6 +277,8 @@ RunOutcome run_experiment(const RunRequest& request) {
   // Several sequences: one sweep each; as the last sequence finishes a point, its
   // results on every sequence are aggregated and handed to the run's bookkeeping.
   std::vector<std::map<size_t, PointResult>> by_sequence(S);
+  SweepSeconds sweep_seconds;
+  phase_end();  // the results folder, config.toml and the first manifest: no phase of their own
   for (size_t s = 0; s < S; ++s) {
     const bool last = s + 1 == S;
     PointCallback on_sequence_point = on_point;
@@ -290,7 +304,7 @@ RunOutcome run_experiment(const RunRequest& request) {
     std::vector<std::string> errors_here;
     std::vector<PointResult> finished = run_sweep(spec, *recs[s], to_run, on_sequence_point, request.stop,
                                                   &info.backend, models[s].get(), &errors_here, &plan_checks[s],
-                                                  streamed ? streamed->streamed.get() : nullptr);
+                                                  streamed ? streamed->streamed.get() : nullptr, &sweep_seconds);
     const std::string on = S > 1 ? "sequence " + std::to_string(s) + " (" + sources[s] + "): " : "";
     for (const std::string& e : errors_here) sweep_errors.push_back(on + e);
     progress_offset += to_run.size();
@@ -313,6 +327,7 @@ RunOutcome run_experiment(const RunRequest& request) {
     results.insert(results.end(), resumed->kept.begin(), resumed->kept.end());
     std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
   }
+  const double sweep_wall_seconds = phase_end();
   for (const std::string& e : sweep_errors) run_errors.push_back("while the sweep ran, " + e);
   info.backend_decided = true;
   progress.finish();
@@ -353,8 +368,20 @@ RunOutcome run_experiment(const RunRequest& request) {
     out.plots_written = out.plot_error.empty();
   }
 
-  info.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  const double reports_seconds = phase_end();
+  info.wall_seconds = std::chrono::duration<double>(t_phase - t_start).count();
   out.wall_seconds = info.wall_seconds;
+  // The sweep's plans and exact pass are taken out of its wall time; what is left of it
+  // (the task loop; the sequences' aggregates, the sorting) is "points".
+  const double points_seconds =
+      std::max(0.0, sweep_wall_seconds - sweep_seconds.plans - sweep_seconds.exact_pass);
+  info.phase_seconds = {{"data", data_seconds},
+                        {"identity", identity_seconds},
+                        {"plans", check_plans_seconds + sweep_seconds.plans},
+                        {"exact_pass", sweep_seconds.exact_pass},
+                        {"points", points_seconds},
+                        {"finalize", sweep_seconds.finalize},
+                        {"reports", reports_seconds}};
   heartbeat.reset();
   crash_marker.reset();  // the final manifest below says how the run ended
   // "complete" only for a run that exits 0: every point measured and every file written.

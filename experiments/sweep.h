@@ -141,6 +141,15 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
 // else "" (the allocator spread its widths, or nothing was allocated).
 std::string uniform_allocation(const Plan& plan);
 
+// Wall seconds of run_sweep's phases (manifest.json's `phase_seconds`, experiments/
+// runner.cpp), added to, so that a run's sweeps (one per sequence) sum up.
+struct SweepSeconds {
+  double plans = 0;       // the plans check_plans did not build, and the backend's choice
+  double exact_pass = 0;  // the exact attention pass the layer tasks share (0 when each computes it inline)
+  double tasks = 0;       // the task loop from the task list on, the points' finalize inside it
+  double finalize = 0;    // the points' finalize (merge, metrics, intervals), summed over points: part of `tasks`
+};
+
 // Runs the points on spec.backend (experiments/backend.h) and the positions
 // resolve_positions() gives: plans are built on the CPU (the optimal allocator's
 // distortion tables measured on planning_backend()), then the chosen backend's
@@ -169,11 +178,14 @@ std::string uniform_allocation(const Plan& plan);
 // when it is measured more than once), and the results are the held recording's bit
 // for bit. Needs `prepared` with every point's plan (plans are not built on a recording
 // whose layers are not held) and no model.
+// `seconds`: the phases' wall seconds are added to it (a streamed sweep's exact passes,
+// one per layer, count in `tasks`).
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,
                                    const std::vector<SweepPoint>& points, const PointCallback& on_point,
                                    const std::atomic<bool>* stop, BackendChoice* chosen = nullptr,
                                    const ModelEvaluator* model = nullptr,
                                    std::vector<std::string>* callback_errors = nullptr,
-                                   PlanCheck* prepared = nullptr, StreamedRecording* streamed = nullptr);
+                                   PlanCheck* prepared = nullptr, StreamedRecording* streamed = nullptr,
+                                   SweepSeconds* seconds = nullptr);
 
 }  // namespace kvb

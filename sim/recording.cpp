@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "sim/core/error.h"
@@ -85,10 +86,33 @@ bool Recording::has_pre_rope_keys() const { return !layers.empty() && !layers[0]
 bool Recording::has_attn_output() const { return !layers.empty() && !layers[0].attn_output.empty(); }
 
 namespace {
-double max_abs(const Tensor& t) {
+// Whether every value of a tensor is finite, and the largest |value|: one pass in
+// parallel blocks (the maximum is exact in any order, so the same for any thread count).
+// Called outside a parallel region it runs on every thread (validation is serial
+// otherwise, between the generator's or loader's parallel work and the sweep's).
+struct TensorScan {
+  bool finite = true;
+  float max_abs = 0.0f;  // meaningful when finite
+};
+TensorScan scan_tensor(const Tensor& t) {
+  constexpr int64_t kBlock = 1 << 16;  // floats per parallel block
+  const int64_t n = t.numel(), blocks = (n + kBlock - 1) / kBlock;
+  const float* data = t.data.data();
   float m = 0.0f;
-  for (float v : t.data) m = std::max(m, std::fabs(v));
-  return m;
+  int finite = 1;
+#pragma omp parallel for schedule(static) reduction(max : m) reduction(&& : finite) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    float block_max = 0.0f;
+    bool block_finite = true;
+    for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+      const float a = std::fabs(data[i]);
+      block_finite &= a <= std::numeric_limits<float>::max();  // false for Inf and NaN
+      block_max = std::max(block_max, a);
+    }
+    m = std::max(m, block_max);
+    finite = finite && block_finite;
+  }
+  return {finite != 0, m};
 }
 }  // namespace
 
@@ -155,14 +179,25 @@ void Recording::validate_layer(int64_t i) const {
   need(L.value, kvshape, "value");
   if (!L.key_pre_rope.empty()) need(L.key_pre_rope, kvshape, "key_pre_rope");
   if (!L.attn_output.empty()) need(L.attn_output, {tokens, q_heads * head_dim}, "attn_output");
-  require_finite(L.query, lw + " query");
-  require_finite(L.key, lw + " key");
-  require_finite(L.value, lw + " value");
-  if (!L.key_pre_rope.empty()) require_finite(L.key_pre_rope, lw + " key_pre_rope");
-  if (!L.attn_output.empty()) require_finite(L.attn_output, lw + " attn_output");
+  // Each tensor scanned once in parallel; require_finite (serial) names the first
+  // non-finite value of one that is not.
+  struct Checked {
+    const Tensor* tensor;
+    const char* what;
+    double* max_abs;  // where its largest |value| goes, or nullptr
+  };
+  double max_abs_query = 0, max_abs_key = 0;
+  for (const Checked& c : {Checked{&L.query, " query", &max_abs_query}, Checked{&L.key, " key", &max_abs_key},
+                           Checked{&L.value, " value", nullptr}, Checked{&L.key_pre_rope, " key_pre_rope", nullptr},
+                           Checked{&L.attn_output, " attn_output", nullptr}}) {
+    if (c.tensor->empty()) continue;  // query, key and value are not (their shapes are checked above)
+    const TensorScan scan = scan_tensor(*c.tensor);
+    if (!scan.finite) require_finite(*c.tensor, lw + c.what);
+    if (c.max_abs) *c.max_abs = scan.max_abs;
+  }
   // |q·k| / √d <= max|q| · max|k| · √d: finite scores for every pair (and for keys a
   // quantizer moves a little), with margin below fp32's 3.4e38.
-  const double score_bound = max_abs(L.query) * max_abs(L.key) * std::sqrt(static_cast<double>(head_dim));
+  const double score_bound = max_abs_query * max_abs_key * std::sqrt(static_cast<double>(head_dim));
   if (score_bound > 1e36)
     throw Error(lw + ": max|query| · max|key| · √head_dim = " + format_double(score_bound) +
                 ": attention scores q·k/√d could overflow fp32 (values this large are not activations)");

@@ -5,7 +5,7 @@
 //
 // Layers are generated one after another, each in parallel inside (over KV heads, token
 // blocks and query heads) with a working set bounded by about one layer's keys and values
-// whatever the thread count (generate_layer). Every random stream is keyed by (seed,
+// (at least 1 GiB of calibration scratch) whatever the thread count (generate_layer). Every random stream is keyed by (seed,
 // purpose, layer, head), and every reduction runs in a fixed order, so the result does
 // not depend on the number of threads; generate_layer_reference, the plain version that
 // holds every KV head's [T, d] parts, gives the same tensors bit for bit.
@@ -440,8 +440,9 @@ std::vector<float> to_post(const Plan& P, const std::vector<float>& pre) {
   return post;
 }
 
-// Tokens per parallel task in the generator's passes over [T, d] buffers.
-constexpr int64_t kTokenBlock = 256;
+// Tokens per parallel task in the generator's passes over [T, d] buffers: 32 tasks at
+// 2048 tokens (at 256, 8 tasks left half of 16 threads idle in mean_parts).
+constexpr int64_t kTokenBlock = 64;
 
 // Solves the shared weight w of one phase so that the research ρ of the layer (keys
 // averaged over KV heads, post frame) hits `target`. mean_* are the head-averaged post
@@ -1175,14 +1176,24 @@ void gather_calibration_rows(const Plan& P, const QueryRowPlan& qr, const std::v
     out.row(r) = ConstRowMap(rows.data() + qr.calib_rows[static_cast<size_t>(r)] * P.d, 1, P.d);
 }
 
-// How many query heads calibrate at once: as many as one layer's keys and values'
-// worth of scratch holds (at least one, at most q_heads), whatever the thread count.
+// Bytes of calibration scratch a layer may hold at once however small its keys and
+// values are (calibration_workers).
+constexpr double kCalibrationScratchFloor = 1024.0 * 1024.0 * 1024.0;
+
+// How many query heads calibrate at once: as many as the larger of one layer's keys and
+// values' worth of scratch and kCalibrationScratchFloor holds (at least one, at most
+// q_heads), whatever the thread count. Each head's scratch is [R, T] content scores
+// (R = calibration positions) and its query rows: 5.5 MB a head at 2048 tokens, so the
+// floor lets every head of the 8B shape (32) calibrate at once up to about 25,000
+// tokens; one layer's keys and values alone (16.8 MB at 2048 tokens) held 3, which
+// left 13 of 16 threads idle for the calibration, a quarter of a 1-thread run. Which
+// worker calibrates a head does not change its numbers.
 int calibration_workers(const Plan& P, const QueryRowPlan& qr) {
   const double R = static_cast<double>(P.calib_positions.size()), T = static_cast<double>(P.T);
   const double per_head = 4.0 * (R * T + 2.0 * T + R * static_cast<double>(P.d) +
                                  static_cast<double>(qr.positions.size()) * static_cast<double>(P.d));
   const double layer_kv = 4.0 * 2.0 * static_cast<double>(P.G) * T * static_cast<double>(P.d);
-  const double fit = std::floor(layer_kv / per_head);
+  const double fit = std::floor(std::max(layer_kv, kCalibrationScratchFloor) / per_head);
   return static_cast<int>(std::clamp<double>(fit, 1.0, static_cast<double>(P.Hq)));
 }
 
@@ -1479,7 +1490,9 @@ Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const Syn
     rep.warnings.insert(rep.warnings.end(), lr.warnings.begin(), lr.warnings.end());
     rep.layers.push_back(std::move(lr.report));
   }
-  for (int64_t l = 0; l < P.L; ++l) measure_layer_rho(P, rec, l, rep.layers[static_cast<size_t>(l)]);
+  // Each layer's ρ reads its own keys only: the layers in parallel (a serial loop over
+  // layers before).
+  parallel_for_rethrow(P.L, [&](int64_t l) { measure_layer_rho(P, rec, l, rep.layers[static_cast<size_t>(l)]); });
   finish_metadata(P, rep, rec);
   rec.validate();
   if (report) *report = std::move(rep);

@@ -162,8 +162,8 @@ void validate_synthetic_spec(const SyntheticSpec& spec);
 // thread count (layers are generated one after another, each in parallel inside): while
 // the keys' shared weight is solved, the head-averaged key parts in fp64 (8 [T, head_dim]
 // fp32's worth: 4/kv_heads of a layer's keys and values); then the calibration scores
-// (kv_heads + at most enough query heads at once for one layer's keys and values' worth,
-// at least one, of calibration_queries x T fp32 each).
+// (kv_heads + at most enough query heads at once for the larger of one layer's keys and
+// values' worth and 1 GiB, at least one, of calibration_queries x T fp32 each).
 Recording generate_synthetic(const SyntheticSpec& spec, SyntheticReport* report = nullptr,
                              const SyntheticKeep& keep = {});
 

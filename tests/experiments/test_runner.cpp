@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -92,6 +93,35 @@ TEST_CASE("run_experiment: the results layout, and the same numbers on one threa
   const RunOutcome again = run_experiment(one_thread);
   CHECK(points_without_seconds(again.dir) == points_without_seconds(run.dir));
   CHECK(read_text(again.dir / "pareto.csv") == read_text(run.dir / "pareto.csv"));
+}
+
+TEST_CASE("run_experiment: the manifest's phase_seconds, within wall_seconds") {
+  const fs::path out = test::scratch_dir("runner_phases");
+  // 8 points, so the exact pass is shared (computed once, before the tasks).
+  const RunOutcome run = run_experiment(quickstart_request(out, {"output.plots=false"}));
+  REQUIRE(run.status == "complete");
+  const nlohmann::json manifest = nlohmann::json::parse(read_text(run.dir / "manifest.json"));
+  REQUIRE(manifest.contains("phase_seconds"));
+  const nlohmann::json& phases = manifest["phase_seconds"];
+  const double wall = manifest["wall_seconds"].get<double>();
+  CHECK(wall > 0);
+  double sum = 0;
+  for (const char* phase : {"data", "identity", "plans", "exact_pass", "points", "reports"}) {
+    REQUIRE_MESSAGE(phases.contains(phase), phase);
+    const double s = phases[phase].get<double>();
+    CHECK_MESSAGE(s >= 0, phase);
+    sum += s;
+  }
+  // One after another within the run's wall time (what is left: the results folder's setup).
+  CHECK(sum <= wall + 1e-6);
+  CHECK(phases["exact_pass"].get<double>() > 0);
+  CHECK(phases["points"].get<double>() > 0);
+  // The points' finalize, summed, is spent inside "points" (on up to `threads` threads at once).
+  REQUIRE(phases.contains("finalize"));
+  CHECK(phases["finalize"].get<double>() > 0);
+  CHECK(phases["finalize"].get<double>() <=
+        manifest["threads"].get<double>() * phases["points"].get<double>() + 1e-6);
+  CHECK(phases.size() == 7);
 }
 
 TEST_CASE("run_experiment: attribution.metrics chooses the errors attribution.csv splits") {
