@@ -18,6 +18,7 @@
 #include "sim/io/recording_writer.h"
 #include "sim/synthetic.h"
 #include "point_results_test_util.h"
+#include "streaming_test_config.h"
 #include "test_util.h"
 
 using namespace kvb;
@@ -27,61 +28,8 @@ namespace {
 
 ExperimentSpec parse(const std::string& text) { return parse_experiment(ConfigDoc::parse(text, "test.toml")); }
 
-// Three layers of a RoPE recording with sink heads and GQA; uniform, KIVI-2 and two
-// strategies that read the calibration statistics (entropy; uniform with sink tokens
-// chosen by the attention they receive), with attribution of point 0.
-const std::string kConfig = R"(
-backend = "cpu"
-
-[data]
-stream_layers = true
-
-[data.synthetic]
-layers = 3
-q_heads = 4
-kv_heads = 2
-head_dim = 32
-tokens = 1024
-entropy_mean = 5.0
-recency = 1.0
-sink_heads = 1
-outlier_channels = 2
-rope = true
-rho_first = 0.05
-calibration_queries = 32
-
-[[strategy]]
-type = "uniform"
-key_format = "int{bits}-asym-ch32"
-value_format = "int{bits}-asym-g32"
-[strategy.vars]
-bits = [2, 4]
-
-[[strategy]]
-preset = "kivi-2"
-
-[[strategy]]
-type = "entropy"
-budget_bpe = 4.0
-family = "int{b}-asym-g32"
-alpha = 0.25
-
-[[strategy]]
-type = "uniform"
-key_format = "int2-asym-g32"
-value_format = "int2-asym-g32"
-sink_tokens = 2
-sink_token_select = "attention"
-
-[calibration]
-positions = "900..963:8"
-
-[metrics]
-positions = "964..1023:4"
-
-[attribution]
-points = [0]
-)";
+// The shared streamed sweep (streaming_test_config.h).
+const std::string& kConfig = kvb::test::kStreamingConfig;
 
 // Two phases (the second from token 768, at marker 257) of different key redundancy,
 // and points whose plans read ρ (phase, taqg: by marker, fraction and index, over all

@@ -18,6 +18,7 @@
 #include "kernels/cuda_measurer.h"
 #include "kernels/cuda_simulator.h"
 #include "point_results_test_util.h"
+#include "streaming_test_config.h"
 #include "sim/layer_stream.h"
 #include "sim/formats/registry.h"
 #include "sim/reconstruction.h"
@@ -171,47 +172,11 @@ TEST_CASE("a sweep of optimal points on backend = \"cuda\" calibrates on the GPU
 }
 
 TEST_CASE("a streamed recording on backend = \"cuda\": one layer on the device at a time, the held run's points") {
-  // Three layers, GQA, sink heads, RoPE; uniform, KIVI-2 (a recency window), entropy
-  // (reads the statistics of the first pass) and sink tokens chosen by attention.
-  ExperimentSpec spec = parse_experiment(ConfigDoc::parse(R"(
-backend = "cuda"
-[data]
-stream_layers = true
-[data.synthetic]
-layers = 3
-q_heads = 4
-kv_heads = 2
-head_dim = 32
-tokens = 1024
-entropy_mean = 5.0
-sink_heads = 1
-rope = true
-calibration_queries = 32
-[[strategy]]
-type = "uniform"
-key_format = "int{bits}-asym-ch32"
-value_format = "int{bits}-asym-g32"
-[strategy.vars]
-bits = [2, 4]
-[[strategy]]
-preset = "kivi-2"
-[[strategy]]
-type = "entropy"
-budget_bpe = 4.0
-family = "int{b}-asym-g32"
-alpha = 0.25
-[[strategy]]
-type = "uniform"
-key_format = "int2-asym-g32"
-value_format = "int2-asym-g32"
-sink_tokens = 2
-sink_token_select = "attention"
-[calibration]
-positions = "900..963:8"
-[metrics]
-positions = "964..1023:4"
-)",
-                                                          "stream_cuda.toml"));
+  // The CPU streaming test's sweep (streaming_test_config.h: uniform, KIVI-2 with its
+  // recency window, entropy reading the first pass's statistics, sink tokens chosen by
+  // attention; attribution, which CUDA gives per layer and head), on backend = "cuda".
+  ExperimentSpec spec = parse_experiment(ConfigDoc::parse(test::kStreamingConfig, "stream_cuda.toml"));
+  spec.backend = BackendRequest::Cuda;
   const std::vector<SweepPoint> points = expand_sweep(spec);
   REQUIRE(streams_layers(spec, points));
   const SyntheticKeep keep = synthetic_keep(spec, points, spec.data);
@@ -236,7 +201,7 @@ positions = "964..1023:4"
   cuda::CudaSimulator sim(streamed.recording(), MatmulPrecision::Fp32, /*layers_streamed=*/true);
   const Plan plan = uniform_plan(held, "int4-asym-g32", "int4-asym-g32");
   SimOptions opt;
-  opt.positions = {964, 1000, 1023};
+  opt.positions = {964, 1000, 1020};  // evaluated positions: their queries are kept
   CHECK_THROWS_WITH_AS(sim.simulate_layer(plan, 1, opt), doctest::Contains("is not on the device"), Error);
   {
     const HeldLayer layer(streamed, 1);
