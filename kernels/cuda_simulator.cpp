@@ -279,20 +279,24 @@ void CudaSimulator::Impl::drop_layer(int64_t l) {
   }
 }
 
+namespace {
+// upload_layer / drop_layer's preconditions: a streamed simulator, a layer of its recording.
+void check_streamed_layer(bool layers_streamed, const Recording& rec, int64_t layer, const char* call) {
+  if (!layers_streamed)
+    throw Error(std::string("internal: CUDA backend: ") + call + " on a recording uploaded whole");
+  if (layer < 0 || layer >= rec.num_layers())
+    throw Error("internal: CUDA backend: layer " + std::to_string(layer) + " of " + std::to_string(rec.num_layers()));
+}
+}  // namespace
+
 void CudaSimulator::upload_layer(int64_t layer) {
-  Impl& m = *impl_;
-  if (!m.layers_streamed) throw Error("internal: CUDA backend: upload_layer on a recording uploaded whole");
-  if (layer < 0 || layer >= m.rec.num_layers())
-    throw Error("internal: CUDA backend: layer " + std::to_string(layer) + " of " + std::to_string(m.rec.num_layers()));
-  m.upload_layer(layer);
+  check_streamed_layer(impl_->layers_streamed, impl_->rec, layer, "upload_layer");
+  impl_->upload_layer(layer);
 }
 
 void CudaSimulator::drop_layer(int64_t layer) {
-  Impl& m = *impl_;
-  if (!m.layers_streamed) throw Error("internal: CUDA backend: drop_layer on a recording uploaded whole");
-  if (layer < 0 || layer >= m.rec.num_layers())
-    throw Error("internal: CUDA backend: layer " + std::to_string(layer) + " of " + std::to_string(m.rec.num_layers()));
-  m.drop_layer(layer);
+  check_streamed_layer(impl_->layers_streamed, impl_->rec, layer, "drop_layer");
+  impl_->drop_layer(layer);
 }
 
 CudaSimulator::~CudaSimulator() = default;
