@@ -7,6 +7,7 @@
 # 2. twins.log      tests/gpu/test_twins: every twin's codes, metadata, values vs the CPU
 #    attention.log  tests/gpu/test_attention: the CUDA attention-error path vs kvb::simulate
 #    forward.log    tests/gpu/test_forward: the CUDA model forward pass vs the CPU's (when staged)
+#    measurer.log   tests/gpu/test_measurer: the CUDA measurer's sweeps (held, streamed) vs the CPU's
 # 3. quickstart.txt configs/quickstart.toml with --backend cpu and cuda, largest relative
 #                   difference of any metric of any point (the issue asks for <= 1e-5)
 # 4. bench.md/.log  build/bench/bench_cuda (defaults: the 32-layer sweep; BENCH_ARGS to change)
@@ -14,8 +15,9 @@
 #
 # Programs come from $KVB_BIN_DIR (default build/) when they were built there with CUDA,
 # else from .gpu_stage/stage.tar.xz (scripts/gpu_stage.sh; for GPU machines without the
-# build dependencies), else the script builds them (scripts/setup.sh). Exit status: 77
-# without a device, 1 when any step failed, 0 otherwise.
+# build dependencies), else the script builds them (scripts/setup.sh); see
+# scripts/gpu_programs.sh. Exit status: 77 without a device, 1 when any step failed, 0
+# otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -30,24 +32,10 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   exit 77
 fi
 
-bin=${KVB_BIN_DIR:-build}
-if [ ! -x "$bin/tests/gpu_test_twins" ] || [ ! -x "$bin/bench/bench_cuda" ]; then
-  if [ -f .gpu_stage/stage.tar.xz ]; then
-    bin=$(mktemp -d /tmp/kvb-gpu-stage.XXXXXX)
-    tar -C "$bin" -xJf .gpu_stage/stage.tar.xz
-    mkdir -p "$bin/tests" "$bin/bench"
-    mv "$bin/bin/gpu_test_"* "$bin/tests/" && mv "$bin/bin/bench_cuda" "$bin/bench/"
-    if [ -f "$bin/bin/kvbudget" ]; then mv "$bin/bin/kvbudget" "$bin/"; fi
-    export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    echo "programs: stage of $(head -n 1 "$bin/COMMIT") ($(sed -n 2p "$bin/COMMIT"))" >>"$summary"
-  else
-    bash scripts/setup.sh || { echo "build failed" | tee -a "$summary"; exit 1; }
-    echo "programs: built here at $(git rev-parse HEAD 2>/dev/null)" >>"$summary"
-  fi
-else
-  echo "programs: $bin at $(git rev-parse HEAD 2>/dev/null)" >>"$summary"
-fi
-bin=$(cd "$bin" && pwd)
+# shellcheck source=scripts/gpu_programs.sh
+source scripts/gpu_programs.sh
+gpu_programs || { echo "build failed" | tee -a "$summary"; exit 1; }
+echo "$programs_line" >>"$summary"
 
 {
   date -u
@@ -72,9 +60,9 @@ step() {
 export KVB_SOURCE_DIR=$repo KVB_DATA_DIR=$repo/data
 step gpu_test_twins "$out/twins.log" "$bin/tests/gpu_test_twins"
 step gpu_test_attention "$out/attention.log" "$bin/tests/gpu_test_attention"
-if [ -x "$bin/tests/gpu_test_forward" ]; then
-  step gpu_test_forward "$out/forward.log" "$bin/tests/gpu_test_forward"
-fi
+for t in forward measurer; do  # in stages since the forward pass / the measurer
+  if [ -x "$bin/tests/gpu_test_$t" ]; then step "gpu_test_$t" "$out/$t.log" "$bin/tests/gpu_test_$t"; fi
+done
 
 # The quickstart on both backends; points.csv compared column by column (not id, seconds).
 quickstart_on_both_backends() {
