@@ -747,6 +747,10 @@ void SweepRun::run_tasks_streamed(Measurer& measurer, bool share_exact, bool par
     if (tasks_[k].model) throw Error("internal: a model task in a streamed sweep");
     of_layer[tasks_[k].layer].push_back(static_cast<long>(k));
   }
+  // A device measures a layer while the host's cores idle: the next layer is loaded
+  // (generated, read) meanwhile (StreamedRecording::set_prefetch). Not on the CPU,
+  // whose threads measure.
+  const PrefetchingLayers prefetching(*streamed_, !parallel && backend_.used != Backend::Cpu);
   for (size_t l = 0; l < layers_ && !stopped(); ++l) {
     if (of_layer[l].empty()) continue;
     const HeldLayer held(*streamed_, static_cast<int64_t>(l));
