@@ -27,8 +27,8 @@ struct StreamedRecording::Prefetch {
   std::thread worker;
 };
 
-StreamedRecording::StreamedRecording(Recording skeleton, LayerLoader load)
-    : rec_(std::move(skeleton)), load_(std::move(load)), is_held_(rec_.layers.size(), 0) {}
+StreamedRecording::StreamedRecording(Recording skeleton, LayerLoader load, LoadedHook loaded)
+    : rec_(std::move(skeleton)), load_(std::move(load)), loaded_(std::move(loaded)), is_held_(rec_.layers.size(), 0) {}
 
 StreamedRecording::~StreamedRecording() { finish_prefetch(); }
 
@@ -84,6 +84,15 @@ void StreamedRecording::hold(int64_t layer) {
     load_(rec_, layer);
     ++loads_;
     count_held(1);
+  }
+  if (loaded_) {
+    try {
+      loaded_(rec_, layer);
+    } catch (...) {
+      drop_tensors(rec_.layers[static_cast<size_t>(layer)]);
+      count_held(-1);
+      throw;
+    }
   }
   held = 1;
   const int64_t next = layer + 1;

@@ -25,9 +25,13 @@ class StreamedRecording {
   // layer. `rec` is the skeleton given to the constructor or a copy of it, and the
   // loader writes only rec.layers[layer]. Never called twice at once.
   using LayerLoader = std::function<void(Recording& rec, int64_t layer)>;
+  // Called by hold(layer) on the caller's thread once the layer's tensors are in
+  // recording() (after every load, prefetched or not): where what must see the layers
+  // in order on the caller's thread goes (validation, hashing, completing metadata).
+  using LoadedHook = std::function<void(Recording& rec, int64_t layer)>;
 
   // `skeleton`: the recording with every layer's tensors empty (query_positions set).
-  StreamedRecording(Recording skeleton, LayerLoader load);
+  StreamedRecording(Recording skeleton, LayerLoader load, LoadedHook loaded = {});
   ~StreamedRecording();  // waits for a prefetch under way (its result unused)
   StreamedRecording(const StreamedRecording&) = delete;
   StreamedRecording& operator=(const StreamedRecording&) = delete;
@@ -38,8 +42,9 @@ class StreamedRecording {
   // generator's metadata); never for the layers' tensors.
   Recording& recording_to_complete() { return rec_; }
 
-  // Loads layer l (index into recording().layers). Throws kvb::Error when it is held
-  // already, and what the loader threw (also when it threw while prefetching l).
+  // Loads layer l (index into recording().layers), then calls the loaded hook. Throws
+  // kvb::Error when it is held already, and what the loader threw (also when it threw
+  // while prefetching l) or the hook threw (the layer is not held then).
   void hold(int64_t layer);
   // Drops layer l's tensors (its kept query positions stay).
   void release(int64_t layer);
@@ -70,6 +75,7 @@ class StreamedRecording {
 
   Recording rec_;
   LayerLoader load_;
+  LoadedHook loaded_;
   std::vector<char> is_held_;
   int64_t held_ = 0, max_held_ = 0, loads_ = 0;
   bool prefetch_on_ = false;

@@ -141,5 +141,39 @@ TEST_CASE("turning prefetching on while a layer is held keeps that layer; the ob
   CHECK(src.order == std::vector<int64_t>{0, 1, 2});
 }
 
+TEST_CASE("the loaded hook runs on the caller's thread, in order, with the layer in the recording") {
+  for (bool prefetch : {false, true}) {
+    CAPTURE(prefetch);
+    CountingSource src(4);
+    std::vector<int64_t> seen;
+    bool all_on_caller = true, all_present = true;
+    const std::thread::id caller = std::this_thread::get_id();
+    StreamedRecording s(src.skeleton(), src.loader(), [&](Recording& rec, int64_t l) {
+      seen.push_back(l);
+      all_on_caller = all_on_caller && std::this_thread::get_id() == caller;
+      all_present = all_present && same_tensors(rec.layers[static_cast<size_t>(l)], src.full.layers[static_cast<size_t>(l)]);
+    });
+    {
+      const PrefetchingLayers on(s, prefetch);
+      for (int64_t l = 0; l < 4; ++l) const HeldLayer held(s, l);
+    }
+    CHECK(seen == std::vector<int64_t>{0, 1, 2, 3});
+    CHECK(all_on_caller);
+    CHECK(all_present);
+  }
+}
+
+TEST_CASE("a layer whose loaded hook throws is not held") {
+  CountingSource src(3);
+  StreamedRecording s(src.skeleton(), src.loader(), [](Recording&, int64_t l) {
+    if (l == 1) throw std::runtime_error("layer 1 is not finite");
+  });
+  const PrefetchingLayers on(s, true);
+  { const HeldLayer held(s, 0); }
+  CHECK_THROWS_WITH_AS(s.hold(1), "layer 1 is not finite", std::runtime_error);
+  CHECK(s.layers_held() == 0);
+  CHECK(s.recording().layers[1].key.data.empty());
+}
+
 }  // namespace
 }  // namespace kvb
