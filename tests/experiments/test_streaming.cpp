@@ -629,3 +629,21 @@ TEST_CASE("streaming: a layer that is not finite in one pass: the layer and tens
   CHECK(manifest.value("status", std::string()) == "failed");
   CHECK_FALSE(manifest.contains("data_identity"));
 }
+
+TEST_CASE("streaming: in one pass the synthetic data's warnings reach the manifest as in a held run") {
+  const std::filesystem::path dir = test::scratch_dir("streaming_one_pass_warnings");
+  // An entropy above log2 of the context: targets the generator cannot reach.
+  std::string synthetic = kOnePassSynthetic;
+  const std::string entropy = "entropy_mean = 5.0";
+  synthetic.replace(synthetic.find(entropy), entropy.size(), "entropy_mean = 12.0");
+  const RunOutcome held = run_experiment(one_pass_request(one_pass_config(synthetic, dir / "held", false)));
+  const RunOutcome streamed = run_experiment(one_pass_request(one_pass_config(synthetic, dir / "streamed")));
+  REQUIRE(held.status == "complete");
+  REQUIRE(streamed.status == "complete");
+  const nlohmann::json want = nlohmann::json::parse(read_text(held.dir / "manifest.json"));
+  const nlohmann::json got = nlohmann::json::parse(read_text(streamed.dir / "manifest.json"));
+  REQUIRE(want["warnings"].size() > 0);
+  CHECK(got["warnings"] == want["warnings"]);
+  CHECK(got["data_identity"] == want["data_identity"]);
+  CHECK(points_without_seconds(streamed.dir) == points_without_seconds(held.dir));
+}
