@@ -104,7 +104,9 @@ RunOutcome run_experiment(const RunRequest& request) {
   std::vector<std::shared_ptr<const ModelEvaluator>> models(S);
   std::vector<Recording> loaded(S);
   // A long synthetic recording is streamed, one layer held at a time
-  // (experiments/streaming.h): its first pass runs here, as the data loads.
+  // (experiments/streaming.h): its first pass runs here, as the data loads, when the
+  // plans read what it computes or a --resume run must check the data's identity
+  // before anything is measured; else the sweep's pass does its work (one pass).
   const bool stream = streams_layers(spec, all_points);
   std::optional<StreamedData> streamed;
   std::vector<const Recording*> recs(S);
@@ -117,7 +119,7 @@ RunOutcome run_experiment(const RunRequest& request) {
       if (spec.data.source == DataSpec::Source::Model) models[s] = build_model_evaluator(sequence_data[s], spec.backend, spec.precision);
       else if (stream)
         streamed = stream_recording(spec, sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]),
-                                    to_run);
+                                    to_run, resumed ? FirstPass::Always : FirstPass::WhenNeeded);
       else loaded[s] = build_recording(sequence_data[s], synthetic_keep(spec, all_points, sequence_data[s]));
     } catch (const RunInterrupted&) {
       throw;
@@ -132,10 +134,16 @@ RunOutcome run_experiment(const RunRequest& request) {
     if (!quiet)
       std::fprintf(stderr, "kvbudget: recording %s%s: %s%s\n", recs[s]->name.c_str(),
                    S > 1 ? (" (sequence " + std::to_string(s) + ")").c_str() : "", recs[s]->summary().c_str(),
-                   streamed ? "; layers streamed, one held at a time" : "");
+                   !streamed                ? ""
+                   : streamed->one_pass ? "; layers streamed, one held at a time, in one pass"
+                                        : "; layers streamed, one held at a time");
   }
   check_sequences_alike(recs, sources, spec.data.sequences_where);
   const Recording& rec = *recs.front();
+  // In one pass the layers are validated and hashed, and the generator's metadata
+  // completed, as the sweep first loads them: the data identity and the data's warnings
+  // come then (below, the sweep's on_complete).
+  OnePassCheck* const one_pass = streamed ? streamed->one_pass.get() : nullptr;
 
   const QueryPositions positions = resolve_positions(spec, rec.tokens);
   check_model_metric_positions(spec, positions, rec.tokens);
@@ -204,7 +212,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   info.points_total = points.size();
   info.recording_summary = rec.name + ": " + rec.summary();
   for (size_t s = 1; s < S; ++s) info.recording_summary += "; " + recs[s]->name + ": " + recs[s]->summary();
-  for (size_t s = 0; s < S; ++s) {
+  for (size_t s = 0; s < S && !one_pass; ++s) {
     const std::string on = S > 1 ? "sequence " + std::to_string(s) + ": " : "";
     for (const std::string& w : data_warnings(*recs[s])) info.warnings.push_back(on + w);
   }
@@ -215,27 +223,35 @@ RunOutcome run_experiment(const RunRequest& request) {
   info.sweep_points_total = all_points.size();
   info.points_resumed = resumed ? resumed->kept.size() : 0;
   info.config_hash = config_hash;
-  info.data_identity = data_identity;
+  info.data_identity = data_identity;  // in one pass empty (not in the manifest) until every layer was loaded
   info.heartbeat_interval_s = heartbeat_interval_seconds();
-  // A fatal signal from here on leaves the manifest "crashed" rather than "running".
-  auto crash_marker = std::make_unique<CrashMarker>(report.manifest_path(), [&](const char* signal) {
-    RunInfo crashed = info;
-    crashed.status = "crashed";
-    crashed.signal = signal;
-    return report.manifest_text(crashed);
-  });
+  // A fatal signal from here on leaves the manifest "crashed" rather than "running"
+  // (its texts rendered from `info` as it is now: made again when `info` changes).
+  auto make_crash_marker = [&] {
+    return std::make_unique<CrashMarker>(report.manifest_path(), [&](const char* signal) {
+      RunInfo crashed = info;
+      crashed.status = "crashed";
+      crashed.signal = signal;
+      return report.manifest_text(crashed);
+    });
+  };
+  auto crash_marker = make_crash_marker();
   report.write_config();
   // Each finished point is appended to results.jsonl at once (what merge and --resume read).
   PointLog point_log(report.dir() / kPointLogFile);
   report.write_manifest(info);
   // While the sweep runs, the manifest's heartbeat is refreshed (kvbudget status tells
-  // a live run from one killed without a chance to write).
-  auto heartbeat = std::make_unique<Heartbeat>(info.heartbeat_interval_s, [&report, running = info] {
-    try {
-      report.write_manifest(running);
-    } catch (...) {  // the next beat tries again
-    }
-  });
+  // a live run from one killed without a chance to write), with `info` as it is now
+  // (made again when `info` changes).
+  auto make_heartbeat = [&] {
+    return std::make_unique<Heartbeat>(info.heartbeat_interval_s, [&report, running = info] {
+      try {
+        report.write_manifest(running);
+      } catch (...) {  // the next beat tries again
+      }
+    });
+  };
+  auto heartbeat = make_heartbeat();
 
   // Completed results are rewritten atomically at most once a second while the
   // sweep runs, so a crash loses at most the last second of points.
@@ -278,41 +294,80 @@ RunOutcome run_experiment(const RunRequest& request) {
   // results on every sequence are aggregated and handed to the run's bookkeeping.
   std::vector<std::map<size_t, PointResult>> by_sequence(S);
   SweepSeconds sweep_seconds;
+  if (one_pass) {
+    // The sweep has loaded the last layer, before running its tasks (so before any point
+    // finishes: each has tasks on every layer): the manifest gets the data identity,
+    // which --resume and merge compare, before any point is in results.jsonl.
+    one_pass->on_complete = [&](const std::string& identity) {
+      heartbeat.reset();
+      crash_marker.reset();
+      info.data_identity = identity;
+      info.warnings = data_warnings(rec);  // printed now, not before the sweep
+      crash_marker = make_crash_marker();
+      attempt("manifest.json (with the data identity, once every layer was loaded)",
+              [&] { report.write_manifest(info); });
+      heartbeat = make_heartbeat();
+    };
+  }
   phase_end();  // the results folder, config.toml and the first manifest: no phase of their own
-  for (size_t s = 0; s < S; ++s) {
-    const bool last = s + 1 == S;
-    PointCallback on_sequence_point = on_point;
-    if (!last) {
-      on_sequence_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t) {
-        progress.update(progress_offset + done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
-      };
-    } else if (S > 1) {
-      on_sequence_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t total) {
-        std::vector<const PointResult*> per_sequence;
-        for (size_t e = 0; e + 1 < S; ++e) {
-          const auto it = by_sequence[e].find(r.id);
-          if (it == by_sequence[e].end()) return;  // not finished there (a stop): not finished
-          per_sequence.push_back(&it->second);
-        }
-        per_sequence.push_back(&r);
-        PointResult aggregate = aggregate_sequences(spec, per_sequence, sources);
-        for (size_t e = 0; e + 1 < S; ++e) by_sequence[e][r.id].resamples.clear();
-        results.push_back(aggregate);
-        on_point(p, aggregate, done, total);
-      };
+  // An exception out of the sweep (in one pass, a layer that fails validation as it is
+  // loaded; a CUDA device that fails) ends the run: what finished is written, the
+  // manifest says "failed", and the error goes to the caller.
+  try {
+    for (size_t s = 0; s < S; ++s) {
+      const bool last = s + 1 == S;
+      PointCallback on_sequence_point = on_point;
+      if (!last) {
+        on_sequence_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t) {
+          progress.update(progress_offset + done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
+        };
+      } else if (S > 1) {
+        on_sequence_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t total) {
+          std::vector<const PointResult*> per_sequence;
+          for (size_t e = 0; e + 1 < S; ++e) {
+            const auto it = by_sequence[e].find(r.id);
+            if (it == by_sequence[e].end()) return;  // not finished there (a stop): not finished
+            per_sequence.push_back(&it->second);
+          }
+          per_sequence.push_back(&r);
+          PointResult aggregate = aggregate_sequences(spec, per_sequence, sources);
+          for (size_t e = 0; e + 1 < S; ++e) by_sequence[e][r.id].resamples.clear();
+          results.push_back(aggregate);
+          on_point(p, aggregate, done, total);
+        };
+      }
+      std::vector<std::string> errors_here;
+      std::vector<PointResult> finished = run_sweep(spec, *recs[s], to_run, on_sequence_point, request.stop,
+                                                    &info.backend, models[s].get(), &errors_here, &plan_checks[s],
+                                                    streamed ? streamed->streamed.get() : nullptr, &sweep_seconds);
+      const std::string on = S > 1 ? "sequence " + std::to_string(s) + " (" + sources[s] + "): " : "";
+      for (const std::string& e : errors_here) sweep_errors.push_back(on + e);
+      progress_offset += to_run.size();
+      if (S == 1) {
+        results = std::move(finished);
+      } else {
+        for (PointResult& r : finished) by_sequence[s][r.id] = std::move(r);
+      }
     }
-    std::vector<std::string> errors_here;
-    std::vector<PointResult> finished = run_sweep(spec, *recs[s], to_run, on_sequence_point, request.stop,
-                                                  &info.backend, models[s].get(), &errors_here, &plan_checks[s],
-                                                  streamed ? streamed->streamed.get() : nullptr, &sweep_seconds);
-    const std::string on = S > 1 ? "sequence " + std::to_string(s) + " (" + sources[s] + "): " : "";
-    for (const std::string& e : errors_here) sweep_errors.push_back(on + e);
-    progress_offset += to_run.size();
-    if (S == 1) {
-      results = std::move(finished);
-    } else {
-      for (PointResult& r : finished) by_sequence[s][r.id] = std::move(r);
+    // A sweep that left some layer unloaded (no task on it): the rest of the pass, for
+    // the identity. Not after a stop: a run stopped before the last layer was loaded has
+    // no identity in its manifest, and no point finished (each finishes with its tasks
+    // on the last layer).
+    if (one_pass && !stopped()) finish_one_pass(*streamed);
+  } catch (...) {
+    progress.finish();
+    heartbeat.reset();
+    crash_marker.reset();
+    info.status = "failed";
+    try {
+      report.write_points(done_results);
+      report.write_manifest(info);
+    } catch (...) {  // the error below is the run's
     }
+    if (!quiet)
+      std::fprintf(stderr, "kvbudget: the run stopped with the error below; %s says \"failed\"\n",
+                   report.manifest_path().string().c_str());
+    throw;
   }
   if (S > 1) {
     std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });

@@ -68,31 +68,61 @@ std::vector<KeyRhoRange> points_key_rho_ranges(const std::vector<SweepPoint>& po
   return ranges;
 }
 
+OnePassCheck::OnePassCheck(const Recording& rec, SyntheticLayers* synthetic)
+    : synthetic_(synthetic), identity_(rec), layers_(rec.num_layers()) {}
+
+void OnePassCheck::layer_loaded(Recording& rec, int64_t layer) {
+  if (layer < next_) return;  // loaded before: checked and hashed then
+  if (layer > next_)
+    throw Error("internal: OnePassCheck: layer " + std::to_string(layer) + " loaded before layer " +
+                std::to_string(next_) + " (the identity hashes the layers in order)");
+  rec.validate_layer(layer);
+  identity_.add_layer(rec.layers[static_cast<size_t>(layer)]);
+  if (++next_ < layers_) return;
+  if (synthetic_) synthetic_->finish(rec);
+  identity_text_ = identity_.finish(rec);
+  if (on_complete) on_complete(identity_text_);
+}
+
 StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, const SyntheticKeep& keep,
-                              const std::vector<SweepPoint>& points) {
+                              const std::vector<SweepPoint>& points, FirstPass first_pass) {
   StreamedData out;
+  Recording skeleton;
+  StreamedRecording::LayerLoader load;
   if (data.source == DataSpec::Source::Synthetic) {
     out.synthetic = std::make_unique<SyntheticLayers>(data.synthetic, keep);
     SyntheticLayers& layers = *out.synthetic;
-    out.streamed = std::make_unique<StreamedRecording>(
-        layers.skeleton(), [&layers](Recording& rec, int64_t l) { layers.generate_into(rec, l); });
+    skeleton = layers.skeleton();
+    load = [&layers](Recording& rec, int64_t l) { layers.generate_into(rec, l); };
   } else if (data.source == DataSpec::Source::File) {
     out.file = std::make_unique<RecordingFileLayers>(data.file);
     const RecordingFileLayers& layers = *out.file;
-    out.streamed = std::make_unique<StreamedRecording>(
-        layers.skeleton(), [&layers](Recording& rec, int64_t l) { layers.load_into(rec, l); });
-    if (out.streamed->recording().tokens < 2)  // as build_recording says it
-      throw Error(data.file.path.string() + ": the recording has " + std::to_string(out.streamed->recording().tokens) +
+    skeleton = layers.skeleton();
+    load = [&layers](Recording& rec, int64_t l) { layers.load_into(rec, l); };
+    if (skeleton.tokens < 2)  // as build_recording says it
+      throw Error(data.file.path.string() + ": the recording has " + std::to_string(skeleton.tokens) +
                   " token: its one query attends to itself alone, so attention KL would be 0 and top-k overlap 1 "
                   "whatever the cache holds; a recording needs at least 2 tokens");
   } else {
     throw Error("internal: stream_recording of a model's recording");
   }
+  skeleton.validate_except_layer_tensors();
+  const bool attention_statistics = points_need_statistics(points);
+  const std::vector<KeyRhoRange> rho_ranges = points_key_rho_ranges(points, skeleton);
+  if (first_pass == FirstPass::WhenNeeded && !attention_statistics && rho_ranges.empty()) {
+    // One pass: the sweep's loads validate and hash each layer (the generators and
+    // loaders are on the heap: the lambdas' references outlive `out`'s moves).
+    out.one_pass = std::make_unique<OnePassCheck>(skeleton, out.synthetic.get());
+    out.streamed = std::make_unique<StreamedRecording>(
+        std::move(skeleton), [load = std::move(load), check = out.one_pass.get()](Recording& rec, int64_t l) {
+          load(rec, l);
+          check->layer_loaded(rec, l);
+        });
+    return out;
+  }
+  out.streamed = std::make_unique<StreamedRecording>(std::move(skeleton), std::move(load));
   StreamedRecording& streamed = *out.streamed;
   const Recording& rec = streamed.recording();
-  rec.validate_except_layer_tensors();
-  const bool attention_statistics = points_need_statistics(points);
-  const std::vector<KeyRhoRange> rho_ranges = points_key_rho_ranges(points, rec);
   if (attention_statistics || !rho_ranges.empty())
     out.stats = std::make_unique<RecordingStats>(rec, resolve_positions(spec, rec.tokens).calibration);
   RecordingIdentity identity(rec);
@@ -107,6 +137,13 @@ StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, 
   if (out.synthetic) out.synthetic->finish(streamed.recording_to_complete());
   out.identity = identity.finish(rec);
   return out;
+}
+
+void finish_one_pass(StreamedData& data) {
+  if (!data.one_pass) return;
+  for (int64_t l = data.one_pass->layers_checked(); l < data.streamed->recording().num_layers(); ++l) {
+    const HeldLayer held(*data.streamed, l);  // its load checks it
+  }
 }
 
 }  // namespace kvb

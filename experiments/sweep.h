@@ -177,7 +177,9 @@ struct SweepSeconds {
 // layer, every point's tasks of a layer while it alone is held (with its exact pass,
 // when it is measured more than once), and the results are the held recording's bit
 // for bit. Needs `prepared` with every point's plan (plans are not built on a recording
-// whose layers are not held) and no model.
+// whose layers are not held) and no model. What the recording's loads throw (in one
+// pass, experiments/streaming.h, a layer that fails validation as it is first loaded)
+// leaves run_sweep.
 // `seconds`: the phases' wall seconds are added to it (a streamed sweep's exact passes,
 // one per layer, count in `tasks`).
 std::vector<PointResult> run_sweep(const ExperimentSpec& spec, const Recording& rec,

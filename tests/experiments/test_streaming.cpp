@@ -1,16 +1,26 @@
 // Layer streaming (experiments/streaming.h, sim/layer_stream.h): a run that holds one
 // layer of its synthetic recording at a time gives the held run's results bit for bit,
 // and holds at most one layer at once (counted by the StreamedRecording, not measured as
-// memory); which runs stream, and why not.
+// memory), in two passes or, when no point plans on the layers' statistics, in one
+// (each layer loaded once; the identity in the manifest before any point finishes, a
+// resumed run still refusing other data, a non-finite layer an error); which runs
+// stream, and why not.
 #include <omp.h>
 
+#include <atomic>
+#include <cmath>
 #include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "experiments/config.h"
 #include "experiments/data_building.h"
 #include "experiments/query_positions.h"
+#include "experiments/runner.h"
 #include "experiments/shard.h"
 #include "experiments/streaming.h"
 #include "experiments/sweep.h"
@@ -98,6 +108,113 @@ positions = "964..1023:4"
 [attribution]
 points = [0]
 )";
+
+// Points whose plans read neither the attention statistics nor key ρ (uniform, KIVI-2,
+// sink tokens fixed at the start), on the shared config's data: a run streams them in
+// one pass. `data` is the [data] table's body (after stream_layers).
+std::string one_pass_config(const std::string& data, const std::filesystem::path& out, bool stream = true) {
+  return R"(
+name = "one_pass"
+backend = "cpu"
+threads = 1
+
+[data]
+stream_layers = )" + std::string(stream ? "true" : "false") + "\n" + data + R"(
+
+[[strategy]]
+type = "uniform"
+key_format = "int{bits}-asym-ch32"
+value_format = "int{bits}-asym-g32"
+[strategy.vars]
+bits = [2, 4]
+
+[[strategy]]
+preset = "kivi-2"
+
+[[strategy]]
+type = "uniform"
+key_format = "int2-asym-g32"
+value_format = "int2-asym-g32"
+sink_tokens = 4
+
+[calibration]
+positions = "900..963:8"
+
+[metrics]
+positions = "964..1023:4"
+
+[attribution]
+points = [0]
+
+[output]
+plots = false
+dir = ")" + out.string() + "\"\n";
+}
+
+// The shared config's [data.synthetic] table (its layers, heads, tokens, sinks).
+const std::string kOnePassSynthetic = R"(
+[data.synthetic]
+layers = 3
+q_heads = 4
+kv_heads = 2
+head_dim = 32
+tokens = 1024
+entropy_mean = 5.0
+recency = 1.0
+sink_heads = 1
+outlier_channels = 2
+rope = true
+rho_first = 0.05
+calibration_queries = 32
+)";
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string manifest_identity(const std::filesystem::path& dir) {
+  return nlohmann::json::parse(read_text(dir / "manifest.json")).value("data_identity", std::string());
+}
+
+// A CSV line's fields (a quoted field may hold commas; its quotes are kept).
+std::vector<std::string> csv_fields(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (char c : line) {
+    if (c == '"') quoted = !quoted;
+    if (c == ',' && !quoted) fields.emplace_back();
+    else fields.back() += c;
+  }
+  return fields;
+}
+
+// points.csv without its `seconds` column (the only one that differs between runs).
+std::string points_without_seconds(const std::filesystem::path& dir) {
+  std::istringstream in(read_text(dir / "points.csv"));
+  std::string line, out;
+  size_t seconds_column = std::string::npos;
+  while (std::getline(in, line)) {
+    const std::vector<std::string> fields = csv_fields(line);
+    if (seconds_column == std::string::npos)
+      for (size_t i = 0; i < fields.size(); ++i)
+        if (fields[i] == "seconds") seconds_column = i;
+    for (size_t i = 0; i < fields.size(); ++i)
+      if (i != seconds_column) out += fields[i] + ",";
+    out += "\n";
+  }
+  return out;
+}
+
+RunRequest one_pass_request(const std::string& config) {
+  RunRequest request;
+  request.spec = parse(config);
+  request.command_line = "test_streaming";
+  request.quiet = true;
+  return request;
+}
 
 bool same_tensor(const Tensor& a, const Tensor& b) {
   return a.shape == b.shape && a.data.size() == b.data.size() &&
@@ -345,4 +462,188 @@ family = "int{b}-asym-g32"
   ExperimentSpec cuda = spec;
   cuda.backend = BackendRequest::Cuda;
   CHECK(streaming_obstacle(cuda, points).empty());
+}
+
+TEST_CASE("streaming: in one pass, when no point reads statistics or rho, each layer is loaded once") {
+  const ExperimentSpec spec = parse(one_pass_config(kOnePassSynthetic, "unused"));
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  REQUIRE(streams_layers(spec, points));
+  REQUIRE_FALSE(points_need_statistics(points));
+  const SyntheticKeep keep = synthetic_keep(spec, points, spec.data);
+  const Recording held = build_recording(spec.data, keep);
+  REQUIRE(points_key_rho_ranges(points, held).empty());
+  const int64_t L = held.num_layers();
+
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    omp_set_num_threads(threads);
+    const std::vector<PointResult> want = run_sweep(spec, held, points, nullptr, nullptr);
+    StreamedData data = stream_recording(spec, spec.data, keep, points, FirstPass::WhenNeeded);
+    REQUIRE(data.one_pass);
+    StreamedRecording& streamed = *data.streamed;
+    const Recording& rec = streamed.recording();
+    CHECK(streamed.loads() == 0);  // no first pass
+    CHECK(data.identity.empty());
+    CHECK_FALSE(data.stats);
+    CHECK_FALSE(data.one_pass->complete());
+    PlanCheck check = check_plans(spec, rec, points, nullptr, data.stats.get());
+    REQUIRE(check.errors.empty());
+    CHECK(streamed.loads() == 0);
+    // The identity and metadata come with the last layer's load, before any point finishes.
+    size_t finished = 0, finished_at_identity = 99;
+    int64_t checked_at_identity = -1, loads_at_identity = -1;
+    std::string identity;
+    data.one_pass->on_complete = [&](const std::string& id) {
+      identity = id;
+      finished_at_identity = finished;
+      checked_at_identity = data.one_pass->layers_checked();
+      loads_at_identity = streamed.loads();  // the last load is under way: not counted yet
+      CHECK(rec.metadata == held.metadata);
+    };
+    const PointCallback count = [&](const SweepPoint&, const PointResult&, size_t, size_t) { ++finished; };
+    const std::vector<PointResult> got =
+        run_sweep(spec, rec, points, count, nullptr, nullptr, nullptr, nullptr, &check, &streamed);
+    check_same_results(want, got);
+    CHECK(streamed.loads() == L);  // each layer generated once
+    CHECK(streamed.max_layers_held() == 1);
+    CHECK(streamed.layers_held() == 0);
+    CHECK(data.one_pass->complete());
+    CHECK(identity == recording_identity(held));
+    CHECK(data.one_pass->identity() == identity);
+    CHECK(finished_at_identity == 0);
+    CHECK(checked_at_identity == L);
+    CHECK(loads_at_identity == L - 1);
+    CHECK(rec.metadata == held.metadata);
+    REQUIRE(got.size() == points.size());
+    CHECK(got[0].attribution.has_value());
+    finish_one_pass(data);  // complete: nothing more
+    CHECK(streamed.loads() == L);
+  }
+  omp_set_num_threads(saved);
+
+  // FirstPass::Always (a --resume run): the first pass, the identity known up front.
+  StreamedData always = stream_recording(spec, spec.data, keep, points, FirstPass::Always);
+  CHECK_FALSE(always.one_pass);
+  CHECK(always.streamed->loads() == L);
+  CHECK(always.identity == recording_identity(held));
+  CHECK(always.streamed->recording().metadata == held.metadata);
+
+  // A sweep that loaded no layer: finish_one_pass loads the rest, in order.
+  StreamedData rest = stream_recording(spec, spec.data, keep, points, FirstPass::WhenNeeded);
+  {
+    const HeldLayer first(*rest.streamed, 0);
+  }
+  CHECK(rest.one_pass->layers_checked() == 1);
+  CHECK_THROWS_WITH_AS(rest.streamed->hold(2), doctest::Contains("layer 2 loaded before layer 1"), Error);
+  finish_one_pass(rest);
+  CHECK(rest.streamed->loads() == L);
+  CHECK(rest.one_pass->identity() == recording_identity(held));
+  CHECK(rest.streamed->recording().metadata == held.metadata);
+}
+
+TEST_CASE("streaming: a run in one pass gives the held run's files and identity; --resume still refuses other data") {
+  const std::filesystem::path dir = test::scratch_dir("streaming_one_pass_run");
+  // A recording file, so that the data can change under a resumed run.
+  const std::filesystem::path file = dir / "rec.safetensors";
+  SyntheticSpec synthetic = parse(kConfig).data.synthetic;
+  const Recording first_data = generate_synthetic(synthetic);
+  write_recording(file, first_data, DType::F32);
+  const std::string data = "path = \"" + file.string() + "\"\n";
+  const std::string identity = recording_identity(build_recording(parse(one_pass_config(data, dir)).data));
+
+  // Streamed in one pass and held: the same points.csv (less seconds), attribution.csv
+  // and identity; the identity is in the manifest before the first point finishes.
+  const RunOutcome held = run_experiment(one_pass_request(one_pass_config(data, dir / "held", false)));
+  RunRequest request = one_pass_request(one_pass_config(data, dir / "streamed"));
+  std::vector<std::string> identity_at_point;
+  request.on_point = [&](const SweepPoint&, const PointResult& r, size_t, size_t) {
+    // results.jsonl holds the point: the manifest says what data it was measured on
+    const std::filesystem::path run_dir = dir / "streamed" / "one_pass" / "latest";
+    identity_at_point.push_back(manifest_identity(run_dir));
+    CHECK(r.ok);
+  };
+  const RunOutcome streamed = run_experiment(request);
+  REQUIRE(held.status == "complete");
+  REQUIRE(streamed.status == "complete");
+  CHECK(streamed.results.size() == 4);
+  CHECK(points_without_seconds(streamed.dir) == points_without_seconds(held.dir));
+  CHECK(read_text(streamed.dir / "attribution.csv") == read_text(held.dir / "attribution.csv"));
+  CHECK(manifest_identity(held.dir) == identity);
+  CHECK(manifest_identity(streamed.dir) == identity);
+  CHECK(identity_at_point == std::vector<std::string>(4, identity));
+
+  // Stopped after the first point, then resumed on other data at the same path: refused
+  // (a --resume run streams in two passes, the identity checked before anything runs).
+  std::atomic<bool> stop{false};
+  RunRequest first = one_pass_request(one_pass_config(data, dir / "resumed"));
+  first.stop = &stop;
+  first.on_point = [&](const SweepPoint&, const PointResult&, size_t, size_t) { stop.store(true); };
+  const RunOutcome interrupted = run_experiment(first);
+  REQUIRE(interrupted.status == "interrupted");
+  REQUIRE(interrupted.results.size() >= 1);
+  REQUIRE(interrupted.results.size() < 4);
+  CHECK(manifest_identity(interrupted.dir) == identity);
+  synthetic.seed += 1;
+  write_recording(file, generate_synthetic(synthetic), DType::F32);
+  RunRequest resume = one_pass_request(one_pass_config(data, dir / "resumed"));
+  resume.resume_dir = interrupted.dir;
+  CHECK_THROWS_WITH_AS(run_experiment(resume), doctest::Contains("the data differs from the data its points were"),
+                       ConfigError);
+  // The same data again: the resumed run finishes with the held run's points.
+  write_recording(file, first_data, DType::F32);
+  const RunOutcome resumed = run_experiment(resume);
+  CHECK(resumed.status == "complete");
+  CHECK(points_without_seconds(resumed.dir) == points_without_seconds(held.dir));
+  CHECK(manifest_identity(resumed.dir) == identity);
+}
+
+TEST_CASE("streaming: a layer that is not finite in one pass: the layer and tensor named, the manifest failed") {
+  const std::filesystem::path dir = test::scratch_dir("streaming_one_pass_nan");
+  const std::filesystem::path file = dir / "rec.safetensors";
+  Recording bad = generate_synthetic(parse(kConfig).data.synthetic);
+  bad.layers[1].value.data[100] = std::numeric_limits<float>::quiet_NaN();
+  write_recording(file, bad, DType::F32);
+  const std::string config = one_pass_config("path = \"" + file.string() + "\"\n", dir);
+  // The held run's message (build_recording validates every layer).
+  std::string want;
+  try {
+    build_recording(parse(config).data);
+    FAIL("a recording with a NaN was built");
+  } catch (const Error& e) {
+    want = e.what();
+  }
+  CHECK(want.find("layer 1 value[") != std::string::npos);
+  CHECK(want.find("is NaN") != std::string::npos);
+  size_t finished = 0;
+  RunRequest request = one_pass_request(config);
+  request.on_point = [&](const SweepPoint&, const PointResult&, size_t, size_t) { ++finished; };
+  try {
+    run_experiment(request);
+    FAIL("a run on a recording with a NaN succeeded");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()) == want);
+  }
+  CHECK(finished == 0);
+  const nlohmann::json manifest = nlohmann::json::parse(read_text(dir / "one_pass" / "latest" / "manifest.json"));
+  CHECK(manifest.value("status", std::string()) == "failed");
+  CHECK_FALSE(manifest.contains("data_identity"));
+}
+
+TEST_CASE("streaming: in one pass the synthetic data's warnings reach the manifest as in a held run") {
+  const std::filesystem::path dir = test::scratch_dir("streaming_one_pass_warnings");
+  // An entropy above log2 of the context: targets the generator cannot reach.
+  std::string synthetic = kOnePassSynthetic;
+  const std::string entropy = "entropy_mean = 5.0";
+  synthetic.replace(synthetic.find(entropy), entropy.size(), "entropy_mean = 12.0");
+  const RunOutcome held = run_experiment(one_pass_request(one_pass_config(synthetic, dir / "held", false)));
+  const RunOutcome streamed = run_experiment(one_pass_request(one_pass_config(synthetic, dir / "streamed")));
+  REQUIRE(held.status == "complete");
+  REQUIRE(streamed.status == "complete");
+  const nlohmann::json want = nlohmann::json::parse(read_text(held.dir / "manifest.json"));
+  const nlohmann::json got = nlohmann::json::parse(read_text(streamed.dir / "manifest.json"));
+  REQUIRE(want["warnings"].size() > 0);
+  CHECK(got["warnings"] == want["warnings"]);
+  CHECK(got["data_identity"] == want["data_identity"]);
+  CHECK(points_without_seconds(streamed.dir) == points_without_seconds(held.dir));
 }
