@@ -110,14 +110,14 @@ StreamedData stream_recording(const ExperimentSpec& spec, const DataSpec& data, 
   const bool attention_statistics = points_need_statistics(points);
   const std::vector<KeyRhoRange> rho_ranges = points_key_rho_ranges(points, skeleton);
   if (first_pass == FirstPass::WhenNeeded && !attention_statistics && rho_ranges.empty()) {
-    // One pass: the sweep's loads validate and hash each layer (the generators and
-    // loaders are on the heap: the lambdas' references outlive `out`'s moves).
+    // One pass: the sweep's holds validate and hash each layer, on the sweep's thread
+    // once the layer is in the recording (the loaded hook: a prefetched load runs on a
+    // thread of its own, into a copy). The generators and loaders are on the heap: the
+    // lambdas' references outlive `out`'s moves.
     out.one_pass = std::make_unique<OnePassCheck>(skeleton, out.synthetic.get());
     out.streamed = std::make_unique<StreamedRecording>(
-        std::move(skeleton), [load = std::move(load), check = out.one_pass.get()](Recording& rec, int64_t l) {
-          load(rec, l);
-          check->layer_loaded(rec, l);
-        });
+        std::move(skeleton), std::move(load),
+        [check = out.one_pass.get()](Recording& rec, int64_t l) { check->layer_loaded(rec, l); });
     return out;
   }
   out.streamed = std::make_unique<StreamedRecording>(std::move(skeleton), std::move(load));

@@ -41,7 +41,8 @@
 // Which runs stream (data.stream_layers, configs/README.md): a synthetic recording or a
 // recording file, one sequence, (synthetic) without data.max_tokens cutting it after
 // generation, on either backend (the CUDA one uploads the held layer alone, as the
-// sweep holds it: Measurer::layer_held), whose points' strategies plan on attention
+// sweep holds it: Measurer::layer_held; meanwhile the host loads the next layer,
+// StreamedRecording::set_prefetch), whose points' strategies plan on attention
 // statistics and key ρ at most (StrategyType::plan_reads; not optimal, which measures
 // distortion tables on the layers' tensors).
 #pragma once
@@ -75,7 +76,8 @@ std::string streaming_obstacle(const ExperimentSpec& spec, const std::vector<Swe
 bool streams_layers(const ExperimentSpec& spec, const std::vector<SweepPoint>& points);
 
 // Pass 1's work done by the sweep's pass, for a recording streamed in one pass: the
-// StreamedRecording's loader calls layer_loaded after each load. The first load of layer
+// StreamedRecording's loaded hook calls layer_loaded after each load, on the sweep's
+// thread, once the layer is in the recording (also when it was prefetched). The first load of layer
 // l validates it (Recording::validate_layer: throws kvb::Error naming the layer and
 // tensor) and hashes it into the identity; the first loads must come in layer order (the
 // streamed sweep's), later loads of a layer do nothing. After the last layer's first
