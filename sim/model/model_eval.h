@@ -7,6 +7,11 @@
 // evaluate(plan) then repeats them with the plan's quantized cache and returns the
 // raw model statistics (ModelStats) that the metric table reduces to PPL, PPL ratio,
 // next-token KL, same-top rate, token match, BLEU and answer accuracy.
+//
+// Memory is bounded by a window, not by the text (issue 21): per token only scalars are
+// kept (the exact run's log-sum-exp, argmax and NLL per position); the exact logits
+// [T, vocab] are held only up to ModelEvalOptions::max_held_base_bytes, else kept in a
+// file and read a window at a time; evaluate() holds one window of quantized logits.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -134,7 +139,7 @@ void check_kl_base(const KlBaseHeader& base, const std::filesystem::path& path, 
                    const std::vector<int64_t>& tokens, int64_t n_ctx);
 
 // The most bytes of exact logits [T, vocab] (fp32) a ModelEvaluator holds in memory by
-// default: 1 GiB (4096 tokens of a 65536-token vocabulary).
+// default: 1 GiB (2093 tokens of Llama-3's 128256-token vocabulary).
 constexpr int64_t kDefaultHeldBaseLogitsBytes = int64_t{1} << 30;
 
 struct ModelEvalOptions {
