@@ -457,8 +457,11 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
     }
     plan_text = built.plan.describe();
     plan_bpe = built.plan.bpe();
-    stats.model =
-        evaluator.evaluate(built.plan, seed, &quant_logits, built.calibrated ? &built.positions.evaluation : nullptr);
+    // The quantized logits [T, vocab] are returned only when the exact ones are held (at
+    // most 1 GiB, ModelEvalOptions::max_held_base_bytes): a longer run is compared a
+    // window at a time and returns neither.
+    stats.model = evaluator.evaluate(built.plan, seed, evaluator.base_logits_held() ? &quant_logits : nullptr,
+                                     built.calibrated ? &built.positions.evaluation : nullptr);
   }
   py::gil_scoped_acquire acquire;
   const std::vector<double> exact_nll = evaluator.base_scored_nll();
@@ -467,7 +470,8 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   out["windows"] = evaluator.windows().size();
   out["exact_ppl"] = exact_ppl;
   out["exact_ppl_se"] = exact_ppl * standard_error_of_mean(exact_nll);
-  out["exact_logits"] = matrix_array(evaluator.base_logits());
+  // None when the exact logits exceed the held limit (they were kept in a temporary file).
+  out["exact_logits"] = evaluator.base_logits_held() ? py::object(matrix_array(evaluator.base_logits())) : py::none();
   out["exact_nll"] = exact_nll;
   out["plan"] = plan_source;
   if (strat) {
@@ -481,7 +485,7 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
     }
     out["metrics"] = metrics;
     out["standard_errors"] = errors;
-    out["logits"] = matrix_array(quant_logits);
+    out["logits"] = evaluator.base_logits_held() ? py::object(matrix_array(quant_logits)) : py::none();
     out["nll"] = stats.model.nll;
   }
   return out;

@@ -12,6 +12,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -109,6 +111,8 @@ int cmd_eval(const Args& args) {
   // Chunked evaluation, the exact run's logits kept, and a JSON report (issue 21 item 3).
   int64_t n_ctx = 512;
   std::string score_text = "all", kl_base;
+  // The exact logits held in memory up to this many MiB, else in a file (issue 21).
+  double base_memory_mib = static_cast<double>(kDefaultHeldBaseLogitsBytes) / (1024.0 * 1024.0);
   bool json = false;
   std::string backend_text = "cpu", precision_text = "fp32";
   opts.add_options()("help,h", "show this help");
@@ -143,6 +147,9 @@ int cmd_eval(const Args& args) {
       "kl-base", po::value(&kl_base),
       "a .safetensors of the exact run's logits: written when absent, read instead of recomputing when present "
       "(checked against the model, tokens and --ctx)")(
+      "base-memory", po::value(&base_memory_mib)->default_value(base_memory_mib),
+      "MiB of the exact run's logits (tokens x vocab x 4 bytes) held in memory; above it they are kept in the "
+      "--kl-base file, else in a temporary file in $TMPDIR (or /tmp), and read back one window at a time")(
       "json", po::bool_switch(&json), "print the report as one JSON object on stdout (keys: README.md, eval)")(
       "backend", po::value(&backend_text)->default_value("cpu"),
       "the forward pass: cpu, cuda (the device's; a format without a CUDA twin is an error) or auto (cuda when a "
@@ -199,6 +206,8 @@ int cmd_eval(const Args& args) {
   if (n_ctx < 0 || n_ctx == 1) throw ConfigError("--ctx must be 0 (one window of every token) or >= 2, got " + std::to_string(n_ctx));
   const ScoreRule score = parse_score_rule(score_text, "--score");
   if (score == ScoreRule::SecondHalf && n_ctx == 0) throw ConfigError("--score second_half needs windows (--ctx N)");
+  if (!(base_memory_mib >= 0) || base_memory_mib > 1e12)
+    throw ConfigError("--base-memory must be a number of MiB >= 0, got " + format_double(base_memory_mib));
   if (!kl_base.empty() && std::filesystem::path(kl_base).extension() != ".safetensors")
     throw ConfigError("--kl-base " + kl_base + ": expected a .safetensors file");
   if (!kl_base.empty() && !std::filesystem::exists(kl_base)) require_writable_output(kl_base, "--kl-base");
@@ -249,6 +258,7 @@ int cmd_eval(const Args& args) {
   ModelEvalOptions eval_options;
   eval_options.windows = WindowSpec{n_ctx, score};
   eval_options.kl_base = kl_base;
+  eval_options.max_held_base_bytes = static_cast<int64_t>(base_memory_mib * 1024.0 * 1024.0);
   eval_options.backend = backend.forward;
   eval_options.progress = [&](int64_t done, int64_t total) {
     if (total < 2) return;
@@ -274,8 +284,13 @@ int cmd_eval(const Args& args) {
     say(json, " in %zu windows of %lld tokens, scoring %s", n_windows, static_cast<long long>(n_ctx),
         score_rule_name(score));
   say(json, ")\n");
+  const int64_t T = static_cast<int64_t>(tokens.size()), V = cfg.vocab_size;
+  const double base_mib = static_cast<double>(T) * static_cast<double>(V) * 4.0 / (1024.0 * 1024.0);
   if (!kl_base.empty())
     say(json, "exact logits: %s %s\n", kl_base_existed ? "read from" : "written to", kl_base.c_str());
+  if (!evaluator.base_logits_held())
+    say(json, "exact logits: %.1f MiB, above --base-memory %.6g MiB: kept in %s, read one window at a time\n",
+        base_mib, base_memory_mib, kl_base.empty() ? "a temporary file" : kl_base.c_str());
   if (task) {
     int64_t right = 0;
     for (const AnswerTask::Run& r : evaluator.base_answers()) right += r.correct ? 1 : 0;
@@ -286,7 +301,35 @@ int cmd_eval(const Args& args) {
                 static_cast<long long>(n), ci.lo, ci.hi);
   }
 
-  RowMatrix quant_logits;
+  // --out: the evaluated run's logits (quantized when a plan is given), its NLL and the
+  // tokens, and with a plan the exact run's beside them; written a window at a time
+  // (never [T, vocab] in memory), the quantized logits as the run computes them.
+  const bool out_npy = !out.empty() && std::filesystem::path(out).extension() == ".npy";
+  std::unique_ptr<TensorFileStream> out_file;
+  const auto open_out_file = [&](const std::string& plan_name) {
+    std::vector<TensorLayout> layout = {{"logits", {T, V}, DType::F32},
+                                        {"nll", {T - 1}, DType::F32},
+                                        {"input_ids", {T}, DType::I32}};
+    if (strat) {
+      layout.push_back({"logits_exact", {T, V}, DType::F32});
+      layout.push_back({"nll_exact", {T - 1}, DType::F32});
+    }
+    if (out_npy) layout.resize(1);
+    out_file = std::make_unique<TensorFileStream>(
+        out, std::move(layout), std::map<std::string, std::string>{{"model", cfg.dir.string()}, {"plan", plan_name}});
+  };
+  // The exact logits into out_file, a window of rows at a time; rows no window holds are zeros.
+  const auto append_exact_logits = [&] {
+    std::vector<float> rows(static_cast<size_t>(evaluator.windows().front().length * V));
+    int64_t done = 0;
+    for (const TokenWindow& w : evaluator.windows()) {
+      evaluator.read_base_rows(w.start, w.length, rows.data());
+      out_file->append_floats(rows.data(), w.length * V);
+      done = w.start + w.length;
+    }
+    out_file->append_zeros((T - done) * V);
+  };
+  std::vector<double> quant_nll;  // [T - 1], with a plan and a file asked for
   ErrorStats stats;
   double plan_bpe = std::nan("");
   std::string plan_text = "exact";
@@ -310,7 +353,18 @@ int cmd_eval(const Args& args) {
     plan_text = plan.describe();
     const bool calibrated = built.calibrated;
     pass = "quantized";
-    stats.model = evaluator.evaluate(plan, seed, &quant_logits, calibrated ? &positions.evaluation : nullptr);
+    QuantizedRunOutput run_output;
+    if (!out.empty() || !nll_out.empty()) run_output.nll = &quant_nll;
+    int64_t quant_rows_written = 0;
+    if (!out.empty()) {
+      open_out_file(plan_source);
+      run_output.window_logits = [&](const TokenWindow& w, const float* logits) {
+        out_file->append_floats(logits, w.length * V);
+        quant_rows_written = w.start + w.length;
+      };
+    }
+    stats.model = evaluator.evaluate(plan, seed, nullptr, calibrated ? &positions.evaluation : nullptr, &run_output);
+    if (out_file) out_file->append_zeros((T - quant_rows_written) * V);
     say(json, "quantized cache%s:\n",
         calibrated ? " (positions not used for the strategy's calibration, every 8th from 7)" : "");
     if (calibrated && built.calibration_beyond_window > 0)
@@ -398,20 +452,22 @@ int cmd_eval(const Args& args) {
   }
 
   // Files: the evaluated run (quantized when a plan is given), and the exact one.
-  const RowMatrix& logits = strat ? quant_logits : evaluator.base_logits();
-  const std::vector<float> nll = as_floats(strat ? evaluator.next_token_nll_of(quant_logits) : evaluator.base_nll());
+  const std::vector<float> nll = as_floats(strat ? quant_nll : evaluator.base_nll());
   const std::vector<float> nll_exact = as_floats(evaluator.base_nll());
-  const int64_t T = static_cast<int64_t>(tokens.size()), V = cfg.vocab_size;
   if (!out.empty()) {
-    std::vector<TensorToWrite> t = {TensorToWrite::of_floats("logits", {T, V}, logits.data()),
-                                    TensorToWrite::of_floats("nll", {T - 1}, nll.data()),
-                                    TensorToWrite::of_ints("input_ids", {T}, tokens.data(), DType::I32)};
-    if (strat) {
-      t.push_back(TensorToWrite::of_floats("logits_exact", {T, V}, evaluator.base_logits().data()));
-      t.push_back(TensorToWrite::of_floats("nll_exact", {T - 1}, nll_exact.data()));
+    if (!strat) {
+      open_out_file("exact");
+      append_exact_logits();
     }
-    if (std::filesystem::path(out).extension() == ".npy") t.resize(1);
-    write_tensors(out, t, {{"model", cfg.dir.string()}, {"plan", strat ? plan_source : "exact"}});
+    if (!out_npy) {
+      out_file->append_floats(nll.data(), T - 1);
+      out_file->append_ints(tokens.data(), T);
+      if (strat) {
+        append_exact_logits();
+        out_file->append_floats(nll_exact.data(), T - 1);
+      }
+    }
+    out_file->commit();
     say(json, "wrote %s\n", out.c_str());
   }
   if (!nll_out.empty()) {

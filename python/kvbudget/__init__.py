@@ -227,6 +227,9 @@ def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, v
     plan_formats, metrics and standard_errors (the metric table's model metrics: ppl,
     ppl_ratio, next_token_kl_*, same_top_rate, Δp, and with continuations > 0 the greedy
     continuations' token_match and bleu4), logits, nll (the positions the metrics use).
+    exact_logits and logits are None when the exact logits (T × vocab × 4 bytes) exceed
+    1 GiB: such a run is compared a window at a time, the exact logits kept in a
+    temporary file, and never holds [T, vocab]; the metrics are the same.
 
     quantize_layers quantizes only some layers with the plan, as a config's [data]
     quantize_layers (and `eval --layers`): "full" (a hybrid's full-attention layers),

@@ -33,6 +33,7 @@ class SafetensorsStore final : public IndexedTensorStore {
   Tensor read_f32(const std::string& name) const override;
   std::vector<int64_t> read_i64(const std::string& name) const override;
   void read_raw(const std::string& name, void* dst) const override;
+  void read_raw_rows(const std::string& name, int64_t first, int64_t count, void* dst) const override;
   std::map<std::string, std::string> metadata() const override { return metadata_; }
 
  private:
@@ -159,6 +160,21 @@ void SafetensorsStore::read_raw(const std::string& name, void* dst) const {
   // Read from the file straight into dst (MappedFile::copy_out): the mapping's pages are
   // not touched, so a checkpoint being loaded is not held twice.
   file_->copy_out(bytes_of(name), n, dst);
+}
+
+void SafetensorsStore::read_raw_rows(const std::string& name, int64_t first, int64_t count, void* dst) const {
+  const TensorInfo& inf = info(name);
+  const std::string tw = inf.file + ": tensor '" + name + "': ";
+  if (inf.shape.empty()) throw Error(tw + "a scalar has no rows to read");
+  const int64_t rows = inf.shape.front();
+  if (first < 0 || count < 0 || first > rows || count > rows - first)
+    throw Error(tw + "rows [" + std::to_string(first) + ", " + std::to_string(first + count) + ") outside its " +
+                std::to_string(rows) + " rows");
+  if (rows == 0 || count == 0) return;
+  const uint64_t row_bytes =
+      static_cast<uint64_t>(Tensor::count(inf.shape) / rows) * static_cast<uint64_t>(dtype_bytes(inf.dtype));
+  file_->copy_out(bytes_of(name) + static_cast<uint64_t>(first) * row_bytes, static_cast<uint64_t>(count) * row_bytes,
+                  dst);
 }
 
 std::vector<int64_t> SafetensorsStore::read_i64(const std::string& name) const {

@@ -34,6 +34,9 @@ class ShardedSafetensorsStore final : public TensorStore {
     return shard_holding(name).read_i64(name);
   }
   void read_raw(const std::string& name, void* dst) const override { shard_holding(name).read_raw(name, dst); }
+  void read_raw_rows(const std::string& name, int64_t first, int64_t count, void* dst) const override {
+    shard_holding(name).read_raw_rows(name, first, count, dst);
+  }
   // The index's "metadata" (numbers written as JSON text), not the shards' own.
   std::map<std::string, std::string> metadata() const override { return metadata_; }
 

@@ -86,6 +86,11 @@ void TensorStore::read_raw(const std::string& name, void*) const {
               "(safetensors only)");
 }
 
+void TensorStore::read_raw_rows(const std::string& name, int64_t, int64_t, void*) const {
+  throw Error(path().string() + ": tensor '" + name + "' cannot be read by rows from this file type " +
+              "(safetensors only)");
+}
+
 std::unique_ptr<TensorStore> TensorStore::open(const fs::path& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);

@@ -57,6 +57,12 @@ class TensorStore {
   // dtype_bytes(info.dtype) bytes into dst. Safetensors only (model checkpoints keep
   // their 16-bit weights 16-bit this way); other stores throw a kvb::Error.
   virtual void read_raw(const std::string& name, void* dst) const;
+  // Rows [first, first + count) of the tensor's outermost dimension, bytes as stored:
+  // count × (numel / shape[0]) × dtype_bytes(info.dtype) bytes into dst, read from the
+  // file without touching the rest of the tensor (a tensor too large to hold is read a
+  // slice at a time). Throws kvb::Error naming the file and tensor when the tensor has
+  // no dimension or the rows are out of range; safetensors only, like read_raw.
+  virtual void read_raw_rows(const std::string& name, int64_t first, int64_t count, void* dst) const;
   // safetensors' __metadata__ (empty for NumPy files).
   virtual std::map<std::string, std::string> metadata() const { return {}; }
 };

@@ -39,58 +39,53 @@ int64_t check_tensor(const TensorToWrite& t, const std::string& where) {
 
 // A finite value that a 16-bit float cannot hold (|x| beyond F16's 65504) would be
 // written as Inf, and every reader would reject the file later: refuse it here.
-void require_no_overflow(const TensorToWrite& t, int64_t i, bool overflowed, const std::string& where) {
-  if (!overflowed || !std::isfinite(t.floats[i])) return;
-  throw Error(where + ": tensor '" + t.name + "': value " + format_double(t.floats[i]) + " at flat index " +
-              std::to_string(i) + " overflows " + dtype_name(t.dtype) + " (it would be stored as Inf); store F32");
+// `index` is the value's flat index in its tensor.
+void require_no_overflow(const TensorLayout& t, float value, int64_t index, bool overflowed, const std::string& where) {
+  if (!overflowed || !std::isfinite(value)) return;
+  throw Error(where + ": tensor '" + t.name + "': value " + format_double(value) + " at flat index " +
+              std::to_string(index) + " overflows " + dtype_name(t.dtype) + " (it would be stored as Inf); store F32");
 }
 
-// Encodes elements [begin, end) of t into little-endian bytes appended to out.
-void encode(const TensorToWrite& t, int64_t begin, int64_t end, std::vector<uint8_t>& out, const std::string& where) {
+// Encodes `count` values of tensor t (floats or ints, by its dtype; null for zeros),
+// the first at flat index `first_index`, into little-endian bytes appended to out.
+void encode(const TensorLayout& t, const float* floats, const int64_t* ints, int64_t count, int64_t first_index,
+            std::vector<uint8_t>& out, const std::string& where) {
   const int eb = dtype_bytes(t.dtype);
   const size_t base = out.size();
-  out.resize(base + static_cast<size_t>((end - begin) * eb));
+  out.resize(base + static_cast<size_t>(count * eb));
   uint8_t* dst = out.data() + base;
-  for (int64_t i = begin; i < end; ++i, dst += eb) {
+  for (int64_t k = 0; k < count; ++k, dst += eb) {
+    const float f = floats ? floats[k] : 0.0f;
+    const int64_t v = ints ? ints[k] : 0;
     switch (t.dtype) {
-      case DType::F32: std::memcpy(dst, &t.floats[i], 4); break;
+      case DType::F32: std::memcpy(dst, &f, 4); break;
       case DType::F16: {
-        const uint16_t h = f32_to_f16_bits(t.floats[i]);
-        require_no_overflow(t, i, (h & 0x7c00u) == 0x7c00u, where);
+        const uint16_t h = f32_to_f16_bits(f);
+        require_no_overflow(t, f, first_index + k, (h & 0x7c00u) == 0x7c00u, where);
         std::memcpy(dst, &h, 2);
         break;
       }
       case DType::BF16: {
-        const uint16_t b = f32_to_bf16_bits(t.floats[i]);
-        require_no_overflow(t, i, (b & 0x7f80u) == 0x7f80u, where);
+        const uint16_t b = f32_to_bf16_bits(f);
+        require_no_overflow(t, f, first_index + k, (b & 0x7f80u) == 0x7f80u, where);
         std::memcpy(dst, &b, 2);
         break;
       }
       case DType::I32: {
-        const int64_t v = t.ints[i];
         if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
           throw Error(where + ": tensor '" + t.name + "': value " + std::to_string(v) + " at flat index " +
-                      std::to_string(i) + " does not fit I32");
+                      std::to_string(first_index + k) + " does not fit I32");
         const int32_t w = static_cast<int32_t>(v);
         std::memcpy(dst, &w, 4);
         break;
       }
-      case DType::I64: std::memcpy(dst, &t.ints[i], 8); break;
+      case DType::I64: std::memcpy(dst, &v, 8); break;
       default: throw Error("internal: unwritable dtype");
     }
   }
 }
 
-// Streams a tensor's bytes in bounded chunks.
-void write_elements(AtomicFileWriter& out, const TensorToWrite& t, int64_t numel, const std::string& where) {
-  constexpr int64_t kChunk = 1 << 20;  // elements per write
-  std::vector<uint8_t> buf;
-  for (int64_t b = 0; b < numel; b += kChunk) {
-    buf.clear();
-    encode(t, b, std::min(numel, b + kChunk), buf, where);
-    out.write(buf.data(), buf.size());
-  }
-}
+TensorLayout layout_of(const TensorToWrite& t) { return TensorLayout{t.name, t.shape, t.dtype}; }
 
 const char* npy_descr(DType d) {
   switch (d) {
@@ -139,61 +134,171 @@ DType parse_float_dtype(const std::string& text, const std::string& where) {
   throw ConfigError(where + ": unknown dtype '" + text + "' (f32, f16 or bf16)");
 }
 
-void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::string where = path.string();
-  nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::set<std::string> names;
+// The header and the values of a streamed file (TensorFileStream).
+struct TensorFileStream::Impl {
+  std::string where;
+  std::vector<TensorLayout> tensors;
   std::vector<int64_t> numels;
-  uint64_t offset = 0;
-  for (const TensorToWrite& t : tensors) {
-    if (t.name.empty() || t.name == "__metadata__")
-      throw Error(where + ": tensor name '" + t.name + "' is not allowed in a safetensors file");
-    if (!names.insert(t.name).second) throw Error(where + ": tensor '" + t.name + "' given twice");
-    const int64_t n = check_tensor(t, where);
-    numels.push_back(n);
-    const uint64_t bytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(dtype_bytes(t.dtype));
-    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+  std::unique_ptr<AtomicFileWriter> out;
+  size_t current = 0;   // the tensor being written
+  int64_t written = 0;  // its values written so far
+  std::vector<uint8_t> bytes;
+
+  // Moves past every complete tensor (and empty ones).
+  void skip_complete() {
+    while (current < tensors.size() && written == numels[current]) {
+      ++current;
+      written = 0;
+    }
   }
-  std::string text = header.dump();
-  // Pad the header with spaces so the data section starts 8-byte aligned.
-  while ((8 + text.size()) % 8 != 0) text += ' ';
-  AtomicFileWriter out(path);
-  uint8_t len[8];
-  const uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  out.write(len, 8);
-  out.write(text);
-  for (size_t i = 0; i < tensors.size(); ++i) write_elements(out, tensors[i], numels[i], where);
-  out.commit();
+  void append(const float* floats, const int64_t* ints, bool zeros, int64_t count);
+};
+
+void TensorFileStream::Impl::append(const float* floats, const int64_t* ints, bool zeros, int64_t count) {
+  if (count < 0) throw Error("internal: " + where + ": append of " + std::to_string(count) + " values");
+  if (count == 0) return;
+  if (!out) throw Error("internal: " + where + ": append after commit");
+  skip_complete();
+  if (current == tensors.size())
+    throw Error("internal: " + where + ": " + std::to_string(count) + " values appended after the last tensor");
+  const TensorLayout& t = tensors[current];
+  const std::string tw = where + ": tensor '" + t.name + "': ";
+  if (!zeros && writable_float(t.dtype) != (floats != nullptr))
+    throw Error("internal: " + tw + (floats ? "float" : "integer") + " values appended to a " + dtype_name(t.dtype) +
+                " tensor");
+  if (count > numels[current] - written)
+    throw Error("internal: " + tw + std::to_string(count) + " values appended, " +
+                std::to_string(numels[current] - written) + " of its " + std::to_string(numels[current]) + " remain");
+  if ((t.dtype == DType::F32 && floats) || (t.dtype == DType::I64 && ints)) {
+    // Stored as held (a little-endian host, as encode's memcpy assumes): no re-encoding.
+    out->write(floats ? static_cast<const void*>(floats) : static_cast<const void*>(ints),
+               static_cast<size_t>(count) * static_cast<size_t>(dtype_bytes(t.dtype)));
+    written += count;
+    return;
+  }
+  constexpr int64_t kChunk = 1 << 20;  // values encoded per write
+  for (int64_t b = 0; b < count; b += kChunk) {
+    const int64_t n = std::min(kChunk, count - b);
+    bytes.clear();
+    encode(t, floats ? floats + b : nullptr, ints ? ints + b : nullptr, n, written + b, bytes, where);
+    out->write(bytes.data(), bytes.size());
+  }
+  written += count;
 }
 
-void write_npy(const fs::path& path, const TensorToWrite& t) {
-  const std::string where = path.string();
-  const int64_t numel = check_tensor(t, where);
-  const char* descr = npy_descr(t.dtype);
-  if (!descr)
-    throw Error(where + ": tensor '" + t.name + "': NumPy has no " + dtype_name(t.dtype) +
-                " type; write F32 or F16 to .npy, or use .safetensors");
-  std::string shape = "(";
-  for (size_t i = 0; i < t.shape.size(); ++i) shape += std::to_string(t.shape[i]) + (t.shape.size() == 1 ? "," : (i + 1 < t.shape.size() ? ", " : ""));
-  shape += ")";
-  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-  // Magic (6) + version (2) + length (2) + dict + '\n' padded to a multiple of 64.
-  const size_t unpadded = 10 + dict.size() + 1;
-  dict.append((64 - unpadded % 64) % 64, ' ');
-  dict += '\n';
-  if (dict.size() > 65535) throw Error(where + ": .npy header too long (rank " + std::to_string(t.shape.size()) + ")");
-  AtomicFileWriter out(path);
-  const uint8_t magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<uint8_t>(dict.size() & 0xff),
-                             static_cast<uint8_t>(dict.size() >> 8)};
-  out.write(magic, sizeof magic);
-  out.write(dict);
-  write_elements(out, t, numel, where);
-  out.commit();
+TensorFileStream::TensorFileStream(const fs::path& path, std::vector<TensorLayout> tensors,
+                                   const std::map<std::string, std::string>& metadata, TensorFileFormat format)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.where = path.string();
+  s.tensors = std::move(tensors);
+  for (const TensorLayout& t : s.tensors) {
+    if (!writable_float(t.dtype) && !writable_int(t.dtype))
+      throw Error(s.where + ": tensor '" + t.name + "': cannot write dtype " + std::string(dtype_name(t.dtype)) +
+                  " (writable: F32, F16, BF16, I32, I64)");
+    s.numels.push_back(checked_numel(t.shape, dtype_bytes(t.dtype), s.where + ": tensor '" + t.name + "': "));
+  }
+  std::string header;
+  const std::string ext = lower(path.extension().string());
+  if (format == TensorFileFormat::ByExtension && ext != ".npy" && ext != ".safetensors")
+    throw ConfigError(s.where + ": unknown output extension '" + path.extension().string() +
+                      "' (.safetensors or .npy)");
+  if (format == TensorFileFormat::Npy || (format == TensorFileFormat::ByExtension && ext == ".npy")) {
+    if (s.tensors.size() != 1)
+      throw Error(s.where + ": a .npy file holds one array, but " + std::to_string(s.tensors.size()) +
+                  " tensors were to be written; use .safetensors");
+    const TensorLayout& t = s.tensors.front();
+    const char* descr = npy_descr(t.dtype);
+    if (!descr)
+      throw Error(s.where + ": tensor '" + t.name + "': NumPy has no " + dtype_name(t.dtype) +
+                  " type; write F32 or F16 to .npy, or use .safetensors");
+    std::string shape = "(";
+    for (size_t i = 0; i < t.shape.size(); ++i)
+      shape += std::to_string(t.shape[i]) + (t.shape.size() == 1 ? "," : (i + 1 < t.shape.size() ? ", " : ""));
+    shape += ")";
+    std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+    // Magic (6) + version (2) + length (2) + dict + '\n' padded to a multiple of 64.
+    const size_t unpadded = 10 + dict.size() + 1;
+    dict.append((64 - unpadded % 64) % 64, ' ');
+    dict += '\n';
+    if (dict.size() > 65535)
+      throw Error(s.where + ": .npy header too long (rank " + std::to_string(t.shape.size()) + ")");
+    const char magic[10] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<char>(dict.size() & 0xff),
+                            static_cast<char>(dict.size() >> 8)};
+    header.assign(magic, sizeof magic);
+    header += dict;
+  } else {
+    nlohmann::json json = nlohmann::json::object();
+    if (!metadata.empty()) json["__metadata__"] = metadata;
+    std::set<std::string> names;
+    uint64_t offset = 0;
+    for (size_t i = 0; i < s.tensors.size(); ++i) {
+      const TensorLayout& t = s.tensors[i];
+      if (t.name.empty() || t.name == "__metadata__")
+        throw Error(s.where + ": tensor name '" + t.name + "' is not allowed in a safetensors file");
+      if (!names.insert(t.name).second) throw Error(s.where + ": tensor '" + t.name + "' given twice");
+      const uint64_t bytes = static_cast<uint64_t>(s.numels[i]) * static_cast<uint64_t>(dtype_bytes(t.dtype));
+      json[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+      offset += bytes;
+    }
+    std::string text = json.dump();
+    // Pad the header with spaces so the data section starts 8-byte aligned.
+    while ((8 + text.size()) % 8 != 0) text += ' ';
+    const uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) header += static_cast<char>(static_cast<uint8_t>(n >> (8 * i)));
+    header += text;
+  }
+  s.out = std::make_unique<AtomicFileWriter>(path);
+  s.out->write(header);
 }
+
+TensorFileStream::~TensorFileStream() = default;
+
+void TensorFileStream::append_floats(const float* values, int64_t count) { impl_->append(values, nullptr, false, count); }
+void TensorFileStream::append_ints(const int64_t* values, int64_t count) { impl_->append(nullptr, values, false, count); }
+void TensorFileStream::append_zeros(int64_t count) { impl_->append(nullptr, nullptr, true, count); }
+
+void TensorFileStream::commit() {
+  Impl& s = *impl_;
+  if (!s.out) throw Error("internal: " + s.where + ": committed twice");
+  s.skip_complete();
+  if (s.current < s.tensors.size())
+    throw Error("internal: " + s.where + ": tensor '" + s.tensors[s.current].name + "' got " +
+                std::to_string(s.written) + " of its " + std::to_string(s.numels[s.current]) + " values");
+  s.out->commit();
+  s.out.reset();
+}
+
+namespace {
+
+// The whole tensors of `tensors`, through a TensorFileStream (whose extension decides the format).
+void write_through_stream(const fs::path& path, const std::vector<TensorToWrite>& tensors,
+                          const std::map<std::string, std::string>& metadata, TensorFileFormat format) {
+  const std::string where = path.string();
+  std::vector<TensorLayout> layouts;
+  std::vector<int64_t> numels;
+  for (const TensorToWrite& t : tensors) {
+    numels.push_back(check_tensor(t, where));
+    layouts.push_back(layout_of(t));
+  }
+  TensorFileStream stream(path, std::move(layouts), metadata, format);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (writable_float(tensors[i].dtype))
+      stream.append_floats(tensors[i].floats, numels[i]);
+    else
+      stream.append_ints(tensors[i].ints, numels[i]);
+  }
+  stream.commit();
+}
+
+}  // namespace
+
+void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  write_through_stream(path, tensors, metadata, TensorFileFormat::Safetensors);
+}
+
+void write_npy(const fs::path& path, const TensorToWrite& t) { write_through_stream(path, {t}, {}, TensorFileFormat::Npy); }
 
 void write_tensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
                    const std::map<std::string, std::string>& metadata) {

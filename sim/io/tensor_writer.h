@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,46 @@ void write_npy(const std::filesystem::path& path, const TensorToWrite& tensor);
 // By extension: .safetensors writes every tensor; .npy needs exactly one tensor.
 void write_tensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                    const std::map<std::string, std::string>& metadata = {});
+
+// What a streamed file's header says of one tensor before any of its values is known.
+struct TensorLayout {
+  std::string name;
+  std::vector<int64_t> shape;  // row-major
+  DType dtype = DType::F32;    // F32, F16, BF16 (values given as floats), I32 or I64 (as int64)
+};
+
+// A .safetensors or .npy file written piece by piece, for tensors too large to hold at
+// once (the exact logits [T, vocab] of a long text, written one window of rows at a
+// time): the header (every tensor's name, dtype and shape) is fixed when it is opened,
+// then each tensor's values follow in the order given, in as many append calls as
+// wanted (an append never spans two tensors). The bytes are those write_tensors writes
+// for the same tensors (it writes through this class), and the file is as atomic: it
+// appears at `path` on commit(), which requires every value; destroyed without
+// commit(), the writer leaves nothing behind. Errors name the file and the tensor.
+enum class TensorFileFormat { ByExtension, Safetensors, Npy };
+class TensorFileStream {
+ public:
+  // .safetensors (any number of tensors, `metadata` stored) or .npy (exactly one
+  // tensor, no metadata): by the extension as write_tensors goes (another is a
+  // kvb::ConfigError), or the format given whatever the file is named.
+  TensorFileStream(const std::filesystem::path& path, std::vector<TensorLayout> tensors,
+                   const std::map<std::string, std::string>& metadata = {},
+                   TensorFileFormat format = TensorFileFormat::ByExtension);
+  ~TensorFileStream();
+  TensorFileStream(const TensorFileStream&) = delete;
+  TensorFileStream& operator=(const TensorFileStream&) = delete;
+
+  // The next `count` values of the tensor being written (a float dtype: append_floats;
+  // I32 or I64: append_ints; append_zeros either).
+  void append_floats(const float* values, int64_t count);
+  void append_ints(const int64_t* values, int64_t count);
+  void append_zeros(int64_t count);
+  void commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // fp32 shorthands of the writers above, and a raw byte dump (atomic too).
 // shape outermost first (empty = a 0-d scalar); data holds product(shape) floats.

@@ -1,6 +1,9 @@
 #include "sim/model/model_eval.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -190,21 +193,23 @@ std::vector<TokenWindow> token_windows(int64_t tokens, int64_t n_ctx) {
   return w;
 }
 
-void write_kl_base(const std::filesystem::path& path, const KlBase& base) {
-  const int64_t T = base.logits.rows(), V = base.logits.cols();
-  write_tensors(path,
-                {TensorToWrite::of_floats("logits", {T, V}, base.logits.data()),
-                 TensorToWrite::of_ints("input_ids", {T}, base.tokens.data(), DType::I64)},
-                {{"kvbudget_kl_base", "1"},
-                 {"model", base.model},
-                 {"model_summary", base.model_summary},
-                 {"vocab_size", std::to_string(V)},
-                 {"n_ctx", std::to_string(base.n_ctx)}});
+namespace {
+
+const char* const kLogits = "logits";
+const char* const kInputIds = "input_ids";
+
+std::map<std::string, std::string> kl_base_metadata(const KlBaseHeader& h) {
+  return {{"kvbudget_kl_base", "1"},
+          {"model", h.model},
+          {"model_summary", h.model_summary},
+          {"vocab_size", std::to_string(h.vocab)},
+          {"n_ctx", std::to_string(h.n_ctx)}};
 }
 
-KlBase read_kl_base(const std::filesystem::path& path) {
-  const std::unique_ptr<TensorStore> store = TensorStore::open(path);
-  const std::map<std::string, std::string> meta = store->metadata();
+}  // namespace
+
+KlBaseReader::KlBaseReader(const std::filesystem::path& path) : path_(path), store_(TensorStore::open(path)) {
+  const std::map<std::string, std::string> meta = store_->metadata();
   const auto field = [&](const char* key) -> std::string {
     const auto it = meta.find(key);
     if (it == meta.end())
@@ -213,27 +218,64 @@ KlBase read_kl_base(const std::filesystem::path& path) {
   };
   if (field("kvbudget_kl_base") != "1")
     throw Error(path.string() + ": kl-base version " + field("kvbudget_kl_base") + ", this kvbudget reads version 1");
-  KlBase base;
-  base.model = field("model");
-  base.model_summary = field("model_summary");
+  header_.model = field("model");
+  header_.model_summary = field("model_summary");
   try {
-    base.n_ctx = std::stoll(field("n_ctx"));
+    header_.n_ctx = std::stoll(field("n_ctx"));
   } catch (const std::logic_error&) {
     throw Error(path.string() + ": metadata n_ctx '" + field("n_ctx") + "' is not an integer");
   }
-  base.tokens = store->read_i64("input_ids");
-  const Tensor logits = store->read_f32("logits");
-  if (logits.shape.size() != 2 || logits.shape[0] != static_cast<int64_t>(base.tokens.size()))
-    throw Error(path.string() + ": logits are not [" + std::to_string(base.tokens.size()) + ", vocab]");
-  base.logits = Eigen::Map<const RowMatrix>(logits.data.data(), logits.shape[0], logits.shape[1]);
-  return base;
+  header_.tokens = store_->read_i64(kInputIds);
+  const TensorInfo& logits = store_->info(kLogits);
+  if (logits.dtype != DType::F32 || logits.shape.size() != 2 ||
+      logits.shape[0] != static_cast<int64_t>(header_.tokens.size()))
+    throw Error(path.string() + ": logits are " + dtype_name(logits.dtype) + " " + shape_str(logits.shape) +
+                ", expected F32 [" + std::to_string(header_.tokens.size()) + ", vocab]");
+  header_.vocab = logits.shape[1];
 }
 
-void check_kl_base(const KlBase& base, const std::filesystem::path& path, const ModelConfig& config,
+KlBaseReader::~KlBaseReader() = default;
+
+void KlBaseReader::read_rows(int64_t first, int64_t count, float* dst) const {
+  store_->read_raw_rows(kLogits, first, count, dst);
+}
+
+KlBaseWriter::KlBaseWriter(const std::filesystem::path& path, const KlBaseHeader& header)
+    : tokens_(header.tokens), vocab_(header.vocab) {
+  const int64_t T = static_cast<int64_t>(tokens_.size());
+  stream_ = std::make_unique<TensorFileStream>(
+      path, std::vector<TensorLayout>{{kLogits, {T, header.vocab}, DType::F32}, {kInputIds, {T}, DType::I64}},
+      kl_base_metadata(header), TensorFileFormat::Safetensors);
+}
+
+KlBaseWriter::~KlBaseWriter() = default;
+
+void KlBaseWriter::append_rows(const float* rows, int64_t count) {
+  stream_->append_floats(rows, count * vocab_);
+}
+
+void KlBaseWriter::append_zero_rows(int64_t count) { stream_->append_zeros(count * vocab_); }
+
+void KlBaseWriter::commit() {
+  stream_->append_ints(tokens_.data(), static_cast<int64_t>(tokens_.size()));
+  stream_->commit();
+}
+
+void write_kl_base(const std::filesystem::path& path, const KlBaseHeader& header, const RowMatrix& logits) {
+  if (logits.rows() != static_cast<int64_t>(header.tokens.size()) || logits.cols() != header.vocab)
+    throw Error("internal: write_kl_base: logits [" + std::to_string(logits.rows()) + ", " +
+                std::to_string(logits.cols()) + "] for " + std::to_string(header.tokens.size()) +
+                " tokens of a vocabulary of " + std::to_string(header.vocab));
+  KlBaseWriter writer(path, header);
+  writer.append_rows(logits.data(), logits.rows());
+  writer.commit();
+}
+
+void check_kl_base(const KlBaseHeader& base, const std::filesystem::path& path, const ModelConfig& config,
                    const std::vector<int64_t>& tokens, int64_t n_ctx) {
   const std::string where = path.string() + " (--kl-base, from model " + base.model + ")";
-  if (base.logits.cols() != config.vocab_size)
-    throw ConfigError(where + ": logits over a vocabulary of " + std::to_string(base.logits.cols()) + " tokens, but " +
+  if (base.vocab != config.vocab_size)
+    throw ConfigError(where + ": logits over a vocabulary of " + std::to_string(base.vocab) + " tokens, but " +
                       config.dir.string() + " has vocab_size " + std::to_string(config.vocab_size) +
                       "; write a new kl-base for this model (another file name)");
   if (base.tokens.size() != tokens.size())
@@ -251,6 +293,18 @@ void check_kl_base(const KlBase& base, const std::filesystem::path& path, const 
     throw ConfigError(where + ": computed by a model of another shape (" + base.model_summary + "), not " +
                       config.dir.string() + " (" + config.summary() + ")");
 }
+
+namespace {
+
+// A name for the temporary file of an evaluator's exact logits, unique in this process
+// and among processes (the pid).
+std::filesystem::path spill_file_name(const std::filesystem::path& dir) {
+  static std::atomic<uint64_t> counter{0};
+  return dir / ("kvbudget-exact-logits-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) +
+                ".safetensors");
+}
+
+}  // namespace
 
 ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::vector<int64_t> tokens,
                                ContinuationSpec continuations, std::string source_description,
@@ -279,17 +333,41 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
                       std::to_string(options_.windows.n_ctx) + ", scoring " + score_rule_name(options_.windows.score) +
                       " (second_half scores window positions n_ctx/2 and later)");
 
-  std::optional<KlBase> stored;
-  const fs::path& kl_path = options_.kl_base;
-  if (!kl_path.empty() && fs::exists(kl_path)) {
-    stored = read_kl_base(kl_path);
-    check_kl_base(*stored, kl_path, model_->config(), tokens_, options_.windows.n_ctx);
-  }
   const int64_t V = model_->config().vocab_size;
-  base_logits_.resize(T, V);
+  const fs::path& kl_path = options_.kl_base;
+  std::shared_ptr<const KlBaseReader> stored;
+  if (!kl_path.empty() && fs::exists(kl_path)) {
+    stored = std::make_shared<const KlBaseReader>(kl_path);
+    check_kl_base(stored->header(), kl_path, model_->config(), tokens_, options_.windows.n_ctx);
+  }
+  // Held: every row in base_logits_. Else one window of rows at a time in `window_rows`,
+  // kept in the kl-base file (read back from it, or written to it) or a temporary one.
+  const bool held = static_cast<double>(T) * static_cast<double>(V) * sizeof(float) <=
+                    static_cast<double>(options_.max_held_base_bytes);
+  std::unique_ptr<KlBaseWriter> writer;
+  fs::path written;
+  if (!stored && (!kl_path.empty() || !held)) {
+    written = !kl_path.empty() ? kl_path
+                               : spill_file_name(options_.spill_dir.empty() ? fs::temp_directory_path()
+                                                                            : options_.spill_dir);
+    KlBaseHeader header;
+    header.tokens = tokens_;
+    header.vocab = V;
+    header.n_ctx = options_.windows.n_ctx;
+    header.model = model_->config().dir.filename().string();
+    header.model_summary = model_->config().summary();
+    writer = std::make_unique<KlBaseWriter>(written, header);
+  }
+  if (held) base_logits_.setZero(T, V);  // zero: the row of a last token no window holds
+  std::vector<float> window_rows(held ? 0 : static_cast<size_t>(first_window * V));
+  base_log_sum_exp_.assign(static_cast<size_t>(T), std::numeric_limits<double>::quiet_NaN());
+  base_top_.assign(static_cast<size_t>(T), -1);
+  base_nll_.assign(static_cast<size_t>(T - 1), std::numeric_limits<double>::quiet_NaN());
   std::vector<LayerTensors> capture;
   for (size_t w = 0; w < windows_.size(); ++w) {
     const TokenWindow& win = windows_[w];
+    float* rows = held ? base_logits_.row(win.start).data() : window_rows.data();
+    if (stored) stored->read_rows(win.start, win.length, rows);
     if (w == 0 || !stored) {
       ExtendOptions opt;
       if (w == 0) opt.capture = &capture;
@@ -298,7 +376,7 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
         const RowMatrix logits = run_forward(ids, opt);
         // The first window, run anyway for the recording, tells whether the stored
         // logits are this model's (same shape, other weights would pass the checks above).
-        const auto stored_rows = stored->logits.topRows(win.length);
+        const Eigen::Map<const RowMatrix> stored_rows(rows, win.length, V);
         const double scale = std::max(1.0, static_cast<double>(stored_rows.cwiseAbs().maxCoeff()));
         const double diff = static_cast<double>((stored_rows - logits).cwiseAbs().maxCoeff());
         if (!(diff <= 1e-4 * scale))
@@ -306,30 +384,71 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
                             model_->config().dir.string() + "'s by up to " + std::to_string(diff) +
                             " (max |logit| " + std::to_string(scale) + "): computed by another model or other weights");
       } else {
-        run_forward_into(ids, opt, base_logits_.row(win.start).data());
+        run_forward_into(ids, opt, rows);
       }
       if (w == 0) recording_ = recording_from_capture(model_->config(), std::move(capture), ids, source_description);
     }
+    keep_base_row_quantities(win, rows);
+    if (writer) writer->append_rows(rows, win.length);
     if (options_.progress) options_.progress(static_cast<int64_t>(w) + 1, static_cast<int64_t>(windows_.size()));
   }
-  if (stored) {
-    base_logits_ = std::move(stored->logits);
-    kl_base_reused_ = true;
+  if (writer) {
+    const TokenWindow& last = windows_.back();
+    writer->append_zero_rows(T - (last.start + last.length));
+    writer->commit();
+    writer.reset();
   }
-  base_log_sum_exp_ = row_log_sum_exp(base_logits_);
-  base_nll_ = next_token_nll_from(base_logits_, base_log_sum_exp_);
-  if (!kl_path.empty() && !stored) {
-    KlBase out;
-    out.logits = base_logits_;
-    out.tokens = tokens_;
-    out.n_ctx = options_.windows.n_ctx;
-    out.model = model_->config().dir.filename().string();
-    out.model_summary = model_->config().summary();
-    write_kl_base(kl_path, out);
+  kl_base_reused_ = stored != nullptr;
+  if (!held) {
+    if (stored) {
+      base_file_ = std::move(stored);
+    } else {
+      base_file_ = std::make_shared<const KlBaseReader>(written);
+      // A temporary file is unlinked at once: the open file keeps its data until the
+      // evaluator (every copy) is gone, and nothing is left behind on a crash.
+      if (kl_path.empty()) fs::remove(written);
+    }
   }
   for (int64_t p : prompt_lengths_) base_continuations_.push_back(continuation(p, CacheQuantization{}));
   if (task_)
     for (const AnswerProblem& problem : task_->problems()) base_answers_.push_back(task_->run(*model_, problem, {}));
+}
+
+void ModelEvaluator::keep_base_row_quantities(const TokenWindow& win, const float* rows) {
+  const int64_t V = model_->config().vocab_size;
+  parallel_for_rethrow(win.length, [&](int64_t i) {
+    const float* row = rows + i * V;
+    const size_t t = static_cast<size_t>(win.start + i);
+    base_log_sum_exp_[t] = log_sum_exp(row, V);
+    base_top_[t] = argmax(row, V);
+    // −log_softmax(row t)[token t+1] = −(logit − log Σ exp), as log_softmax computes it.
+    if (i + 1 < win.length) base_nll_[t] = -(static_cast<double>(row[tokens_[t + 1]]) - base_log_sum_exp_[t]);
+  });
+}
+
+const RowMatrix& ModelEvaluator::base_logits() const {
+  if (base_file_)
+    throw Error("the exact logits [" + std::to_string(tokens_.size()) + ", " +
+                std::to_string(model_->config().vocab_size) + "] are not held in memory (" +
+                format_double(static_cast<double>(tokens_.size()) *
+                              static_cast<double>(model_->config().vocab_size) * 4.0 / (1024.0 * 1024.0)) +
+                " MiB, above the limit of " +
+                format_double(static_cast<double>(options_.max_held_base_bytes) / (1024.0 * 1024.0)) +
+                " MiB): they are read from " + base_file_->path().string() + " a window at a time");
+  return base_logits_;
+}
+
+void ModelEvaluator::read_base_rows(int64_t first, int64_t count, float* dst) const {
+  const int64_t T = static_cast<int64_t>(tokens_.size()), V = model_->config().vocab_size;
+  if (first < 0 || count < 0 || first + count > T)
+    throw Error("internal: read_base_rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                ") of " + std::to_string(T) + " rows");
+  if (base_file_) return base_file_->read_rows(first, count, dst);
+  std::copy(base_logits_.row(first).data(), base_logits_.row(first).data() + count * V, dst);
+}
+
+std::filesystem::path ModelEvaluator::base_logits_file() const {
+  return base_file_ ? base_file_->path() : std::filesystem::path();
 }
 
 RowMatrix ModelEvaluator::run_forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const {
@@ -360,11 +479,7 @@ std::vector<int64_t> ModelEvaluator::window_tokens(size_t w) const {
 }
 
 std::vector<double> ModelEvaluator::next_token_nll_of(const RowMatrix& logits) const {
-  return next_token_nll_from(logits, row_log_sum_exp(logits));
-}
-
-std::vector<double> ModelEvaluator::next_token_nll_from(const RowMatrix& logits,
-                                                        const std::vector<double>& log_sum_exp_of_rows) const {
+  const std::vector<double> log_sum_exp_of_rows = row_log_sum_exp(logits);
   // −log_softmax(row t)[token t+1] = −(logit − log Σ exp), as log_softmax computes it.
   std::vector<double> nll(tokens_.size() - 1, std::numeric_limits<double>::quiet_NaN());
   for (const TokenWindow& w : windows_)
@@ -384,39 +499,62 @@ std::vector<double> ModelEvaluator::base_scored_nll() const {
 }
 
 ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out,
-                                    const std::vector<int64_t>* positions) const {
+                                    const std::vector<int64_t>* positions, const QuantizedRunOutput* output) const {
   const CacheQuantization cache{&plan, seed};
-  RowMatrix logits(base_logits_.rows(), base_logits_.cols());
+  const int64_t T = static_cast<int64_t>(tokens_.size()), V = model_->config().vocab_size;
+  const int64_t longest = windows_.front().length;
+  // One window of quantized logits (unless logits_out holds them all), and of exact
+  // ones when they are kept in a file: [longest window, vocab] each.
+  std::vector<float> quant_window(logits_out ? 0 : static_cast<size_t>(longest * V));
+  std::vector<float> base_window(base_file_ ? static_cast<size_t>(longest * V) : 0);
+  if (logits_out) logits_out->setZero(T, V);  // zero: the row of a last token no window holds
+  if (output && output->nll) output->nll->assign(static_cast<size_t>(T - 1), std::numeric_limits<double>::quiet_NaN());
+  ModelStats s;
+  std::vector<int64_t> scored;  // window-local positions scored in the current window
   for (size_t w = 0; w < windows_.size(); ++w) {
+    const TokenWindow& win = windows_[w];
     ExtendOptions opt;
     opt.cache = cache;
-    run_forward_into(window_tokens(w), opt, logits.row(windows_[w].start).data());
+    float* quant = logits_out ? logits_out->row(win.start).data() : quant_window.data();
+    run_forward_into(window_tokens(w), opt, quant);
+    const float* base = base_logits_.data() + (base_file_ ? 0 : win.start * V);
+    if (base_file_) {
+      base_file_->read_rows(win.start, win.length, base_window.data());
+      base = base_window.data();
+    }
+    // The scored positions of this window, in order; each compared on its own, in parallel.
+    scored.clear();
+    for (int64_t local = options_.windows.first_scored(); local + 1 < win.length; ++local)
+      if (!positions || std::binary_search(positions->begin(), positions->end(), local)) scored.push_back(local);
+    const size_t offset = s.nll.size(), n = scored.size();
+    s.nll.resize(offset + n);
+    s.nll_base.resize(offset + n);
+    s.kl.resize(offset + n);
+    s.same_top.resize(offset + n);
+    parallel_for_rethrow(static_cast<int64_t>(n), [&](int64_t i) {
+      const size_t k = offset + static_cast<size_t>(i);
+      const int64_t local = scored[static_cast<size_t>(i)];
+      const size_t t = static_cast<size_t>(win.start + local);
+      const float* quant_row = quant + local * V;
+      const NextTokenComparison c =
+          compare_next_token(base + local * V, base_log_sum_exp_[t], quant_row, V, tokens_[t + 1]);
+      s.nll[k] = c.nll;
+      s.nll_base[k] = base_nll_[t];
+      s.kl[k] = c.kl;
+      s.same_top[k] = base_top_[t] == argmax(quant_row, V) ? 1 : 0;
+    });
+    if (output && output->nll) {
+      std::vector<double>& nll = *output->nll;
+      parallel_for_rethrow(win.length - 1, [&](int64_t local) {
+        const size_t t = static_cast<size_t>(win.start + local);
+        const float* quant_row = quant + local * V;
+        // As next_token_nll_of: −(logit − log Σ exp).
+        nll[t] = -(static_cast<double>(quant_row[tokens_[t + 1]]) - log_sum_exp(quant_row, V));
+      });
+    }
+    if (output && output->window_logits) output->window_logits(win, quant);
     if (options_.progress) options_.progress(static_cast<int64_t>(w) + 1, static_cast<int64_t>(windows_.size()));
   }
-  // The scored sequence positions, in order; each compared on its own, in parallel.
-  std::vector<int64_t> scored;
-  for (const TokenWindow& w : windows_)
-    for (int64_t local = options_.windows.first_scored(); local + 1 < w.length; ++local)
-      if (!positions || std::binary_search(positions->begin(), positions->end(), local))
-        scored.push_back(w.start + local);
-  ModelStats s;
-  const size_t n = scored.size();
-  s.nll.resize(n);
-  s.nll_base.resize(n);
-  s.kl.resize(n);
-  s.same_top.resize(n);
-  parallel_for_rethrow(static_cast<int64_t>(n), [&](int64_t i) {
-    const size_t k = static_cast<size_t>(i);
-    const int64_t t = scored[k];
-    const float* base = base_logits_.row(t).data();
-    const float* quant = logits.row(t).data();
-    const NextTokenComparison c = compare_next_token(base, base_log_sum_exp_[static_cast<size_t>(t)], quant,
-                                                     logits.cols(), tokens_[static_cast<size_t>(t + 1)]);
-    s.nll[k] = c.nll;
-    s.nll_base[k] = base_nll_[static_cast<size_t>(t)];
-    s.kl[k] = c.kl;
-    s.same_top[k] = argmax(base, logits.cols()) == argmax(quant, logits.cols()) ? 1 : 0;
-  });
   for (int64_t p : prompt_lengths_) s.continuations.push_back(continuation(p, cache));
   s.continuations_base = base_continuations_;
   if (task_)
@@ -424,7 +562,6 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
       s.answers_correct.push_back(task_->run(*model_, task_->problems()[i], cache).correct ? 1 : 0);
       s.answers_correct_base.push_back(base_answers_[i].correct ? 1 : 0);
     }
-  if (logits_out) *logits_out = std::move(logits);
   return s;
 }
 

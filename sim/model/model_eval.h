@@ -7,6 +7,11 @@
 // evaluate(plan) then repeats them with the plan's quantized cache and returns the
 // raw model statistics (ModelStats) that the metric table reduces to PPL, PPL ratio,
 // next-token KL, same-top rate, token match, BLEU and answer accuracy.
+//
+// Memory is bounded by a window, not by the text (issue 21): per token only scalars are
+// kept (the exact run's log-sum-exp, argmax and NLL per position); the exact logits
+// [T, vocab] are held only up to ModelEvalOptions::max_held_base_bytes, else kept in a
+// file and read a window at a time; evaluate() holds one window of quantized logits.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -23,6 +28,9 @@
 #include "sim/recording.h"
 
 namespace kvb {
+
+class TensorStore;
+class TensorFileStream;
 
 // Where the evaluated tokens come from.
 struct TokenSource {
@@ -77,23 +85,62 @@ std::vector<TokenWindow> token_windows(int64_t tokens, int64_t n_ctx);
 // The exact run's logits of every window, saved once and reused by later runs
 // (`kvbudget eval --kl-base`, llama.cpp's --kl-divergence-base). A .safetensors file:
 // `logits` F32 [T, vocab] (row t: the exact model's logits at sequence position t, as
-// its window computed them), `input_ids` I64 [T] (the evaluated tokens, before the BOS
-// replacement), and metadata kvbudget_kl_base = "1", model (the checkpoint's
-// directory name), model_summary (ModelConfig::summary()), vocab_size, n_ctx. Scores
-// read back bit for bit.
-struct KlBase {
-  RowMatrix logits;             // [T, vocab]
+// its window computed them; a last token no window holds (T = k·n_ctx + 1) gets a row
+// of zeros), `input_ids` I64 [T] (the evaluated tokens, before the BOS replacement),
+// and metadata kvbudget_kl_base = "1", model (the checkpoint's directory name),
+// model_summary (ModelConfig::summary()), vocab_size, n_ctx. Scores read back bit for
+// bit. The file is written and read a window of rows at a time (KlBaseWriter,
+// KlBaseReader): [T, vocab] is never held for it.
+struct KlBaseHeader {
   std::vector<int64_t> tokens;  // [T]
+  int64_t vocab = 0;
   int64_t n_ctx = 0;
   std::string model, model_summary;
 };
-void write_kl_base(const std::filesystem::path& path, const KlBase& base);
-// Throws kvb::Error naming the file when it is no kl-base file.
-KlBase read_kl_base(const std::filesystem::path& path);
+// Reads the header and input_ids when opened (throws kvb::Error naming the file when
+// it is no kl-base file, or its logits are not F32 [T, vocab]); the logits stay in the
+// file until rows are asked for.
+class KlBaseReader {
+ public:
+  explicit KlBaseReader(const std::filesystem::path& path);
+  ~KlBaseReader();
+  const std::filesystem::path& path() const { return path_; }
+  const KlBaseHeader& header() const { return header_; }
+  // Logits rows [first, first + count) into dst [count, vocab] (host, row-major).
+  // Thread-safe (positioned reads of the open file).
+  void read_rows(int64_t first, int64_t count, float* dst) const;
+
+ private:
+  std::filesystem::path path_;
+  KlBaseHeader header_;
+  std::unique_ptr<TensorStore> store_;
+};
+// Written in order: rows 0..T-1 of the logits, a window at a time, then commit()
+// writes input_ids and puts the file in place (atomically: until then nothing is at
+// `path`; destroyed without commit(), it leaves nothing behind).
+class KlBaseWriter {
+ public:
+  KlBaseWriter(const std::filesystem::path& path, const KlBaseHeader& header);
+  ~KlBaseWriter();
+  void append_rows(const float* rows, int64_t count);  // [count, vocab]
+  void append_zero_rows(int64_t count);
+  void commit();
+
+ private:
+  std::vector<int64_t> tokens_;
+  int64_t vocab_ = 0;
+  std::unique_ptr<TensorFileStream> stream_;
+};
+// The whole file at once (tests, small runs): logits [T, vocab] and the header.
+void write_kl_base(const std::filesystem::path& path, const KlBaseHeader& header, const RowMatrix& logits);
 // Throws kvb::ConfigError naming `path` and what differs when `base` was not computed
 // for these tokens, this vocabulary and these windows.
-void check_kl_base(const KlBase& base, const std::filesystem::path& path, const ModelConfig& config,
+void check_kl_base(const KlBaseHeader& base, const std::filesystem::path& path, const ModelConfig& config,
                    const std::vector<int64_t>& tokens, int64_t n_ctx);
+
+// The most bytes of exact logits [T, vocab] (fp32) a ModelEvaluator holds in memory by
+// default: 1 GiB (2093 tokens of Llama-3's 128256-token vocabulary).
+constexpr int64_t kDefaultHeldBaseLogitsBytes = int64_t{1} << 30;
 
 struct ModelEvalOptions {
   WindowSpec windows;
@@ -101,12 +148,34 @@ struct ModelEvalOptions {
   // with check_kl_base, and the first window, which is run anyway for the recording,
   // against the model), else computed and written there.
   std::filesystem::path kl_base;
+  // The exact logits (T × vocab × 4 bytes) are held in memory up to this many bytes;
+  // above it they are kept in a file and read back one window at a time: the kl_base
+  // file when given, else a temporary file in spill_dir, unlinked once written and
+  // opened (its space is freed when the evaluator is destroyed, or the process ends).
+  // Results are the same bit for bit either way.
+  int64_t max_held_base_bytes = kDefaultHeldBaseLogitsBytes;
+  // Where the temporary file of the exact logits goes; empty:
+  // std::filesystem::temp_directory_path() ($TMPDIR, else /tmp). It needs T × vocab × 4
+  // bytes of space: put it on a disk, not a tmpfs (which is memory).
+  std::filesystem::path spill_dir;
   // Called after each window of a forward pass over the sequence: (windows done, windows).
   std::function<void(int64_t, int64_t)> progress;
   // When set, every teacher-forced pass and continuation runs on it (the CUDA forward
   // pass) instead of the host model (its functions must be thread-safe, as evaluate()
   // is); a task's problems still run on the host model.
   ForwardBackend backend;
+};
+
+// What evaluate() can hand back of the quantized run besides its statistics, without
+// holding its logits [T, vocab].
+struct QuantizedRunOutput {
+  // Called once per window, in order (window w + 1 starts where w ends), with that
+  // window's quantized logits [window.length, vocab] (host, row-major, valid during
+  // the call). A last token no window holds has no row.
+  std::function<void(const TokenWindow& window, const float* logits)> window_logits;
+  // Receives the quantized run's next-token NLL [T - 1] at every sequence position (not
+  // only the scored ones), NaN where a window ends: next_token_nll_of() of its logits.
+  std::vector<double>* nll = nullptr;
 };
 
 class ModelEvaluator {
@@ -124,7 +193,18 @@ class ModelEvaluator {
   const Transformer& model() const { return *model_; }
   const std::vector<int64_t>& tokens() const { return tokens_; }
   const Recording& recording() const { return recording_; }
-  const RowMatrix& base_logits() const { return base_logits_; }  // [T, vocab], each row as its window computed it
+  // Whether the exact logits [T, vocab] are held in memory (at most
+  // ModelEvalOptions::max_held_base_bytes), else kept in a file.
+  bool base_logits_held() const { return base_file_ == nullptr; }
+  // [T, vocab], each row as its window computed it. Throws kvb::Error when they are not
+  // held (base_logits_held()): read them a window at a time with read_base_rows().
+  const RowMatrix& base_logits() const;
+  // Rows [first, first + count) of the exact logits into dst [count, vocab], from memory
+  // or from their file. Thread-safe.
+  void read_base_rows(int64_t first, int64_t count, float* dst) const;
+  // The file the exact logits are read from when they are not held (the kl_base file,
+  // or the unlinked temporary one: its name no longer exists); empty when held.
+  std::filesystem::path base_logits_file() const;
   // [T - 1]: -log p_exact(token t+1) at sequence position t; NaN where t is the last
   // position of a window (the next token starts another window).
   const std::vector<double>& base_nll() const { return base_nll_; }
@@ -144,14 +224,18 @@ class ModelEvaluator {
   // The quantized run: teacher forcing (window by window, each from an empty cache
   // quantized by the plan), the same continuations and the task's problems with the
   // plan's cache, compared with the exact run on the scored positions. Const and
-  // thread-safe. `logits_out`, when given, receives the quantized logits [T, vocab].
+  // thread-safe. Each window's quantized logits are compared with the exact ones as
+  // soon as they are computed, so a call holds one window of them ([n_ctx, vocab], and
+  // one window of exact rows when those are kept in a file), whatever T is.
+  // `logits_out`, when given, receives the quantized logits [T, vocab] (then held whole;
+  // `output` hands them back a window at a time instead).
   // `positions` (sorted), when given, restricts the position-level statistics to those
   // window-local query positions t (each predicting token t + 1 of its window), in
   // every window, e.g. to leave out the positions strategies calibrated on (in the
   // first window's recording); the whole sequence is still run. With one window these
   // are sequence positions.
   ModelStats evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out = nullptr,
-                      const std::vector<int64_t>* positions = nullptr) const;
+                      const std::vector<int64_t>* positions = nullptr, const QuantizedRunOutput* output = nullptr) const;
   // The quantized NLL [T - 1] of `logits` (as evaluate() writes them), NaN at window ends.
   std::vector<double> next_token_nll_of(const RowMatrix& logits) const;
 
@@ -164,8 +248,9 @@ class ModelEvaluator {
   // an intermediate matrix when the backend can (ForwardBackend::forward_into).
   void run_forward_into(std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const;
   std::vector<int64_t> continuation(int64_t prompt_length, const CacheQuantization& cache) const;
-  // next_token_nll_of, given each row's log Σ exp.
-  std::vector<double> next_token_nll_from(const RowMatrix& logits, const std::vector<double>& log_sum_exp_of_rows) const;
+  // The per-row quantities of the exact rows [start, start + count) (`rows`
+  // [count, vocab]): base_log_sum_exp_, base_top_, base_nll_ (within window `win`).
+  void keep_base_row_quantities(const TokenWindow& win, const float* rows);
   ModelEvalOptions options_;
   std::vector<TokenWindow> windows_;
   std::vector<int64_t> scored_;
@@ -174,9 +259,11 @@ class ModelEvaluator {
   std::vector<int64_t> tokens_;
   ContinuationSpec continuation_spec_;
   Recording recording_;
-  RowMatrix base_logits_;
-  std::vector<double> base_log_sum_exp_;  // [T]: log Σ exp of each row of base_logits_
-  std::vector<double> base_nll_;
+  RowMatrix base_logits_;                     // [T, vocab] when held, else empty
+  std::shared_ptr<const KlBaseReader> base_file_;  // the exact logits when not held
+  std::vector<double> base_log_sum_exp_;      // [T]: log Σ exp of each exact row
+  std::vector<int64_t> base_top_;             // [T]: argmax of each exact row
+  std::vector<double> base_nll_;              // [T - 1]
   std::vector<int64_t> prompt_lengths_;
   std::vector<std::vector<int64_t>> base_continuations_;
   std::shared_ptr<const AnswerTask> task_;

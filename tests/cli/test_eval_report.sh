@@ -39,6 +39,28 @@ for k in ["ppl", "ppl_se", "ppl_base", "kl_mean", "kl_mean_se", "same_top", "del
     assert a[k] == b[k], (k, a[k], b[k])
 ' "$tmp/a.json" "$tmp/b.json" || fail "eval with a reused kl-base gives other numbers"
 
+# The exact logits kept in a temporary file and read a window at a time (--base-memory 0,
+# issue 21): the same report and the same files, byte for byte; 1025 tokens leave a lone
+# last token (a zero row); the unlinked temporary file leaves nothing in $TMPDIR.
+mkdir -p "$tmp/spill"
+for mode in held bounded; do
+  limit=1024; [ $mode = bounded ] && limit=0
+  TMPDIR="$tmp/spill" "$kvb" eval "$llama" --text "$text" --max-tokens 1025 --ctx 256 --format int4-asym-g32 --json \
+    --base-memory $limit --out "$tmp/$mode.safetensors" --nll "$tmp/$mode.npy" >"$tmp/$mode.json" 2>"$tmp/$mode.err" \
+    || fail "eval --base-memory $limit exited $?: $(cat "$tmp/$mode.err")"
+  TMPDIR="$tmp/spill" "$kvb" eval "$llama" --text "$text" --max-tokens 1025 --ctx 256 --base-memory $limit \
+    --out "$tmp/${mode}_exact.safetensors" >"$tmp/${mode}_exact.out" 2>&1 || fail "eval exact --base-memory $limit"
+done
+cmp -s "$tmp/held.json" "$tmp/bounded.json" || fail "--base-memory 0: another report: $(diff "$tmp/held.json" "$tmp/bounded.json" | head -5)"
+for f in .safetensors .npy _exact.safetensors; do
+  cmp -s "$tmp/held$f" "$tmp/bounded$f" || fail "--base-memory 0: another file (held$f, bounded$f)"
+done
+expect "$tmp/bounded_exact.out" "above --base-memory 0 MiB: kept in a temporary file" "eval --base-memory 0"
+[ -z "$(ls -A "$tmp/spill")" ] || fail "--base-memory 0 left files in \$TMPDIR: $(ls "$tmp/spill")"
+"$kvb" eval "$llama" --text "$text" --base-memory=-1 >/dev/null 2>"$tmp/bm.err"
+[ $? -eq 2 ] || fail "--base-memory -1 should exit 2"
+expect "$tmp/bm.err" "--base-memory must be a number of MiB >= 0" "eval --base-memory -1"
+
 # The exact cache alone: its PPL, no comparisons.
 "$kvb" eval "$llama" --text "$text" --max-tokens 300 --ctx 256 --json >"$tmp/e.json" 2>/dev/null || fail "eval --json exact"
 /usr/bin/python3 -c 'import json, sys

@@ -441,6 +441,13 @@ TEST_CASE("fixture: reference files (I32 token ids, F32 logits)") {
   const Tensor nll = g->read_f32("nll");
   CHECK(nll.data[0] == 4.168124198913574f);
   CHECK(nll.data[511] == 0.04386499896645546f);
+  // Rows of a tensor read alone (read_raw_rows): the whole tensor's rows, bytes as stored.
+  std::vector<float> rows(3 * 257);
+  g->read_raw_rows("logits", 100, 3, rows.data());
+  CHECK(std::equal(rows.begin(), rows.end(), logits.data.begin() + 100 * 257));
+  g->read_raw_rows("logits", 512, 0, rows.data());  // no rows: nothing read
+  CHECK(has(error_of([&] { g->read_raw_rows("logits", 510, 3, rows.data()); }),
+            "tensor 'logits': rows [510, 513) outside its 512 rows"));
   const auto l = TensorStore::open(data_dir() / "reference/llama-bytes-reference.safetensors");
   CHECK(l->read_f32("logits").data[0] == -11.990362167358398f);
   CHECK(l->read_f32("nll").data[511] == 8.380061626667157e-05f);

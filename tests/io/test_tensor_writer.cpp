@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 
 #include "io_test_files.h"
 #include "sim/core/half.h"
@@ -190,4 +191,81 @@ TEST_CASE("write_safetensors_f32: header offsets, metadata and data") {
   CHECK(std::memcmp(f.data() + 8 + n, a.data(), 24) == 0);
   CHECK(std::memcmp(f.data() + 8 + n + 24, b.data(), 16) == 0);
   CHECK_THROWS_AS(write_safetensors_f32(dir / "d.safetensors", {{"a", {1}, a.data()}, {"a", {1}, a.data()}}), Error);
+}
+
+TEST_CASE("TensorFileStream: values appended piece by piece make write_tensors' bytes") {
+  const fs::path dir = scratch_dir("writer_stream");
+  const std::map<std::string, std::string> meta = {{"model", "test"}};
+  write_safetensors(dir / "whole.safetensors",
+                    {TensorToWrite::of_floats("f32", {2, 3}, kFloats.data(), DType::F32),
+                     TensorToWrite::of_floats("empty", {0, 4}, kFloats.data(), DType::F16),
+                     TensorToWrite::of_floats("bf16", {6}, kFloats.data(), DType::BF16),
+                     TensorToWrite::of_ints("i32", {6}, kInts.data(), DType::I32),
+                     TensorToWrite::of_ints("i64", {3}, kInts.data(), DType::I64)},
+                    meta);
+  {
+    TensorFileStream s(dir / "streamed.safetensors",
+                       {{"f32", {2, 3}, DType::F32},
+                        {"empty", {0, 4}, DType::F16},
+                        {"bf16", {6}, DType::BF16},
+                        {"i32", {6}, DType::I32},
+                        {"i64", {3}, DType::I64}},
+                       meta);
+    s.append_floats(kFloats.data(), 2);  // rows of f32 in two pieces; "empty" is skipped
+    s.append_floats(kFloats.data() + 2, 4);
+    s.append_floats(kFloats.data(), 6);
+    s.append_ints(kInts.data(), 1);
+    s.append_ints(kInts.data() + 1, 5);
+    s.append_ints(kInts.data(), 3);
+    CHECK_FALSE(fs::exists(dir / "streamed.safetensors"));  // in place only on commit
+    s.commit();
+  }
+  CHECK(slurp(dir / "whole.safetensors") == slurp(dir / "streamed.safetensors"));
+
+  write_npy(dir / "whole.npy", TensorToWrite::of_floats("x", {2, 3}, kFloats.data(), DType::F16));
+  {
+    TensorFileStream s(dir / "streamed.npy", {{"x", {2, 3}, DType::F16}});
+    s.append_floats(kFloats.data(), 3);
+    s.append_floats(kFloats.data() + 3, 3);
+    s.commit();
+  }
+  CHECK(slurp(dir / "whole.npy") == slurp(dir / "streamed.npy"));
+  // Zeros, and an explicit format whatever the name.
+  {
+    TensorFileStream s(dir / "zeros.bin", {{"z", {2, 2}, DType::F32}}, {}, TensorFileFormat::Safetensors);
+    s.append_zeros(4);
+    s.commit();
+  }
+  CHECK(TensorStore::open(dir / "zeros.bin")->read_f32("z").data == std::vector<float>(4, 0.0f));
+}
+
+TEST_CASE("TensorFileStream: a tensor overrun, a missing value or an F16 overflow is an error; nothing is left") {
+  const fs::path dir = scratch_dir("writer_stream_errors");
+  std::string msg = error_of([&] {
+    TensorFileStream s(dir / "a.safetensors", {{"a", {2}, DType::F32}, {"b", {1}, DType::F32}});
+    s.append_floats(kFloats.data(), 3);  // spans two tensors
+  });
+  CHECK(has(msg, "tensor 'a': 3 values appended, 2 of its 2 remain"));
+  msg = error_of([&] {
+    TensorFileStream s(dir / "b.safetensors", {{"a", {2}, DType::F32}, {"b", {3}, DType::F32}});
+    s.append_floats(kFloats.data(), 2);
+    s.append_floats(kFloats.data(), 1);
+    s.commit();
+  });
+  CHECK(has(msg, "tensor 'b' got 1 of its 3 values"));
+  msg = error_of([&] {
+    TensorFileStream s(dir / "c.safetensors", {{"a", {2}, DType::I64}});
+    s.append_floats(kFloats.data(), 2);
+  });
+  CHECK(has(msg, "float values appended to a I64 tensor"));
+  const std::vector<float> big = {1.0f, 2.0f, -1e5f};
+  msg = error_of([&] {
+    TensorFileStream s(dir / "d.safetensors", {{"k", {3}, DType::F16}});
+    s.append_floats(big.data(), 2);
+    s.append_floats(big.data() + 2, 1);
+  });
+  CHECK(has(msg, "d.safetensors: tensor 'k': value -1e+05 at flat index 2 overflows F16"));
+  msg = error_of([&] { TensorFileStream s(dir / "e.txt", {{"a", {1}, DType::F32}}); });
+  CHECK(has(msg, "unknown output extension '.txt'"));
+  CHECK(fs::directory_iterator(dir) == fs::directory_iterator());
 }
