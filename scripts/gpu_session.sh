@@ -24,6 +24,7 @@ steps_table() {
 verify|420|every GPU test (twins, attention, forward, measurer), the quickstart on both backends, bench_cuda: scripts/gpu_verify.sh
 hf8b|300|issue 21: Llama-3.1-8B-shaped random checkpoint, logits vs Hugging Face fp32 at 512 and 4096 tokens, CUDA backend (keeps the checkpoint)
 decode8b|180|issue 21: bench_cuda_forward on that checkpoint, 4096 tokens teacher-forced and 32 greedy decoding steps
+modelsweep|240|issue 21: bench_model_sweep.sh on that checkpoint, 20 points at 4096 tokens, CUDA (target: under 2 minutes)
 peer|300|issue 20 goal 2: bench_gpu_peer.sh, kvbudget vs the PyTorch eager peer on the Llama-3-8B shape at 2048 tokens
 long128k-cuda|420|issue 20 goal 4: configs/long_context_128k.toml (32 layers, 131072 tokens) on the CUDA backend, streamed; peak RSS
 long128k-cpu|560|issue 20 goal 4: the same on the CPU backend, every core; peak RSS
@@ -69,6 +70,11 @@ run_step() {
         python3 experiments/bench/make_checkpoint.py "$ckpt/llama-3.1-8b" --shape llama-3-8b || return 1
       fi
       "$bin/bench/bench_cuda_forward" "$ckpt/llama-3.1-8b" --tokens 4096 --repeats 2 --decode 32 --no-cpu ;;
+    modelsweep)
+      if [ ! -f "$ckpt/llama-3.1-8b/config.json" ]; then
+        python3 experiments/bench/make_checkpoint.py "$ckpt/llama-3.1-8b" --shape llama-3-8b || return 1
+      fi
+      bash experiments/bench/bench_model_sweep.sh "$kvb" "$ckpt/llama-3.1-8b" 4096 cuda fp32 ;;
     peer) bash experiments/bench/bench_gpu_peer.sh "$kvb" ;;
     long128k-cuda) timed "$kvb" run configs/long_context_128k.toml --backend cuda --out "$out/runs" --no-plots ;;
     long128k-cpu) timed "$kvb" run configs/long_context_128k.toml --backend cpu --out "$out/runs" --no-plots ;;
