@@ -81,3 +81,25 @@ TEST_CASE("16-bit weights: transposed and stacked keep every value and their dty
   a16.rows_to_f32(4, 1, row.data());
   CHECK(std::memcmp(row.data(), to_f32(a32).row(4).data(), sizeof(float) * 3) == 0);
 }
+
+TEST_CASE("fp16 weights widen to the per-value conversion's bits for every pattern, at any offset and length") {
+  // All 65536 patterns (NaNs with payloads, subnormals, infinities, signed zeros) as a
+  // [256, 256] matrix; widened from every first row and in odd lengths, so that both the
+  // vector groups of eight and the tails are met.
+  WeightMatrix::Bits bits(65536);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(i);
+  const WeightMatrix w(DType::F16, 256, 256, bits);
+  std::vector<float> out(65536);
+  w.rows_to_f32(0, 256, out.data());
+  size_t differing = 0;
+  for (size_t i = 0; i < out.size(); ++i)
+    differing += float_bits(out[i]) != float_bits(f16_bits_to_f32(static_cast<uint16_t>(i)));
+  CHECK(differing == 0);
+  const WeightMatrix narrow(DType::F16, 65536 / 7, 7, WeightMatrix::Bits(bits.begin(), bits.begin() + 65536 / 7 * 7));
+  std::vector<float> row(7 * 3);
+  for (int64_t first : {int64_t{0}, int64_t{1}, int64_t{4681}, int64_t{9358}}) {
+    narrow.rows_to_f32(first, 3, row.data());
+    for (size_t k = 0; k < row.size(); ++k)
+      CHECK(float_bits(row[k]) == float_bits(f16_bits_to_f32(static_cast<uint16_t>(first * 7 + static_cast<int64_t>(k)))));
+  }
+}
