@@ -3,6 +3,7 @@
 // machine's sgemm rate.
 //
 //   build/bench/bench_metrics [--recording PATH] [--repeats N] [--python PY] [--no-peer] [--markdown]
+//                             [--profile N]  (only the fast 1-thread points, N times each: for perf)
 //
 // 1. gpt2-bytes, every position, every attention metric (top-k 8): one sweep point per
 //    uniform format, on 1 thread and on all threads (a point's layers in parallel, as a
@@ -130,14 +131,16 @@ int main(int argc, char** argv) {
   std::string python = "/usr/bin/python3";
   int repeats = 3;
   bool markdown = false, peer = true;
+  int profile = 0;  // > 0: only the fast points on one thread, this many times each (for perf)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--recording") && i + 1 < argc) path = argv[++i];
     else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--python") && i + 1 < argc) python = argv[++i];
     else if (!std::strcmp(argv[i], "--no-peer")) peer = false;
     else if (!std::strcmp(argv[i], "--markdown")) markdown = true;
+    else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: bench_metrics [--recording PATH] [--repeats N] [--python PY] [--no-peer] [--markdown]\n");
+      std::fprintf(stderr, "usage: bench_metrics [--recording PATH] [--repeats N] [--python PY] [--no-peer] [--markdown] [--profile N]\n");
       return 2;
     }
   }
@@ -176,13 +179,18 @@ int main(int argc, char** argv) {
     row.format = f;
     ErrorStats s;
     omp_set_num_threads(1);
-    row.fast1 = best_of(repeats, [&] { s = measure_point(rec, plan, cached); });
+    row.fast1 = best_of(profile > 0 ? profile : repeats, [&] { s = measure_point(rec, plan, cached); });
+    if (profile > 0) {
+      std::printf("%-16s %10.1f ms (best of %d, 1 thread)\n", f.c_str(), row.fast1.wall * 1e3, profile);
+      continue;
+    }
     row.ref1 = best_of(1, [&] { (void)measure_point(rec, plan, reference); });
     omp_set_num_threads(max_threads);
     row.fastn = best_of(repeats, [&] { (void)measure_point(rec, plan, cached); });
     for (const std::string& m : kAttentionMetrics) row.metrics.push_back(find_metric(m)->compute(s));
     rows.push_back(row);
   }
+  if (profile > 0) return 0;
   auto mean_of = [&](auto get) {
     double sum = 0;
     for (const Row& r : rows) sum += get(r);
