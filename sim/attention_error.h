@@ -90,7 +90,7 @@ struct HeadScratch {
   std::vector<double> p, phat, dp;  // p, p̂ and p̂ - p of one row (fp64)
   std::vector<float> ds;            // Δs of one row as the query sees the cache
   std::vector<float> e;               // fast path: expm1(Δs - shift) of one row
-  std::vector<double> val;           // fast path: top-k selection keys
+  std::vector<float> val;            // fast path: top-k selection keys
   std::vector<int32_t> ia, ib;
   UnitDelta dk, dv;                  // the current KV head's key and value errors
 };
@@ -110,7 +110,7 @@ void block_queries(const QueryRows& Q, const int64_t* pos, int64_t rows, float i
 
 // The exact pass (exact_attention.h) of one row from its scores s [n]: p [n] and the
 // top-k indices of p (ranked by s) into topk [min(k, n)]; returns mass and count.
-ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk, std::vector<double>& val);
+ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk, std::vector<float>& val);
 // The exact pass of one block: scores [rows, cols] of the rows at positions pos[0..rows),
 // Vtop the first cols values; fills `out` (top-k, mass, ‖p·V‖²) and its probs, written
 // to probs_memory [rows·cols].

@@ -20,6 +20,7 @@
 #include "sim/attention_error.h"
 #include "sim/metrics/attention_shift.h"
 #include "sim/metrics/row_simd.h"
+#include "sim/metrics/topk.h"
 
 namespace kvb::detail {
 
@@ -30,55 +31,6 @@ using namespace kvb::simd;
 // Keys per fp32 partial sum of the sums of positive terms (err2, B): 8 terms per lane
 // before they are added to the fp64 total.
 constexpr int64_t kPartialSumKeys = 8 * kLanes;
-
-// The k best entries of key(j), j in [0, n): larger keys first, ties to the lower
-// index (an order independent of the scan); returns their indices sorted ascending in
-// idx[0..count). `seed` [seed_count] are candidates offered first (the exact row's top-k:
-// p̂'s top-k is mostly there), so the threshold is near its final value before the scan;
-// `chunk_may_enter(j0, cnt, thr)` says whether any key of [j0, j0 + cnt) is >= thr, so
-// most chunks cost one vector comparison. NaN never enters.
-template <class Key, class ChunkMayEnter>
-int64_t select_topk(int64_t n, int64_t k, Key key, ChunkMayEnter chunk_may_enter, const int32_t* seed,
-                    int64_t seed_count, int32_t* idx, std::vector<double>& val) {
-  val.resize(static_cast<size_t>(k));
-  int64_t count = 0;
-  auto before = [&](double v, int64_t j, int64_t i) {  // (v, j) ranks before entry i
-    const double w = val[static_cast<size_t>(i)];
-    return v > w || (v == w && j < idx[i]);
-  };
-  auto offer = [&](int64_t j) {
-    const double v = key(j);
-    if (std::isnan(v) || (count == k && !before(v, j, k - 1))) return;
-    for (int64_t i = 0; i < count; ++i)
-      if (idx[i] == j) return;  // a seed met again in the scan
-    int64_t i = count < k ? count++ : k - 1;
-    while (i > 0 && before(v, j, i - 1)) {
-      val[static_cast<size_t>(i)] = val[static_cast<size_t>(i - 1)];
-      idx[i] = idx[i - 1];
-      --i;
-    }
-    val[static_cast<size_t>(i)] = v;
-    idx[i] = static_cast<int32_t>(j);
-  };
-  for (int64_t i = 0; i < seed_count; ++i)
-    if (seed[i] < n) offer(seed[i]);
-  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
-    const int64_t cnt = std::min(kLanes, n - j0);
-    if (count == k && !chunk_may_enter(j0, cnt, val[static_cast<size_t>(k - 1)])) continue;
-    for (int64_t j = j0; j < j0 + cnt; ++j) offer(j);
-  }
-  std::sort(idx, idx + count);
-  return count;
-}
-
-// Whether any of the cnt floats from p is >= thr.
-bool any_at_least(const float* p, int64_t cnt, double thr) {
-  if (thr < -3.0e38) return true;
-  const float t = thr > 3.0e38 ? 3.0e38f : static_cast<float>(thr);
-  // A float >= thr is >= thr rounded down to float, which never excludes one.
-  const float tf = static_cast<double>(t) > thr ? std::nextafter(t, -INFINITY) : t;
-  return any(load(p, cnt, -INFINITY) >= splat(tf));
-}
 
 int64_t common_count(const int32_t* a, int64_t na, const int32_t* b, int64_t nb) {
   int64_t common = 0;
@@ -113,22 +65,43 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
   // The shift only needs to be near the p-mean (any constant gives the same KL and p̂):
   // summed in fp32. err2 is a reported sum of positive terms: fp32 per lane over
   // kPartialSumKeys keys at most (relative error below 7·2^-24 = 4.2e-7), then fp64.
-  f32x16 abs_max = splat(0.0f), r0 = splat(0.0f);
-  f64x16 err2 = splat64(0.0);
+  f32v abs_max = splat(0.0f), r0 = splat(0.0f);
+  f64v err2 = splat64(0.0);
   for (int64_t j0 = 0; j0 < n; j0 += kPartialSumKeys) {
     const int64_t j1 = std::min(n, j0 + kPartialSumKeys);
-    f32x16 e2 = splat(0.0f);
+    f32v e2 = splat(0.0f);
     for (int64_t j = j0; j < j1; j += kLanes) {
       const int64_t cnt = std::min(kLanes, j1 - j);
-      const f32x16 d = load(ds + j, cnt), pj = load(p + j, cnt);
+      const f32v d = load(ds + j, cnt), pj = load(p + j, cnt);
       abs_max = vmax(abs_max, vabs(d));
-      e2 += d * d;
-      r0 += pj * d;
+      e2 = fma(d, d, e2);
+      r0 = fma(pj, d, r0);
     }
     err2 += widen(e2);
   }
   out.err2 = hsum(err2);
   out.err_max = hmax(abs_max);
+  // p̂'s top-k. The exact row's top-k entries hold p̂'s mostly: the least of their p̂
+  // is a floor the k-th reaches, so most chunks cost one comparison from the start.
+  const int64_t kk = std::max<int64_t>(std::min(k, n), 0);
+  h.ib.resize(static_cast<size_t>(kk));
+  // (Lowered by 2^-20 of itself, so that a last-bit difference between the floor's
+  // arithmetic and the stored values never excludes an entry; NaN: no floor.)
+  auto topk_floor = [&](auto phat_of) {
+    if (ex.topk_count != kk) return -INFINITY;
+    float f = INFINITY;
+    for (int64_t i = 0; i < ex.topk_count; ++i) {
+      const float v = phat_of(topk_p[i]);
+      if (std::isnan(v)) return -INFINITY;
+      f = std::min(f, v);
+    }
+    return f - std::fabs(f) * 0x1p-20f;
+  };
+  auto topk_overlap = [&](TopK& top) {
+    if (kk == 0) return 1.0f;
+    const int64_t got = top.finish();
+    return static_cast<float>(common_count(topk_p, ex.topk_count, h.ib.data(), got)) / static_cast<float>(kk);
+  };
   if (attn_large_shift(out.err_max) || !std::isfinite(out.err_max)) {
     // The reference's fp64 row (the large-shift form needs the scores).
     h.p.resize(static_cast<size_t>(n));
@@ -139,83 +112,84 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
       dp[j] = static_cast<float>(h.phat[j]) - p[j];
       phat[j] = static_cast<float>(h.phat[j]);
     }
+    TopK top(kk, h.ib.data(), h.val, topk_floor([&](int64_t j) { return phat[j]; }));
+    top.scan_all(phat, n);
+    out.topk_overlap = topk_overlap(top);
   } else {
     const float shift = static_cast<float>(hsum(widen(r0)) / ex.mass);
     // R enters KL twice with opposite signs (its rounding cancels to first order): fp32;
     // B is KL's own second-order sum of positive terms: fp32 per lane over
     // kPartialSumKeys keys at most (relative error below 4.2e-7), then fp64.
-    f32x16 rs = splat(0.0f);
-    f64x16 bs = splat64(0.0);
+    f32v rs = splat(0.0f);
+    f64v bs = splat64(0.0);
     h.e.resize(static_cast<size_t>(n));
     for (int64_t j0 = 0; j0 < n; j0 += kPartialSumKeys) {
       const int64_t j1 = std::min(n, j0 + kPartialSumKeys);
-      f32x16 b = splat(0.0f);
+      f32v b = splat(0.0f);
       for (int64_t j = j0; j < j1; j += kLanes) {
         const int64_t cnt = std::min(kLanes, j1 - j);
-        const f32x16 c = load(ds + j, cnt) - shift, pj = load(p + j, cnt);
-        const f32x16 phi = expm1_minus_x(c);
+        const f32v c = load(ds + j, cnt) - shift, pj = load(p + j, cnt);
+        const f32v phi = expm1_minus_x(c);
         store(h.e.data() + j, c + phi, cnt);
-        rs += pj * c;
-        b += pj * phi;
+        rs = fma(pj, c, rs);
+        b = fma(pj, phi, b);
       }
       bs += widen(b);
     }
     const double r = hsum(widen(rs)), a = (r + hsum(bs)) / ex.mass;
     out.kl = std::max(0.0, std::log1p(a) - r / ex.mass);
     const float af = static_cast<float>(a), inv = static_cast<float>(1.0 / (1.0 + a));
+    // p̂_j = p_j + d_j, d_j = p_j (e_j - A) / (1 + A); the floor's values computed as the
+    // lanes compute them.
+    TopK top(kk, h.ib.data(), h.val, topk_floor([&](int64_t j) {
+               return p[j] + p[j] * (h.e[static_cast<size_t>(j)] - af) * inv;
+             }));
     for (int64_t j = 0; j < n; j += kLanes) {
       const int64_t cnt = std::min(kLanes, n - j);
-      const f32x16 pj = load(p + j, cnt);
-      const f32x16 d = pj * (load(h.e.data() + j, cnt) - af) * inv;
+      const f32v pj = load(p + j, cnt);
+      const f32v d = pj * (load(h.e.data() + j, cnt) - af) * inv;
       store(dp + j, d, cnt);
       store(phat + j, pj + d, cnt);
+      top.scan(phat, j, cnt);
     }
-  }
-  if (k > 0) {
-    const int64_t kk = std::min(k, n);
-    h.ib.resize(static_cast<size_t>(kk));
-    const int64_t got = select_topk(
-        n, kk, [&](int64_t j) { return static_cast<double>(phat[j]); },
-        [&](int64_t j0, int64_t cnt, double thr) { return any_at_least(phat + j0, cnt, thr); }, topk_p,
-        ex.topk_count, h.ib.data(), h.val);
-    out.topk_overlap =
-        static_cast<float>(common_count(topk_p, ex.topk_count, h.ib.data(), got)) / static_cast<float>(kk);
+    out.topk_overlap = topk_overlap(top);
   }
   return out;
 }
 
 }  // namespace
 
-ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk, std::vector<double>& val) {
+ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk, std::vector<float>& val) {
   ExactRow ex;
-  f32x16 mx = splat(-INFINITY);
+  f32v mx = splat(-INFINITY);
   for (int64_t j = 0; j < n; j += kLanes) mx = vmax(mx, load(s + j, std::min(kLanes, n - j), -INFINITY));
   const float m = hmax(mx);
-  f64x16 z = splat64(0.0);
+  f64v z = splat64(0.0);
   for (int64_t j = 0; j < n; j += kLanes) {
     const int64_t cnt = std::min(kLanes, n - j);
     // s - m rounds to fp32 (an error up to 2e-6 for logits 40 apart); TwoSum gives the
     // rounding error e exactly, and e^{x + e} = e^x (1 + e) to first order.
-    const f32x16 sj = load(s + j, cnt, -INFINITY), x = sj - m, back = x - sj;
-    const f32x16 e = (sj - (x - back)) + (-m - back);
-    const f32x16 ex = exp(x);
-    const f32x16 w = ex > 0.0f ? ex * (e + 1.0f) : ex;  // no correction where e^x is 0 (padding: -Inf - m)
+    const f32v sj = load(s + j, cnt, -INFINITY), x = sj - m, back = x - sj;
+    const f32v e = (sj - (x - back)) + (-m - back);
+    const f32v ex = exp(x);
+    const f32v w = ex > 0.0f ? ex * (e + 1.0f) : ex;  // no correction where e^x is 0 (padding: -Inf - m)
     store(p + j, w, cnt);
     z += widen(w);
   }
   const float inv = static_cast<float>(1.0 / hsum(z));
-  f64x16 mass = splat64(0.0);
+  f64v mass = splat64(0.0);
   for (int64_t j = 0; j < n; j += kLanes) {
     const int64_t cnt = std::min(kLanes, n - j);
-    const f32x16 pj = load(p + j, cnt) * inv;
+    const f32v pj = load(p + j, cnt) * inv;
     store(p + j, pj, cnt);
     mass += widen(pj);
   }
   ex.mass = hsum(mass);
-  if (k > 0)
-    ex.topk_count = select_topk(
-        n, std::min(k, n), [&](int64_t j) { return static_cast<double>(s[j]); },
-        [&](int64_t j0, int64_t cnt, double thr) { return any_at_least(s + j0, cnt, thr); }, nullptr, 0, topk, val);
+  if (k > 0) {
+    TopK top(std::min(k, n), topk, val);
+    top.scan_all(s, n);
+    ex.topk_count = top.finish();
+  }
   return ex;
 }
 

@@ -181,7 +181,7 @@ inline float roundtrip_element(float x, IntGroupParams p, int bits) {
   return int_decode(Symmetric ? int_sym_encode(x, p, bits) : int_asym_encode(x, p, bits), p);
 }
 
-// roundtrip_element for b >= 2 without branches, 16 lanes at a time (a tail through the
+// roundtrip_element for b >= 2 without branches, kLanes lanes at a time (a tail through the
 // same lane function), the same value for every x, scale and zero:
 //   - round_even(q) is (q + 1.5·2^23) - 1.5·2^23 (exact for |q| <= 2^22; beyond, both
 //     forms clamp to the same grid end, and a signed zero becomes the same code 0);
@@ -198,7 +198,7 @@ inline V roundtrip_lanes(V x, V scale, V zero, float code_lo, float code_hi) {
     return (scale > 0.0f ? code : 0.0f) * scale + zero;
   } else {
     q = q < code_lo ? simd::splat(code_lo) : (q > code_hi ? simd::splat(code_hi) : q);
-    const V code = __builtin_convertvector(__builtin_convertvector(q, simd::i32x16), V);
+    const V code = __builtin_convertvector(__builtin_convertvector(q, simd::i32v), V);
     return (scale > 0.0f ? code : simd::splat(0.0f)) * scale + zero;
   }
 }
@@ -208,10 +208,10 @@ inline V roundtrip_lanes(V x, V scale, V zero, float code_lo, float code_hi) {
 template <bool Symmetric, bool PerChannel>
 void roundtrip_run(const float* x, float* out, int64_t n, const float* scale, const float* zero, float code_lo,
                    float code_hi) {
-  using simd::f32x16;
+  using simd::f32v;
   using simd::kLanes;
   int64_t c = 0;
-  const f32x16 s1 = simd::splat(scale[0]), z1 = simd::splat(zero[0]);
+  const f32v s1 = simd::splat(scale[0]), z1 = simd::splat(zero[0]);
   for (; c + kLanes <= n; c += kLanes)
     simd::store(out + c, roundtrip_lanes<Symmetric>(simd::load(x + c), PerChannel ? simd::load(scale + c) : s1,
                                                     PerChannel ? simd::load(zero + c) : z1, code_lo, code_hi));
@@ -228,19 +228,19 @@ inline std::pair<float, float> code_range(int bits) {
 }
 
 // The MinMax statistics of x[0, n) as int_stats_add feeds them (min and max keep the
-// earliest of equal values), folded 16 lanes at a time: the result is the fold's
+// earliest of equal values), folded kLanes lanes at a time: the result is the fold's
 // whenever the minimum and the maximum are unique bit for bit among equal values,
 // i.e. neither is a zero (-0 and +0 compare equal) and no NaN is present (the fold
 // keeps a leading NaN and skips later ones); otherwise the plain fold.
 IntGroupStats minmax_stats(const float* x, int64_t n) {
-  using simd::f32x16;
+  using simd::f32v;
   using simd::kLanes;
   IntGroupStats st;
   if (n >= kLanes && n % kLanes == 0) {
-    f32x16 lo = simd::load(x), hi = lo;
-    simd::i32x16 nan = lo != lo;
+    f32v lo = simd::load(x), hi = lo;
+    simd::i32v nan = lo != lo;
     for (int64_t c0 = kLanes; c0 < n; c0 += kLanes) {
-      const f32x16 v = simd::load(x + c0);
+      const f32v v = simd::load(x + c0);
       lo = v < lo ? v : lo;
       hi = hi < v ? v : hi;
       nan |= v != v;
@@ -264,12 +264,12 @@ IntGroupStats minmax_stats(const float* x, int64_t n) {
 // The AbsMax statistics of x[0, n): max |x| never ties between different bit patterns
 // (|x| has no -0) and skips NaN in any order, so any fold order gives the fold's value.
 IntGroupStats absmax_stats(const float* x, int64_t n) {
-  using simd::f32x16;
+  using simd::f32v;
   using simd::kLanes;
-  f32x16 lanes = simd::splat(0.0f);
+  f32v lanes = simd::splat(0.0f);
   int64_t c = 0;
   for (; c + kLanes <= n; c += kLanes) {
-    const f32x16 a = (f32x16)((simd::i32x16)simd::load(x + c) & 0x7fffffff);
+    const f32v a = (f32v)((simd::i32v)simd::load(x + c) & 0x7fffffff);
     lanes = lanes < a ? a : lanes;
   }
   float m = 0.0f;
@@ -332,7 +332,7 @@ void roundtrip_token_groups(const IntFormatSpec& s, ConstMatView x, MatView out,
         const float* xr = x.row(r);
         int64_t c = 0;
         for (; c + simd::kLanes <= d; c += simd::kLanes) {
-          const simd::f32x16 v = simd::load(xr + c), l = simd::load(lo.data() + c), h = simd::load(hi.data() + c);
+          const simd::f32v v = simd::load(xr + c), l = simd::load(lo.data() + c), h = simd::load(hi.data() + c);
           simd::store(lo.data() + c, v < l ? v : l);
           simd::store(hi.data() + c, h < v ? v : h);
         }
@@ -352,8 +352,8 @@ void roundtrip_token_groups(const IntFormatSpec& s, ConstMatView x, MatView out,
         const float* xr = x.row(r);
         int64_t c = 0;
         for (; c + simd::kLanes <= d; c += simd::kLanes) {
-          const simd::f32x16 a = (simd::f32x16)((simd::i32x16)simd::load(xr + c) & 0x7fffffff);
-          const simd::f32x16 h = simd::load(hi.data() + c);
+          const simd::f32v a = (simd::f32v)((simd::i32v)simd::load(xr + c) & 0x7fffffff);
+          const simd::f32v h = simd::load(hi.data() + c);
           simd::store(hi.data() + c, h < a ? a : h);
         }
         for (; c < d; ++c) {

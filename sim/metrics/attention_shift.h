@@ -37,9 +37,11 @@ KVB_HD double attn_kl_large_shift(double zhat, double max_shat, double z, double
 // ---------------------------------------------------------------------------
 // The fast path's fp32 per-element arithmetic, one element at a time: the CUDA row
 // kernels (kernels/attention_rows.cu) use these; sim/attention_error_fast.cpp computes
-// the same operations 16 lanes at a time (sim/metrics/row_simd.h: exp,
+// the same operations kLanes (8 or 16) at a time (sim/metrics/row_simd.h: exp,
 // expm1_minus_x; exact_row's weights), and tests/metrics/test_attention_shift.cpp
-// checks that the two agree lane for lane.
+// checks that the two agree lane for lane. Products that the lanes fuse are fmaf here
+// (one rounding, on the host and on the device alike), so nvcc's contraction of
+// a * b + c cannot make the device's values differ from the host's.
 // ---------------------------------------------------------------------------
 
 // e^x in fp32 (Cody-Waite reduction and a degree-6 polynomial): 0 below -87.34,
@@ -48,15 +50,15 @@ KVB_HD float attn_exp_f32(float x) {
   const float lo = -87.3365f, hi = 88.7228f;
   const float xc = x > lo ? (x < hi ? x : hi) : lo;
   const float magic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
-  const float n = (xc * 1.44269504088896341f + magic) - magic;
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  const float n = fmaf(xc, 1.44269504088896341f, magic) - magic;
+  const float r = fmaf(n, 2.12194440e-4f, fmaf(n, -0.693359375f, xc));
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = (p * r) * r + r + 1.0f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = fmaf(p * r, r, r) + 1.0f;
   // 2^n in two factors, so that 2^128 and 2^-126·(tiny p) stay representable.
   const int32_t ni = static_cast<int32_t>(n), half = ni >> 1;
   const float s1 = bits_float(static_cast<uint32_t>(half + 127) << 23);
@@ -70,14 +72,14 @@ KVB_HD float attn_exp_f32(float x) {
 // φ(x) = e^x - 1 - x, accurate relative to φ (a Taylor polynomial for |x| < 1).
 KVB_HD float attn_expm1_minus_x(float x) {
   float t = 1.0f / 3628800.0f;  // 1/10!
-  t = t * x + 1.0f / 362880.0f;
-  t = t * x + 1.0f / 40320.0f;
-  t = t * x + 1.0f / 5040.0f;
-  t = t * x + 1.0f / 720.0f;
-  t = t * x + 1.0f / 120.0f;
-  t = t * x + 1.0f / 24.0f;
-  t = t * x + 1.0f / 6.0f;
-  t = t * x + 0.5f;
+  t = fmaf(t, x, 1.0f / 362880.0f);
+  t = fmaf(t, x, 1.0f / 40320.0f);
+  t = fmaf(t, x, 1.0f / 5040.0f);
+  t = fmaf(t, x, 1.0f / 720.0f);
+  t = fmaf(t, x, 1.0f / 120.0f);
+  t = fmaf(t, x, 1.0f / 24.0f);
+  t = fmaf(t, x, 1.0f / 6.0f);
+  t = fmaf(t, x, 0.5f);
   if (absf(x) < 1.0f) return t * x * x;
   return (attn_exp_f32(x) - 1.0f) - x;
 }

@@ -1,7 +1,7 @@
 // The fast path's fp32 per-element arithmetic has two forms: scalar (KVB_HD, in
-// sim/metrics/attention_shift.h: the CUDA row kernels) and 16 lanes at a time
+// sim/metrics/attention_shift.h: the CUDA row kernels) and kLanes (8 or 16) lanes at a time
 // (sim/metrics/row_simd.h: sim/attention_error_fast.cpp). Both run the same fp32
-// operations in the same order, so on the CPU they agree bit for bit; and both are
+// operations in the same order (fmaf where the lanes fuse), so they agree bit for bit; and both are
 // close to the fp64 functions they stand for.
 #include <cmath>
 #include <cstring>
@@ -16,7 +16,7 @@ using namespace kvb;
 
 namespace {
 
-// The lanes of `op` applied to 16 inputs at once.
+// The lanes of `op` applied to kLanes inputs at once.
 template <class Op>
 std::vector<float> lanes(const std::vector<float>& x, Op op) {
   std::vector<float> out(x.size());
@@ -43,8 +43,8 @@ std::vector<float> inputs() {
 
 TEST_CASE("attn_exp_f32 and attn_expm1_minus_x: the scalar twins of the SIMD lanes, bit for bit") {
   const std::vector<float> x = inputs();
-  const std::vector<float> e = lanes(x, [](simd::f32x16 v) { return simd::exp(v); });
-  const std::vector<float> phi = lanes(x, [](simd::f32x16 v) { return simd::expm1_minus_x(v); });
+  const std::vector<float> e = lanes(x, [](simd::f32v v) { return simd::exp(v); });
+  const std::vector<float> phi = lanes(x, [](simd::f32v v) { return simd::expm1_minus_x(v); });
   for (size_t i = 0; i < x.size(); ++i) {
     INFO("x = " << x[i]);
     CHECK(same_bits(attn_exp_f32(x[i]), e[i]));
