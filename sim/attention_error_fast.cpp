@@ -66,7 +66,7 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
   // summed in fp32. err2 is a reported sum of positive terms: fp32 per lane over
   // kPartialSumKeys keys at most (relative error below 7·2^-24 = 4.2e-7), then fp64.
   f32v abs_max = splat(0.0f), r0 = splat(0.0f);
-  f64v err2 = splat64(0.0);
+  f64v err2 = f64v{};
   for (int64_t j0 = 0; j0 < n; j0 += kPartialSumKeys) {
     const int64_t j1 = std::min(n, j0 + kPartialSumKeys);
     f32v e2 = splat(0.0f);
@@ -121,7 +121,7 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
     // B is KL's own second-order sum of positive terms: fp32 per lane over
     // kPartialSumKeys keys at most (relative error below 4.2e-7), then fp64.
     f32v rs = splat(0.0f);
-    f64v bs = splat64(0.0);
+    f64v bs = f64v{};
     h.e.resize(static_cast<size_t>(n));
     for (int64_t j0 = 0; j0 < n; j0 += kPartialSumKeys) {
       const int64_t j1 = std::min(n, j0 + kPartialSumKeys);
@@ -164,7 +164,7 @@ ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk
   f32v mx = splat(-INFINITY);
   for (int64_t j = 0; j < n; j += kLanes) mx = vmax(mx, load(s + j, std::min(kLanes, n - j), -INFINITY));
   const float m = hmax(mx);
-  f64v z = splat64(0.0);
+  f64v z = f64v{};
   for (int64_t j = 0; j < n; j += kLanes) {
     const int64_t cnt = std::min(kLanes, n - j);
     // s - m rounds to fp32 (an error up to 2e-6 for logits 40 apart); TwoSum gives the
@@ -177,7 +177,7 @@ ExactRow exact_row(const float* s, int64_t n, int64_t k, float* p, int32_t* topk
     z += widen(w);
   }
   const float inv = static_cast<float>(1.0 / hsum(z));
-  f64v mass = splat64(0.0);
+  f64v mass = f64v{};
   for (int64_t j = 0; j < n; j += kLanes) {
     const int64_t cnt = std::min(kLanes, n - j);
     const f32v pj = load(p + j, cnt) * inv;

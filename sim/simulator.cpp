@@ -74,7 +74,7 @@ void keep_region(const ErrorRegion& region, const UnitPlan& unit, int64_t T, int
 // x̂ - x into xhat [n], adding Σ (x̂ - x)² to err2 and Σ x² to norm2 (fp64, lane order fixed).
 void subtract_and_sum(float* xhat, const float* x, int64_t n, double& err2, double& norm2) {
   using namespace simd;
-  f64v e = splat64(0.0), s = splat64(0.0);
+  f64v e = f64v{}, s = f64v{};
   for (int64_t j = 0; j < n; j += kLanes) {
     const int64_t cnt = std::min(kLanes, n - j);
     const f32v xj = load(x + j, cnt), delta = load(xhat + j, cnt) - xj;

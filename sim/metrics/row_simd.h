@@ -18,9 +18,10 @@
 #include <immintrin.h>
 #endif
 
-// f64v is wider than an AVX2 register: GCC notes that passing it by value would use
-// another ABI than an AVX-512 build's. Everything here is inline, within one build.
-// (A warning raised where the functions are called: it stays off for the includer.)
+// Without AVX the 8-lane vectors are wider than a register: GCC notes that passing them
+// by value would use another ABI than an AVX build's. Everything here is inline, within
+// one build. (A warning raised where the functions are called: it stays off for the
+// includer.)
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace kvb::simd {
@@ -32,10 +33,18 @@ inline constexpr int64_t kLanes = 8;
 #endif
 typedef float f32v __attribute__((vector_size(kLanes * 4)));
 typedef int32_t i32v __attribute__((vector_size(kLanes * 4)));
-typedef double f64v __attribute__((vector_size(kLanes * 8)));
+
+// kLanes doubles (per-lane fp64 sums), as two registers of kLanes / 2: one vector of
+// kLanes doubles is wider than a register, and GCC lowered it through the stack.
+typedef double f64h __attribute__((vector_size(kLanes * 4)));
+struct f64v {
+  f64h lo{}, hi{};  // lanes [0, kLanes / 2) and [kLanes / 2, kLanes)
+};
+inline f64v operator+(f64v a, f64v b) { return {a.lo + b.lo, a.hi + b.hi}; }
+inline f64v operator*(f64v a, f64v b) { return {a.lo * b.lo, a.hi * b.hi}; }
+inline f64v& operator+=(f64v& a, f64v b) { return a = a + b; }
 
 inline f32v splat(float c) { return f32v{} + c; }
-inline f64v splat64(double c) { return f64v{} + c; }
 
 // Lane i holds i (masks for tails).
 inline i32v lane_index() {
@@ -81,7 +90,21 @@ inline void store(float* p, f32v v, int64_t count = kLanes) {
   std::memcpy(p, &v, static_cast<size_t>(count) * sizeof(float));
 #endif
 }
-inline f64v widen(f32v v) { return __builtin_convertvector(v, f64v); }
+inline f64v widen(f32v v) {
+#if defined(__AVX512F__)
+  return {(f64h)_mm512_cvtps_pd(_mm512_castps512_ps256((__m512)v)),
+          (f64h)_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd((__m512)v), 1)))};
+#elif defined(__AVX__)
+  return {(f64h)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)v)),
+          (f64h)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)v, 1))};
+#else
+  typedef float f32h __attribute__((vector_size(kLanes * 2)));
+  f32h lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  return {__builtin_convertvector(lo, f64h), __builtin_convertvector(hi, f64h)};
+#endif
+}
 
 inline f32v vmax(f32v a, f32v b) { return a > b ? a : b; }
 inline f32v vmin(f32v a, f32v b) { return a < b ? a : b; }
@@ -105,7 +128,8 @@ inline f32v fma(f32v a, f32v b, float c) { return fma(a, b, splat(c)); }
 // Lane sums and maxima, lane 0 first (a fixed order).
 inline double hsum(const f64v& v) {
   double s = 0;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
+  for (int i = 0; i < kLanes / 2; ++i) s += v.lo[i];
+  for (int i = 0; i < kLanes / 2; ++i) s += v.hi[i];
   return s;
 }
 inline float hmax(f32v v) {
