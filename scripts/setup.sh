@@ -15,10 +15,11 @@ CMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE:-Release}
 # Slurm with munge (tests/cli/test_slurm.sh starts a one-node cluster in a scratch
 # directory; no daemon is enabled or configured system-wide), and pybind11, pandas and
 # pytest for the Python package (python/kvbudget), and PyTorch (CPU) for its recorder of
-# PyTorch models (kvbudget.TorchRecorder; its tests skip without it).
+# PyTorch models (kvbudget.TorchRecorder; its tests skip without it). OpenBLAS runs the
+# attention-metric path's fp32 GEMMs (CMake option KVB_BLAS; Eigen without it).
 packages=(
   build-essential cmake pkg-config git
-  libeigen3-dev libboost-program-options-dev doctest-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
+  libeigen3-dev libopenblas-dev libboost-program-options-dev doctest-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   python3 python3-numpy python3-matplotlib python3-nbformat python3-nbconvert python3-ipykernel jupyter-nbconvert
   slurm-wlm munge
   python3-dev pybind11-dev python3-pybind11 python3-pandas python3-pytest python3-torch

@@ -18,6 +18,7 @@
 #include <numeric>
 
 #include "sim/attention_error.h"
+#include "sim/core/sgemm.h"
 #include "sim/metrics/attention_shift.h"
 #include "sim/metrics/row_simd.h"
 #include "sim/metrics/topk.h"
@@ -207,7 +208,7 @@ void exact_block(const Eigen::Ref<const RowMat>& scores, const Eigen::Ref<const 
     out.rows[static_cast<size_t>(r)] =
         exact_row(scores.row(r).data(), pos[r] + 1, out.k, probs.row(r).data(), out.topk.data() + r * out.k, s.val);
   auto o = HeadScratch::blk(s.out, rows, d);
-  o.noalias() = probs * Vtop;
+  gemm_ab(probs, Vtop, o);
   for (int64_t r = 0; r < rows; ++r) out.rows[static_cast<size_t>(r)].out_norm2 = o.row(r).squaredNorm();
 }
 
@@ -320,11 +321,11 @@ void measure_head_fast(const Recording& rec, const Plan& plan, int64_t layer, in
       stats.rows.push_back(row);
       stats.logit_pairs += n;
     }
-    dout.noalias() = dprobs * V.topRows(cols);
-    dout.noalias() += phat_stored * dV.topRows(cols);
+    gemm_ab(dprobs, V.topRows(cols), dout);
+    gemm_ab(phat_stored, dV.topRows(cols), dout, GemmOutput::Accumulate);
     if (dv.has_window()) {
       ConstRowMap dVw(dv.window.data(), T, d);
-      dout.noalias() += phat_win * dVw.topRows(cols);
+      gemm_ab(phat_win, dVw.topRows(cols), dout, GemmOutput::Accumulate);
     }
     for (int64_t r = 0; r < rows; ++r)
       stats.rows[stats.rows.size() - static_cast<size_t>(rows - r)].out_err2 = dout.row(r).squaredNorm();

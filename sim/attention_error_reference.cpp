@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "sim/attention_error.h"
+#include "sim/core/sgemm.h"
 #include "sim/metrics/attention_shift.h"
 
 namespace kvb::detail {
@@ -70,7 +71,7 @@ void block_queries(const QueryRows& Q, const int64_t* pos, int64_t rows, float i
 }
 
 void exact_scores(const RowMat& Qs, const ConstRowMap& K, int64_t cols, HeadScratch& s) {
-  HeadScratch::blk(s.scores, Qs.rows(), cols).noalias() = Qs * K.topRows(cols).transpose();
+  gemm_abt(Qs, K.topRows(cols), HeadScratch::blk(s.scores, Qs.rows(), cols));
 }
 
 void block_scores(const RowMat& Qb, const RowMat& Qs, const ConstRowMap& K, const UnitDelta& dk, int64_t cols,
@@ -78,7 +79,7 @@ void block_scores(const RowMat& Qb, const RowMat& Qs, const ConstRowMap& K, cons
   const int64_t rows = Qb.rows(), d = Qb.cols();
   ConstRowMap dK(dk.stored.data(), T, d);
   if (need_scores || !dk.estimated.empty()) exact_scores(Qs, K, cols, s);
-  HeadScratch::blk(s.dscores, rows, cols).noalias() = Qs * dK.topRows(cols).transpose();
+  gemm_abt(Qs, dK.topRows(cols), HeadScratch::blk(s.dscores, rows, cols));
   for (const EstimatedKeys& e : dk.estimated) {  // estimated logits replace decoded-key ones
     if (e.begin >= cols) continue;
     const int64_t n = std::min(e.end, cols) - e.begin;
@@ -90,7 +91,7 @@ void block_scores(const RowMat& Qb, const RowMat& Qs, const ConstRowMap& K, cons
   }
   if (dk.has_window()) {
     ConstRowMap dKw(dk.window.data(), T, d);
-    HeadScratch::blk(s.dscores_win, rows, cols).noalias() = Qs * dKw.topRows(cols).transpose();
+    gemm_abt(Qs, dKw.topRows(cols), HeadScratch::blk(s.dscores_win, rows, cols));
   }
 }
 
@@ -201,16 +202,16 @@ void measure_head_reference(const Recording& rec, const Plan& plan, int64_t laye
       stats.rows.push_back(row);
       stats.logit_pairs += n;
     }
-    out.noalias() = probs * V.topRows(cols);
-    dout.noalias() = dprobs * V.topRows(cols);
+    gemm_ab(probs, V.topRows(cols), out);
+    gemm_ab(dprobs, V.topRows(cols), dout);
     if (mixed_v) {
-      dout.noalias() += phat_stored * dV.topRows(cols);
+      gemm_ab(phat_stored, dV.topRows(cols), dout, GemmOutput::Accumulate);
       if (dv.has_window()) {
         ConstRowMap dVw(dv.window.data(), T, d);
-        dout.noalias() += phat_win * dVw.topRows(cols);
+        gemm_ab(phat_win, dVw.topRows(cols), dout, GemmOutput::Accumulate);
       }
     } else {
-      dout.noalias() += (probs + dprobs) * dV.topRows(cols);
+      gemm_ab(probs + dprobs, dV.topRows(cols), dout, GemmOutput::Accumulate);
     }
     for (int64_t r = 0; r < rows; ++r) {
       AttentionRow& row = stats.rows[stats.rows.size() - static_cast<size_t>(rows - r)];

@@ -36,6 +36,7 @@
 #include "experiments/machine_info.h"
 #include "kvb/build_config.h"
 #include "sim/core/allocator.h"
+#include "sim/core/sgemm.h"
 #include "sim/exact_attention.h"
 #include "sim/formats/registry.h"
 #include "sim/metrics/metric_table.h"
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
   keep_freed_memory();  // as the CLI does
   const int max_threads = omp_get_num_procs();
   std::printf("CPU: %s, %d threads; load average %.2f at the start\n", cpu_model().c_str(), max_threads, load_average());
+  std::printf("attention-metric GEMMs (sim/core/sgemm.h): %s\n", sgemm_backend());
 
   // 1. gpt2-bytes, every position.
   RecordingSpec rs;
