@@ -25,6 +25,7 @@
 #include "experiments/runner.h"
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
+#include "sim/core/sgemm.h"
 #include "sim/core/strings.h"
 #include "sim/formats/registry.h"
 #include "sim/io/dtype_convert.h"
@@ -144,6 +145,7 @@ Quantized quantize(const py::array& x_in, const std::string& format, const std::
   double err2 = 0, norm2 = 0;
   {
     py::gil_scoped_release release;
+    const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
     for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
       const int64_t n = std::min(rows_per_span, rows - r0);
       const std::string bad = f->check_shape(n, d);
@@ -221,6 +223,7 @@ RecordingPtr load(const std::filesystem::path& path, const std::string& layout, 
   spec.max_tokens = max_tokens;
   spec.rope_theta = rope_theta;
   py::gil_scoped_release release;
+  const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
   return std::make_shared<Recording>(load_recording(spec));
 }
 
@@ -327,6 +330,7 @@ RecordingPtr record(const std::string& checkpoint, const std::string& text, cons
     throw ConfigError("tokenizer and bos apply to text only");
   if (max_tokens < 0) throw ConfigError("max_tokens must be >= 0");
   py::gil_scoped_release release;
+  const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
   const auto [model, tokens] = load_model_and_tokens(checkpoint, text, token_file, tokenizer, bos, max_tokens);
   const std::string warning = model->config().context_warning(static_cast<int64_t>(tokens.size()));
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
@@ -437,6 +441,7 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   }
   py::dict out;
   py::gil_scoped_release release;
+  const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
   const auto [model, tokens] = load_model_and_tokens(checkpoint, text, token_file, tokenizer, bos, max_tokens);
   const std::string source = "model " + checkpoint + " on " + std::to_string(tokens.size()) + " tokens";
   // Windows of `ctx` tokens as `kvbudget eval --ctx` runs them (the recording and the
@@ -559,6 +564,7 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
   std::string interrupted_while_loading;
   {
     py::gil_scoped_release release;
+    const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
     try {
       outcome = run_experiment(request);
     } catch (const RunInterrupted& e) {
@@ -701,6 +707,7 @@ PYBIND11_MODULE(_core, m) {
             if (!d || (*d != DType::F32 && *d != DType::F16 && *d != DType::BF16))
               throw ConfigError("dtype must be F32, F16 or BF16, got '" + dtype + "'");
             py::gil_scoped_release release;
+            const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
             write_recording(path, r, *d);
           },
           py::arg("path"), py::arg("dtype") = "F32")

@@ -12,6 +12,7 @@
 #include <cblas.h>  // OpenBLAS's own (its include directory, not /usr/include's netlib one)
 #include <omp.h>
 
+#include <atomic>
 #include <mutex>
 #endif
 
@@ -33,15 +34,27 @@ void check_shapes(const char* op, const SgemmIn& A, const SgemmIn& B, const Sgem
 
 #ifdef KVB_HAVE_OPENBLAS
 
-// OpenBLAS on the calling thread alone, set once before the first product. An OpenMP
-// build of OpenBLAS would also set this thread's omp_set_num_threads(1) (it syncs the two):
-// the thread's OpenMP setting is put back.
+// OpenBLAS's thread count, keeping this thread's OpenMP setting: an OpenMP build of
+// OpenBLAS also sets omp_set_num_threads (it syncs the two).
+void set_openblas_threads(int n) {
+  const int omp_threads = omp_get_max_threads();
+  openblas_set_num_threads(n);
+  omp_set_num_threads(omp_threads);
+}
+
+// BlasCallScope's state: how many live, and the count the first one found.
+std::mutex scope_mutex;
+std::atomic<int> scope_depth{0};
+int threads_before_scopes = 1;
+
+// OpenBLAS on the calling thread alone. Outside every BlasCallScope: set once, for good,
+// before the first product.
 void openblas_one_thread_per_call() {
+  if (scope_depth.load() > 0) return;
   static std::once_flag once;
   std::call_once(once, [] {
-    const int omp_threads = omp_get_max_threads();
-    openblas_set_num_threads(1);
-    omp_set_num_threads(omp_threads);
+    const std::lock_guard<std::mutex> lock(scope_mutex);
+    if (scope_depth.load() == 0) set_openblas_threads(1);
   });
 }
 
@@ -111,6 +124,20 @@ const char* sgemm_backend() {
 }
 bool sgemm_uses_blas() { return true; }
 
+BlasCallScope::BlasCallScope() {
+  const std::lock_guard<std::mutex> lock(scope_mutex);
+  if (scope_depth.load() == 0) {
+    threads_before_scopes = openblas_get_num_threads();
+    set_openblas_threads(1);
+  }
+  scope_depth.fetch_add(1);
+}
+BlasCallScope::~BlasCallScope() {
+  const std::lock_guard<std::mutex> lock(scope_mutex);
+  if (scope_depth.fetch_sub(1) == 1) set_openblas_threads(threads_before_scopes);
+}
+int blas_threads() { return openblas_get_num_threads(); }
+
 #else
 
 void gemm_abt(const SgemmIn& A, const SgemmIn& B, SgemmOut C, GemmOutput out) { gemm_abt_eigen(A, B, C, out); }
@@ -121,6 +148,10 @@ const char* sgemm_backend() {
   return name.c_str();
 }
 bool sgemm_uses_blas() { return false; }
+
+BlasCallScope::BlasCallScope() = default;
+BlasCallScope::~BlasCallScope() = default;
+int blas_threads() { return 1; }
 
 #endif
 

@@ -38,4 +38,21 @@ const char* sgemm_backend();
 // Whether that is a BLAS (false: the Eigen products).
 bool sgemm_uses_blas();
 
+// OpenBLAS's thread count is one setting for the whole process, shared with anything
+// else that loaded the same library (NumPy in a Python process). A product called outside
+// any BlasCallScope sets it to 1 for good (the CLI's and the C++ programs' case). While a
+// BlasCallScope lives, products run on one thread and nothing is set for good: when the
+// last scope ends, the count it found is put back (the Python package wraps every call
+// into the engine in one, so NumPy's BLAS keeps its threads). Results do not depend on it
+// either way. Without OpenBLAS these do nothing.
+class BlasCallScope {
+ public:
+  BlasCallScope();
+  ~BlasCallScope();
+  BlasCallScope(const BlasCallScope&) = delete;
+  BlasCallScope& operator=(const BlasCallScope&) = delete;
+};
+// OpenBLAS's thread count now (1 without OpenBLAS).
+int blas_threads();
+
 }  // namespace kvb

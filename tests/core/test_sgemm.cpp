@@ -201,3 +201,24 @@ TEST_CASE("sgemm: the backend names itself") {
   const std::string name = kvb::sgemm_backend();
   CHECK(name.rfind(kvb::sgemm_uses_blas() ? "OpenBLAS " : "Eigen ", 0) == 0);
 }
+
+// OpenBLAS's own setter, when the process has it (the build's backend is OpenBLAS).
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
+TEST_CASE("BlasCallScope: one thread per product inside, the count it found put back after the last") {
+  if (kvb::sgemm_uses_blas() && openblas_set_num_threads != nullptr) openblas_set_num_threads(2);
+  const int before = kvb::blas_threads();
+  SgemmMatrix a = SgemmMatrix::Random(40, 30), b = SgemmMatrix::Random(50, 30), c(40, 50);
+  {
+    const kvb::BlasCallScope outer;
+    CHECK(kvb::blas_threads() == 1);
+    {
+      const kvb::BlasCallScope inner;
+      kvb::gemm_abt(a, b, c);
+      CHECK(kvb::blas_threads() == 1);
+    }
+    CHECK(kvb::blas_threads() == 1);  // the outer one still lives
+  }
+  CHECK(kvb::blas_threads() == before);
+  CHECK(c.isApprox(SgemmMatrix(a * b.transpose()), 1e-5f));
+}
