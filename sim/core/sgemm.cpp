@@ -72,11 +72,21 @@ blasint leading_dim(const M& m, const char* op) {
   return blas_int(std::max<Eigen::Index>(ld, 1), op, "leading dimension");
 }
 
+// Products of fewer rows run on Eigen: OpenBLAS packs its operands for every call, which
+// costs more than it saves on a few rows (greedy decoding, one row a step, ran at half
+// the speed).
+constexpr Eigen::Index kBlasMinRows = 8;
+
 void blas_sgemm(const char* op, const SgemmIn& A, const SgemmIn& B, SgemmOut C, GemmOutput out, bool transposed_b) {
   check_shapes(op, A, B, C, transposed_b);
   if (C.rows() == 0 || C.cols() == 0) return;
   if (A.cols() == 0) {  // an empty sum
     if (out == GemmOutput::Overwrite) C.setZero();
+    return;
+  }
+  if (C.rows() < kBlasMinRows) {  // a GEMV-shaped product (a decoding step): Eigen's is faster
+    if (transposed_b) gemm_abt_eigen(A, B, C, out);
+    else gemm_ab_eigen(A, B, C, out);
     return;
   }
   openblas_one_thread_per_call();

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sim/core/sgemm.h"
+
 namespace kvb {
 
 namespace {
@@ -56,13 +58,13 @@ void dense(ConstMatRef x, const WeightMatrix& weight, const Eigen::VectorXf* bia
     if (bias) tile.rowwise() = bias->segment(c0, nc).transpose();
     else tile.setZero();
     if (const RowMatrix* w32 = weight.f32()) {
-      tile.noalias() += x.middleRows(r0, nr) * w32->middleRows(c0, nc).transpose();
+      gemm_abt(x.middleRows(r0, nr), w32->middleRows(c0, nc), tile, GemmOutput::Accumulate);
     } else {
       // The tile's weight rows in fp32, in this thread's scratch (nc x in floats).
       thread_local ScratchMatrix weight_tile;
       auto w = weight_tile.view(nc, x.cols());
       weight.rows_to_f32(c0, nc, w.data());
-      tile.noalias() += x.middleRows(r0, nr) * w.transpose();
+      gemm_abt(x.middleRows(r0, nr), w, tile, GemmOutput::Accumulate);
     }
   }
 }

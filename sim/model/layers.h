@@ -4,7 +4,9 @@
 // Parallelism: dense() splits its output into tiles of a fixed size and runs them
 // with OpenMP when called outside a parallel region (inside one, e.g. a sweep that
 // evaluates points in parallel, it runs on the calling thread). Tiles never depend on
-// the thread count, so every result is bit-identical for any number of threads.
+// the thread count, so every result is bit-identical for any number of threads. Each
+// tile's product runs through sim/core/sgemm.h (OpenBLAS, one thread per call, when the
+// build has it; Eigen otherwise).
 #pragma once
 #include <Eigen/Core>
 #include <vector>
