@@ -13,11 +13,22 @@
 #include <string>
 #include <vector>
 
+#include "sim/io/tensor_store.h"
 #include "sim/io/tensor_writer.h"
 #include "sim/model/transformer.h"
 #include "test_util.h"
 
 namespace kvb::test {
+
+// A fixture's reference input ids (they start with BOS): the first n, or all when n is 0.
+inline std::vector<int64_t> reference_ids(const std::string& name, size_t n = 0) {
+  std::vector<int64_t> ids =
+      TensorStore::open(data_dir() / "reference" / (name + "-reference.safetensors"))->read_i64("input_ids");
+  if (n == 0) return ids;
+  REQUIRE(ids.size() >= n);
+  ids.resize(n);
+  return ids;
+}
 
 struct TinyCheckpoint {
   nlohmann::json config;

@@ -7,12 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "sim/formats/registry.h"
 #include "sim/strategies/statistics.h"
 #include "sim/strategies/strategy.h"
+#include "sim/strategies/uniform.h"
 #include "sim/synthetic.h"
 #include "test_util.h"
 
 namespace kvb::test {
+
+// The uniform plan of rec: `key` for keys, `value` for values (empty: `key` too).
+inline Plan uniform_plan(const Recording& rec, const std::string& key, const std::string& value = "") {
+  return UniformStrategy(make_format(key), make_format(value.empty() ? key : value)).build({rec, 0});
+}
 
 // 2 layers, 8 query / 4 KV heads (GQA), head_dim 32, 96 tokens, one sink head per
 // layer, a recency bias, two phases (boundary at token 72, marker id 257).

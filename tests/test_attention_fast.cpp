@@ -14,14 +14,12 @@
 #include "sim/strategies/uniform.h"
 #include "recording_test_util.h"
 #include "test_util.h"
+#include "strategy_test_util.h"
 
 using namespace kvb;
+using namespace kvb::test;
 
 namespace {
-
-Plan uniform_plan(const Recording& rec, const std::string& key, const std::string& value) {
-  return UniformStrategy(make_format(key), make_format(value)).build({rec, 0});
-}
 
 // Every metric of every row within 1e-5 relative of the reference (tiny values within
 // an absolute floor), top-k overlaps equal but for rows with near-tied probabilities.

@@ -12,14 +12,12 @@
 #include "sim/strategies/uniform.h"
 #include "recording_test_util.h"
 #include "test_util.h"
+#include "strategy_test_util.h"
 
 using namespace kvb;
+using namespace kvb::test;
 
 namespace {
-
-Plan uniform_plan(const Recording& rec, const std::string& k, const std::string& v) {
-  return UniformStrategy(make_format(k), make_format(v)).build({rec, 0});
-}
 
 // Every field of a and b equal, bit for bit.
 void check_identical(const ErrorStats& a, const ErrorStats& b, const std::string& label) {

@@ -16,8 +16,10 @@
 #include "sim/formats/registry.h"
 #include "sim/simulator.h"
 #include "sim/strategies/uniform.h"
+#include "strategy_test_util.h"
 
 using namespace kvb;
+using namespace kvb::test;
 using kvb::test::CpuOnlyFormat;
 
 namespace {
@@ -48,10 +50,6 @@ Recording random_recording(int64_t layers, int64_t q_heads, int64_t kv_heads, in
   }
   r.validate();
   return r;
-}
-
-Plan uniform_plan(const Recording& rec, const std::string& k, const std::string& v) {
-  return UniformStrategy(make_format(k), make_format(v)).build({rec, 0});
 }
 
 void set_window(Plan& plan, Kind kind, int64_t size, const std::string& format, RecentWindow::Mode mode, bool copy) {

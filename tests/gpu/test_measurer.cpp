@@ -26,13 +26,10 @@
 #include "strategy_test_util.h"
 
 using namespace kvb;
+using namespace kvb::test;
 using kvb::test::CpuOnlyFormat;
 
 namespace {
-
-Plan uniform_plan(const Recording& rec, const std::string& k, const std::string& v) {
-  return UniformStrategy(make_format(k), make_format(v)).build({rec, 0});
-}
 
 // Every unit's recency window: `size` tokens at `format`.
 Plan windowed(const Recording& rec, const std::string& rest, int64_t size, const std::string& format) {

@@ -15,25 +15,13 @@
 #include "sim/model/model_eval.h"
 #include "sim/model/transformer.h"
 #include "sim/strategies/uniform.h"
+#include "strategy_test_util.h"
 
 using namespace kvb;
 using namespace kvb::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-// The first n token ids of a fixture's reference input (they start with BOS).
-std::vector<int64_t> reference_ids(const std::string& name, size_t n) {
-  std::vector<int64_t> ids =
-      TensorStore::open(data_dir() / "reference" / (name + "-reference.safetensors"))->read_i64("input_ids");
-  REQUIRE(ids.size() >= n);
-  ids.resize(n);
-  return ids;
-}
-
-Plan uniform_plan(const Recording& rec, const std::string& format) {
-  return UniformStrategy(make_format(format), make_format(format)).build({rec, 0});
-}
 
 ModelEvalOptions windowed(int64_t n_ctx, ScoreRule score = ScoreRule::All, fs::path kl_base = {}) {
   ModelEvalOptions o;

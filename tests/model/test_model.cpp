@@ -21,22 +21,11 @@
 #include "sim/model/transformer.h"
 #include "sim/simulator.h"
 #include "sim/strategies/uniform.h"
+#include "strategy_test_util.h"
 
 using namespace kvb;
 using namespace kvb::test;
 namespace fs = std::filesystem;
-
-namespace {
-
-std::vector<int64_t> reference_ids(const std::string& name) {
-  return TensorStore::open(data_dir() / "reference" / (name + "-reference.safetensors"))->read_i64("input_ids");
-}
-
-Plan uniform_plan(const Recording& rec, const std::string& format) {
-  return UniformStrategy(make_format(format), make_format(format)).build({rec, 0});
-}
-
-}  // namespace
 
 TEST_CASE("fixtures: logits match Hugging Face's reference to 1e-4 relative") {
   // Norm: for each position t, max_v |ours - ref| / max_v |ref|; the worst position
