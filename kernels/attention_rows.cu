@@ -406,11 +406,12 @@ __device__ void reference_row(const RowBlockArgs& a, const RowPlace& at, const R
   for (int64_t j = tt; j < n; j += kTeamThreads) {
     const double ds = v.ds(j);
     const double p = exp(static_cast<double>(s[j]) - mx) / z;
-    const double dp = large ? exp(static_cast<double>(s[j]) + ds - max_shat) / zhat - p
-                            : attn_dprob_small_shift(p, ds, A);
-    store_probs(a, v, at.row_off, j, static_cast<float>(dp), static_cast<float>(p + dp));
+    // p̂ itself, not p + (p̂ - p), as row_attention_reference computes it.
+    const double phat = large ? exp(static_cast<double>(s[j]) + ds - max_shat) / zhat : p * exp(ds) / (1.0 + A);
+    const double dp = large ? phat - p : attn_dprob_small_shift(p, ds, A);
+    store_probs(a, v, at.row_off, j, static_cast<float>(dp), static_cast<float>(phat));
     top_p.offer(Cand{p, static_cast<int>(j)}, k);
-    top_phat.offer(Cand{p + dp, static_cast<int>(j)}, k);
+    top_phat.offer(Cand{phat, static_cast<int>(j)}, k);
   }
   team_topk<W>(top_p, k, sh.warp_lists, sh.top_a[team]);
   team_topk<W>(top_phat, k, sh.warp_lists, sh.top_b[team]);
@@ -478,11 +479,12 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
     out.kl = static_cast<float>(fmax(0.0, log1p(A) - R / ex.mass));
     // Pass 3: p̂ - p = p (expm1(c) - A) / (1 + A); the top-k of p̂ (fp32).
     const float af = static_cast<float>(A), inv = static_cast<float>(1.0 / (1.0 + A));
+    const bool by_exp = attn_phat_by_exp(max_abs);  // p̂ from its own exp (uniform over the team)
     FastTopK<kRegList> top;
     for (int64_t j = tt; j < n; j += kTeamThreads) {
       const float c = v.ds(j) - shift, p = p_at(j);
       const float e = c + attn_expm1_minus_x(c);
-      const float dp = p * (e - af) * inv, phat = p + dp;
+      const float dp = p * (e - af) * inv, phat = by_exp ? p * attn_exp_f32(c) * inv : p + dp;
       store_probs(a, v, at.row_off, j, dp, phat);
       top.offer(phat, static_cast<int>(j), k);
     }

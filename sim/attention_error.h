@@ -134,6 +134,11 @@ inline void check_stop(const SimOptions& opt, size_t block, int64_t layer, int64
 // p̂ from s + Δs. Fills h.p, h.dp = p̂ - p and h.phat; returns KL(p || p̂) in nats.
 double row_attention_reference(const float* s, const float* ds, int64_t n, HeadScratch& h);
 
+// |topk(a) ∩ topk(b)| / k over the first n entries of two fp64 rows (k = min(k, n); 1
+// when k <= 0), ties broken by lower index; ia, ib: scratch.
+float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::vector<int32_t>& ia,
+                   std::vector<int32_t>& ib);
+
 // Both measurements fill every value of an AttentionRow (kAttentionRowValues, error_stats.h).
 static_assert(sizeof(kAttentionRowValues) / sizeof(kAttentionRowValues[0]) == 6,
               "a new AttentionRow value: fill it in measure_head_reference and measure_head_fast");

@@ -104,7 +104,9 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
     return static_cast<float>(common_count(topk_p, ex.topk_count, h.ib.data(), got)) / static_cast<float>(kk);
   };
   if (attn_large_shift(out.err_max) || !std::isfinite(out.err_max)) {
-    // The reference's fp64 row (the large-shift form needs the scores).
+    // The reference's fp64 row (the large-shift form needs the scores), its top-k too:
+    // p̂ far below p is many orders below fp32's range, where fp32 would tie it at 0
+    // (the CUDA twin ranks the same fp64 values).
     h.p.resize(static_cast<size_t>(n));
     h.dp.resize(static_cast<size_t>(n));
     h.phat.resize(static_cast<size_t>(n));
@@ -113,9 +115,7 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
       dp[j] = static_cast<float>(h.phat[j]) - p[j];
       phat[j] = static_cast<float>(h.phat[j]);
     }
-    TopK top(kk, h.ib.data(), h.val, topk_floor([&](int64_t j) { return phat[j]; }));
-    top.scan_all(phat, n);
-    out.topk_overlap = topk_overlap(top);
+    out.topk_overlap = detail::topk_overlap(h.p.data(), h.phat.data(), n, k, h.ia, h.ib);
   } else {
     const float shift = static_cast<float>(hsum(widen(r0)) / ex.mass);
     // R enters KL twice with opposite signs (its rounding cancels to first order): fp32;
@@ -140,9 +140,12 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
     const double r = hsum(widen(rs)), a = (r + hsum(bs)) / ex.mass;
     out.kl = std::max(0.0, std::log1p(a) - r / ex.mass);
     const float af = static_cast<float>(a), inv = static_cast<float>(1.0 / (1.0 + a));
-    // p̂_j = p_j + d_j, d_j = p_j (e_j - A) / (1 + A); the floor's values computed as the
-    // lanes compute them.
+    // d_j = p_j (e_j - A) / (1 + A); p̂_j = p_j + d_j, or p_j e^{c_j} / (1 + A) where p̂
+    // may fall far below p (attn_phat_by_exp). The floor's values computed as the lanes
+    // compute them.
+    const bool by_exp = attn_phat_by_exp(out.err_max);
     TopK top(kk, h.ib.data(), h.val, topk_floor([&](int64_t j) {
+               if (by_exp) return p[j] * attn_exp_f32(ds[j] - shift) * inv;
                return p[j] + p[j] * (h.e[static_cast<size_t>(j)] - af) * inv;
              }));
     for (int64_t j = 0; j < n; j += kLanes) {
@@ -150,7 +153,7 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
       const f32v pj = load(p + j, cnt);
       const f32v d = pj * (load(h.e.data() + j, cnt) - af) * inv;
       store(dp + j, d, cnt);
-      store(phat + j, pj + d, cnt);
+      store(phat + j, by_exp ? pj * exp(load(ds + j, cnt) - shift) * inv : pj + d, cnt);
       top.scan(phat, j, cnt);
     }
     out.topk_overlap = topk_overlap(top);

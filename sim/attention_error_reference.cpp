@@ -10,41 +10,6 @@
 
 namespace kvb::detail {
 
-namespace {
-
-// |topk(a) ∩ topk(b)| / k over the first n entries; ties broken by lower index.
-float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::vector<int32_t>& ia,
-                   std::vector<int32_t>& ib) {
-  k = std::min(k, n);
-  if (k <= 0) return 1.0f;
-  ia.resize(static_cast<size_t>(n));
-  ib.resize(static_cast<size_t>(n));
-  std::iota(ia.begin(), ia.end(), 0);
-  std::iota(ib.begin(), ib.end(), 0);
-  auto by = [](const double* v) {
-    return [v](int32_t x, int32_t y) { return v[x] > v[y] || (v[x] == v[y] && x < y); };
-  };
-  std::partial_sort(ia.begin(), ia.begin() + k, ia.end(), by(a));
-  std::partial_sort(ib.begin(), ib.begin() + k, ib.end(), by(b));
-  std::sort(ia.begin(), ia.begin() + k);
-  std::sort(ib.begin(), ib.begin() + k);
-  int64_t common = 0;
-  for (int64_t i = 0, j = 0; i < k && j < k;) {
-    if (ia[i] == ib[j]) {
-      ++common;
-      ++i;
-      ++j;
-    } else if (ia[i] < ib[j]) {
-      ++i;
-    } else {
-      ++j;
-    }
-  }
-  return static_cast<float>(common) / static_cast<float>(k);
-}
-
-}  // namespace
-
 std::vector<RowBlock> row_blocks(const std::vector<int64_t>& pos, int64_t row_block) {
   std::vector<RowBlock> blocks;
   const size_t step = static_cast<size_t>(std::max<int64_t>(row_block, 1));
@@ -95,6 +60,36 @@ void block_scores(const RowMat& Qb, const RowMat& Qs, const ConstRowMap& K, cons
   }
 }
 
+float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::vector<int32_t>& ia,
+                   std::vector<int32_t>& ib) {
+  k = std::min(k, n);
+  if (k <= 0) return 1.0f;
+  ia.resize(static_cast<size_t>(n));
+  ib.resize(static_cast<size_t>(n));
+  std::iota(ia.begin(), ia.end(), 0);
+  std::iota(ib.begin(), ib.end(), 0);
+  auto by = [](const double* v) {
+    return [v](int32_t x, int32_t y) { return v[x] > v[y] || (v[x] == v[y] && x < y); };
+  };
+  std::partial_sort(ia.begin(), ia.begin() + k, ia.end(), by(a));
+  std::partial_sort(ib.begin(), ib.begin() + k, ib.end(), by(b));
+  std::sort(ia.begin(), ia.begin() + k);
+  std::sort(ib.begin(), ib.begin() + k);
+  int64_t common = 0;
+  for (int64_t i = 0, j = 0; i < k && j < k;) {
+    if (ia[i] == ib[j]) {
+      ++common;
+      ++i;
+      ++j;
+    } else if (ia[i] < ib[j]) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return static_cast<float>(common) / static_cast<float>(k);
+}
+
 // The formulas are in sim/metrics/attention_shift.h, shared with the CUDA row kernel.
 double row_attention_reference(const float* s, const float* ds, int64_t n, HeadScratch& h) {
   double mx = -INFINITY;
@@ -107,22 +102,27 @@ double row_attention_reference(const float* s, const float* ds, int64_t n, HeadS
     max_abs_ds = std::max(max_abs_ds, std::fabs(static_cast<double>(ds[j])));
     mean_ds += h.p[j] * ds[j];
   }
-  double kl;
   if (!attn_large_shift(max_abs_ds)) {
     double a = 0;
     for (int64_t j = 0; j < n; ++j) a += h.p[j] * std::expm1(static_cast<double>(ds[j]));
-    for (int64_t j = 0; j < n; ++j) h.dp[j] = attn_dprob_small_shift(h.p[j], static_cast<double>(ds[j]), a);
-    kl = attn_kl_small_shift(a, mean_ds);
-  } else {
-    double mhat = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) mhat = std::max(mhat, static_cast<double>(s[j]) + ds[j]);
-    double zhat = 0;
-    for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = std::exp(static_cast<double>(s[j]) + ds[j] - mhat));
-    for (int64_t j = 0; j < n; ++j) h.dp[j] = h.phat[j] / zhat - h.p[j];
-    kl = attn_kl_large_shift(zhat, mhat, z, mx, mean_ds);
+    // p̂ = p e^{Δs} / (1 + A) itself, not p + (p̂ - p), which is rounding noise where p̂ is
+    // 16 orders below p (max |Δs| near kLargeLogitShift).
+    for (int64_t j = 0; j < n; ++j) {
+      h.dp[j] = attn_dprob_small_shift(h.p[j], static_cast<double>(ds[j]), a);
+      h.phat[j] = h.p[j] * std::exp(static_cast<double>(ds[j])) / (1.0 + a);
+    }
+    return std::max(0.0, attn_kl_small_shift(a, mean_ds));
   }
-  for (int64_t j = 0; j < n; ++j) h.phat[j] = h.p[j] + h.dp[j];
-  return std::max(0.0, kl);
+  double mhat = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) mhat = std::max(mhat, static_cast<double>(s[j]) + ds[j]);
+  double zhat = 0;
+  for (int64_t j = 0; j < n; ++j) zhat += (h.phat[j] = std::exp(static_cast<double>(s[j]) + ds[j] - mhat));
+  // p̂ itself, not p + (p̂ - p), likewise.
+  for (int64_t j = 0; j < n; ++j) {
+    h.phat[j] /= zhat;
+    h.dp[j] = h.phat[j] - h.p[j];
+  }
+  return std::max(0.0, attn_kl_large_shift(zhat, mhat, z, mx, mean_ds));
 }
 
 // Adds the rows of query head h (positions `pos`) to stats.

@@ -8,6 +8,7 @@
 
 #include "sim/exact_attention.h"
 #include "sim/formats/registry.h"
+#include "sim/metrics/attention_shift.h"
 #include "sim/recording.h"
 #include "sim/plan.h"
 #include "sim/simulator.h"
@@ -133,6 +134,30 @@ TEST_CASE("fast path: tiny errors keep their precision, large shifts take the fp
   check_cache_changes_nothing(sharp, plan, SimOptions{});
   const ErrorStats s = simulate(sharp, plan, SimOptions{});
   CHECK(std::any_of(s.rows.begin(), s.rows.end(), [](const AttentionRow& r) { return r.logit_err_max >= 30; }));
+}
+
+TEST_CASE("fast path: where p̂ falls orders below p, its top-k ranks p̂'s own values") {
+  // Large queries and 1-bit keys: logit shifts of 4 to hundreds of nats, so p̂ / p falls
+  // below fp32's resolution (p + (p̂ - p) would be rounding noise): both forms rank p̂
+  // itself (attn_phat_by_exp, the large-shift form), and agree row for row.
+  const Recording rec = test::random_recording(4, 2, 200, 64, 31, 12.0f);
+  const Plan plan = uniform_plan(rec, "int1-asym-g64", "int2-asym-g64");
+  SimOptions opt;
+  opt.topk = 8;
+  check_against_reference(rec, plan, opt);
+  opt.reference = true;
+  const ErrorStats ref = simulate(rec, plan, opt);
+  opt.reference = false;
+  const ErrorStats fast = simulate(rec, plan, opt);
+  int64_t by_exp = 0, large = 0;
+  for (size_t i = 0; i < ref.rows.size(); ++i) {
+    INFO("row " << i << ": head " << ref.rows[i].q_head << " t " << ref.rows[i].position);
+    CHECK(fast.rows[i].topk_overlap == ref.rows[i].topk_overlap);
+    by_exp += attn_phat_by_exp(ref.rows[i].logit_err_max) && !attn_large_shift(ref.rows[i].logit_err_max);
+    large += attn_large_shift(ref.rows[i].logit_err_max);
+  }
+  CHECK(by_exp > 10);
+  CHECK(large > 10);
 }
 
 TEST_CASE("fast path: estimated logits (QJL keys), sink heads and attribution regions") {

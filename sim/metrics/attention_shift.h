@@ -25,6 +25,13 @@ inline constexpr double kLargeLogitShift = 30.0;
 // Whether a row whose largest |Δs_j| is `max_abs_ds` takes the large-shift form.
 KVB_HD bool attn_large_shift(double max_abs_ds) { return max_abs_ds >= kLargeLogitShift; }
 
+// Rows whose largest |Δs_j| reaches kPhatByExpShift (and stays below kLargeLogitShift)
+// take p̂_j = p_j e^{c_j} / (1 + A) in the fast fp32 path, an exp of its own per key,
+// instead of p_j + (p̂_j - p_j): p̂_j / p_j can fall to e^{-2 max|Δs|}, and below about
+// 2^-24 the sum is fp32 rounding noise that p̂'s top-k would rank keys by.
+inline constexpr double kPhatByExpShift = 4.0;
+KVB_HD bool attn_phat_by_exp(double max_abs_ds) { return max_abs_ds >= kPhatByExpShift; }
+
 // p̂_j - p_j, small-shift form.
 KVB_HD double attn_dprob_small_shift(double p, double ds, double a) { return p * (expm1(ds) - a) / (1.0 + a); }
 
