@@ -1,5 +1,7 @@
 #include "experiments/data_building.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <variant>
@@ -9,6 +11,20 @@
 #include "sim/core/error.h"
 
 namespace kvb {
+
+namespace {
+
+// A run compares every point with the exact logits [T, vocab]: it holds them in memory
+// up to 1/16 of the machine's memory (at least kDefaultHeldBaseLogitsBytes, the bound
+// `eval` and Python keep), instead of reading them back from a file for every point (a
+// 4096-token window of Llama 3's vocabulary, 2 GiB, is held on a host of 32 GiB or more).
+int64_t run_held_base_logits_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const int64_t memory = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+  return std::max(kDefaultHeldBaseLogitsBytes, memory / 16);
+}
+
+}  // namespace
 
 std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data, BackendRequest backend,
                                                             MatmulPrecision precision) {
@@ -46,6 +62,7 @@ std::shared_ptr<const ModelEvaluator> build_model_evaluator(const DataSpec& data
   }
   ModelEvalOptions options;
   options.windows = m.windows;
+  options.max_held_base_bytes = run_held_base_logits_bytes();
   const ModelBackend forward = make_model_backend(model, backend, "backend", precision);
   if (forward.choice.used == Backend::Cuda)
     std::fprintf(stderr, "kvbudget: model forward pass on cuda (%s)%s%s\n", forward.choice.device.c_str(),

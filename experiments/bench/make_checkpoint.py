@@ -17,6 +17,10 @@ SHAPES = {  # Hugging Face config.json values of the real models
                          num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
     "llama-3.2-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
                          num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
+    # Llama 3's vocabulary on a toy body: the host's share of a model-level point
+    # (logits [T, 128256]) measured on a CPU, where an 8B body would dominate.
+    "llama-3-vocab-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                               num_key_value_heads=1, vocab_size=128256, tie_word_embeddings=False),
     "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
 }

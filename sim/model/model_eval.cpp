@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -358,6 +359,7 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
     header.model_summary = model_->config().summary();
     writer = std::make_unique<KlBaseWriter>(written, header);
   }
+  window_buffers_ = std::make_shared<FloatBufferPool>(static_cast<size_t>(first_window * V));
   if (held) base_logits_.setZero(T, V);  // zero: the row of a last token no window holds
   std::vector<float> window_rows(held ? 0 : static_cast<size_t>(first_window * V));
   base_log_sum_exp_.assign(static_cast<size_t>(T), std::numeric_limits<double>::quiet_NaN());
@@ -502,11 +504,11 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
                                     const std::vector<int64_t>* positions, const QuantizedRunOutput* output) const {
   const CacheQuantization cache{&plan, seed};
   const int64_t T = static_cast<int64_t>(tokens_.size()), V = model_->config().vocab_size;
-  const int64_t longest = windows_.front().length;
   // One window of quantized logits (unless logits_out holds them all), and of exact
-  // ones when they are kept in a file: [longest window, vocab] each.
-  std::vector<float> quant_window(logits_out ? 0 : static_cast<size_t>(longest * V));
-  std::vector<float> base_window(base_file_ ? static_cast<size_t>(longest * V) : 0);
+  // ones when they are kept in a file: [longest window, vocab] each, from the pool.
+  std::optional<FloatBufferPool::Lease> quant_window, base_window;
+  if (!logits_out) quant_window.emplace(window_buffers_->take());
+  if (base_file_) base_window.emplace(window_buffers_->take());
   if (logits_out) logits_out->setZero(T, V);  // zero: the row of a last token no window holds
   if (output && output->nll) output->nll->assign(static_cast<size_t>(T - 1), std::numeric_limits<double>::quiet_NaN());
   ModelStats s;
@@ -515,12 +517,12 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
     const TokenWindow& win = windows_[w];
     ExtendOptions opt;
     opt.cache = cache;
-    float* quant = logits_out ? logits_out->row(win.start).data() : quant_window.data();
+    float* quant = logits_out ? logits_out->row(win.start).data() : quant_window->data();
     run_forward_into(window_tokens(w), opt, quant);
     const float* base = base_logits_.data() + (base_file_ ? 0 : win.start * V);
     if (base_file_) {
-      base_file_->read_rows(win.start, win.length, base_window.data());
-      base = base_window.data();
+      base_file_->read_rows(win.start, win.length, base_window->data());
+      base = base_window->data();
     }
     // The scored positions of this window, in order; each compared on its own, in parallel.
     scored.clear();

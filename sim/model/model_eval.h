@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/core/buffer_pool.h"
 #include "sim/metrics/model_metrics.h"
 #include "sim/model/answer_task.h"
 #include "sim/model/transformer.h"
@@ -260,6 +261,9 @@ class ModelEvaluator {
   ContinuationSpec continuation_spec_;
   Recording recording_;
   RowMatrix base_logits_;                     // [T, vocab] when held, else empty
+  // evaluate()'s windows of quantized (and, from a file, exact) rows [longest window,
+  // vocab], reused from call to call; shared by copies.
+  std::shared_ptr<FloatBufferPool> window_buffers_;
   std::shared_ptr<const KlBaseReader> base_file_;  // the exact logits when not held
   std::vector<double> base_log_sum_exp_;      // [T]: log Σ exp of each exact row
   std::vector<int64_t> base_top_;             // [T]: argmax of each exact row

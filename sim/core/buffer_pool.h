@@ -1,0 +1,61 @@
+// A thread-safe free list of fp32 buffers of one size: a caller that runs many times
+// (a sweep's points, each with [window, vocab] logits: 2 GiB at 4096 tokens of a
+// 128256-token vocabulary) reuses its scratch instead of allocating, zeroing and
+// faulting in fresh pages every time. Buffers are handed out uninitialised.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace kvb {
+
+class FloatBufferPool {
+ public:
+  // Buffers of `floats` floats; at most `keep` idle ones are kept (the rest freed).
+  explicit FloatBufferPool(size_t floats, size_t keep = 4) : floats_(floats), keep_(keep) {}
+
+  // A buffer for as long as the lease lives; back to the pool when it ends.
+  class Lease {
+   public:
+    Lease(FloatBufferPool* pool, std::unique_ptr<float[]> data) : pool_(pool), data_(std::move(data)) {}
+    Lease(Lease&&) = default;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() {
+      if (data_) pool_->give_back(std::move(data_));
+    }
+    float* data() const { return data_.get(); }
+
+   private:
+    FloatBufferPool* pool_;
+    std::unique_ptr<float[]> data_;
+  };
+
+  Lease take() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!idle_.empty()) {
+        std::unique_ptr<float[]> b = std::move(idle_.back());
+        idle_.pop_back();
+        return Lease(this, std::move(b));
+      }
+    }
+    return Lease(this, std::unique_ptr<float[]>(new float[floats_]));
+  }
+
+  size_t floats() const { return floats_; }
+
+ private:
+  void give_back(std::unique_ptr<float[]> b) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (idle_.size() < keep_) idle_.push_back(std::move(b));
+  }
+
+  size_t floats_, keep_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<float[]>> idle_;
+};
+
+}  // namespace kvb
