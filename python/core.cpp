@@ -382,7 +382,7 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
                   const std::string& key_format, const std::string& value_format, const std::string& strategy_in,
                   const py::dict& params, uint64_t seed, const ContinuationSpec& cont, int64_t ctx,
                   const std::string& score_text, const std::string& quantize_layers,
-                  const std::string& other_layers_format) {
+                  const std::string& other_layers_format, double base_memory_mib) {
   const int quant_choices = (format.empty() ? 0 : 1) + (key_format.empty() && value_format.empty() ? 0 : 1) +
                             (strategy_in.empty() ? 0 : 1);
   if (quant_choices > 1) throw ConfigError("give one of format, key_format/value_format and strategy");
@@ -395,6 +395,8 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   if (ctx < 0 || ctx == 1) throw ConfigError("ctx must be 0 (one window of every token) or >= 2, got " + std::to_string(ctx));
   const ScoreRule score = parse_score_rule(score_text, "score");
   if (score == ScoreRule::SecondHalf && ctx == 0) throw ConfigError("score=\"second_half\" needs windows (ctx > 0)");
+  if (!(base_memory_mib >= 0) || base_memory_mib > 1e12)
+    throw ConfigError("base_memory_mib must be a number of MiB >= 0, got " + format_double(base_memory_mib));
   std::unique_ptr<Strategy> strat;
   std::string plan_source = "exact";
   py::dict given = params;
@@ -448,6 +450,7 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   // calibration positions are the first window's).
   ModelEvalOptions eval_options;
   eval_options.windows = WindowSpec{ctx, score};
+  eval_options.max_held_base_bytes = static_cast<int64_t>(base_memory_mib * 1024.0 * 1024.0);
   const ModelEvaluator evaluator(model, tokens, cont, source, nullptr, eval_options);
   RowMatrix quant_logits;
   ErrorStats stats;
@@ -463,8 +466,7 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
     plan_text = built.plan.describe();
     plan_bpe = built.plan.bpe();
     // The quantized logits [T, vocab] are returned only when the exact ones are held (at
-    // most 1 GiB, ModelEvalOptions::max_held_base_bytes): a longer run is compared a
-    // window at a time and returns neither.
+    // most base_memory_mib): a longer run is compared a window at a time and returns neither.
     stats.model = evaluator.evaluate(built.plan, seed, evaluator.base_logits_held() ? &quant_logits : nullptr,
                                      built.calibrated ? &built.positions.evaluation : nullptr);
   }
@@ -724,16 +726,18 @@ PYBIND11_MODULE(_core, m) {
          std::optional<bool> bos, int64_t max_tokens, const std::string& format, const std::string& key_format,
          const std::string& value_format, const std::string& strategy, const py::dict& params, uint64_t seed,
          int64_t continuations, int64_t continuation_prompt, int64_t continuation_tokens, int64_t ctx,
-         const std::string& score, const std::string& quantize_layers, const std::string& other_layers_format) {
+         const std::string& score, const std::string& quantize_layers, const std::string& other_layers_format,
+         double base_memory_mib) {
         return evaluate(checkpoint, text, tokens, tokenizer, bos, max_tokens, format, key_format, value_format,
                         strategy, params, seed, ContinuationSpec{continuations, continuation_prompt, continuation_tokens},
-                        ctx, score, quantize_layers, other_layers_format);
+                        ctx, score, quantize_layers, other_layers_format, base_memory_mib);
       },
       py::arg("checkpoint"), py::arg("text"), py::arg("tokens"), py::arg("tokenizer"), py::arg("bos"),
       py::arg("max_tokens"), py::arg("format"), py::arg("key_format"), py::arg("value_format"), py::arg("strategy"),
       py::arg("params"), py::arg("seed"), py::arg("continuations"), py::arg("continuation_prompt"),
       py::arg("continuation_tokens"), py::arg("ctx"), py::arg("score"), py::arg("quantize_layers") = "",
-      py::arg("other_layers_format") = "");
+      py::arg("other_layers_format") = "",
+      py::arg("base_memory_mib") = static_cast<double>(kDefaultHeldBaseLogitsBytes) / (1024.0 * 1024.0));
   m.def("write_safetensors", &write_safetensors_dict, py::arg("path"), py::arg("tensors"),
         py::arg("metadata") = std::map<std::string, std::string>{});
   m.def("recording_from_layers", &recording_from_layers, py::arg("layers"), py::arg("token_ids"),

@@ -216,7 +216,8 @@ def record(checkpoint, text=None, tokens=None, tokenizer="bytes", bos=None, max_
 
 def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, value_format=None, strategy=None,
              params=None, seed=0, continuations=0, continuation_prompt=64, continuation_tokens=20, tokenizer="bytes",
-             bos=None, max_tokens=512, ctx=512, score="all", quantize_layers=None, other_layers_format=None):
+             bos=None, max_tokens=512, ctx=512, score="all", quantize_layers=None, other_layers_format=None,
+             base_memory_mib=1024):
     """Runs a checkpoint on a text (or token-id file) as `kvbudget eval` does: the exact
     cache, and with a plan (format; key_format and value_format; or a strategy or
     preset with params {name: value}) the quantized cache compared with it, in windows of
@@ -228,8 +229,9 @@ def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, v
     ppl_ratio, next_token_kl_*, same_top_rate, Δp, and with continuations > 0 the greedy
     continuations' token_match and bleu4), logits, nll (the positions the metrics use).
     exact_logits and logits are None when the exact logits (T × vocab × 4 bytes) exceed
-    1 GiB: such a run is compared a window at a time, the exact logits kept in a
-    temporary file, and never holds [T, vocab]; the metrics are the same.
+    base_memory_mib MiB (`eval --base-memory`; default 1024): such a run is compared a
+    window at a time, the exact logits kept in a temporary file in $TMPDIR (else /tmp),
+    and never holds [T, vocab]; the metrics are the same.
 
     quantize_layers quantizes only some layers with the plan, as a config's [data]
     quantize_layers (and `eval --layers`): "full" (a hybrid's full-attention layers),
@@ -246,7 +248,8 @@ def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, v
     return _core.evaluate(_bundled(checkpoint), _bundled(text) if text else "", _bundled(tokens) if tokens else "",
                           tokenizer, bos, max_tokens, format or "", key_format or "", value_format or "",
                           strategy or "", dict(params or {}), seed, continuations, continuation_prompt,
-                          continuation_tokens, ctx, score, quantize_layers or "", other_layers_format or "")
+                          continuation_tokens, ctx, score, quantize_layers or "", other_layers_format or "",
+                          base_memory_mib)
 
 
 def _config_argument(config):

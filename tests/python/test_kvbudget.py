@@ -405,6 +405,21 @@ def test_evaluate_in_windows_equals_the_cli():
         kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, score="half")
 
 
+def test_evaluate_with_the_exact_logits_in_a_file_gives_the_same_metrics():
+    """base_memory_mib=0 (`eval --base-memory 0`): the exact logits kept in a temporary file and
+    read back a window at a time, neither [T, vocab] returned, the same metrics bit for bit."""
+    held = kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, ctx=32, format="int4-asym-g32")
+    spilled = kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, ctx=32, format="int4-asym-g32", base_memory_mib=0)
+    assert held["exact_logits"] is not None and held["logits"] is not None
+    assert spilled["exact_logits"] is None and spilled["logits"] is None
+    assert spilled["metrics"].keys() == held["metrics"].keys()
+    for name, value in held["metrics"].items():  # NaN where a metric has no data (no task here)
+        assert spilled["metrics"][name] == value or (np.isnan(value) and np.isnan(spilled["metrics"][name])), name
+    assert np.array_equal(spilled["nll"], held["nll"]) and np.array_equal(spilled["exact_nll"], held["exact_nll"])
+    with pytest.raises(kvbudget.ConfigError, match="base_memory_mib"):
+        kvbudget.evaluate(LLAMA, text=TEXT, max_tokens=96, base_memory_mib=-1)
+
+
 def write_hybrid_checkpoint(out, window, seed=7, vocab=23, tokens=48):
     """A tiny random-weight Ministral checkpoint, layers sliding, full, sliding over
     `window` tokens (F32 safetensors), and a file of `tokens` token ids beside it."""
