@@ -105,8 +105,8 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
   };
   if (attn_large_shift(out.err_max) || !std::isfinite(out.err_max)) {
     // The reference's fp64 row (the large-shift form needs the scores), its top-k too:
-    // p̂ far below p is many orders below fp32's range, where fp32 would tie it at 0
-    // (the CUDA twin ranks the same fp64 values).
+    // p̂ can sit hundreds of orders below p, below fp32's range, where fp32 would tie
+    // keys at 0 (the CUDA twin ranks the same fp64 values).
     h.p.resize(static_cast<size_t>(n));
     h.dp.resize(static_cast<size_t>(n));
     h.phat.resize(static_cast<size_t>(n));
