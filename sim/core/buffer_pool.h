@@ -2,6 +2,7 @@
 // (a sweep's points, each with [window, vocab] logits: 2 GiB at 4096 tokens of a
 // 128256-token vocabulary) reuses its scratch instead of allocating, zeroing and
 // faulting in fresh pages every time. Buffers are handed out uninitialised.
+// tests/core/test_buffer_pool.cpp checks reuse, the idle bound and concurrent leases.
 #pragma once
 #include <cstddef>
 #include <memory>
