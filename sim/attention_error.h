@@ -139,6 +139,9 @@ double row_attention_reference(const float* s, const float* ds, int64_t n, HeadS
 float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::vector<int32_t>& ia,
                    std::vector<int32_t>& ib);
 
+// How many indices two ascending index lists a [na] and b [nb] share.
+int64_t common_count(const int32_t* a, int64_t na, const int32_t* b, int64_t nb);
+
 // Both measurements fill every value of an AttentionRow (kAttentionRowValues, error_stats.h).
 static_assert(sizeof(kAttentionRowValues) / sizeof(kAttentionRowValues[0]) == 6,
               "a new AttentionRow value: fill it in measure_head_reference and measure_head_fast");

@@ -33,22 +33,6 @@ using namespace kvb::simd;
 // before they are added to the fp64 total.
 constexpr int64_t kPartialSumKeys = 8 * kLanes;
 
-int64_t common_count(const int32_t* a, int64_t na, const int32_t* b, int64_t nb) {
-  int64_t common = 0;
-  for (int64_t i = 0, j = 0; i < na && j < nb;) {
-    if (a[i] == b[j]) {
-      ++common;
-      ++i;
-      ++j;
-    } else if (a[i] < b[j]) {
-      ++i;
-    } else {
-      ++j;
-    }
-  }
-  return common;
-}
-
 struct RowResult {
   double kl = 0;
   double err2 = 0;

@@ -75,19 +75,23 @@ float topk_overlap(const double* a, const double* b, int64_t n, int64_t k, std::
   std::partial_sort(ib.begin(), ib.begin() + k, ib.end(), by(b));
   std::sort(ia.begin(), ia.begin() + k);
   std::sort(ib.begin(), ib.begin() + k);
+  return static_cast<float>(common_count(ia.data(), k, ib.data(), k)) / static_cast<float>(k);
+}
+
+int64_t common_count(const int32_t* a, int64_t na, const int32_t* b, int64_t nb) {
   int64_t common = 0;
-  for (int64_t i = 0, j = 0; i < k && j < k;) {
-    if (ia[i] == ib[j]) {
+  for (int64_t i = 0, j = 0; i < na && j < nb;) {
+    if (a[i] == b[j]) {
       ++common;
       ++i;
       ++j;
-    } else if (ia[i] < ib[j]) {
+    } else if (a[i] < b[j]) {
       ++i;
     } else {
       ++j;
     }
   }
-  return static_cast<float>(common) / static_cast<float>(k);
+  return common;
 }
 
 // The formulas are in sim/metrics/attention_shift.h, shared with the CUDA row kernel.
