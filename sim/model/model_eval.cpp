@@ -361,14 +361,15 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
   }
   window_buffers_ = std::make_shared<FloatBufferPool>(static_cast<size_t>(first_window * V));
   if (held) base_logits_.setZero(T, V);  // zero: the row of a last token no window holds
-  std::vector<float> window_rows(held ? 0 : static_cast<size_t>(first_window * V));
+  std::optional<FloatBufferPool::Lease> window_rows;  // from the pool: the first point reuses it
+  if (!held) window_rows.emplace(window_buffers_->take());
   base_log_sum_exp_.assign(static_cast<size_t>(T), std::numeric_limits<double>::quiet_NaN());
   base_top_.assign(static_cast<size_t>(T), -1);
   base_nll_.assign(static_cast<size_t>(T - 1), std::numeric_limits<double>::quiet_NaN());
   std::vector<LayerTensors> capture;
   for (size_t w = 0; w < windows_.size(); ++w) {
     const TokenWindow& win = windows_[w];
-    float* rows = held ? base_logits_.row(win.start).data() : window_rows.data();
+    float* rows = held ? base_logits_.row(win.start).data() : window_rows->data();
     if (stored) stored->read_rows(win.start, win.length, rows);
     if (w == 0 || !stored) {
       ExtendOptions opt;
