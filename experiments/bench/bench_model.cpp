@@ -94,27 +94,26 @@ int main(int argc, char** argv) {
   const int64_t n = 1024;
   const RowMatrix ga = RowMatrix::Random(n, n), gb = RowMatrix::Random(n, n);
   RowMatrix gc(n, n);
-  for (int th : thread_counts) {
-    // sgemm: the columns of the result split over the threads, one Eigen GEMM each.
-    ms.push_back({"sgemm", "1024^3", th, 0, 2.0 * n * n * n, [&, th] {
-                    return timed([&] {
+  // One 1024^3 product, the result's columns split over th threads, `product(b, c)`
+  // computing each share (c = ga * b); timed.
+  auto split_sgemm = [&](int th, auto product) {
+    return timed([&] {
 #pragma omp parallel for schedule(static, 1)
-                      for (int t = 0; t < th; ++t) {
-                        const int64_t c0 = n * t / th, c1 = n * (t + 1) / th;
-                        gc.middleCols(c0, c1 - c0).noalias() = ga * gb.middleCols(c0, c1 - c0);
-                      }
-                    });
+      for (int t = 0; t < th; ++t) {
+        const int64_t c0 = n * t / th, c1 = n * (t + 1) / th;
+        product(gb.middleCols(c0, c1 - c0), gc.middleCols(c0, c1 - c0));
+      }
+    });
+  };
+  for (int th : thread_counts) {
+    // sgemm: one Eigen GEMM per thread.
+    ms.push_back({"sgemm", "1024^3", th, 0, 2.0 * n * n * n, [&, th] {
+                    return split_sgemm(th, [&](auto b, auto c) { c.noalias() = ga * b; });
                   }});
     // The same through sim/core/sgemm.h: the forward pass's own backend (OpenBLAS when
     // the build has it).
     ms.push_back({"sgemm-backend", "1024^3", th, 0, 2.0 * n * n * n, [&, th] {
-                    return timed([&] {
-#pragma omp parallel for schedule(static, 1)
-                      for (int t = 0; t < th; ++t) {
-                        const int64_t c0 = n * t / th, c1 = n * (t + 1) / th;
-                        gemm_ab(ga, gb.middleCols(c0, c1 - c0), gc.middleCols(c0, c1 - c0));
-                      }
-                    });
+                    return split_sgemm(th, [&](auto b, auto c) { gemm_ab(ga, b, c); });
                   }});
   }
   struct Fixture {

@@ -1,8 +1,9 @@
 // Row-major fp32 matrix products of the attention-metric path (Q·Kᵀ, P·V) and of the
 // forward pass's dense layers, run by an optimised BLAS when the build found one
 // (OpenBLAS, CMake option KVB_BLAS), by Eigen otherwise and for products of fewer than 8
-// rows (a decoding step's: OpenBLAS's packing costs more there). The Eigen versions (*_eigen) are always built: they are the plain
-// reference the BLAS one is tested against (tests/core/test_sgemm.cpp).
+// rows (a decoding step's: OpenBLAS's packing costs more there). The Eigen versions
+// (*_eigen) are always built: they are the plain reference the BLAS one is tested
+// against (tests/core/test_sgemm.cpp).
 //
 // Operands are row-major blocks of any outer stride (a matrix, a Map, a topRows() or
 // topLeftCorner() of one): row r of a [rows, cols] operand starts at data() + r·outerStride().
