@@ -602,23 +602,8 @@ void SweepRun::run_task(Measurer& measurer, size_t k) {
 ErrorStats SweepRun::merged_variant(size_t i, size_t v) const {
   const ErrorStats* first = stats_of_.data() + first_task_[i] + v * layers_ * unit_tasks_;
   if (unit_tasks_ == 1) return ErrorStats::merged(first, layers_);
-  // (layer, KV head) tasks: the sums added per layer, then over the layers (as merging
-  // the layers' merged results would: the same bits); the rows, in task order already
-  // (layer, q head, position), copied once into memory reserved once.
-  size_t rows = 0;
-  for (size_t t = 0; t < layers_ * unit_tasks_; ++t) rows += first[t].rows.size();
-  ErrorStats all;
-  all.rows.reserve(rows);
-  for (size_t l = 0; l < layers_; ++l) {
-    ErrorStats layer;
-    for (size_t g = 0; g < unit_tasks_; ++g) {
-      const ErrorStats& part = first[l * unit_tasks_ + g];
-      layer.merge_sums(part);
-      all.rows.insert(all.rows.end(), part.rows.begin(), part.rows.end());
-    }
-    all.merge_sums(layer);
-  }
-  return all;
+  // (layer, KV head) tasks, in task order (layer, q head, position): the same bits.
+  return ErrorStats::merged_in_groups(first, layers_, unit_tasks_);
 }
 
 // The point's results from its tasks' (in task order): the first task error fails it,

@@ -25,4 +25,20 @@ ErrorStats ErrorStats::merged(const ErrorStats* parts, size_t count) {
   return all;
 }
 
+ErrorStats ErrorStats::merged_in_groups(const ErrorStats* parts, size_t groups, size_t per_group) {
+  size_t rows = 0;
+  for (size_t i = 0; i < groups * per_group; ++i) rows += parts[i].rows.size();
+  ErrorStats all;
+  all.rows.reserve(rows);
+  for (size_t g = 0; g < groups; ++g) {
+    ErrorStats group;
+    for (size_t i = g * per_group; i < (g + 1) * per_group; ++i) {
+      group.merge_sums(parts[i]);
+      all.rows.insert(all.rows.end(), parts[i].rows.begin(), parts[i].rows.end());
+    }
+    all.merge_sums(group);
+  }
+  return all;
+}
+
 }  // namespace kvb

@@ -79,6 +79,10 @@ struct ErrorStats {
   // `parts` points to `count` results (a pointer, not std::span: nvcc compiles this
   // header as C++17).
   static ErrorStats merged(const ErrorStats* parts, size_t count);
+  // `groups` x `per_group` partial results in their order (a point's (layer, KV head)
+  // results, layer-major): the sums added per group, then over the groups, so the bits
+  // are those of merged() over the groups' own merged results; the rows copied once.
+  static ErrorStats merged_in_groups(const ErrorStats* parts, size_t groups, size_t per_group);
 };
 
 }  // namespace kvb

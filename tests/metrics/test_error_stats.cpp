@@ -72,4 +72,34 @@ TEST_CASE("merged() is the partial results merged one by one, in order") {
   CHECK(sums.rows.empty());
 }
 
+TEST_CASE("merged_in_groups() has the bits of merged() over each group's merged results") {
+  // 2 groups x 3 parts, sums whose fp64 additions round differently in another order.
+  std::vector<ErrorStats> parts(6);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    parts[i].k_err2 = (i % 2 ? 1e16 : 1.0) + 0.1 * static_cast<double>(i);
+    parts[i].v_norm2 = 1.0 / (1.0 + static_cast<double>(i));
+    parts[i].logit_pairs = static_cast<int64_t>(i) + 1;
+    AttentionRow row;
+    row.layer = static_cast<int32_t>(i / 3);
+    row.q_head = static_cast<int32_t>(i % 3);
+    parts[i].rows.push_back(row);
+  }
+  const ErrorStats groups[2] = {ErrorStats::merged(parts.data(), 3), ErrorStats::merged(parts.data() + 3, 3)};
+  const ErrorStats expected = ErrorStats::merged(groups, 2);
+  const ErrorStats all = ErrorStats::merged_in_groups(parts.data(), 2, 3);
+  CHECK(all.k_err2 == expected.k_err2);
+  CHECK(all.v_norm2 == expected.v_norm2);
+  CHECK(all.logit_pairs == expected.logit_pairs);
+  REQUIRE(all.rows.size() == 6);
+  for (size_t i = 0; i < all.rows.size(); ++i) {
+    CHECK(all.rows[i].layer == static_cast<int32_t>(i / 3));
+    CHECK(all.rows[i].q_head == static_cast<int32_t>(i % 3));
+  }
+  // One part a group: merged() itself.
+  const ErrorStats flat = ErrorStats::merged_in_groups(parts.data(), 6, 1), plain = ErrorStats::merged(parts.data(), 6);
+  CHECK(flat.k_err2 == plain.k_err2);
+  CHECK(flat.rows.size() == plain.rows.size());
+  CHECK(ErrorStats::merged_in_groups(nullptr, 0, 4).rows.empty());
+}
+
 }  // namespace kvb
