@@ -4,7 +4,7 @@
 # NumPy is the fair peer a researcher would have (Debian's numpy otherwise runs on the
 # reference BLAS); the benchmark prints which BLAS library NumPy loaded.
 #
-#   bash scripts/bench.sh [--repeats N] [--markdown]
+#   bash scripts/bench.sh [--repeats N] [--rounds R] [--markdown]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! dpkg-query -W -f='${Status}' libopenblas0-pthread 2>/dev/null | grep -q "install ok installed"; then

@@ -2,15 +2,18 @@
 // write (experiments/bench/peer_numpy.py), side by side in one run, and against the
 // machine's sgemm rate.
 //
-//   build/bench/bench_metrics [--recording PATH] [--repeats N] [--python PY] [--no-peer] [--markdown]
+//   build/bench/bench_metrics [--recording PATH] [--repeats N] [--rounds R] [--python PY]
+//                             [--no-peer] [--markdown]
 //                             [--profile N]  (only the fast 1-thread points, N times each: for perf)
 //
 // 1. gpt2-bytes, every position, every attention metric (top-k 8): one sweep point per
-//    uniform format, on 1 thread and on all threads (a point's layers in parallel, as a
-//    sweep runs them), the exact pass computed once beforehand (ExactAttentionCache)
-//    and timed on its own; the plain fp64 reference path timed too. The NumPy peer
-//    runs the same points (quantizing in NumPy, exact pass once) with
-//    OPENBLAS_NUM_THREADS=1 and =2; the metrics of both are compared.
+//    uniform format, on 1 thread and on all threads (a point's (layer, KV head) tasks in
+//    parallel, as a sweep runs them), the exact pass computed once beforehand
+//    (ExactAttentionCache) and timed on its own; the plain fp64 reference path timed
+//    too. The NumPy peer runs the same points (quantizing in NumPy, exact pass once)
+//    with OPENBLAS_NUM_THREADS=1 and =2; the metrics of both are compared. kvbudget's
+//    points and the peer's alternate in R rounds (default 3), each round's speed-up from
+//    its own timings; the median and the lowest over the rounds are printed.
 // 2. A synthetic 4096-token, head_dim-128 recording: the metric path's rate in GFLOP/s
 //    (the GEMM work the fast path needs per point: Δs = Q·ΔKᵀ, (P̂ - P)·V and P̂·ΔV
 //    over the causal pairs, 3 · 2·d per pair) against the machine's sgemm rate on 1024³
@@ -74,13 +77,16 @@ Timing best_of(int repeats, F f) {
   return t;
 }
 
-// One point: every layer, in parallel over layers when threads > 1 (as a sweep's
-// (point, layer) tasks), merged in order.
+// One point as a sweep's tasks measure it (experiments/sweep.cpp): on one thread a task
+// per layer; on more, a task per (layer, KV head), in parallel, merged in task order.
 ErrorStats measure_point(const Recording& rec, const Plan& plan, const SimOptions& opt) {
-  std::vector<ErrorStats> per_layer(static_cast<size_t>(rec.num_layers()));
+  const int64_t layers = rec.num_layers(), per_layer = omp_get_max_threads() > 1 ? rec.kv_heads : 1;
+  std::vector<ErrorStats> parts(static_cast<size_t>(layers * per_layer));
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t l = 0; l < rec.num_layers(); ++l) per_layer[static_cast<size_t>(l)] = simulate_layer(rec, plan, l, opt);
-  return ErrorStats::merged(per_layer.data(), per_layer.size());
+  for (int64_t t = 0; t < layers * per_layer; ++t)
+    parts[static_cast<size_t>(t)] = per_layer > 1 ? simulate_kv_head(rec, plan, t / per_layer, t % per_layer, opt)
+                                                  : simulate_layer(rec, plan, t, opt);
+  return ErrorStats::merged_in_groups(parts.data(), static_cast<size_t>(layers), static_cast<size_t>(per_layer));
 }
 
 const std::vector<std::string> kAttentionMetrics = {
@@ -141,16 +147,18 @@ int main(int argc, char** argv) {
   std::string python = "/usr/bin/python3";
   int repeats = 3;
   bool markdown = false, peer = true;
+  int rounds = 3;   // kvbudget's points and the peer's, alternately
   int profile = 0;  // > 0: only the fast points on one thread, this many times each (for perf)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--recording") && i + 1 < argc) path = argv[++i];
     else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--python") && i + 1 < argc) python = argv[++i];
     else if (!std::strcmp(argv[i], "--no-peer")) peer = false;
     else if (!std::strcmp(argv[i], "--markdown")) markdown = true;
     else if (!std::strcmp(argv[i], "--profile") && i + 1 < argc) profile = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: bench_metrics [--recording PATH] [--repeats N] [--python PY] [--no-peer] [--markdown] [--profile N]\n");
+      std::fprintf(stderr, "usage: bench_metrics [--recording PATH] [--repeats N] [--rounds R] [--python PY] [--no-peer] [--markdown] [--profile N]\n");
       return 2;
     }
   }
@@ -178,84 +186,127 @@ int main(int argc, char** argv) {
   SimOptions reference = opt;
   reference.reference = true;
 
-  struct Row {
-    std::string format;
-    Timing fast1, fastn, ref1;
-    std::vector<double> metrics;
-  };
-  std::vector<Row> rows;
-  for (const std::string& f : formats) {
-    const Plan plan = UniformStrategy(make_format(f), make_format(f)).build({rec, 0});
-    Row row;
-    row.format = f;
-    ErrorStats s;
-    omp_set_num_threads(1);
-    row.fast1 = best_of(profile > 0 ? profile : repeats, [&] { s = measure_point(rec, plan, cached); });
-    if (profile > 0) {
-      std::printf("%-16s %10.1f ms (best of %d, 1 thread)\n", f.c_str(), row.fast1.wall * 1e3, profile);
-      continue;
+  // kvbudget's points and the peer's alternate, round by round: each round's speed-up
+  // compares timings taken minutes apart at most, so a change in the machine's speed
+  // during the run moves both sides of a ratio (the VM's speed drifts by 15-20 %).
+  std::vector<Plan> plans;
+  for (const std::string& f : formats)
+    plans.push_back(UniformStrategy(make_format(f), make_format(f)).build({rec, 0}));
+  // Seconds per point of each format: the best of `repeats` point runs on `threads`.
+  auto time_points = [&](int threads, int n, std::vector<ErrorStats>* stats) {
+    std::vector<Timing> t;
+    omp_set_num_threads(threads);
+    for (size_t i = 0; i < plans.size(); ++i) {
+      ErrorStats s;
+      t.push_back(best_of(n, [&] { s = measure_point(rec, plans[i], cached); }));
+      if (stats) stats->push_back(std::move(s));
     }
-    row.ref1 = best_of(1, [&] { (void)measure_point(rec, plan, reference); });
-    omp_set_num_threads(max_threads);
-    row.fastn = best_of(repeats, [&] { (void)measure_point(rec, plan, cached); });
-    for (const std::string& m : kAttentionMetrics) row.metrics.push_back(find_metric(m)->compute(s));
-    rows.push_back(row);
-  }
-  if (profile > 0) return 0;
-  auto mean_of = [&](auto get) {
-    double sum = 0;
-    for (const Row& r : rows) sum += get(r);
-    return sum / static_cast<double>(rows.size());
+    return t;
   };
-  std::printf("%-16s %12s %12s %12s %14s\n", "point (uniform)", "fast 1 thr", "fast all", "fp64 ref 1", "(CPU s, 1 thr)");
-  for (const Row& r : rows)
-    std::printf("%-16s %10.1f ms %10.1f ms %10.1f ms %11.1f ms\n", r.format.c_str(), r.fast1.wall * 1e3,
-                r.fastn.wall * 1e3, r.ref1.wall * 1e3, r.fast1.cpu * 1e3);
-  const double fast1 = mean_of([](const Row& r) { return r.fast1.wall; });
-  const double fast1_cpu = mean_of([](const Row& r) { return r.fast1.cpu; });
-  const double fastn = mean_of([](const Row& r) { return r.fastn.wall; });
-  const double ref1 = mean_of([](const Row& r) { return r.ref1.wall; });
-  std::printf("%-16s %10.1f ms %10.1f ms %10.1f ms %11.1f ms\n\n", "mean", fast1 * 1e3, fastn * 1e3, ref1 * 1e3,
-              fast1_cpu * 1e3);
+  auto mean_wall = [](const std::vector<Timing>& t) {
+    double sum = 0;
+    for (const Timing& x : t) sum += x.wall;
+    return sum / static_cast<double>(t.size());
+  };
+  auto mean_cpu = [](const std::vector<Timing>& t) {
+    double sum = 0;
+    for (const Timing& x : t) sum += x.cpu;
+    return sum / static_cast<double>(t.size());
+  };
+  if (profile > 0) {
+    const std::vector<Timing> t = time_points(1, profile, nullptr);
+    for (size_t i = 0; i < formats.size(); ++i)
+      std::printf("%-16s %10.1f ms (best of %d, 1 thread)\n", formats[i].c_str(), t[i].wall * 1e3, profile);
+    return 0;
+  }
 
-  if (peer) {
-    // OpenBLAS's core type as this machine's environment sets it (see RESULTS.md).
-    std::string fmts;
-    for (const std::string& f : formats) fmts += (fmts.empty() ? "" : ",") + f;
+  // Round 1 also gives the metrics compared with the peer's, and the fp64 reference's time.
+  std::vector<ErrorStats> stats;
+  std::vector<Timing> fast1 = time_points(1, repeats, &stats), fastn = time_points(max_threads, repeats, nullptr);
+  std::vector<Timing> ref1;
+  omp_set_num_threads(1);
+  for (const Plan& plan : plans) ref1.push_back(best_of(1, [&] { (void)measure_point(rec, plan, reference); }));
+  std::printf("round 1, every point best of %d:\n", repeats);
+  std::printf("%-16s %12s %12s %12s %14s\n", "point (uniform)", "fast 1 thr", "fast all", "fp64 ref 1", "(CPU s, 1 thr)");
+  for (size_t i = 0; i < formats.size(); ++i)
+    std::printf("%-16s %10.1f ms %10.1f ms %10.1f ms %11.1f ms\n", formats[i].c_str(), fast1[i].wall * 1e3,
+                fastn[i].wall * 1e3, ref1[i].wall * 1e3, fast1[i].cpu * 1e3);
+  std::printf("%-16s %10.1f ms %10.1f ms %10.1f ms %11.1f ms\n\n", "mean", mean_wall(fast1) * 1e3,
+              mean_wall(fastn) * 1e3, mean_wall(ref1) * 1e3, mean_cpu(fast1) * 1e3);
+
+  struct Round {
+    double fast1, fast1_cpu, fastn, peer1, peer1_cpu, peer2;
+  };
+  std::vector<Round> done;
+  std::string fmts;
+  for (const std::string& f : formats) fmts += (fmts.empty() ? "" : ",") + f;
+  for (int round = 1; peer && round <= rounds; ++round) {
+    if (round > 1) {
+      fast1 = time_points(1, repeats, nullptr);
+      fastn = time_points(max_threads, repeats, nullptr);
+    }
     const nlohmann::json p1 = run_peer(python, path, fmts, 1, repeats, "");
     const nlohmann::json p2 = run_peer(python, path, fmts, 2, repeats, "");
-    if (!p1.is_null() && !p2.is_null()) {
+    if (p1.is_null() || p2.is_null()) break;
+    Round r{mean_wall(fast1), mean_cpu(fast1), mean_wall(fastn), 0, 0, 0};
+    const double n = static_cast<double>(formats.size());
+    for (const std::string& f : formats) {
+      r.peer1 += p1["points"][f]["seconds"].get<double>() / n;
+      r.peer1_cpu += p1["points"][f]["cpu_seconds"].get<double>() / n;
+      r.peer2 += p2["points"][f]["seconds"].get<double>() / n;
+    }
+    if (round == 1) {
       std::printf("NumPy peer (float64, %s): exact pass %.3f s (1 thread)\n", p1["blas"].dump().c_str(),
                   p1["exact_seconds"].get<double>());
-      double peer1 = 0, peer2 = 0, peer1_cpu = 0, worst = 0;
+      double worst = 0;
       std::string worst_what;
-      for (const Row& r : rows) {
-        const nlohmann::json& a = p1["points"][r.format];
-        peer1 += a["seconds"].get<double>() / static_cast<double>(rows.size());
-        peer1_cpu += a["cpu_seconds"].get<double>() / static_cast<double>(rows.size());
-        peer2 += p2["points"][r.format]["seconds"].get<double>() / static_cast<double>(rows.size());
-        for (size_t m = 0; m < kAttentionMetrics.size(); ++m) {
-          const double theirs = a["metrics"][kAttentionMetrics[m]].get<double>(), ours = r.metrics[m];
+      for (size_t i = 0; i < formats.size(); ++i)
+        for (const std::string& m : kAttentionMetrics) {
+          const double theirs = p1["points"][formats[i]]["metrics"][m].get<double>();
+          const double ours = find_metric(m)->compute(stats[i]);
           const double rel = std::fabs(theirs - ours) / std::max(std::fabs(theirs), 1e-30);
           if (rel > worst) {
             worst = rel;
-            worst_what = r.format + " " + kAttentionMetrics[m] + ": " + std::to_string(ours) + " vs " + std::to_string(theirs);
+            worst_what = formats[i] + " " + m + ": " + std::to_string(ours) + " vs " + std::to_string(theirs);
           }
         }
-      }
-      std::printf("NumPy per point: %.1f ms on 1 thread, %.1f ms on 2 threads (wall, best of %d)\n", peer1 * 1e3,
-                  peer2 * 1e3, repeats);
-      std::printf("NumPy per point, CPU seconds on 1 thread: %.1f ms (kvbudget: %.1f ms)\n", peer1_cpu * 1e3,
-                  fast1_cpu * 1e3);
-      std::printf("kvbudget / NumPy speed-up: %.1fx on 1 thread (%.1fx in CPU time), %.1fx on %d threads against "
-                  "NumPy on 2; kvbudget 1 -> %d threads: %.2fx\n",
-                  peer1 / fast1, peer1_cpu / fast1_cpu, peer2 / fastn, max_threads, max_threads, fast1 / fastn);
       std::printf("largest metric difference against the peer: %.2e relative (%s)\n\n", worst, worst_what.c_str());
-      if (markdown)
-        std::printf("| kvbudget 1 thr | kvbudget %d thr | NumPy 1 thr | NumPy 2 thr | speed-up 1 thr | speed-up %d thr |\n"
-                    "|---:|---:|---:|---:|---:|---:|\n| %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.1fx | %.1fx |\n\n",
-                    max_threads, max_threads, fast1 * 1e3, fastn * 1e3, peer1 * 1e3, peer2 * 1e3, peer1 / fast1,
-                    peer2 / fastn);
+    }
+    std::printf("round %d: per point, mean of the %zu formats, each best of %d: kvbudget %.1f ms on 1 thread, "
+                "%.1f ms on %d; NumPy %.1f ms on 1 thread, %.1f ms on 2 (CPU s on 1 thread: %.1f / %.1f ms) -> "
+                "%.1fx on 1 thread (%.1fx in CPU time), %.1fx on %d threads; kvbudget 1 -> %d threads %.2fx\n",
+                round, formats.size(), repeats, r.fast1 * 1e3, r.fastn * 1e3, max_threads, r.peer1 * 1e3,
+                r.peer2 * 1e3, r.fast1_cpu * 1e3, r.peer1_cpu * 1e3, r.peer1 / r.fast1, r.peer1_cpu / r.fast1_cpu,
+                r.peer2 / r.fastn, max_threads, max_threads, r.fast1 / r.fastn);
+    std::fflush(stdout);
+    done.push_back(r);
+  }
+  if (!done.empty()) {
+    auto median_of = [&](auto get) {
+      std::vector<double> v;
+      for (const Round& r : done) v.push_back(get(r));
+      std::sort(v.begin(), v.end());
+      const size_t m = v.size() / 2;
+      return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+    };
+    auto lowest_of = [&](auto get) {
+      double lo = 1e30;
+      for (const Round& r : done) lo = std::min(lo, get(r));
+      return lo;
+    };
+    auto one = [](const Round& r) { return r.peer1 / r.fast1; };
+    auto many = [](const Round& r) { return r.peer2 / r.fastn; };
+    std::printf("\nkvbudget / NumPy speed-up over %zu rounds: median %.1fx on 1 thread (lowest %.1fx), median %.1fx "
+                "on %d threads against NumPy on 2 (lowest %.1fx)\n\n",
+                done.size(), median_of(one), lowest_of(one), median_of(many), max_threads, lowest_of(many));
+    if (markdown) {
+      std::printf("| round | kvbudget 1 thr | kvbudget %d thr | NumPy 1 thr | NumPy 2 thr | speed-up 1 thr | speed-up %d "
+                  "thr |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+                  max_threads, max_threads);
+      for (size_t i = 0; i < done.size(); ++i)
+        std::printf("| %zu | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.1fx | %.1fx |\n", i + 1, done[i].fast1 * 1e3,
+                    done[i].fastn * 1e3, done[i].peer1 * 1e3, done[i].peer2 * 1e3, one(done[i]), many(done[i]));
+      std::printf("| median | | | | | **%.1fx** | **%.1fx** |\n\n", median_of(one), median_of(many));
     }
   }
 
