@@ -1,9 +1,6 @@
 #include "sim/model/weights.h"
 
 #include <sys/mman.h>
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -263,30 +260,6 @@ size_t WeightMatrix::bytes() const {
   return dtype_ == DType::F32 ? static_cast<size_t>(f32_.size()) * sizeof(float) : bits_.size() * sizeof(uint16_t);
 }
 
-namespace {
-// f16_to_f32_n's values (sim/core/half.h), bit for bit: with F16C, eight at a time by the
-// hardware's exact conversion (GCC does not vectorize the portable loop for AVX2, where
-// it ran at about 2 ns a value, a decoding step's widening of every weight), except
-// that the hardware quiets a signalling NaN: a group of eight holding a NaN is converted
-// by the per-value function instead (a checkpoint's weights are finite, checked at load).
-void widen_f16(const uint16_t* in, size_t n, float* out) {
-  size_t i = 0;
-#if defined(__F16C__)
-  const __m128i magnitude_mask = _mm_set1_epi16(0x7fff), infinity = _mm_set1_epi16(0x7c00);
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, magnitude_mask), infinity);  // |h| > Inf as int16
-    if (_mm_testz_si128(nan, nan)) {
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-    } else {
-      f16_to_f32_n(in + i, 8, out + i);
-    }
-  }
-#endif
-  f16_to_f32_n(in + i, n - i, out + i);
-}
-}  // namespace
-
 void WeightMatrix::rows_to_f32(int64_t first, int64_t count, float* out) const {
   const size_t begin = static_cast<size_t>(first * cols_), n = static_cast<size_t>(count * cols_);
   if (dtype_ == DType::F32) {
@@ -294,7 +267,7 @@ void WeightMatrix::rows_to_f32(int64_t first, int64_t count, float* out) const {
   } else if (dtype_ == DType::BF16) {
     bf16_to_f32_n(bits_.data() + begin, n, out);
   } else {
-    widen_f16(bits_.data() + begin, n, out);
+    f16_to_f32_n(bits_.data() + begin, n, out);
   }
 }
 
