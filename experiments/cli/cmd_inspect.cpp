@@ -299,19 +299,8 @@ int cmd_inspect(const Args& args) {
       "positions", po::value(&positions), "at most N query positions per head for the entropy (default 256)")(
       "check-output", "recompute attention from q/k/v and compare with the recorded attn_output")(
       "json", "print everything as one JSON object (README \"Command line conventions\")");
-  po::options_description hidden;
-  hidden.add_options()("file", po::value(&file));
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("file", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return option_error("inspect", e);
-  }
+  if (!parse_command_line(args, opts, "file", po::value(&file), 1, "inspect", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout << opts
               << "\nFILE: .safetensors, a Hugging Face sharded checkpoint (its directory or\n"

@@ -35,19 +35,8 @@ int cmd_merge(const Args& args) {
       "write the merged results into this folder itself instead (created; must not hold files)")(
       "json", "print the summary and budget answers as one JSON object, as run --json (README \"Command line conventions\")")(
       "no-plots", "skip the matplotlib plots")("quiet,q", "print only errors");
-  po::options_description hidden;
-  hidden.add_options()("dirs", po::value(&dirs)->composing());
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("dirs", -1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return option_error("merge", e);
-  }
+  if (!parse_command_line(args, opts, "dirs", po::value(&dirs)->composing(), -1, "merge", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout
         << opts
@@ -188,19 +177,8 @@ int cmd_status(const Args& args) {
   std::vector<std::string> dirs;
   opts.add_options()("help,h", "show this help")(
       "json", "print a JSON array, one object per folder (README \"Command line conventions\")");
-  po::options_description hidden;
-  hidden.add_options()("dirs", po::value(&dirs)->composing());
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("dirs", -1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return option_error("status", e);
-  }
+  if (!parse_command_line(args, opts, "dirs", po::value(&dirs)->composing(), -1, "status", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout << opts
               << "\nFor each results folder: its status (running, complete, interrupted, failed, crashed), the points "

@@ -103,19 +103,8 @@ int cmd_quantize(const Args& args) {
       "tensor of the same file holding the pre-RoPE keys (for prerope:<inner> formats, e.g. layers.0.key_pre_rope)")(
       "rope-theta", po::value(&rope_theta), "RoPE base with --pre-rope (default: the file's rope_theta, else 10000)")(
       "seed", po::value(&seed_arg), "seed of seeded formats (rotations, sketches)")("json", "print the result as JSON");
-  po::options_description hidden;
-  hidden.add_options()("input", po::value(&input));
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("input", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return option_error("quantize", e);
-  }
+  if (!parse_command_line(args, opts, "input", po::value(&input), 1, "quantize", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout << opts
               << "\nReads FILE (.npy, .npz or safetensors) as rows of its last dimension\n"

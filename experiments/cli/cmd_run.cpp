@@ -69,20 +69,13 @@ int cmd_run(const Args& args) {
       "(CONFIG defaults to DIR/config.toml)")(
       "no-plots", "skip the matplotlib plots")("quiet,q", "no progress output")(
       "json", "print the final summary and budget answers as one JSON object (README \"Command line conventions\")");
-  po::options_description hidden;
-  hidden.add_options()("config", po::value(&config));
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("config", 1);
   po::variables_map vm;
   try {
     check_assignments(args, "--set", "data.max_tokens=256");
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const std::exception& e) {  // po::error, or check_assignments' ConfigError
+  } catch (const std::exception& e) {  // check_assignments' ConfigError
     return option_error("run", e);
   }
+  if (!parse_command_line(args, opts, "config", po::value(&config), 1, "run", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout << opts << "\nWrites results/<name>/<timestamp>/: config.toml, manifest.json, points.csv, pareto.csv,\n"
                          "budgets.json, attribution.csv, concentration.csv and plots/. See configs/README.md for the config reference.\n";

@@ -27,6 +27,26 @@ int option_error(const std::string& command, const std::exception& e) {
   return kExitUsage;
 }
 
+bool parse_command_line(const Args& args, const boost::program_options::options_description& opts,
+                        const char* positional, const boost::program_options::value_semantic* value, int max_count,
+                        const std::string& command, boost::program_options::variables_map& vm) {
+  namespace po = boost::program_options;
+  po::options_description hidden;
+  hidden.add_options()(positional, value);
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add(positional, max_count);
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    option_error(command, e);
+    return false;
+  }
+  return true;
+}
+
 void check_assignments(const Args& args, const std::string& option, const std::string& example) {
   for (size_t i = 0; i < args.size(); ++i) {
     std::string value;

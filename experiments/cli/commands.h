@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
 #include "experiments/output_paths.h"
@@ -29,6 +30,14 @@ uint64_t checked_seed(int64_t seed, const std::string& option);
 // and where to find the options, "kvbudget COMMAND: error: ... (kvbudget COMMAND
 // --help lists the options)", and returns kExitUsage.
 int option_error(const std::string& command, const std::exception& e);
+
+// Parses a command line: `opts` (what --help lists) and the command's positional
+// argument, a hidden option `positional` whose value is stored by `value` (po::value(&x);
+// options_description takes it over), `max_count` times at most (-1: any number). On a
+// bad command line prints option_error's message and returns false (exit kExitUsage).
+bool parse_command_line(const Args& args, const boost::program_options::options_description& opts,
+                        const char* positional, const boost::program_options::value_semantic* value, int max_count,
+                        const std::string& command, boost::program_options::variables_map& vm);
 
 // Refuses `OPTION key value` written for `OPTION key=value` (--set, --param): boost
 // would take `value` for a positional argument and report something else. Throws

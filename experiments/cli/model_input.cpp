@@ -34,20 +34,7 @@ void ModelInput::add_model_options(po::options_description& opts) {
 
 bool ModelInput::parse(const std::vector<std::string>& args, const po::options_description& opts, const char* command,
                        po::variables_map& vm) {
-  po::options_description hidden;
-  hidden.add_options()("model", po::value(&checkpoint));
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("model", 1);
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    option_error(command, e);
-    return false;
-  }
-  return true;
+  return parse_command_line(args, opts, "model", po::value(&checkpoint), 1, command, vm);
 }
 
 std::shared_ptr<const Transformer> ModelInput::load_model() const {
