@@ -760,7 +760,8 @@ SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, Calibrat
   rep.sink = role.sink;
 
   double target = role.entropy_target;
-  const double h_max = summarize(P, scores, 0.0, 0.0).entropy_bits;
+  const AttentionSummary at_zero = summarize(P, scores, 0.0, 0.0);  // no content gain, no sink bonus
+  const double h_max = at_zero.entropy_bits;
   double beta = 0;
   if (target >= h_max - kEntropyTolBits) {
     if (target > h_max + 0.01)
@@ -795,7 +796,9 @@ SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, Calibrat
     }
   }
   rep.sink_gain = gamma;
-  const AttentionSummary final_summary = summarize(P, scores, beta, gamma);
+  // A head whose target the causal prefix caps keeps β = γ = 0 (no sink role): its
+  // summary is the first one (half of such a head's calibration time).
+  const AttentionSummary final_summary = beta == 0 && gamma == 0 ? at_zero : summarize(P, scores, beta, gamma);
   rep.entropy_calibrated = final_summary.entropy_bits;
   rep.sink_mass_calibrated = final_summary.sink_mass;
   return rep;
