@@ -25,6 +25,7 @@
 #include <iterator>
 #include <memory>
 #include <numbers>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -1321,7 +1322,20 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep, 
   };
   std::vector<Scratch> scratch(static_cast<size_t>(workers));
   std::vector<std::vector<std::string>> head_warnings(static_cast<size_t>(Hq));
-  parallel_for_workers(Hq, workers, [&](int64_t h, int worker) {
+  // The order heads start in: sink heads (they solve for γ too), then by entropy target,
+  // lowest first. A target below what the causal prefix allows is solved for (about
+  // twice the work of a head clamped at β = 0), so the costly heads start first and
+  // each thread's last heads are cheap: a shorter tail at 16 threads, 2 heads a thread.
+  // Which thread calibrates a head, and when, does not change its numbers.
+  std::vector<int64_t> head_order(static_cast<size_t>(Hq));
+  std::iota(head_order.begin(), head_order.end(), 0);
+  std::stable_sort(head_order.begin(), head_order.end(), [&](int64_t a, int64_t b) {
+    const HeadRole &ra = roles[static_cast<size_t>(a)], &rb = roles[static_cast<size_t>(b)];
+    if (ra.sink != rb.sink) return ra.sink;
+    return ra.entropy_target < rb.entropy_target;
+  });
+  parallel_for_workers(Hq, workers, [&](int64_t i, int worker) {
+    const int64_t h = head_order[static_cast<size_t>(i)];
     Scratch& x = scratch[static_cast<size_t>(worker)];
     const int64_t g = h / P.group;
     unit_query_rows(P, l, h, qr, targets[static_cast<size_t>(g)], x.unit_q);
