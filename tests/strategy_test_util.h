@@ -21,6 +21,25 @@ inline Plan uniform_plan(const Recording& rec, const std::string& key, const std
   return UniformStrategy(make_format(key), make_format(value.empty() ? key : value)).build({rec, 0});
 }
 
+// uniform_plan(rec, "int2-asym-g8", "int3-sym-g8") with `prefill` tokens of prefill and a
+// keep-fp16 recent window of `window` tokens (`mode`) on every key unit, and on every
+// value unit unless keys_only.
+inline Plan windowed_plan(const Recording& rec, RecentWindow::Mode mode, bool keys_only, int64_t prefill,
+                          int64_t window) {
+  Plan plan = uniform_plan(rec, "int2-asym-g8", "int3-sym-g8");
+  plan.set_prefill(prefill);
+  for (int64_t l = 0; l < rec.num_layers(); ++l)
+    for (int64_t g = 0; g < rec.kv_heads; ++g)
+      for (Kind k : {Kind::Key, Kind::Value}) {
+        if (keys_only && k == Kind::Value) continue;
+        RecentWindow& w = plan.unit(l, g, k).window;
+        w.size = window;
+        w.format = make_format("keep-fp16");
+        w.mode = mode;
+      }
+  return plan;
+}
+
 // 2 layers, 8 query / 4 KV heads (GQA), head_dim 32, 96 tokens, one sink head per
 // layer, a recency bias, two phases (boundary at token 72, marker id 257).
 inline SyntheticSpec strategy_spec() {

@@ -74,21 +74,6 @@ void check_cache_changes_nothing(const Recording& rec, const Plan& plan, SimOpti
   }
 }
 
-Plan windowed(const Recording& rec, RecentWindow::Mode mode, bool keys_only, int64_t prefill) {
-  Plan plan = uniform_plan(rec, "int2-asym-g8", "int3-sym-g8");
-  plan.set_prefill(prefill);
-  for (int64_t l = 0; l < rec.num_layers(); ++l)
-    for (int64_t g = 0; g < rec.kv_heads; ++g)
-      for (Kind k : {Kind::Key, Kind::Value}) {
-        if (keys_only && k == Kind::Value) continue;
-        RecentWindow& w = plan.unit(l, g, k).window;
-        w.size = 21;
-        w.format = make_format("keep-fp16");
-        w.mode = mode;
-      }
-  return plan;
-}
-
 }  // namespace
 
 TEST_CASE("fast path: uniform formats, GQA, every position and subsets, the row blocks' edges") {
@@ -118,7 +103,7 @@ TEST_CASE("fast path: windows, prefill and keys-only windows follow the plan's t
                         << prefill);
         SimOptions opt;
         opt.row_block = 32;
-        check_against_reference(rec, windowed(rec, mode, keys_only, prefill), opt);
+        check_against_reference(rec, windowed_plan(rec, mode, keys_only, prefill, 21), opt);
       }
 }
 
@@ -198,7 +183,7 @@ TEST_CASE("the exact-pass cache changes no bit, and is used only for the options
   SimOptions opt;
   opt.row_block = 24;
   check_cache_changes_nothing(rec, uniform_plan(rec, "int3-asym-g16", "int2-sym-g32"), opt);
-  check_cache_changes_nothing(rec, windowed(rec, RecentWindow::Mode::Chunked, false, 9), opt);
+  check_cache_changes_nothing(rec, windowed_plan(rec, RecentWindow::Mode::Chunked, false, 9, 21), opt);
   opt.positions = {3, 50, 51, 129};
   check_cache_changes_nothing(rec, uniform_plan(rec, "qjl-m64", "int4-asym-g32"), opt);
 

@@ -11,6 +11,7 @@
 #include "sim/simulator.h"
 #include "sim/strategies/uniform.h"
 #include "recording_test_util.h"
+#include "strategy_test_util.h"
 #include "test_util.h"
 
 using namespace kvb;
@@ -332,41 +333,25 @@ void check_against_brute_force(const Recording& rec, const Plan& plan) {
   }
 }
 
-Plan windowed_plan(const Recording& rec, RecentWindow::Mode mode, bool keys_only, int64_t prefill) {
-  Plan plan(rec.num_layers(), rec.kv_heads, rec.tokens, rec.head_dim);
-  plan.assign_all(Kind::Key, make_format("int2-asym-g8"));
-  plan.assign_all(Kind::Value, make_format("int3-sym-g8"));
-  plan.set_prefill(prefill);
-  for (int64_t l = 0; l < rec.num_layers(); ++l)
-    for (int64_t g = 0; g < rec.kv_heads; ++g)
-      for (Kind k : {Kind::Key, Kind::Value}) {
-        if (keys_only && k == Kind::Value) continue;
-        RecentWindow& w = plan.unit(l, g, k).window;
-        w.size = 5;
-        w.format = make_format("keep-fp16");
-        w.mode = mode;
-      }
-  return plan;
-}
-
 }  // namespace
 
 TEST_CASE("recency windows are relative to each query: sliding, chunked, keys only, prefill") {
   const Recording rec = test::random_recording(4, 2, 23, 8, 41);
-  check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0));
-  check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Chunked, false, 0));
-  check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Sliding, true, 0));
-  check_against_brute_force(rec, windowed_plan(rec, RecentWindow::Mode::Chunked, false, 7));
+  check_against_brute_force(rec, test::windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0, 5));
+  check_against_brute_force(rec, test::windowed_plan(rec, RecentWindow::Mode::Chunked, false, 0, 5));
+  check_against_brute_force(rec, test::windowed_plan(rec, RecentWindow::Mode::Sliding, true, 0, 5));
+  check_against_brute_force(rec, test::windowed_plan(rec, RecentWindow::Mode::Chunked, false, 7, 5));
   // A window shrinks the error compared with no window.
-  Plan plain = windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0);
+  Plan plain = test::windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0, 5);
   for (int64_t l = 0; l < rec.num_layers(); ++l)
     for (int64_t g = 0; g < 2; ++g)
       for (Kind k : {Kind::Key, Kind::Value}) plain.unit(l, g, k).window = RecentWindow{};
-  const double with = metric(simulate(rec, windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0), {}), "attn_kl_mean");
+  const Plan windowed = test::windowed_plan(rec, RecentWindow::Mode::Sliding, false, 0, 5);
+  const double with = metric(simulate(rec, windowed, {}), "attn_kl_mean");
   const double without = metric(simulate(rec, plain, {}), "attn_kl_mean");
   CHECK(with < without);
   // Prefill queries see exact values: rows t < prefill have no error at all.
-  const ErrorStats pre = simulate(rec, windowed_plan(rec, RecentWindow::Mode::Chunked, false, 7), {});
+  const ErrorStats pre = simulate(rec, test::windowed_plan(rec, RecentWindow::Mode::Chunked, false, 7, 5), {});
   for (const AttentionRow& row : pre.rows)
     if (row.position < 7) CHECK(row.out_err2 == 0.0f);
 }
