@@ -187,8 +187,9 @@ int main(int argc, char** argv) {
   reference.reference = true;
 
   // kvbudget's points and the peer's alternate, round by round: each round's speed-up
-  // compares timings taken minutes apart at most, so a change in the machine's speed
-  // during the run moves both sides of a ratio (the VM's speed drifts by 15-20 %).
+  // compares timings taken seconds apart (a round is about 25 s on the dev VM), so a
+  // change in the machine's speed during the run moves both sides of a ratio (the VM's
+  // speed drifts by 15-20 %).
   std::vector<Plan> plans;
   for (const std::string& f : formats)
     plans.push_back(UniformStrategy(make_format(f), make_format(f)).build({rec, 0}));
@@ -203,16 +204,14 @@ int main(int argc, char** argv) {
     }
     return t;
   };
-  auto mean_wall = [](const std::vector<Timing>& t) {
+  // The mean over the formats of one field of their timings (&Timing::wall or ::cpu).
+  auto mean_of = [](const std::vector<Timing>& t, double Timing::*field) {
     double sum = 0;
-    for (const Timing& x : t) sum += x.wall;
+    for (const Timing& x : t) sum += x.*field;
     return sum / static_cast<double>(t.size());
   };
-  auto mean_cpu = [](const std::vector<Timing>& t) {
-    double sum = 0;
-    for (const Timing& x : t) sum += x.cpu;
-    return sum / static_cast<double>(t.size());
-  };
+  auto mean_wall = [&](const std::vector<Timing>& t) { return mean_of(t, &Timing::wall); };
+  auto mean_cpu = [&](const std::vector<Timing>& t) { return mean_of(t, &Timing::cpu); };
   if (profile > 0) {
     const std::vector<Timing> t = time_points(1, profile, nullptr);
     for (size_t i = 0; i < formats.size(); ++i)
