@@ -25,6 +25,7 @@
 #include <future>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <numbers>
 #include <numeric>
 #include <optional>
@@ -793,17 +794,31 @@ std::vector<float> positional_queries(const Plan& P, const KeyParts& parts) {
   return to_post(P, pre);
 }
 
+// summarize(P, scores, 0, 0)'s entropy and sink mass: the attention with no content gain
+// and no sink bonus. They read the head's content scores c only through 0·c = ±0 (c is
+// finite), which leaves every logit's value, the exps and the sums as they are: the
+// same bits for every query head of a KV head (its entropy_slope does depend on c).
+struct ZeroGainSummary {
+  double entropy_bits = 0;
+  double sink_mass = 0;
+};
+ZeroGainSummary zero_gain_summary(const Plan& P, CalibrationScores& scores) {
+  const AttentionSummary a = summarize(P, scores, 0.0, 0.0);
+  return {a.entropy_bits, a.sink_mass};
+}
+
 // Calibrates one query head: β so that the mean entropy hits its target (sink heads: the
 // content slot without the sink bonus), then, for sink heads, γ so that the mean sink
-// mass hits sink_mass.
+// mass hits sink_mass. at_zero: zero_gain_summary of these scores (or of another query
+// head of the same KV head: the same).
 SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, CalibrationScores& scores,
-                                   const std::string& where, std::vector<std::string>& warnings) {
+                                   const ZeroGainSummary& at_zero, const std::string& where,
+                                   std::vector<std::string>& warnings) {
   const SyntheticSpec& s = P.spec;
   SyntheticHeadReport rep;
   rep.sink = role.sink;
 
   double target = role.entropy_target;
-  const AttentionSummary at_zero = summarize(P, scores, 0.0, 0.0);  // no content gain, no sink bonus
   const double h_max = at_zero.entropy_bits;
   double beta = 0;
   if (target >= h_max - kEntropyTolBits) {
@@ -840,10 +855,15 @@ SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, Calibrat
   }
   rep.sink_gain = gamma;
   // A head whose target the causal prefix caps keeps β = γ = 0 (no sink role): its
-  // summary is the first one (half of such a head's calibration time).
-  const AttentionSummary final_summary = beta == 0 && gamma == 0 ? at_zero : summarize(P, scores, beta, gamma);
-  rep.entropy_calibrated = final_summary.entropy_bits;
-  rep.sink_mass_calibrated = final_summary.sink_mass;
+  // summary is at_zero, and it computes none.
+  if (beta == 0 && gamma == 0) {
+    rep.entropy_calibrated = at_zero.entropy_bits;
+    rep.sink_mass_calibrated = at_zero.sink_mass;
+  } else {
+    const AttentionSummary final_summary = summarize(P, scores, beta, gamma);
+    rep.entropy_calibrated = final_summary.entropy_bits;
+    rep.sink_mass_calibrated = final_summary.sink_mass;
+  }
   return rep;
 }
 
@@ -951,7 +971,8 @@ LayerResult generate_layer_reference(const Plan& P, int64_t l, const SyntheticKe
       unit_queries(P, l, h, query_targets[static_cast<size_t>(g)], unit_q);
       score_rows(P, unit_q, keys, scores.query_rows, scores.content);
       const std::string where = layer_where + " q head " + std::to_string(h);
-      const SyntheticHeadReport rep = calibrate_head(P, roles[static_cast<size_t>(h)], scores, where, out.warnings);
+      const SyntheticHeadReport rep = calibrate_head(P, roles[static_cast<size_t>(h)], scores,
+                                                     zero_gain_summary(P, scores), where, out.warnings);
       out.report.heads[static_cast<size_t>(h)] = rep;
       const float beta = static_cast<float>(rep.content_gain), gamma = static_cast<float>(rep.sink_gain);
       for (int64_t r = 0; r < rows; ++r) {
@@ -1376,6 +1397,10 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep, 
     if (ra.sink != rb.sink) return ra.sink;
     return ra.entropy_target < rb.entropy_target;
   });
+  // Per KV head, its zero-gain summary: computed by the first of its query heads to
+  // calibrate (which one does not change it: zero_gain_summary).
+  std::vector<ZeroGainSummary> zero_gain(static_cast<size_t>(G));
+  const std::unique_ptr<std::once_flag[]> zero_gain_once(new std::once_flag[static_cast<size_t>(G)]);
   parallel_for_workers(Hq, workers, [&](int64_t i, int worker) {
     const int64_t h = head_order[static_cast<size_t>(i)];
     Scratch& x = scratch[static_cast<size_t>(worker)];
@@ -1384,9 +1409,12 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep, 
     gather_calibration_rows(P, qr, x.unit_q, x.scores.query_rows);
     score_query_rows(P, x.scores.query_rows, L.key.slice(g), x.scores.content);
     x.scores.kv = &kv_scores[static_cast<size_t>(g)];
+    std::call_once(zero_gain_once[static_cast<size_t>(g)],
+                   [&] { zero_gain[static_cast<size_t>(g)] = zero_gain_summary(P, x.scores); });
     const std::string where = layer_where + " q head " + std::to_string(h);
-    const SyntheticHeadReport rep =
-        calibrate_head(P, roles[static_cast<size_t>(h)], x.scores, where, head_warnings[static_cast<size_t>(h)]);
+    const SyntheticHeadReport rep = calibrate_head(P, roles[static_cast<size_t>(h)], x.scores,
+                                                   zero_gain[static_cast<size_t>(g)], where,
+                                                   head_warnings[static_cast<size_t>(h)]);
     out.report.heads[static_cast<size_t>(h)] = rep;
     const float beta = static_cast<float>(rep.content_gain), gamma = static_cast<float>(rep.sink_gain);
     const std::vector<float>& pos_q = pos_rows[static_cast<size_t>(g)];
