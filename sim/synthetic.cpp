@@ -794,17 +794,22 @@ std::vector<float> positional_queries(const Plan& P, const KeyParts& parts) {
   return to_post(P, pre);
 }
 
-// summarize(P, scores, 0, 0)'s entropy and sink mass: the attention with no content gain
-// and no sink bonus. They read the head's content scores c only through 0·c = ±0 (c is
-// finite), which leaves every logit's value, the exps and the sums as they are: the
-// same bits for every query head of a KV head (its entropy_slope does depend on c).
-struct ZeroGainSummary {
+// summarize's mean entropy and sink mass at (β, γ), without the entropy's slope.
+struct EntropyAndSinkMass {
   double entropy_bits = 0;
   double sink_mass = 0;
 };
-ZeroGainSummary zero_gain_summary(const Plan& P, CalibrationScores& scores) {
-  const AttentionSummary a = summarize(P, scores, 0.0, 0.0);
+EntropyAndSinkMass entropy_and_sink_mass(const Plan& P, CalibrationScores& scores, double beta, double gamma) {
+  const AttentionSummary a = summarize(P, scores, beta, gamma);
   return {a.entropy_bits, a.sink_mass};
+}
+
+// The attention with no content gain and no sink bonus, entropy_and_sink_mass(P, scores,
+// 0, 0), reads the head's content scores c only through 0·c = ±0 (c is finite), which
+// leaves every logit's value, the exps and the sums as they are: the same bits for every
+// query head of a KV head.
+EntropyAndSinkMass zero_gain_summary(const Plan& P, CalibrationScores& scores) {
+  return entropy_and_sink_mass(P, scores, 0.0, 0.0);
 }
 
 // Calibrates one query head: β so that the mean entropy hits its target (sink heads: the
@@ -812,7 +817,7 @@ ZeroGainSummary zero_gain_summary(const Plan& P, CalibrationScores& scores) {
 // mass hits sink_mass. at_zero: zero_gain_summary of these scores (or of another query
 // head of the same KV head: the same).
 SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, CalibrationScores& scores,
-                                   const ZeroGainSummary& at_zero, const std::string& where,
+                                   const EntropyAndSinkMass& at_zero, const std::string& where,
                                    std::vector<std::string>& warnings) {
   const SyntheticSpec& s = P.spec;
   SyntheticHeadReport rep;
@@ -856,14 +861,10 @@ SyntheticHeadReport calibrate_head(const Plan& P, const HeadRole& role, Calibrat
   rep.sink_gain = gamma;
   // A head whose target the causal prefix caps keeps β = γ = 0 (no sink role): its
   // summary is at_zero, and it computes none.
-  if (beta == 0 && gamma == 0) {
-    rep.entropy_calibrated = at_zero.entropy_bits;
-    rep.sink_mass_calibrated = at_zero.sink_mass;
-  } else {
-    const AttentionSummary final_summary = summarize(P, scores, beta, gamma);
-    rep.entropy_calibrated = final_summary.entropy_bits;
-    rep.sink_mass_calibrated = final_summary.sink_mass;
-  }
+  const EntropyAndSinkMass calibrated =
+      beta == 0 && gamma == 0 ? at_zero : entropy_and_sink_mass(P, scores, beta, gamma);
+  rep.entropy_calibrated = calibrated.entropy_bits;
+  rep.sink_mass_calibrated = calibrated.sink_mass;
   return rep;
 }
 
@@ -1399,7 +1400,7 @@ LayerResult generate_layer(const Plan& P, int64_t l, const SyntheticKeep& keep, 
   });
   // Per KV head, its zero-gain summary: computed by the first of its query heads to
   // calibrate (which one does not change it: zero_gain_summary).
-  std::vector<ZeroGainSummary> zero_gain(static_cast<size_t>(G));
+  std::vector<EntropyAndSinkMass> zero_gain(static_cast<size_t>(G));
   const std::unique_ptr<std::once_flag[]> zero_gain_once(new std::once_flag[static_cast<size_t>(G)]);
   parallel_for_workers(Hq, workers, [&](int64_t i, int worker) {
     const int64_t h = head_order[static_cast<size_t>(i)];
