@@ -6,6 +6,7 @@
 #include <map>
 
 #include "sim/core/error.h"
+#include "sim/metrics/row_simd.h"
 
 namespace kvb {
 
@@ -82,7 +83,7 @@ double perplexity(const std::vector<double>& nll) {
   return std::exp(sum / static_cast<double>(nll.size()));
 }
 
-double log_sum_exp(const float* logits, int64_t n) {
+double log_sum_exp_reference(const float* logits, int64_t n) {
   double mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
   double z = 0;
@@ -92,7 +93,7 @@ double log_sum_exp(const float* logits, int64_t n) {
 
 void log_softmax(const float* logits, int64_t n, std::vector<double>& out) {
   out.resize(static_cast<size_t>(n));
-  const double log_z = log_sum_exp(logits, n);
+  const double log_z = log_sum_exp_reference(logits, n);
   for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<double>(logits[i]) - log_z;
 }
 
@@ -105,19 +106,50 @@ double kl_from_log_probs(const std::vector<double>& log_p, const std::vector<dou
   return std::max(0.0, kl);
 }
 
+// The fast forms: kLanes logits at a time (sim/metrics/row_simd.h), each widened to
+// fp64 and summed per lane in fp64, the lanes added in a fixed order at the end. A
+// tail is padded with -inf, whose e^x is 0.
+namespace {
+
+using simd::f64v;
+
+f64v widen_logits(const float* logits, int64_t i, int64_t n) {
+  return simd::widen(simd::load(logits + i, std::min(simd::kLanes, n - i), -INFINITY));
+}
+
+}  // namespace
+
+double log_sum_exp(const float* logits, int64_t n) {
+  simd::f32v mx = simd::splat(-INFINITY);
+  for (int64_t i = 0; i < n; i += simd::kLanes)
+    mx = simd::vmax(mx, simd::load(logits + i, std::min(simd::kLanes, n - i), -INFINITY));
+  const double m = simd::hmax(mx);
+  const simd::f64h mv = simd::splat64(m);
+  f64v z{};
+  for (int64_t i = 0; i < n; i += simd::kLanes) {
+    const f64v x = widen_logits(logits, i, n);
+    z += f64v{simd::exp(x.lo - mv), simd::exp(x.hi - mv)};
+  }
+  return m + std::log(simd::hsum(z));
+}
+
 NextTokenComparison compare_next_token(const float* exact, double exact_log_sum_exp, const float* quantized, int64_t n,
                                        int64_t next) {
   const double log_zq = log_sum_exp(quantized, n);
   NextTokenComparison c;
   c.nll = -(static_cast<double>(quantized[next]) - log_zq);
-  double kl = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double log_p = static_cast<double>(exact[i]) - exact_log_sum_exp;
-    const double log_q = static_cast<double>(quantized[i]) - log_zq;
-    const double p = std::exp(log_p);
-    if (p > 0) kl += p * (log_p - log_q);
+  // KL = Σ p (log p − log q) over the terms with p > 0, as kl_from_log_probs.
+  const simd::f64h zp = simd::splat64(exact_log_sum_exp), zq = simd::splat64(log_zq), zero{};
+  auto terms = [&](simd::f64h x, simd::f64h y) {
+    const simd::f64h log_p = x - zp, log_q = y - zq, p = simd::exp(log_p);
+    return p > zero ? p * (log_p - log_q) : zero;
+  };
+  f64v kl{};
+  for (int64_t i = 0; i < n; i += simd::kLanes) {
+    const f64v x = widen_logits(exact, i, n), y = widen_logits(quantized, i, n);
+    kl += f64v{terms(x.lo, y.lo), terms(x.hi, y.hi)};
   }
-  c.kl = std::max(0.0, kl);
+  c.kl = std::max(0.0, simd::hsum(kl));
   return c;
 }
 

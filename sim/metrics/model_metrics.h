@@ -42,11 +42,19 @@ Interval wilson_interval(int64_t successes, int64_t n, double level = 0.95);
 // exp(mean nll).
 double perplexity(const std::vector<double>& nll);
 
-// log-softmax of n logits (double), and helpers on it.
+// The plain references, std::exp per logit in index order: log-softmax of n logits
+// (double), log Σ exp(logits) as log_softmax computes it (its out[i] is logits[i] −
+// this), and KL(p || q) = Σ p (log p − log q) from log-probabilities (>= 0 up to
+// rounding, clamped at 0).
 void log_softmax(const float* logits, int64_t n, std::vector<double>& out);
-// KL(p || q) = Σ p (log p − log q) from log-probabilities; >= 0 up to rounding, clamped at 0.
+double log_sum_exp_reference(const float* logits, int64_t n);
 double kl_from_log_probs(const std::vector<double>& log_p, const std::vector<double>& log_q);
-// log Σ exp(logits), as log_softmax computes it (its out[i] is logits[i] − this).
+
+// The fast forms the evaluator runs (a 128256-token vocabulary's row is two passes of
+// 128256 exps per scored position and point): the same sums in vector lanes, fp64
+// e^x within 1 ulp (simd::exp, sim/metrics/row_simd.h), lanes summed in a fixed
+// order. They differ from the references in the last bits only;
+// tests/metrics/test_model_metrics.cpp bounds the difference.
 double log_sum_exp(const float* logits, int64_t n);
 
 // One scored position of a quantized run against the exact one: what the model-level
@@ -55,9 +63,9 @@ struct NextTokenComparison {
   double nll = 0;  // −log q(next)
   double kl = 0;   // KL(p || q), clamped at 0
 };
-// The values log_softmax and kl_from_log_probs give on these rows, bit for bit,
-// without the two vectors of n log-probabilities (the exact row's log Σ exp is given:
-// the same for every quantized run). tests/metrics/test_model_metrics.cpp holds them equal.
+// What log_softmax and kl_from_log_probs give on these rows (up to the last bits, as
+// log_sum_exp), without the two vectors of n log-probabilities. exact_log_sum_exp is
+// log_sum_exp(exact, n): the same for every quantized run.
 NextTokenComparison compare_next_token(const float* exact, double exact_log_sum_exp, const float* quantized, int64_t n,
                                        int64_t next);
 

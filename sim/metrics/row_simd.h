@@ -40,6 +40,7 @@ typedef double f64h __attribute__((vector_size(kLanes * 4)));
 struct f64v {
   f64h lo{}, hi{};  // lanes [0, kLanes / 2) and [kLanes / 2, kLanes)
 };
+typedef int64_t i64h __attribute__((vector_size(kLanes * 4)));  // f64h's lanes as integers
 inline f64v operator+(f64v a, f64v b) { return {a.lo + b.lo, a.hi + b.hi}; }
 inline f64v operator*(f64v a, f64v b) { return {a.lo * b.lo, a.hi * b.hi}; }
 inline f64v& operator+=(f64v& a, f64v b) { return a = a + b; }
@@ -200,6 +201,52 @@ inline f32v expm1_minus_x(f32v x) {
   if (!any(~small)) return taylor;
   const f32v direct = (exp(x) - 1.0f) - x;
   return small ? taylor : direct;
+}
+
+inline f64h splat64(double c) { return f64h{} + c; }
+
+// a·b + c rounded once per lane (std::fma's value).
+inline f64h fma(f64h a, f64h b, f64h c) {
+#if defined(__AVX512F__)
+  return (f64h)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c);
+#elif defined(__FMA__)
+  return (f64h)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
+#else
+  f64h r;
+  for (int i = 0; i < kLanes / 2; ++i) r[i] = std::fma(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+inline f64h fma(f64h a, f64h b, double c) { return fma(a, b, splat64(c)); }
+
+// e^x for every lane in fp64, within 1 ulp of the correctly rounded value (std::exp's
+// accuracy; tests/metrics/test_row_simd.cpp measures it against std::exp): 0 below
+// about -745.13 (subnormal results on the way), +Inf above about 709.78, NaN for NaN.
+// For the long fp64 sums over a vocabulary's logits (sim/metrics/model_metrics.cpp).
+// Range reduction x = n ln 2 + r, |r| <= ln 2 / 2 (ln 2 in two parts, fdlibm's), the
+// Taylor polynomial of e^r to degree 13 (the first omitted term is below 5e-18 of e^r),
+// and 2^n built in the exponent field in two halves, so that 2^1024 and the
+// subnormal 2^-1075 · e^r come out of two exact or once-rounded products.
+inline f64h exp(f64h x) {
+  const f64h lo = splat64(-746.0), hi = splat64(710.0);
+  const f64h xc = x < lo ? lo : (x > hi ? hi : x);  // NaN: the polynomial's input is hi
+  const f64h magic = splat64(6755399441055744.0);  // 1.5·2^52: adding it rounds to an integer
+  const f64h t = fma(xc, splat64(1.4426950408889634), magic);
+  const f64h n = t - magic;
+  const i64h ni = (i64h)t - (i64h)magic;  // n as an integer: t's low mantissa bits
+  f64h r = fma(-n, splat64(6.93147180369123816490e-01), xc);
+  r = fma(-n, splat64(1.90821492927058770002e-10), r);
+  f64h p = splat64(1.0 / 6227020800.0);  // 1/13!
+  constexpr double kInvFactorial[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                      1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,     1.0 / 120.0,
+                                      1.0 / 24.0,        1.0 / 6.0,        0.5};  // 1/12! .. 1/2!
+  for (double c : kInvFactorial) p = fma(p, r, c);
+  p = fma(p * r, r, r) + 1.0;  // 1 + r + r²·(1/2! + r/3! + ...)
+  const i64h half = ni >> 1;
+  const f64h s1 = (f64h)((half + 1023) << 52), s2 = (f64h)((ni - half + 1023) << 52);
+  f64h e = (p * s1) * s2;
+  e = x > splat64(709.782712893384) ? splat64(__builtin_huge_val()) : e;
+  return x != x ? x : e;
 }
 
 }  // namespace kvb::simd

@@ -101,12 +101,12 @@ std::vector<double> row_log_sum_exp(const RowMatrix& logits) {
 }  // namespace
 
 std::vector<double> next_token_nll(const RowMatrix& logits, const std::vector<int64_t>& tokens) {
+  const std::vector<double> log_sum_exp_of_rows = row_log_sum_exp(logits);
   std::vector<double> nll;
-  std::vector<double> lp;
-  for (int64_t t = 0; t + 1 < logits.rows(); ++t) {
-    log_softmax(logits.row(t).data(), logits.cols(), lp);
-    nll.push_back(-lp[static_cast<size_t>(tokens[static_cast<size_t>(t + 1)])]);
-  }
+  // −log_softmax(row t)[token t+1] = −(logit − log Σ exp), as log_softmax computes it.
+  for (int64_t t = 0; t + 1 < logits.rows(); ++t)
+    nll.push_back(-(static_cast<double>(logits(t, tokens[static_cast<size_t>(t + 1)])) -
+                    log_sum_exp_of_rows[static_cast<size_t>(t)]));
   return nll;
 }
 

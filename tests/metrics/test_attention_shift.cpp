@@ -69,3 +69,46 @@ TEST_CASE("attn_exp_f32, attn_expm1_minus_x and attn_exact_weight against fp64")
   CHECK(attn_exact_weight(m, m) == 1.0f);
   CHECK(attn_exact_weight(-INFINITY, m) == 0.0f);
 }
+
+// Units in the last place between two positive doubles (their bit patterns' distance).
+int64_t ulps_apart(double a, double b) {
+  int64_t ia, ib;
+  std::memcpy(&ia, &a, sizeof a);
+  std::memcpy(&ib, &b, sizeof b);
+  return ia > ib ? ia - ib : ib - ia;
+}
+
+TEST_CASE("simd::exp on fp64 lanes: within 1 ulp of std::exp, and its edges") {
+  std::vector<double> x = {0.0,     -0.0,     1e-300,  -1e-17,  0.5,      -0.5,    0.34657359, -0.34657359,
+                           1.0,     -1.0,     -20.0,   -87.5,   -700.0,   -708.39, -708.4,     -730.0,
+                           -744.0,  -745.13,  -745.14, -746.0,  -1e300,   700.0,   709.78,     709.7827,
+                           709.783, 1e300,    -INFINITY, INFINITY, std::nan("")};
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> wide(-745.0, 709.0), narrow(-40.0, 0.0);
+  for (int i = 0; i < 200000; ++i) x.push_back(i % 2 ? wide(rng) : narrow(rng));
+  const int64_t half = simd::kLanes / 2;
+  while (x.size() % half) x.push_back(0.25);
+  int64_t worst = 0;
+  for (size_t i = 0; i < x.size(); i += half) {
+    simd::f64h v;
+    std::memcpy(&v, x.data() + i, sizeof v);
+    const simd::f64h e = simd::exp(v);
+    for (int64_t l = 0; l < half; ++l) {
+      const double xi = x[i + l], want = std::exp(xi), got = e[l];
+      INFO("x = " << xi << ", std::exp " << want << ", lanes " << got);
+      if (std::isnan(xi)) {
+        CHECK(std::isnan(got));
+      } else if (want == 0.0 || std::isinf(want) || want < 2.2250738585072014e-308) {
+        // Where std::exp underflows to 0 or a subnormal, or overflows: the same class,
+        // and a subnormal within its absolute rounding.
+        if (std::isinf(want)) CHECK(got == want);
+        else CHECK(std::fabs(got - want) <= 1e-323);
+      } else {
+        const int64_t d = ulps_apart(got, want);
+        worst = std::max(worst, d);
+        CHECK(d <= 1);
+      }
+    }
+  }
+  MESSAGE("largest distance from std::exp: " << worst << " ulp");
+}

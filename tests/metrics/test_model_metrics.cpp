@@ -162,24 +162,34 @@ TEST_CASE("metric table: every metric has an axis label with its quantity, unit 
   }
 }
 
-TEST_CASE("compare_next_token equals log_softmax and kl_from_log_probs bit for bit") {
+TEST_CASE("log_sum_exp and compare_next_token: the references' values up to the last bits") {
   std::mt19937_64 rng(11);
   std::normal_distribution<float> logit(0.0f, 4.0f);
-  for (int64_t n : {1, 2, 7, 259, 5000}) {
+  for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 259, 5000, 128256}) {
     CAPTURE(n);
     std::vector<float> exact(static_cast<size_t>(n)), quantized(exact.size());
     for (size_t i = 0; i < exact.size(); ++i) {
       exact[i] = logit(rng);
       quantized[i] = exact[i] + 0.1f * logit(rng);
     }
-    if (n > 2) exact[1] = -200.0f;  // a probability that underflows in the exact row
+    if (n > 2) exact[1] = -800.0f;  // a probability that underflows to 0 in the exact row
+    if (n > 3) quantized[2] = -INFINITY;  // a token the quantized row rules out
+    if (n > 3) exact[2] = -INFINITY;
+    // The references' index-order sums carry up to n roundings of their total: the bound.
+    const double tol = 1e-14 + 1e-16 * static_cast<double>(n);
+    const double lse_exact = kvb::log_sum_exp(exact.data(), n), lse_quant = kvb::log_sum_exp(quantized.data(), n);
+    CHECK(std::fabs(lse_exact - kvb::log_sum_exp_reference(exact.data(), n)) <= tol);
+    CHECK(std::fabs(lse_quant - kvb::log_sum_exp_reference(quantized.data(), n)) <= tol);
     std::vector<double> lp, lq;
     kvb::log_softmax(exact.data(), n, lp);
     kvb::log_softmax(quantized.data(), n, lq);
     const int64_t next = n / 2;
     const kvb::NextTokenComparison c =
-        kvb::compare_next_token(exact.data(), kvb::log_sum_exp(exact.data(), n), quantized.data(), n, next);
-    CHECK(c.nll == -lq[static_cast<size_t>(next)]);
-    CHECK(c.kl == kvb::kl_from_log_probs(lp, lq));
+        kvb::compare_next_token(exact.data(), lse_exact, quantized.data(), n, next);
+    CHECK(std::fabs(c.nll - -lq[static_cast<size_t>(next)]) <= tol);
+    const double kl = kvb::kl_from_log_probs(lp, lq);
+    CHECK(std::fabs(c.kl - kl) <= 2 * tol + 1e-12 * kl);
+    // The same rows: KL 0 (a row against itself is 0 up to rounding, clamped at 0).
+    CHECK(kvb::compare_next_token(exact.data(), lse_exact, exact.data(), n, next).kl <= 1e-15);
   }
 }
