@@ -463,8 +463,12 @@ void ModelEvaluator::run_forward_into(std::span<const int64_t> tokens, const Ext
     options_.backend.forward_into(tokens, opt, logits);
     return;
   }
-  const RowMatrix computed = run_forward(tokens, opt);
-  std::copy(computed.data(), computed.data() + computed.size(), logits);
+  if (options_.backend) {
+    const RowMatrix computed = run_forward(tokens, opt);
+    std::copy(computed.data(), computed.data() + computed.size(), logits);
+    return;
+  }
+  model_->forward_into(tokens, opt, logits);
 }
 
 std::vector<int64_t> ModelEvaluator::continuation(int64_t prompt_length, const CacheQuantization& cache) const {

@@ -87,6 +87,13 @@ void Transformer::check_tokens(std::span<const int64_t> tokens, int64_t first_po
 }
 
 RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  RowMatrix logits(opt.all_logits ? static_cast<int64_t>(tokens.size()) : 1, config_.vocab_size);
+  extend_into(state, tokens, opt, logits.data());
+  return logits;
+}
+
+void Transformer::extend_into(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt,
+                              float* logits_out) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t first = state.length, context = first + n;
@@ -167,12 +174,17 @@ RowMatrix Transformer::extend(State& state, std::span<const int64_t> tokens, con
   // Logits of every new token, or of the last one.
   const int64_t rows = opt.all_logits ? n : 1;
   normalize_rows(x.bottomRows(rows), weights_.final_norm, c.norm_eps, h.topRows(rows));
-  RowMatrix logits(rows, c.vocab_size);
+  Eigen::Map<RowMatrix> logits(logits_out, rows, c.vocab_size);
   dense(h.topRows(rows), weights_.output_embedding(), nullptr, logits);
-  return logits;
 }
 
 RowMatrix Transformer::forward(std::span<const int64_t> tokens, const ExtendOptions& opt) const {
+  RowMatrix logits(opt.all_logits ? static_cast<int64_t>(tokens.size()) : 1, config_.vocab_size);
+  forward_into(tokens, opt, logits.data());
+  return logits;
+}
+
+void Transformer::forward_into(std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const {
   // The cache of a teacher-forced pass is dropped afterwards; its storage is kept per
   // thread for the next pass of the same model shape (see Workspace).
   thread_local State state;
@@ -182,7 +194,7 @@ RowMatrix Transformer::forward(std::span<const int64_t> tokens, const ExtendOpti
   state.cache.reset(cache_rope());
   state.length = 0;
   state.tokens.clear();
-  return extend(state, tokens, opt);
+  extend_into(state, tokens, opt, logits);
 }
 
 double Transformer::flops_per_token(int64_t context) const {

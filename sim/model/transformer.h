@@ -62,9 +62,16 @@ class Transformer {
   // Throws kvb::Error for a token id outside the vocabulary (naming the index) or a
   // position beyond a learned position table.
   RowMatrix extend(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt) const;
+  // The same, writing the logits row-major into the caller's memory ([n, vocab] floats,
+  // or [1, vocab] without all_logits; every one is written).
+  void extend_into(State& state, std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const;
 
   // Teacher forcing: a fresh state, every token. Logits [T, vocab].
   RowMatrix forward(std::span<const int64_t> tokens, const ExtendOptions& opt = {}) const;
+  // The same into the caller's memory, as extend_into: a sweep's points reuse one
+  // buffer instead of allocating and faulting in [T, vocab] floats each (2 GiB at
+  // 4096 tokens of a 128256-token vocabulary).
+  void forward_into(std::span<const int64_t> tokens, const ExtendOptions& opt, float* logits) const;
 
   // Dense FLOPs of one token at context length `context` (2 per multiply-add: the
   // projections, the MLP, the LM head, and q·k and p·v over `context` keys).

@@ -3,6 +3,7 @@
 // every architecture option against a plain reference implementation, and errors.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -299,6 +300,27 @@ TEST_CASE("results do not depend on the thread count") {
   const RowMatrix two = model->forward(ids);
   omp_set_num_threads(saved);
   CHECK(one == two);
+}
+
+TEST_CASE("forward_into and extend_into: forward's and extend's logits, every value written") {
+  const std::vector<int64_t> ids = reference_ids("gpt2-bytes");
+  const auto model = fixture_model("gpt2-bytes");
+  const RowMatrix full = model->forward(ids);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  RowMatrix into = RowMatrix::Constant(full.rows(), full.cols(), nan);
+  model->forward_into(ids, {}, into.data());
+  CHECK(into == full);
+  // Without all_logits: extend's one row (the last token's), and nothing after it.
+  ExtendOptions opt;
+  opt.all_logits = false;
+  Transformer::State state = model->new_state(), other = model->new_state();
+  const RowMatrix one = model->extend(other, ids, opt);
+  REQUIRE(one.rows() == 1);
+  std::vector<float> last(static_cast<size_t>(2 * full.cols()), nan);
+  model->extend_into(state, ids, opt, last.data());
+  CHECK(std::equal(last.begin(), last.begin() + full.cols(), one.data()));
+  CHECK(state.length == other.length);
+  CHECK(std::all_of(last.begin() + full.cols(), last.end(), [](float v) { return std::isnan(v); }));
 }
 
 TEST_CASE("generation: token-by-token decoding reproduces teacher forcing") {
