@@ -61,8 +61,7 @@ ModelBackend make_model_backend(const std::shared_ptr<const Transformer>& model,
   b.forward.forward_into = [shared, model, on_host](std::span<const int64_t> tokens, const ExtendOptions& opt,
                                                     float* logits) {
     if (on_host(opt.cache)) {
-      const RowMatrix host = model->forward(tokens, opt);
-      std::copy(host.data(), host.data() + host.size(), logits);
+      model->forward_into(tokens, opt, logits);
       return;
     }
     const std::lock_guard<std::mutex> lock(shared->mutex);

@@ -220,7 +220,7 @@ inline f64h fma(f64h a, f64h b, f64h c) {
 inline f64h fma(f64h a, f64h b, double c) { return fma(a, b, splat64(c)); }
 
 // e^x for every lane in fp64, within 1 ulp of the correctly rounded value (std::exp's
-// accuracy; tests/metrics/test_row_simd.cpp measures it against std::exp): 0 below
+// accuracy; tests/metrics/test_attention_shift.cpp measures it against std::exp): 0 below
 // about -745.13 (subnormal results on the way), +Inf above about 709.78, NaN for NaN.
 // For the long fp64 sums over a vocabulary's logits (sim/metrics/model_metrics.cpp).
 // Range reduction x = n ln 2 + r, |r| <= ln 2 / 2 (ln 2 in two parts, fdlibm's), the
@@ -229,7 +229,7 @@ inline f64h fma(f64h a, f64h b, double c) { return fma(a, b, splat64(c)); }
 // subnormal 2^-1075 · e^r come out of two exact or once-rounded products.
 inline f64h exp(f64h x) {
   const f64h lo = splat64(-746.0), hi = splat64(710.0);
-  const f64h xc = x < lo ? lo : (x > hi ? hi : x);  // NaN: the polynomial's input is hi
+  const f64h xc = x < lo ? lo : (x > hi ? hi : x);  // NaN stays NaN (both compare false)
   const f64h magic = splat64(6755399441055744.0);  // 1.5·2^52: adding it rounds to an integer
   const f64h t = fma(xc, splat64(1.4426950408889634), magic);
   const f64h n = t - magic;
