@@ -590,35 +590,50 @@ std::string Report::write_comparisons(const std::vector<PointResult>& results, s
 
 namespace {
 
-// Runs `argv` with stdout and stderr into `log`; empty on success, else the log tail.
-std::string run_logged(std::vector<std::string> argv, const std::filesystem::path& log) {
-  const pid_t pid = ::fork();
-  if (pid < 0) return "fork failed";
-  if (pid == 0) {
+// A plot script's process: `argv` started with stdout and stderr into `log`. Its BLAS
+// runs on one thread unless the caller's environment says otherwise: the scripts do
+// no linear algebra worth a thread pool, and OpenBLAS's idle threads spin, taking CPU
+// from the other script running beside it.
+struct LoggedProcess {
+  std::vector<std::string> argv;
+  std::filesystem::path log;
+  pid_t pid = -1;
+};
+
+LoggedProcess start_logged(std::vector<std::string> argv, const std::filesystem::path& log) {
+  LoggedProcess p{std::move(argv), log, ::fork()};
+  if (p.pid == 0) {
     FILE* f = std::freopen(log.c_str(), "w", stdout);
     (void)f;
     ::dup2(STDOUT_FILENO, STDERR_FILENO);
+    ::setenv("OPENBLAS_NUM_THREADS", "1", 0);
     std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
+    for (std::string& a : p.argv) args.push_back(a.data());
     args.push_back(nullptr);
     ::execvp(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s\n", argv[0].c_str());
+    std::fprintf(stderr, "cannot run %s\n", p.argv[0].c_str());
     ::_exit(127);
   }
+  return p;
+}
+
+// Waits for a started script: empty on success, else the log tail.
+std::string finish_logged(const LoggedProcess& p) {
+  if (p.pid < 0) return "fork failed";
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  ::waitpid(p.pid, &status, 0);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    std::filesystem::remove(log);
+    std::filesystem::remove(p.log);
     return {};
   }
-  std::ifstream in(log);
+  std::ifstream in(p.log);
   std::stringstream ss;
   ss << in.rdbuf();
   std::string tail = ss.str();
   if (tail.size() > 800) tail = "..." + tail.substr(tail.size() - 800);
   // The setup hint only where the interpreter or matplotlib is what is missing.
   const bool missing = tail.find("No module named") != std::string::npos || tail.find("cannot run") != std::string::npos;
-  return argv[0] + " " + argv[1] + " failed (see " + log.string() + "):\n" + tail +
+  return p.argv[0] + " " + p.argv[1] + " failed (see " + p.log.string() + "):\n" + tail +
          (missing ? "\n(plots need Debian's python3-matplotlib: scripts/setup.sh installs it)" : "");
 }
 
@@ -656,13 +671,20 @@ std::string Report::write_plots() const {
     argv.push_back("--marker");
     argv.push_back(spec_.output.marker);
   }
-  std::string err = run_logged(argv, dir_ / "plots.log");
-  if (err.empty() && std::filesystem::exists(dir_ / "attribution.csv")) {
-    if (!std::filesystem::exists(attribution)) return "plot script not found at " + attribution.string();
-    err = run_logged({python, attribution.string(), "--results", dir_.string(), "--title", spec_.name},
-                     dir_ / "plots_attribution.log");
+  // The two scripts write different files: they run side by side (each is minutes of
+  // matplotlib at most, seconds for most runs, and one thread).
+  std::vector<LoggedProcess> scripts_run = {start_logged(argv, dir_ / "plots.log")};
+  std::vector<std::string> errors;
+  if (std::filesystem::exists(dir_ / "attribution.csv")) {
+    if (std::filesystem::exists(attribution))
+      scripts_run.push_back(start_logged({python, attribution.string(), "--results", dir_.string(), "--title", spec_.name},
+                                         dir_ / "plots_attribution.log"));
+    else
+      errors.push_back("plot script not found at " + attribution.string());
   }
-  return err;
+  for (const LoggedProcess& p : scripts_run)
+    if (std::string err = finish_logged(p); !err.empty()) errors.push_back(std::move(err));
+  return join(errors, "\n");
 }
 
 }  // namespace kvb

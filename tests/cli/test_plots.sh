@@ -4,7 +4,8 @@
 # as PNG, SVG with text elements and PDF with TrueType fonts (editable text); the y axis names the
 # metric's quantity, unit and direction from the metric table; overlapping points are
 # annotated; the caption file lists the infeasible point; the attribution pages cover
-# every point; log axes get two labelled ticks; the plot interpreter is found or named.
+# every point; log axes get two labelled ticks; the plot interpreter is found or named;
+# both scripts run, side by side, and each failure is reported with its log.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -128,4 +129,24 @@ expect "$tmp/r2.out" "python3-matplotlib" "no interpreter (what to install)"
 /usr/bin/python3 -S "$src/experiments/plot_pareto.py" --results "$d" --metrics attn_kl_mean >"$tmp/S.out" 2>&1 \
   && fail "plot_pareto.py without matplotlib exited 0"
 expect "$tmp/S.out" "cannot import matplotlib; the plot scripts need matplotlib and numpy" "plot script without matplotlib"
+
+# 6. Both scripts run (side by side) and each failure is reported with its log; the
+# scripts' BLAS runs on one thread unless the environment says otherwise.
+cat >"$tmp/broken-python3" <<'SH'
+#!/bin/sh
+[ "$1" = -c ] && exit 0
+echo "broken $(basename "$1"), OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS"
+exit 3
+SH
+chmod +x "$tmp/broken-python3"
+KVB_PYTHON="$tmp/broken-python3" "$kvb" run "$tmp/named.toml" --out "$tmp/r3" --quiet >"$tmp/r3.out" 2>&1
+[ $? -eq 1 ] || fail "plot scripts failing: expected exit 1"
+expect "$tmp/r3.out" "broken plot_pareto.py, OPENBLAS_NUM_THREADS=1" "the pareto script's failure"
+expect "$tmp/r3.out" "broken plot_attribution.py, OPENBLAS_NUM_THREADS=1" "the attribution script's failure"
+r3="$(ls -d "$tmp"/r3/named/2*)"
+[ -s "$r3/plots.log" ] && [ -s "$r3/plots_attribution.log" ] || fail "a failed plot script's log was not kept"
+[ -s "$r3/points.csv" ] || fail "points.csv lost when the plot scripts fail"
+OPENBLAS_NUM_THREADS=2 KVB_PYTHON="$tmp/broken-python3" "$kvb" run "$tmp/named.toml" --out "$tmp/r4" --quiet \
+  >"$tmp/r4.out" 2>&1
+expect "$tmp/r4.out" "broken plot_pareto.py, OPENBLAS_NUM_THREADS=2" "the caller's OPENBLAS_NUM_THREADS kept"
 exit $status
