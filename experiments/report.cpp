@@ -601,17 +601,24 @@ struct LoggedProcess {
 };
 
 LoggedProcess start_logged(std::vector<std::string> argv, const std::filesystem::path& log) {
-  LoggedProcess p{std::move(argv), log, ::fork()};
+  // Arguments and environment built before fork: the child of a threaded process only
+  // redirects and execs.
+  LoggedProcess p{std::move(argv), log};
+  std::vector<char*> args;
+  for (std::string& a : p.argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  std::string one_blas_thread = "OPENBLAS_NUM_THREADS=1";
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  if (!std::getenv("OPENBLAS_NUM_THREADS")) env.push_back(one_blas_thread.data());
+  env.push_back(nullptr);
+  p.pid = ::fork();
   if (p.pid == 0) {
     FILE* f = std::freopen(log.c_str(), "w", stdout);
     (void)f;
     ::dup2(STDOUT_FILENO, STDERR_FILENO);
-    ::setenv("OPENBLAS_NUM_THREADS", "1", 0);
-    std::vector<char*> args;
-    for (std::string& a : p.argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    std::fprintf(stderr, "cannot run %s\n", p.argv[0].c_str());
+    ::execve(args[0], args.data(), env.data());  // argv[0]: plot_python()'s resolved path
+    std::fprintf(stderr, "cannot run %s\n", args[0]);
     ::_exit(127);
   }
   return p;
