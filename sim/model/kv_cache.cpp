@@ -37,8 +37,12 @@ int64_t KvCache::length(int64_t layer) const {
 
 namespace {
 
+// Appends n rows of d floats (row r at src + r * stride). The storage grows
+// geometrically: a decoding step appends one row to every unit, and growing to the exact
+// size each time copied the whole history at every step (quadratic in the length).
 void append_rows(std::vector<float>& u, const float* src, int64_t stride, int64_t n, int64_t d) {
-  u.reserve(u.size() + static_cast<size_t>(n * d));
+  const size_t needed = u.size() + static_cast<size_t>(n * d);
+  if (needed > u.capacity()) u.reserve(std::max(needed, 2 * u.capacity()));
   for (int64_t r = 0; r < n; ++r) u.insert(u.end(), src + r * stride, src + r * stride + d);
 }
 
