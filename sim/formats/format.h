@@ -164,6 +164,15 @@ class Format {
   // group's tokens stay at the residual precision (plan.h, open_group_begin; methods.md
   // §3, "groups along tokens"). 1 (the default): each token is quantized on its own.
   virtual int64_t tokens_per_group() const { return 1; }
+  // Whether a span may be quantized in pieces cut at its groups: roundtrip() of rows
+  // [0, c) and of rows [c, T) (with span_from's SpanInfo, first_token moved by c) give
+  // the bits of the whole span's roundtrip() for every cut c that is a multiple of
+  // tokens_per_group() (>= 1). True when nothing is fitted to the span as a whole (a
+  // scale, codebook or channel set calibrated on its rows); a growing cache then
+  // re-quantizes only its new groups (sim/model/kv_cache.h). False, the default, is
+  // always correct, only slower there; tests/formats/test_format_table.cpp checks every
+  // format that says true.
+  virtual bool splits_at_groups() const { return false; }
   // Builds the score estimator of a key span; nullptr (the default) means attention
   // uses the decoded keys from roundtrip().
   virtual std::unique_ptr<ScoreEstimator> score_estimator(ConstMatView /*keys*/, const SpanInfo& /*span*/) const {

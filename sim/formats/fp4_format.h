@@ -23,6 +23,7 @@ class Fp4Format final : public Format {
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return 4; }
+  bool splits_at_groups() const override { return !nv_; }  // NVFP4's tensor scale is the span's
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;

@@ -36,6 +36,7 @@ class Fp8Format final : public Format {
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return 8; }
+  bool splits_at_groups() const override { return spec_.scale != Fp8Scale::Calibrated; }  // -cal: one scale a span
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
   int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;

@@ -30,6 +30,7 @@ class GgmlFormat final : public Format {
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override;
+  bool splits_at_groups() const override { return true; }  // blocks along head_dim, per token
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   // ggml's own bytes: for each row, its head_dim/32 blocks in order, exactly as a ggml
   // tensor with ne0 = head_dim stores them.

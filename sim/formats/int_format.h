@@ -59,6 +59,7 @@ class IntFormat final : public Format {
            : spec_.grouping == IntGrouping::WholeSpanPerChannel ? 0
                                                                  : 1;
   }
+  bool splits_at_groups() const override { return tokens_per_group() >= 1; }  // not int ch
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;

@@ -18,6 +18,7 @@ class KeepFormat final : public Format {
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   bool lossless() const override { return dtype_ == StoreDtype::F32; }
   double nominal_bits() const override { return store_dtype_bits(dtype_); }
+  bool splits_at_groups() const override { return true; }
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
 

@@ -25,6 +25,7 @@ class OutlierFormat final : public Format {
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return inner_->nominal_bits(); }
+  bool splits_at_groups() const override { return inner_->splits_at_groups(); }  // outliers chosen per row
   int64_t tokens_per_group() const override { return inner_->tokens_per_group(); }
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;

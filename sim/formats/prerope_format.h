@@ -32,6 +32,7 @@ class PreRopeFormat final : public Format {
   }
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return inner_->nominal_bits(); }
+  bool splits_at_groups() const override { return inner_->splits_at_groups(); }  // RoPE per row's position
   int64_t tokens_per_group() const override { return inner_->tokens_per_group(); }
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;

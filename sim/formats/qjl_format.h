@@ -26,6 +26,7 @@ class QjlFormat final : public Format {
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return 1; }
+  bool splits_at_groups() const override { return true; }  // projections seeded per unit, one row at a time
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
   bool keys_only() const override { return true; }

@@ -57,6 +57,8 @@ class TurboFormat final : public Format {
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   // Code bits of the non-outlier channels (the true cost is storage_bits()).
   double nominal_bits() const override { return spec_.bits; }
+  // Rotations are seeded per unit; a split's channel set is chosen per span.
+  bool splits_at_groups() const override { return !spec_.split(); }
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;

@@ -273,3 +273,59 @@ TEST_CASE("presets cost what methods.md §1 says") {
   CHECK(make_format("kvquant-nuq4-1%")->storage_bits(T, d) ==
         static_cast<uint64_t>(T * d) * 4 + static_cast<uint64_t>(d) * 16 * 16 + static_cast<uint64_t>(T) * 1 * 32);
 }
+
+TEST_CASE("splits_at_groups: a span quantized in pieces cut at its groups gives the whole span's bits") {
+  // Keys with pre-RoPE copies (prerope:), N(0, 1) values with a few large ones (the
+  // outlier and calibrated formats' case), cut into two and three pieces at group
+  // boundaries, each piece with span_from's SpanInfo: what a growing KV cache does.
+  const int64_t T = 200, d = 128;
+  std::vector<float> x = kvb::test::random_normal(static_cast<size_t>(T * d), 41);
+  const std::vector<float> pre = kvb::test::random_normal(static_cast<size_t>(T * d), 42);
+  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 30.0f;
+  SpanSource source;
+  source.name = "pieces";
+  source.rope_applied = true;
+  const SpanInfo unit = unit_span(source, 1, 2, Kind::Key, 7, pre.data(), d);
+  auto roundtrip = [&](const Format& f, int64_t begin, int64_t end, std::vector<float>& out) {
+    f.roundtrip(ConstMatView{x.data() + begin * d, end - begin, d, d}, MatView{out.data() + begin * d, end - begin, d, d},
+                span_from(unit, begin));
+  };
+  int64_t splittable = 0;
+  for (const std::string& name : all_examples()) {
+    INFO(name);
+    const FormatPtr f = make_format(name);
+    if (!f->check_shape(T, d).empty() || !f->splits_at_groups()) continue;
+    const int64_t G = f->tokens_per_group();
+    REQUIRE(G >= 1);
+    std::vector<float> whole(x.size()), pieces(x.size());
+    roundtrip(*f, 0, T, whole);
+    for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{1}, {3}, {1, 4}, {2, 5}}) {
+      CAPTURE(cuts.size());
+      int64_t begin = 0;
+      for (const int64_t c : cuts) {
+        const int64_t end = std::min(T, c * G * (G == 1 ? 37 : 1));
+        roundtrip(*f, begin, end, pieces);
+        begin = end;
+      }
+      roundtrip(*f, begin, T, pieces);
+      CHECK(std::memcmp(whole.data(), pieces.data(), x.size() * sizeof(float)) == 0);
+    }
+    ++splittable;
+  }
+  CHECK(splittable >= 30);
+  // The formats a decoding cache meets most say true; those fitted to a span say false,
+  // and rightly: their pieces differ.
+  for (const char* name : {"int4-asym-g32", "int2-asym-ch32", "keep-fp16", "q4_0", "mxfp4", "nf4-g64", "fp8-e4m3",
+                           "turbo-3", "prerope:int2-asym-ch32"})
+    CHECK_MESSAGE(make_format(name)->splits_at_groups(), name);
+  for (const char* name : {"int3-asym-ch", "nvfp4", "fp8-e4m3-cal64", "nuq4", "turbo-2-o32b3"}) {
+    INFO(name);
+    const FormatPtr f = make_format(name);
+    CHECK_FALSE(f->splits_at_groups());
+    std::vector<float> whole(x.size()), pieces(x.size());
+    roundtrip(*f, 0, T, whole);
+    roundtrip(*f, 0, 96, pieces);
+    roundtrip(*f, 96, T, pieces);
+    CHECK(std::memcmp(whole.data(), pieces.data(), x.size() * sizeof(float)) != 0);
+  }
+}
