@@ -72,35 +72,80 @@ void require_finite_reconstruction(const Format& format, const float* x, const f
                                 ": " + format_double(x[first]) + "): they exceed the format's range");
 }
 
+// Rows [begin, end) of a unit (x and out [*, d] from its token 0) through `format` as
+// one span starting at `begin`, checked for values it made non-finite.
+void roundtrip_rows(const Format& format, const float* x, int64_t begin, int64_t end, int64_t d,
+                    const SpanInfo& unit_span, float* out) {
+  if (end <= begin) return;
+  const SpanInfo span = span_from(unit_span, begin);
+  const int64_t n = end - begin;
+  format.roundtrip(ConstMatView{x + begin * d, n, d, d}, MatView{out + begin * d, n, d, d}, span);
+  require_finite_reconstruction(format, x + begin * d, out + begin * d, n, d, span);
+}
+
+bool same_format(const FormatPtr& a, const FormatPtr& b) { return a == b || (a && b && a->name() == b->name()); }
+
+// The first row of `seg` whose stored version must be re-quantized, given what was
+// built for `before`: past the groups complete in both seg and before's segment with
+// the same first token and format, when that format splits at groups; else seg.begin.
+int64_t first_row_to_quantize(const Segment& seg, const UnitPlan& before) {
+  if (!seg.format->splits_at_groups()) return seg.begin;
+  for (const Segment& old : before.segments)
+    if (old.begin == seg.begin && same_format(old.format, seg.format)) {
+      const int64_t G = seg.format->tokens_per_group();
+      return seg.begin + G * ((std::min(old.end, seg.end) - seg.begin) / G);
+    }
+  return seg.begin;
+}
+
+void estimate_key_segments(const UnitPlan& unit, const float* x, int64_t d, const SpanInfo& unit_span,
+                           std::vector<EstimatedKeys>& estimated) {
+  estimated.clear();
+  if (unit_span.is_key)
+    for (const Segment& seg : unit.segments)
+      if (auto est = seg.format->score_estimator(ConstMatView{x + seg.begin * d, seg.end - seg.begin, d, d},
+                                                 span_from(unit_span, seg.begin)))
+        estimated.push_back({seg.begin, seg.end, std::move(est), seg.begin, seg.end});
+}
+
 }  // namespace
 
 void reconstruct_unit(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& unit_span,
                       float* out) {
   for (const Segment& seg : unit.segments) {
     if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
-    const int64_t n = seg.end - seg.begin;
-    const SpanInfo span = span_from(unit_span, seg.begin);
-    seg.format->roundtrip(ConstMatView{x + seg.begin * d, n, d, d}, MatView{out + seg.begin * d, n, d, d}, span);
-    require_finite_reconstruction(*seg.format, x + seg.begin * d, out + seg.begin * d, n, d, span);
+    roundtrip_rows(*seg.format, x, seg.begin, seg.end, d, unit_span, out);
   }
 }
 
 void reconstruct_window(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& unit_span,
                         float* out) {
-  unit.window.format->roundtrip(ConstMatView{x, T, d, d}, MatView{out, T, d, d}, unit_span);
-  require_finite_reconstruction(*unit.window.format, x, out, T, d, unit_span);
+  roundtrip_rows(*unit.window.format, x, 0, T, d, unit_span, out);
 }
 
 void reconstruct_unit_versions(const UnitPlan& unit, const float* x, int64_t T, int64_t d, const SpanInfo& unit_span,
                                float* stored, float* window, std::vector<EstimatedKeys>& estimated) {
-  estimated.clear();
   reconstruct_unit(unit, x, T, d, unit_span, stored);
-  if (unit_span.is_key)
-    for (const Segment& seg : unit.segments)
-      if (auto est = seg.format->score_estimator(ConstMatView{x + seg.begin * d, seg.end - seg.begin, d, d},
-                                                 span_from(unit_span, seg.begin)))
-        estimated.push_back({seg.begin, seg.end, std::move(est), seg.begin, seg.end});
+  estimate_key_segments(unit, x, d, unit_span, estimated);
   if (unit.window.active()) reconstruct_window(unit, x, T, d, unit_span, window);
+}
+
+void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, const float* x, int64_t T,
+                          int64_t d, const SpanInfo& unit_span, float* stored, float* window,
+                          std::vector<EstimatedKeys>& estimated) {
+  if (T_before > T)
+    throw Error("internal: a unit cannot shrink from " + std::to_string(T_before) + " to " + std::to_string(T) + " tokens");
+  for (const Segment& seg : unit.segments) {
+    if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
+    roundtrip_rows(*seg.format, x, first_row_to_quantize(seg, before), seg.end, d, unit_span, stored);
+  }
+  estimate_key_segments(unit, x, d, unit_span, estimated);
+  if (unit.window.active()) {
+    const FormatPtr& f = unit.window.format;
+    const bool kept = before.window.active() && same_format(before.window.format, f) && f->splits_at_groups();
+    const int64_t first = kept ? f->tokens_per_group() * (T_before / f->tokens_per_group()) : 0;
+    roundtrip_rows(*f, x, first, T, d, unit_span, window);
+  }
 }
 
 double TensorQuantization::relative_mse() const {

@@ -89,6 +89,20 @@ void reconstruct_unit_versions(const UnitPlan& unit, const float* x, int64_t T, 
                                const SpanInfo& unit_span, float* stored, float* window,
                                std::vector<EstimatedKeys>& estimated);
 
+// reconstruct_unit_versions for a unit that has grown (a decoding cache), reusing what
+// an earlier call built. On entry `stored` holds the stored version that call built for
+// `before` over the first T_before rows of the same x and unit_span, and `window` its
+// window version when before's window was active; both have room for T rows. On return
+// they hold the versions for `unit` over T rows, and `estimated` its estimated key
+// segments: bit for bit what reconstruct_unit_versions gives. Only rows whose version
+// may differ are re-quantized: from the first group that is not complete in both the
+// old and the new segment (same first token and format), or the whole segment when the
+// format does not split at groups (Format::splits_at_groups) or had no such segment;
+// the window likewise. Estimators are rebuilt for every segment.
+void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, const float* x, int64_t T,
+                          int64_t d, const SpanInfo& unit_span, float* stored, float* window,
+                          std::vector<EstimatedKeys>& estimated);
+
 // A tensor quantized on its own (`kvbudget quantize`): rows of its last dimension
 // (head_dim), every dimension before it flattened into rows.
 struct TensorQuantization {

@@ -24,11 +24,13 @@ KvCache::KvCache(int64_t layers, int64_t kv_heads, int64_t head_dim, CacheRope r
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       rope_(std::move(rope)),
-      units_(static_cast<size_t>(layers * kv_heads * kKinds)) {}
+      units_(static_cast<size_t>(layers * kv_heads * kKinds)),
+      kept_(static_cast<size_t>(layers * kv_heads * 2)) {}
 
 void KvCache::reset(CacheRope rope) {
   rope_ = std::move(rope);
   for (std::vector<float>& u : units_) u.clear();
+  for (KeptVersions& k : kept_) k.length = 0;
 }
 
 int64_t KvCache::length(int64_t layer) const {
@@ -109,6 +111,54 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
   for (const std::string& e : errors)
     if (!e.empty()) throw Error(e);
   return v;
+}
+
+KvLayerView KvCache::view_after_append(int64_t layer, const CacheQuantization& q, int64_t appended,
+                                       std::vector<float>& scratch) {
+  const bool keeping = kept(layer, 0, Kind::Key).length > 0;
+  if (!q.plan || (!keeping && appended >= length(layer))) return view(layer, q, scratch);
+  KvLayerView v = view(layer, CacheQuantization{}, scratch);  // the exact pointers
+  v.prefill = q.effective_prefill();
+  update_kept(layer, q, keeping ? appended : length(layer), v);
+  return v;
+}
+
+void KvCache::update_kept(int64_t layer, const CacheQuantization& q, int64_t new_rows, KvLayerView& v) {
+  const int64_t length = this->length(layer), d = head_dim_;
+  const int64_t units = 2 * kv_heads_;
+  std::vector<std::string> errors(static_cast<size_t>(units));
+#pragma omp parallel for schedule(dynamic, 1) \
+    if (units > 1 && parallel_worthwhile(50.0 * static_cast<double>(units * new_rows * d)))
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t g = u / 2;
+    const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;
+    KvUnitView& view = (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)];
+    KeptVersions& k = kept(layer, g, kind);
+    try {
+      view.plan = q.plan->phase_marker() ? q.plan->unit_at(layer, g, kind, length, q.second_phase)
+                                         : q.plan->unit_at(layer, g, kind, length);
+      const UnitPlan& plan = view.plan;
+      const SpanInfo span = unit_span(layer, g, kind, q.seed);
+      if (k.length > length || k.seed != q.seed) k.length = 0;  // another sequence's, or seed's
+      k.stored.resize(static_cast<size_t>(length * d));
+      if (plan.window.active()) k.window.resize(static_cast<size_t>(length * d));
+      float* window = plan.window.active() ? k.window.data() : nullptr;
+      const int64_t built = k.length;
+      k.length = 0;  // nothing kept unless the update completes
+      if (built == 0) reconstruct_unit_versions(plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
+      else update_unit_versions(k.plan, built, plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
+      k.plan = plan;
+      k.length = length;
+      k.seed = q.seed;
+      view.stored = k.stored.data();
+      if (plan.window.active()) view.window = window;
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(u)] = "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " +
+                                       kind_name(kind) + ": " + e.what();
+    }
+  }
+  for (const std::string& e : errors)
+    if (!e.empty()) throw Error(e);
 }
 
 void check_plan_fits(const Plan& plan, int64_t layers, int64_t kv_heads, int64_t head_dim) {

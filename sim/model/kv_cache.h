@@ -18,7 +18,9 @@
 //    query reads in its stored version is complete (groups along tokens stay in the
 //    residual while open, plan.h), so this equals teacher forcing: no query reads
 //    anything that depends on a later token. Keys and values of earlier tokens are
-//    not recomputed.
+//    not recomputed. view_after_append() gives that reconstruction's bits while
+//    re-quantizing only the groups that changed (update_unit_versions), so a step
+//    costs what its new tokens do, not the whole history.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -84,8 +86,17 @@ class KvCache {
 
   // What attention reads for a layer, [length, head_dim] rows per version: exact, or
   // reconstructed through q.plan (into `scratch`, which must outlive the view), with
-  // score estimators for key segments whose format has one (QJL).
+  // score estimators for key segments whose format has one (QJL). Every unit is
+  // reconstructed whole: the plain reference of view_after_append().
   KvLayerView view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const;
+  // The same view, bit for bit, after `appended` tokens were appended to the layer:
+  // what extend() reads. Once the layer held more tokens than were appended (a decoding
+  // step), its reconstructed versions are kept in the cache and the next call
+  // re-quantizes only the groups that changed; a first pass over a whole sequence
+  // (teacher forcing) reconstructs into `scratch` and keeps nothing. The view's pointers
+  // stay valid until the next call for the layer.
+  KvLayerView view_after_append(int64_t layer, const CacheQuantization& q, int64_t appended,
+                                std::vector<float>& scratch);
 
  private:
   // Kinds of stored rows per (layer, KV head).
@@ -99,9 +110,25 @@ class KvCache {
   // What a format learns about unit (layer, g, kind) from token 0.
   SpanInfo unit_span(int64_t layer, int64_t kv_head, Kind kind, uint64_t seed) const;
 
+  // The versions view_after_append() built for one unit (K or V of a layer's KV head)
+  // and what they were built for; update_unit_versions starts from them.
+  struct KeptVersions {
+    UnitPlan plan;                      // the plan's unit at `length`
+    int64_t length = 0;                 // rows built; 0 = nothing kept
+    uint64_t seed = 0;                  // the CacheQuantization's seed
+    std::vector<float> stored, window;  // [length, head_dim]; window only with plan.window active
+  };
+  KeptVersions& kept(int64_t layer, int64_t kv_head, Kind kind) {
+    return kept_[static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + static_cast<int>(kind))];
+  }
+  // Fills v.keys / v.values from the kept versions, updated to the layer's length
+  // (about new_rows rows a unit to quantize: what decides whether to use threads).
+  void update_kept(int64_t layer, const CacheQuantization& q, int64_t new_rows, KvLayerView& v);
+
   int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
   CacheRope rope_;
   std::vector<std::vector<float>> units_;  // [(layer, kv_head, kind)] -> [length, head_dim]
+  std::vector<KeptVersions> kept_;         // [(layer, kv_head, K/V)]
 };
 
 // Throws kvb::Error unless the plan's layers, KV heads and head_dim match the cache.

@@ -147,7 +147,7 @@ void Transformer::extend_into(State& state, std::span<const int64_t> tokens, con
       cap->value = heads_tensor(qkv.data(), qkv_width, v_col, c.kv_heads, n, d);
     }
     state.cache.append(l, qkv.data() + k_col, qkv.data() + v_col, qkv_width, n);
-    const KvLayerView kv = state.cache.view(l, cache, ws.cache_scratch);
+    const KvLayerView kv = state.cache.view_after_append(l, cache, n, ws.cache_scratch);
     const AttentionGeometry geo{c.q_heads, c.kv_heads, d, c.score_scale(l), c.sliding_window[static_cast<size_t>(l)]};
     causal_attention(qkv.data(), qkv_width, n, context, kv, geo, attn.data());
     if (cap) {
