@@ -271,8 +271,8 @@ std::string Recording::summary() const {
      << tokens << " tokens";
   if (rope.applied) os << ", post-RoPE (theta " << rope.theta << (rope.inv_freq.empty() ? "" : ", scaled") << ")";
   if (has_sparse_queries()) os << ", queries at " << layers[0].query_positions.size() << " positions";
-  if (has_pre_rope_keys()) os << ", pre-RoPE keys";
-  if (has_attn_output()) os << ", attn_output";
+  if (streamed_extras ? streamed_extras->key_pre_rope : has_pre_rope_keys()) os << ", pre-RoPE keys";
+  if (streamed_extras ? streamed_extras->attn_output : has_attn_output()) os << ", attn_output";
   return os.str();
 }
 

@@ -74,6 +74,14 @@ struct Recording {
   // simulator and the strategies' statistics compute from them is full causal
   // attention, which is the model's only for queries t < W (model_eval.h).
   std::vector<int64_t> attention_windows;
+  // A streamed recording's skeleton (sim/layer_stream.h), whose layers hold no tensors
+  // until held: what each layer holds then beside its queries, keys and values, for
+  // summary(). Unset for a recording that holds its layers (summary() looks at layer 0).
+  struct HeldExtras {
+    bool key_pre_rope = false;
+    bool attn_output = false;
+  };
+  std::optional<HeldExtras> streamed_extras;
 
   // Queries t < this attend alike in the recording (full causal) and in the model: the
   // smallest window of attention_windows, or T.

@@ -1622,7 +1622,11 @@ SyntheticLayers::~SyntheticLayers() = default;
 
 int64_t SyntheticLayers::layers() const { return state_->plan.L; }
 
-Recording SyntheticLayers::skeleton() const { return skeleton_of(state_->plan, state_->keep); }
+Recording SyntheticLayers::skeleton() const {
+  Recording rec = skeleton_of(state_->plan, state_->keep);
+  rec.streamed_extras = Recording::HeldExtras{state_->plan.spec.rope && state_->keep.key_pre_rope, false};
+  return rec;
+}
 
 void SyntheticLayers::generate_into(Recording& rec, int64_t l) {
   const Plan& P = state_->plan;

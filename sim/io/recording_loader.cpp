@@ -474,8 +474,10 @@ RecordingFileLayers::RecordingFileLayers(const RecordingSpec& spec) : state_(std
   rec.name = recording_name(spec.path);
   rec.source = s.file.where;
   rec.metadata = s.file.store->metadata();
-  // The dimensions, from the first layer (read once here, then dropped).
-  (void)read_layer(s.file, spec, s.file.layers.front(), rec);
+  // The dimensions, from the first layer (read once here, then dropped), and what every
+  // layer holds (load_recording requires the same tensors of each).
+  const LayerTensors first = read_layer(s.file, spec, s.file.layers.front(), rec);
+  rec.streamed_extras = Recording::HeldExtras{!first.key_pre_rope.empty(), !first.attn_output.empty()};
   for (int l : s.file.layers) {
     rec.layers.emplace_back();
     rec.layer_ids.push_back(l);

@@ -233,6 +233,8 @@ TEST_CASE("streaming: the generator one layer at a time gives generate_synthetic
   REQUIRE(rec.num_layers() == held.num_layers());
   CHECK(rec.layers[1].key.empty());
   CHECK(rec.layers[1].query_positions == held.layers[1].query_positions);
+  // The summary says what the layers will hold (the skeleton holds none of it).
+  CHECK(rec.summary() == held.summary());
   CHECK_THROWS_WITH_AS(layers.finish(rec), doctest::Contains("before layer 0 was generated"), Error);
   for (int64_t l : {2, 0, 1, 2}) layers.generate_into(rec, l);  // any order, a layer twice: the same tensors
   layers.finish(rec, &streamed_report);
@@ -247,6 +249,16 @@ TEST_CASE("streaming: the generator one layer at a time gives generate_synthetic
   CHECK(rec.metadata == held.metadata);
   CHECK(streamed_report.warnings == held_report.warnings);
   CHECK(recording_identity(rec) == recording_identity(held));
+}
+
+TEST_CASE("streaming: a skeleton's summary names the pre-RoPE keys its layers will hold") {
+  const SyntheticSpec synthetic = parse(kPhaseConfig).data.synthetic;
+  for (const bool pre_rope : {true, false}) {
+    const SyntheticKeep keep{{}, pre_rope};
+    const std::string streamed = SyntheticLayers(synthetic, keep).skeleton().summary();
+    CHECK(streamed == generate_synthetic(synthetic, nullptr, keep).summary());
+    CHECK((streamed.find(", pre-RoPE keys") != std::string::npos) == pre_rope);
+  }
 }
 
 TEST_CASE("streaming: a sweep holding one layer at a time gives the held sweep's results bit for bit") {
@@ -308,6 +320,7 @@ TEST_CASE("streaming: a recording file read one layer at a time gives load_recor
     Recording rec = layers.skeleton();
     CHECK(rec.tokens == held.tokens);
     CHECK(rec.layers[0].key.empty());
+    CHECK(rec.summary() == held.summary());
     for (int64_t l : {1, 0, 2, 1}) layers.load_into(rec, l);
     for (size_t l = 0; l < held.layers.size(); ++l) {
       CHECK(same_tensor(rec.layers[l].query, held.layers[l].query));
