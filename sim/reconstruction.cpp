@@ -98,6 +98,13 @@ int64_t first_row_to_quantize(const Segment& seg, const UnitPlan& before) {
   return seg.begin;
 }
 
+// The first row of the window version to re-quantize, given what was built for `before`.
+int64_t first_window_row(const UnitPlan& before, int64_t T_before, const UnitPlan& unit) {
+  const FormatPtr& f = unit.window.format;
+  const bool kept = before.window.active() && same_format(before.window.format, f) && f->splits_at_groups();
+  return kept ? f->tokens_per_group() * (T_before / f->tokens_per_group()) : 0;
+}
+
 void estimate_key_segments(const UnitPlan& unit, const float* x, int64_t d, const SpanInfo& unit_span,
                            std::vector<EstimatedKeys>& estimated) {
   estimated.clear();
@@ -130,6 +137,13 @@ void reconstruct_unit_versions(const UnitPlan& unit, const float* x, int64_t T, 
   if (unit.window.active()) reconstruct_window(unit, x, T, d, unit_span, window);
 }
 
+int64_t rows_to_update(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, int64_t T) {
+  int64_t rows = unit.window.active() ? T - first_window_row(before, T_before, unit) : 0;
+  for (const Segment& seg : unit.segments)
+    rows += seg.format->keys_only() ? seg.end - seg.begin : seg.end - first_row_to_quantize(seg, before);
+  return rows;
+}
+
 void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, const float* x, int64_t T,
                           int64_t d, const SpanInfo& unit_span, float* stored, float* window,
                           std::vector<EstimatedKeys>& estimated) {
@@ -140,12 +154,8 @@ void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPl
     roundtrip_rows(*seg.format, x, first_row_to_quantize(seg, before), seg.end, d, unit_span, stored);
   }
   estimate_key_segments(unit, x, d, unit_span, estimated);
-  if (unit.window.active()) {
-    const FormatPtr& f = unit.window.format;
-    const bool kept = before.window.active() && same_format(before.window.format, f) && f->splits_at_groups();
-    const int64_t first = kept ? f->tokens_per_group() * (T_before / f->tokens_per_group()) : 0;
-    roundtrip_rows(*f, x, first, T, d, unit_span, window);
-  }
+  if (unit.window.active())
+    roundtrip_rows(*unit.window.format, x, first_window_row(before, T_before, unit), T, d, unit_span, window);
 }
 
 double TensorQuantization::relative_mse() const {

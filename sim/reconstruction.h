@@ -103,6 +103,11 @@ void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPl
                           int64_t d, const SpanInfo& unit_span, float* stored, float* window,
                           std::vector<EstimatedKeys>& estimated);
 
+// About how many rows update_unit_versions re-quantizes for the same arguments (its
+// segments' and window's rows, and the key rows a keys-only format's estimator is rebuilt
+// from): what a caller decides threads by.
+int64_t rows_to_update(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, int64_t T);
+
 // A tensor quantized on its own (`kvbudget quantize`): rows of its last dimension
 // (head_dim), every dimension before it flattened into rows.
 struct TensorQuantization {

@@ -71,6 +71,39 @@ SpanInfo KvCache::unit_span(int64_t layer, int64_t kv_head, Kind kind, uint64_t 
   return kvb::unit_span(source, layer, kv_head, kind, seed, pre.empty() ? nullptr : pre.data(), head_dim_);
 }
 
+namespace {
+
+// The plan's unit (layer, kv_head, kind) for a cache of `length` tokens, its phases
+// switched where q says when the plan has a phase marker.
+UnitPlan unit_plan_at(const CacheQuantization& q, int64_t layer, int64_t kv_head, Kind kind, int64_t length) {
+  return q.plan->phase_marker() ? q.plan->unit_at(layer, kv_head, kind, length, q.second_phase)
+                                : q.plan->unit_at(layer, kv_head, kind, length);
+}
+
+// Calls fn(kv_head, kind, unit view of v) for every K and V unit of a layer, on OpenMP's
+// threads when `elements` (about what the units quantize) makes it worthwhile. A unit's
+// exception is rethrown after the loop as kvb::Error, the first unit's, naming it.
+template <class Fn>
+void for_each_unit(int64_t layer, KvLayerView& v, double elements, Fn&& fn) {
+  const int64_t units = 2 * static_cast<int64_t>(v.keys.size());
+  std::vector<std::string> errors(static_cast<size_t>(units));
+#pragma omp parallel for schedule(dynamic, 1) if (units > 1 && parallel_worthwhile(50.0 * elements))
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t g = u / 2;
+    const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;
+    try {
+      fn(g, kind, (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)]);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(u)] = "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " +
+                                       kind_name(kind) + ": " + e.what();
+    }
+  }
+  for (const std::string& e : errors)
+    if (!e.empty()) throw Error(e);
+}
+
+}  // namespace
+
 KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector<float>& scratch) const {
   KvLayerView v;
   v.keys.resize(static_cast<size_t>(kv_heads_));
@@ -83,33 +116,18 @@ KvLayerView KvCache::view(int64_t layer, const CacheQuantization& q, std::vector
   v.prefill = q.effective_prefill();
   const int64_t length = this->length(layer), d = head_dim_;
   const int64_t unit_floats = length * d;
-  // Scratch: per unit, the stored version, then the window version.
-  const int64_t units = 2 * kv_heads_;
-  scratch.resize(static_cast<size_t>(2 * units * unit_floats));
-  std::vector<std::string> errors(static_cast<size_t>(units));
-#pragma omp parallel for schedule(dynamic, 1) \
-    if (units > 1 && parallel_worthwhile(50.0 * static_cast<double>(units * unit_floats)))
-  for (int64_t u = 0; u < units; ++u) {
-    const int64_t g = u / 2;
-    const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;
-    KvUnitView& view = (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)];
-    try {
-      view.plan = q.plan->phase_marker() ? q.plan->unit_at(layer, g, kind, length, q.second_phase)
-                                         : q.plan->unit_at(layer, g, kind, length);
-      const UnitPlan& plan = view.plan;
-      const SpanInfo span = unit_span(layer, g, kind, q.seed);
-      float* stored = scratch.data() + (2 * u) * unit_floats;
-      float* window = scratch.data() + (2 * u + 1) * unit_floats;
-      reconstruct_unit_versions(plan, view.exact, length, d, span, stored, window, view.estimated);
-      view.stored = stored;
-      if (plan.window.active()) view.window = window;
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(u)] = "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " +
-                                       kind_name(kind) + ": " + e.what();
-    }
-  }
-  for (const std::string& e : errors)
-    if (!e.empty()) throw Error(e);
+  // Scratch: per unit (2 g + kind), the stored version, then the window version.
+  scratch.resize(static_cast<size_t>(4 * kv_heads_ * unit_floats));
+  for_each_unit(layer, v, static_cast<double>(2 * kv_heads_ * unit_floats), [&](int64_t g, Kind kind, KvUnitView& view) {
+    view.plan = unit_plan_at(q, layer, g, kind, length);
+    const int64_t u = 2 * g + static_cast<int64_t>(kind);
+    float* stored = scratch.data() + (2 * u) * unit_floats;
+    float* window = scratch.data() + (2 * u + 1) * unit_floats;
+    reconstruct_unit_versions(view.plan, view.exact, length, d, unit_span(layer, g, kind, q.seed), stored, window,
+                              view.estimated);
+    view.stored = stored;
+    if (view.plan.window.active()) view.window = window;
+  });
   return v;
 }
 
@@ -119,46 +137,39 @@ KvLayerView KvCache::view_after_append(int64_t layer, const CacheQuantization& q
   if (!q.plan || (!keeping && appended >= length(layer))) return view(layer, q, scratch);
   KvLayerView v = view(layer, CacheQuantization{}, scratch);  // the exact pointers
   v.prefill = q.effective_prefill();
-  update_kept(layer, q, keeping ? appended : length(layer), v);
+  update_kept(layer, q, v);
   return v;
 }
 
-void KvCache::update_kept(int64_t layer, const CacheQuantization& q, int64_t new_rows, KvLayerView& v) {
+void KvCache::update_kept(int64_t layer, const CacheQuantization& q, KvLayerView& v) {
   const int64_t length = this->length(layer), d = head_dim_;
-  const int64_t units = 2 * kv_heads_;
-  std::vector<std::string> errors(static_cast<size_t>(units));
-#pragma omp parallel for schedule(dynamic, 1) \
-    if (units > 1 && parallel_worthwhile(50.0 * static_cast<double>(units * new_rows * d)))
-  for (int64_t u = 0; u < units; ++u) {
-    const int64_t g = u / 2;
-    const Kind kind = u % 2 == 0 ? Kind::Key : Kind::Value;
-    KvUnitView& view = (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)];
-    KeptVersions& k = kept(layer, g, kind);
-    try {
-      view.plan = q.plan->phase_marker() ? q.plan->unit_at(layer, g, kind, length, q.second_phase)
-                                         : q.plan->unit_at(layer, g, kind, length);
-      const UnitPlan& plan = view.plan;
-      const SpanInfo span = unit_span(layer, g, kind, q.seed);
+  // The units' plans, and how many rows they re-quantize (what decides the threads).
+  int64_t rows = 0;
+  for (int64_t g = 0; g < kv_heads_; ++g)
+    for (const Kind kind : {Kind::Key, Kind::Value}) {
+      UnitPlan& plan = (kind == Kind::Key ? v.keys : v.values)[static_cast<size_t>(g)].plan;
+      plan = unit_plan_at(q, layer, g, kind, length);
+      KeptVersions& k = kept(layer, g, kind);
       if (k.length > length || k.seed != q.seed) k.length = 0;  // another sequence's, or seed's
-      k.stored.resize(static_cast<size_t>(length * d));
-      if (plan.window.active()) k.window.resize(static_cast<size_t>(length * d));
-      float* window = plan.window.active() ? k.window.data() : nullptr;
-      const int64_t built = k.length;
-      k.length = 0;  // nothing kept unless the update completes
-      if (built == 0) reconstruct_unit_versions(plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
-      else update_unit_versions(k.plan, built, plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
-      k.plan = plan;
-      k.length = length;
-      k.seed = q.seed;
-      view.stored = k.stored.data();
-      if (plan.window.active()) view.window = window;
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(u)] = "layer " + std::to_string(layer) + " kv_head " + std::to_string(g) + " " +
-                                       kind_name(kind) + ": " + e.what();
+      rows += k.length > 0 ? rows_to_update(k.plan, k.length, plan, length) : 2 * length;
     }
-  }
-  for (const std::string& e : errors)
-    if (!e.empty()) throw Error(e);
+  for_each_unit(layer, v, static_cast<double>(rows * d), [&](int64_t g, Kind kind, KvUnitView& view) {
+    const UnitPlan& plan = view.plan;
+    const SpanInfo span = unit_span(layer, g, kind, q.seed);
+    KeptVersions& k = kept(layer, g, kind);
+    k.stored.resize(static_cast<size_t>(length * d));
+    if (plan.window.active()) k.window.resize(static_cast<size_t>(length * d));
+    float* window = plan.window.active() ? k.window.data() : nullptr;
+    const int64_t built = k.length;
+    k.length = 0;  // nothing kept unless the update completes
+    if (built == 0) reconstruct_unit_versions(plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
+    else update_unit_versions(k.plan, built, plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
+    k.plan = plan;
+    k.length = length;
+    k.seed = q.seed;
+    view.stored = k.stored.data();
+    view.window = window;
+  });
 }
 
 void check_plan_fits(const Plan& plan, int64_t layers, int64_t kv_heads, int64_t head_dim) {

@@ -19,8 +19,11 @@
 //    residual while open, plan.h), so this equals teacher forcing: no query reads
 //    anything that depends on a later token. Keys and values of earlier tokens are
 //    not recomputed. view_after_append() gives that reconstruction's bits while
-//    re-quantizing only the groups that changed (update_unit_versions), so a step
-//    costs what its new tokens do, not the whole history.
+//    re-quantizing only the groups that changed (update_unit_versions): with formats
+//    that split at their groups (Format::splits_at_groups), a step costs what its new
+//    tokens do, not the whole history. Formats fitted to the whole span (nvfp4, int ch,
+//    a calibrated fp8 scale, NUQ, turbo splits) and QJL's estimators are still rebuilt
+//    over the whole segment at every step.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -93,8 +96,13 @@ class KvCache {
   // what extend() reads. Once the layer held more tokens than were appended (a decoding
   // step), its reconstructed versions are kept in the cache and the next call
   // re-quantizes only the groups that changed; a first pass over a whole sequence
-  // (teacher forcing) reconstructs into `scratch` and keeps nothing. The view's pointers
-  // stay valid until the next call for the layer.
+  // (teacher forcing) reconstructs into `scratch` and keeps nothing. Memory: a decoding
+  // cache keeps one fp32 stored version of every unit, and a window version where the
+  // plan has a window, beside the exact keys and values (1-2x what they take), until
+  // reset() (which keeps the capacity for the next sequence). The view's pointers stay
+  // valid until the layer is appended to or reset, or `scratch` or the kept versions
+  // change: the next view()/view_after_append() of this layer, or with the same
+  // `scratch` of any layer.
   KvLayerView view_after_append(int64_t layer, const CacheQuantization& q, int64_t appended,
                                 std::vector<float>& scratch);
 
@@ -121,9 +129,9 @@ class KvCache {
   KeptVersions& kept(int64_t layer, int64_t kv_head, Kind kind) {
     return kept_[static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + static_cast<int>(kind))];
   }
-  // Fills v.keys / v.values from the kept versions, updated to the layer's length
-  // (about new_rows rows a unit to quantize: what decides whether to use threads).
-  void update_kept(int64_t layer, const CacheQuantization& q, int64_t new_rows, KvLayerView& v);
+  // Fills v.keys / v.values (their plans included) from the kept versions, updated to
+  // the layer's length.
+  void update_kept(int64_t layer, const CacheQuantization& q, KvLayerView& v);
 
   int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
   CacheRope rope_;

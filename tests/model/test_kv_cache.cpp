@@ -5,6 +5,8 @@
 // every version, plan and estimate is compared bit for bit, for plans with windows,
 // groups along tokens, sink tokens, phases that switch where the marker comes, pre-RoPE
 // keys, estimators and formats fitted to their span.
+#include <omp.h>
+
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -148,6 +150,47 @@ TEST_CASE("view_after_append gives the reference view's bits at every length of 
     }
     CHECK(reused_steps > 100);  // the kept versions were used, not the scratch
   }
+}
+
+TEST_CASE("view_after_append: plans that change between steps, exact steps, a copied cache, steps on two threads") {
+  // Every step may read another plan (the cases in turn, every 3 steps, an exact step
+  // between some), a window appears and disappears, and twice a step appends 200 tokens,
+  // enough for the units to run on OpenMP's threads. Halfway the cache is copied and the
+  // copy goes on.
+  const int64_t tokens = 520, width = kKvHeads * kHeadDim;
+  const std::vector<float> keys = test::random_normal(static_cast<size_t>(tokens * width), 4);
+  const std::vector<float> values = test::random_normal(static_cast<size_t>(tokens * width), 5);
+  const std::vector<float> pre_rope = test::random_normal(static_cast<size_t>(tokens * width), 6);
+  std::vector<Plan> plans;
+  for (const Case& c : cases()) plans.push_back(plan_for(c));
+  CacheRope rope;
+  rope.applied = true;
+  rope.model = "rotating";
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  KvCache cache(kLayers, kKvHeads, kHeadDim, rope);
+  int64_t length = 0;
+  for (int64_t step = 0; length < tokens; ++step) {
+    const int64_t n = length == 0 ? 10 : (step == 12 || step == 30) ? 200 : 1;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      cache.append_pre_rope_keys(l, pre_rope.data() + length * width, width, n);
+      cache.append(l, keys.data() + length * width, values.data() + length * width, width, n);
+    }
+    length += n;
+    if (step == 20) {
+      const KvCache copy = cache;
+      cache = copy;
+    }
+    CAPTURE(length);
+    const size_t which = static_cast<size_t>(step / 3) % (plans.size() + 1);
+    CacheQuantization q{which < plans.size() ? &plans[which] : nullptr, 5};
+    if (q.plan && q.plan->phase_marker() && length > 30) q.second_phase = 30;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      std::vector<float> scratch, reference_scratch;
+      check_same_view(cache.view_after_append(l, q, n, scratch), cache.view(l, q, reference_scratch), length);
+    }
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST_CASE("view_after_append: a format's overflow names the token, as the reference does, and nothing stale is kept") {
