@@ -96,16 +96,19 @@ void reconstruct_unit_versions(const UnitPlan& unit, const float* x, int64_t T, 
 // they hold the versions for `unit` over T rows, and `estimated` its estimated key
 // segments: bit for bit what reconstruct_unit_versions gives. Only rows whose version
 // may differ are re-quantized: from the first group that is not complete in both the
-// old and the new segment (same first token and format), or the whole segment when the
-// format does not split at groups (Format::splits_at_groups) or had no such segment;
-// the window likewise. Estimators are rebuilt for every segment.
+// old and the new segment (same first token and format) when the format splits at its
+// groups (Format::splits_at_groups); for a format fitted to its span, only the rows the
+// segment gained while its fit holds (Format::roundtrip_extension), else the whole
+// segment; the whole segment when there was no such old segment; the window likewise.
+// Estimators are rebuilt for every segment.
 void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, const float* x, int64_t T,
                           int64_t d, const SpanInfo& unit_span, float* stored, float* window,
                           std::vector<EstimatedKeys>& estimated);
 
 // About how many rows update_unit_versions re-quantizes for the same arguments (its
 // segments' and window's rows, and the key rows a keys-only format's estimator is rebuilt
-// from): what a caller decides threads by.
+// from; a fitted format's whole segment, since whether its fit holds is known only
+// then): what a caller decides threads by.
 int64_t rows_to_update(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, int64_t T);
 
 // A tensor quantized on its own (`kvbudget quantize`): rows of its last dimension

@@ -3,7 +3,8 @@
 # more kvbudget binaries side by side (rounds alternate between them, so that a before /
 # after pair meets the same load).
 #
-#   bash experiments/bench/bench_generate.sh [-n TOKENS] [-r ROUNDS] [-m MODEL_DIR] KVBUDGET [KVBUDGET ...]
+#   bash experiments/bench/bench_generate.sh [-n TOKENS] [-r ROUNDS] [-m MODEL_DIR] [-f "FORMAT ..."]
+#                                           KVBUDGET [KVBUDGET ...]
 #
 # Each run: greedy continuations of TOKENS new tokens (default 1500, --ignore-eos) after a
 # short prompt, the exact cache beside a cache in the format (generate always decodes
@@ -11,29 +12,32 @@
 # unless the caller's environment sets it (one thread: the other core's load matters
 # less). Formats: int4-asym-g32 (per-token groups), int2-asym-ch32 (groups of 32 tokens
 # along tokens), the kivi-2 strategy (KIVI: ch32 keys, a 128-token fp16 residual window)
-# and nvfp4 (a scale fitted to the whole span: re-quantized whole at every step by
-# design). Prints each run's wall seconds and, per binary and format, the fastest and the
+# and nvfp4 (a tensor scale fitted to the whole span: the history is re-quantized only
+# when a new token moves it); -f replaces the list (format names or strategy presets).
+# Prints each run's wall seconds and, per binary and format, the fastest and the
 # median, with the load average before each round, and checks that every binary printed
 # the same continuations.
 set -euo pipefail
 tokens=1500 rounds=3 model=
-while getopts "n:r:m:" opt; do
+formats=(int4-asym-g32 int2-asym-ch32 kivi-2 nvfp4)
+while getopts "n:r:m:f:" opt; do
   case $opt in
     n) tokens=$OPTARG ;;
     r) rounds=$OPTARG ;;
     m) model=$OPTARG ;;
+    f) read -r -a formats <<<"$OPTARG" ;;
     *) exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-[ $# -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,20p' "$0"; exit 2; }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 model=${model:-$root/data/models/reasoning-bytes}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 work=$(mktemp -d /tmp/kvb-generate.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-formats=(int4-asym-g32 int2-asym-ch32 kivi-2 nvfp4)  # kivi-2 is a strategy preset
-plan_args() { if [ "$1" = kivi-2 ]; then echo --strategy "$1"; else echo --format "$1"; fi; }
+# A strategy preset (kivi-2, ...) goes to --strategy, anything else to --format.
+plan_args() { case "$1" in kivi-*) echo --strategy "$1" ;; *) echo --format "$1" ;; esac; }
 prompt="Q: Start with 21. Then add 52, add 11, halve. What are the values along the way?
 <think>"
 echo "generate: $model, $tokens new tokens, OMP_NUM_THREADS=$OMP_NUM_THREADS, $rounds rounds; $(getconf _NPROCESSORS_ONLN) CPUs"

@@ -23,6 +23,8 @@ struct ConstMatView {
   int64_t cols = 0;
   int64_t stride = 0;
   const float* row(int64_t r) const { return data + r * stride; }
+  // Rows [begin, end) of this view.
+  ConstMatView rows_in(int64_t begin, int64_t end) const { return {row(begin), end - begin, cols, stride}; }
 };
 struct MatView {
   float* data = nullptr;
@@ -30,6 +32,8 @@ struct MatView {
   int64_t cols = 0;
   int64_t stride = 0;
   float* row(int64_t r) const { return data + r * stride; }
+  // Rows [begin, end) of this view.
+  MatView rows_in(int64_t begin, int64_t end) const { return {row(begin), end - begin, cols, stride}; }
 };
 
 // Which part of the cache a span belongs to, for formats that depend on it (seeded
@@ -173,6 +177,19 @@ class Format {
   // always correct, only slower there; tests/formats/test_format_table.cpp checks every
   // format that says true.
   virtual bool splits_at_groups() const { return false; }
+  // For a format fitted to its span as a whole (splits_at_groups() false), a span that
+  // has grown from its first m rows to x.rows: when the round trip of the whole of x
+  // gives rows [0, m) the bits that the round trip of x's first m rows gave (the fit
+  // came out the same: NVFP4's tensor scale, fp8 -cal<N>'s scale or NUQ's codebooks
+  // from the first N rows, int ch's per-channel scales), writes rows [m, x.rows) of the
+  // whole span's round trip into the same rows of out and returns true. False, the
+  // default, is always correct: nothing is written and the caller re-quantizes the whole
+  // span. Lets a growing cache keep a fitted span's rows while its fit holds
+  // (sim/reconstruction.h, update_unit_versions); test_format_table.cpp checks every
+  // format that overrides it against roundtrip().
+  virtual bool roundtrip_extension(ConstMatView /*x*/, int64_t /*m*/, MatView /*out*/, const SpanInfo& /*span*/) const {
+    return false;
+  }
   // Builds the score estimator of a key span; nullptr (the default) means attention
   // uses the decoded keys from roundtrip().
   virtual std::unique_ptr<ScoreEstimator> score_estimator(ConstMatView /*keys*/, const SpanInfo& /*span*/) const {

@@ -1,6 +1,7 @@
 #include "sim/formats/fp4_format.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "sim/core/error.h"
@@ -46,14 +47,29 @@ void Fp4Format::for_each_block(ConstMatView x, float g, Fn fn) const {
     }
 }
 
-void Fp4Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
-  if (x.cols % block() != 0) throw Error("format '" + name() + "': " + check_shape(x.rows, x.cols));
-  const float g = nv_ ? nvfp4_tensor_scale(span_absmax(x)) : 1.0f;
+void Fp4Format::roundtrip_blocks(ConstMatView x, float g, MatView out) const {
   for (int64_t r = 0; r < x.rows; ++r)
     for (int64_t c = 0; c < x.cols; c += block()) {
       if (nv_) nvfp4_roundtrip_block(x.row(r) + c, g, out.row(r) + c);
       else mxfp4_roundtrip_block(x.row(r) + c, out.row(r) + c);
     }
+}
+
+void Fp4Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
+  if (x.cols % block() != 0) throw Error("format '" + name() + "': " + check_shape(x.rows, x.cols));
+  roundtrip_blocks(x, nv_ ? nvfp4_tensor_scale(span_absmax(x)) : 1.0f, out);
+}
+
+bool Fp4Format::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+  if (m < 1 || m > x.rows) return false;
+  if (x.cols % block() != 0) throw Error("format '" + name() + "': " + check_shape(x.rows, x.cols));
+  // span_absmax is a maximum (NaN skipped), so the grown span's is the larger of its parts'.
+  const float prefix = nv_ ? span_absmax(x.rows_in(0, m)) : 0.0f;
+  const float whole = nv_ ? std::max(prefix, span_absmax(x.rows_in(m, x.rows))) : 0.0f;
+  const float g = nv_ ? nvfp4_tensor_scale(whole) : 1.0f;
+  if (nv_ && std::bit_cast<uint32_t>(g) != std::bit_cast<uint32_t>(nvfp4_tensor_scale(prefix))) return false;
+  roundtrip_blocks(x.rows_in(m, x.rows), g, out.rows_in(m, x.rows));
+  return true;
 }
 
 void Fp4Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {

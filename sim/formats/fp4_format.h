@@ -24,6 +24,8 @@ class Fp4Format final : public Format {
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return 4; }
   bool splits_at_groups() const override { return !nv_; }  // NVFP4's tensor scale is the span's
+  // The new rows' blocks when the tensor scale of the grown span is the first m rows'.
+  bool roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
@@ -32,6 +34,8 @@ class Fp4Format final : public Format {
   // Calls fn(row, col, scale_code, codes) for every block; g is NVFP4's tensor scale.
   template <class Fn>
   void for_each_block(ConstMatView x, float g, Fn fn) const;
+  // x's blocks through E2M1 with tensor scale g (NVFP4) into out.
+  void roundtrip_blocks(ConstMatView x, float g, MatView out) const;
   bool nv_;
 };
 

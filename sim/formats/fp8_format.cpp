@@ -1,6 +1,7 @@
 #include "sim/formats/fp8_format.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "sim/core/error.h"
@@ -57,9 +58,8 @@ float Fp8Format::span_scale(ConstMatView x) const {
   return fp8_scale_from_absmax(amax, s);
 }
 
-void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
+void Fp8Format::roundtrip_rows(ConstMatView x, float shared, MatView out) const {
   const MinifloatSpec s = fp8_minifloat(spec_.e5m2);
-  const float shared = spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x);
   for (int64_t r = 0; r < x.rows; ++r) {
     const float* xr = x.row(r);
     float* o = out.row(r);
@@ -67,6 +67,20 @@ void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
         scale_divisor(spec_.scale == Fp8Scale::PerToken ? fp8_scale_from_absmax(row_absmax(xr, x.cols), s) : shared);
     for (int64_t c = 0; c < x.cols; ++c) o[c] = fp8_roundtrip_scaled(xr[c], scale, s);
   }
+}
+
+void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
+  roundtrip_rows(x, spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x), out);
+}
+
+bool Fp8Format::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+  if (m < 1 || m > x.rows) return false;
+  const float shared = spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x);
+  if (spec_.scale == Fp8Scale::Calibrated && m < spec_.calibration_tokens &&
+      std::bit_cast<uint32_t>(shared) != std::bit_cast<uint32_t>(span_scale(x.rows_in(0, m))))
+    return false;
+  roundtrip_rows(x.rows_in(m, x.rows), shared, out.rows_in(m, x.rows));
+  return true;
 }
 
 void Fp8Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {

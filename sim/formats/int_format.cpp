@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -313,77 +314,128 @@ void roundtrip_channel_groups(const IntFormatSpec& s, ConstMatView x, MatView ou
 }
 
 // Groups along tokens: each channel's statistics folded in row order, channels side by
-// side (the fold of int_stats_add per channel, in arrays so that it vectorizes).
+// side (the fold of int_stats_add per channel, in arrays so that it vectorizes). One
+// group at a time: fold its rows (in one or more calls, in row order), fit, apply.
 template <bool Symmetric, IntStatKind Kind>
-void roundtrip_token_groups(const IntFormatSpec& s, ConstMatView x, MatView out, int64_t group) {
-  const int64_t d = x.cols;
-  const int bits = s.bits;
-  const auto [code_lo, code_hi] = code_range<Symmetric>(bits);
-  std::vector<IntGroupStats> stats(static_cast<size_t>(d));
-  std::vector<IntGroupParams> params(static_cast<size_t>(d));
-  std::vector<float> lo(static_cast<size_t>(d)), hi(static_cast<size_t>(d)), scale(static_cast<size_t>(d)),
-      zero(static_cast<size_t>(d));
-  for (int64_t r0 = 0; r0 < x.rows; r0 += group) {
-    const int64_t r1 = std::min(x.rows, r0 + group);
+class TokenGroupFold {
+ public:
+  TokenGroupFold(const IntFormatSpec& s, int64_t d)
+      : s_(s), d_(d), stats_(static_cast<size_t>(d)), params_(static_cast<size_t>(d)), lo_(static_cast<size_t>(d)),
+        hi_(static_cast<size_t>(d)), scale_(static_cast<size_t>(d)), zero_(static_cast<size_t>(d)) {}
+
+  // Folds rows [r0, r1) into the channels' statistics; `first`: they start the group.
+  void fold(ConstMatView x, int64_t r0, int64_t r1, bool first) {
+    const int64_t d = d_;
+    if (first) rows_ = 0;
+    rows_ += r1 - r0;
     if constexpr (Kind == IntStatKind::MinMax) {
-      std::copy(x.row(r0), x.row(r0) + d, lo.begin());
-      std::copy(x.row(r0), x.row(r0) + d, hi.begin());
-      for (int64_t r = r0 + 1; r < r1; ++r) {
+      if (first && r0 < r1) {
+        std::copy(x.row(r0), x.row(r0) + d, lo_.begin());
+        std::copy(x.row(r0), x.row(r0) + d, hi_.begin());
+        ++r0;
+      }
+      for (int64_t r = r0; r < r1; ++r) {
         const float* xr = x.row(r);
         int64_t c = 0;
         for (; c + simd::kLanes <= d; c += simd::kLanes) {
-          const simd::f32v v = simd::load(xr + c), l = simd::load(lo.data() + c), h = simd::load(hi.data() + c);
-          simd::store(lo.data() + c, v < l ? v : l);
-          simd::store(hi.data() + c, h < v ? v : h);
+          const simd::f32v v = simd::load(xr + c), l = simd::load(lo_.data() + c), h = simd::load(hi_.data() + c);
+          simd::store(lo_.data() + c, v < l ? v : l);
+          simd::store(hi_.data() + c, h < v ? v : h);
         }
         for (; c < d; ++c) {
-          lo[c] = xr[c] < lo[c] ? xr[c] : lo[c];
-          hi[c] = hi[c] < xr[c] ? xr[c] : hi[c];
+          lo_[c] = xr[c] < lo_[c] ? xr[c] : lo_[c];
+          hi_[c] = hi_[c] < xr[c] ? xr[c] : hi_[c];
         }
       }
-      for (int64_t c = 0; c < d; ++c) {
-        stats[c].lo = lo[c];
-        stats[c].hi = hi[c];
-        stats[c].n = r1 - r0;
-      }
     } else if constexpr (Kind == IntStatKind::AbsMax) {
-      std::fill(hi.begin(), hi.end(), 0.0f);
+      if (first) std::fill(hi_.begin(), hi_.end(), 0.0f);
       for (int64_t r = r0; r < r1; ++r) {
         const float* xr = x.row(r);
         int64_t c = 0;
         for (; c + simd::kLanes <= d; c += simd::kLanes) {
           const simd::f32v a = (simd::f32v)((simd::i32v)simd::load(xr + c) & 0x7fffffff);
-          const simd::f32v h = simd::load(hi.data() + c);
-          simd::store(hi.data() + c, h < a ? a : h);
+          const simd::f32v h = simd::load(hi_.data() + c);
+          simd::store(hi_.data() + c, h < a ? a : h);
         }
         for (; c < d; ++c) {
           const float a = int_abs(xr[c]);
-          hi[c] = hi[c] < a ? a : hi[c];
+          hi_[c] = hi_[c] < a ? a : hi_[c];
         }
       }
-      for (int64_t c = 0; c < d; ++c) {
-        stats[c].absmax = hi[c];
-        stats[c].n = r1 - r0;
-      }
     } else {
-      std::fill(stats.begin(), stats.end(), IntGroupStats{});
+      if (first) std::fill(stats_.begin(), stats_.end(), IntGroupStats{});
       for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = 0; c < d; ++c) int_stats_add(stats[c], x.row(r)[c], Kind);
+        for (int64_t c = 0; c < d; ++c) int_stats_add(stats_[c], x.row(r)[c], Kind);
     }
-    for (int64_t c = 0; c < d; ++c) {
-      params[c] = int_group_params(stats[c], Kind, bits, s.scale_dtype, s.zero_dtype);
-      scale[c] = params[c].scale;
-      zero[c] = params[c].zero;
+  }
+
+  // The channels' stored scale and zero from the rows folded so far.
+  void fit() {
+    for (int64_t c = 0; c < d_; ++c) {
+      if constexpr (Kind == IntStatKind::MinMax) {
+        stats_[c].lo = lo_[c];
+        stats_[c].hi = hi_[c];
+        stats_[c].n = rows_;
+      } else if constexpr (Kind == IntStatKind::AbsMax) {
+        stats_[c].absmax = hi_[c];
+        stats_[c].n = rows_;
+      }
+      params_[c] = int_group_params(stats_[c], Kind, s_.bits, s_.scale_dtype, s_.zero_dtype);
+      scale_[c] = params_[c].scale;
+      zero_[c] = params_[c].zero;
     }
+  }
+
+  // Rows [r0, r1) of x through the fitted scales and zeros into out's same rows.
+  void apply(ConstMatView x, int64_t r0, int64_t r1, MatView out) const {
+    const auto [code_lo, code_hi] = code_range<Symmetric>(s_.bits);
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x.row(r);
       float* orow = out.row(r);
       if (Kind == IntStatKind::AbsMean)
-        for (int64_t c = 0; c < d; ++c) orow[c] = roundtrip_element<Symmetric>(xr[c], params[c], bits);
+        for (int64_t c = 0; c < d_; ++c) orow[c] = roundtrip_element<Symmetric>(xr[c], params_[c], s_.bits);
       else
-        roundtrip_run<Symmetric, true>(xr, orow, d, scale.data(), zero.data(), code_lo, code_hi);
+        roundtrip_run<Symmetric, true>(xr, orow, d_, scale_.data(), zero_.data(), code_lo, code_hi);
     }
   }
+
+  // Whether the fitted scales and zeros are, bit for bit, those of `other`'s fit.
+  bool same_fit(const TokenGroupFold& other) const {
+    return std::memcmp(params_.data(), other.params_.data(), params_.size() * sizeof(IntGroupParams)) == 0;
+  }
+
+ private:
+  const IntFormatSpec& s_;
+  int64_t d_, rows_ = 0;
+  std::vector<IntGroupStats> stats_;
+  std::vector<IntGroupParams> params_;
+  std::vector<float> lo_, hi_, scale_, zero_;
+};
+
+template <bool Symmetric, IntStatKind Kind>
+void roundtrip_token_groups(const IntFormatSpec& s, ConstMatView x, MatView out, int64_t group) {
+  TokenGroupFold<Symmetric, Kind> fold(s, x.cols);
+  for (int64_t r0 = 0; r0 < x.rows; r0 += group) {
+    const int64_t r1 = std::min(x.rows, r0 + group);
+    fold.fold(x, r0, r1, true);
+    fold.fit();
+    fold.apply(x, r0, r1, out);
+  }
+}
+
+// int ch (one group over the whole span) grown from m rows: the new rows, when every
+// channel's fit over the whole span is the first m rows' fit.
+template <bool Symmetric, IntStatKind Kind>
+bool extend_whole_span_group(const IntFormatSpec& s, ConstMatView x, int64_t m, MatView out) {
+  TokenGroupFold<Symmetric, Kind> prefix(s, x.cols);
+  prefix.fold(x, 0, m, true);
+  TokenGroupFold<Symmetric, Kind> whole = prefix;
+  prefix.fit();
+  whole.fold(x, m, x.rows, false);
+  whole.fit();
+  if (!whole.same_fit(prefix)) return false;
+  whole.apply(x, m, x.rows, out);
+  return true;
 }
 
 template <bool Symmetric, IntStatKind Kind>
@@ -403,6 +455,16 @@ void IntFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
     case IntStatKind::AbsMax: roundtrip_fused<true, IntStatKind::AbsMax>(spec_, x, out); break;
     case IntStatKind::AbsMean: roundtrip_fused<true, IntStatKind::AbsMean>(spec_, x, out); break;
   }
+}
+
+bool IntFormat::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+  if (spec_.grouping != IntGrouping::WholeSpanPerChannel || m < 1 || m > x.rows) return false;
+  switch (int_stat_kind(spec_.symmetric, spec_.bits)) {
+    case IntStatKind::MinMax: return extend_whole_span_group<false, IntStatKind::MinMax>(spec_, x, m, out);
+    case IntStatKind::AbsMax: return extend_whole_span_group<true, IntStatKind::AbsMax>(spec_, x, m, out);
+    case IntStatKind::AbsMean: return extend_whole_span_group<true, IntStatKind::AbsMean>(spec_, x, m, out);
+  }
+  return false;
 }
 
 FormatPtr parse_int_format(std::string_view name) {

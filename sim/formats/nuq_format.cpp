@@ -86,15 +86,31 @@ std::vector<ChannelCodebook> NuqFormat::fit(ConstMatView x) const {
   return books;
 }
 
-void NuqFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
-  if (x.rows == 0) return;
-  const std::vector<ChannelCodebook> books = fit(x);
-  const int K = 1 << spec_.bits;
-  for (int64_t r = 0; r < x.rows; ++r)
+namespace {
+
+// Rows [r0, r1) of x through the channels' codebooks into out's same rows.
+void apply_codebooks(const std::vector<ChannelCodebook>& books, int bits, ConstMatView x, int64_t r0, int64_t r1,
+                     MatView out) {
+  const int K = 1 << bits;
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t c = 0; c < x.cols; ++c) {
       const ChannelCodebook& b = books[c];
       out.row(r)[c] = b.values[codebook_index(x.row(r)[c], b.thresholds.data(), K)];
     }
+}
+
+}  // namespace
+
+void NuqFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/) const {
+  if (x.rows == 0) return;
+  apply_codebooks(fit(x), spec_.bits, x, 0, x.rows, out);
+}
+
+bool NuqFormat::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+  // Codebooks fitted on the first N rows are the same for every span of at least N rows.
+  if (spec_.calibration_tokens < 1 || m < spec_.calibration_tokens || m > x.rows) return false;
+  apply_codebooks(fit(x), spec_.bits, x, m, x.rows, out);
+  return true;
 }
 
 void NuqFormat::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {

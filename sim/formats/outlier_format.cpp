@@ -52,17 +52,34 @@ void OutlierFormat::split(ConstMatView x, std::vector<int32_t>& idx, std::vector
   }
 }
 
-void OutlierFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const {
-  const int64_t d = x.cols, k = outliers_per_vector(d);
-  std::vector<int32_t> idx;
-  std::vector<float> dense;
-  split(x, idx, dense);
-  inner_->roundtrip(ConstMatView{dense.data(), x.rows, d, d}, out, span);
-  for (int64_t r = 0; r < x.rows; ++r)
+void OutlierFormat::restore_outliers(ConstMatView x, const std::vector<int32_t>& idx, int64_t r0, int64_t r1,
+                                     MatView out) const {
+  const int64_t k = outliers_per_vector(x.cols);
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t i = 0; i < k; ++i) {
       const int32_t c = idx[r * k + i];
       out.row(r)[c] = round_to_f16(x.row(r)[c]);
     }
+}
+
+void OutlierFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const {
+  const int64_t d = x.cols;
+  std::vector<int32_t> idx;
+  std::vector<float> dense;
+  split(x, idx, dense);
+  inner_->roundtrip(ConstMatView{dense.data(), x.rows, d, d}, out, span);
+  restore_outliers(x, idx, 0, x.rows, out);
+}
+
+bool OutlierFormat::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
+  if (m < 1 || m > x.rows) return false;
+  const int64_t d = x.cols;
+  std::vector<int32_t> idx;
+  std::vector<float> dense;
+  split(x, idx, dense);  // per row: the first m rows' dense part is what it was
+  if (!inner_->roundtrip_extension(ConstMatView{dense.data(), x.rows, d, d}, m, out, span)) return false;
+  restore_outliers(x, idx, m, x.rows, out);
+  return true;
 }
 
 void OutlierFormat::encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const {

@@ -24,6 +24,7 @@ class OutlierFormat final : public Format {
   std::string name() const override;
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
+  bool roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return inner_->nominal_bits(); }
   bool splits_at_groups() const override { return inner_->splits_at_groups(); }  // outliers chosen per row
   int64_t tokens_per_group() const override { return inner_->tokens_per_group(); }
@@ -36,6 +37,8 @@ class OutlierFormat final : public Format {
   void split(ConstMatView x, std::vector<int32_t>& idx, std::vector<float>& dense) const;
 
  private:
+  // Rows [r0, r1) of out get their outliers back (fp16), from x and split's idx.
+  void restore_outliers(ConstMatView x, const std::vector<int32_t>& idx, int64_t r0, int64_t r1, MatView out) const;
   float percent_;
   FormatPtr inner_;
 };

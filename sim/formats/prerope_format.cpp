@@ -36,15 +36,25 @@ void PreRopeFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& span)
     inner_->roundtrip(x, out, span);
     return;
   }
-  const ConstMatView pre = pre_rope_keys(x, span);
-  inner_->roundtrip(pre, out, span);
-  // Re-apply RoPE exactly as the recording's keys were rotated (sim/core/rope.h,
-  // Hugging Face's fp32 arithmetic).
-  std::vector<int64_t> positions(static_cast<size_t>(x.rows));
-  for (int64_t r = 0; r < x.rows; ++r) positions[r] = span.positions ? span.positions[r] : span.first_token + r;
-  const RopeTable table = span.rope_inv_freq ? make_rope_table(x.rows, positions.data(), *span.rope_inv_freq)
-                                             : make_rope_table(x.rows, x.cols, positions.data(), span.rope_theta);
-  for (int64_t r = 0; r < x.rows; ++r) apply_rope_row(out.row(r), table, r);
+  inner_->roundtrip(pre_rope_keys(x, span), out, span);
+  reapply_rope(span, 0, x.rows, out);
+}
+
+bool PreRopeFormat::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
+  if (!span.is_key) return inner_->roundtrip_extension(x, m, out, span);
+  if (!inner_->roundtrip_extension(pre_rope_keys(x, span), m, out, span)) return false;
+  reapply_rope(span, m, x.rows, out);
+  return true;
+}
+
+void PreRopeFormat::reapply_rope(const SpanInfo& span, int64_t r0, int64_t r1, MatView out) const {
+  // Exactly as the recording's keys were rotated (sim/core/rope.h, Hugging Face's fp32
+  // arithmetic); each row's angles from its own position only.
+  std::vector<int64_t> positions(static_cast<size_t>(r1 - r0));
+  for (int64_t r = r0; r < r1; ++r) positions[r - r0] = span.positions ? span.positions[r] : span.first_token + r;
+  const RopeTable table = span.rope_inv_freq ? make_rope_table(r1 - r0, positions.data(), *span.rope_inv_freq)
+                                             : make_rope_table(r1 - r0, out.cols, positions.data(), span.rope_theta);
+  for (int64_t r = r0; r < r1; ++r) apply_rope_row(out.row(r), table, r - r0);
 }
 
 void PreRopeFormat::encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const {

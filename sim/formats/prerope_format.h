@@ -31,6 +31,7 @@ class PreRopeFormat final : public Format {
     return inner_->storage_bits(tokens, head_dim);
   }
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
+  bool roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return inner_->nominal_bits(); }
   bool splits_at_groups() const override { return inner_->splits_at_groups(); }  // RoPE per row's position
   int64_t tokens_per_group() const override { return inner_->tokens_per_group(); }
@@ -42,6 +43,8 @@ class PreRopeFormat final : public Format {
  private:
   // The pre-RoPE keys of a key span; throws when the recording has none.
   ConstMatView pre_rope_keys(ConstMatView x, const SpanInfo& span) const;
+  // RoPE applied to rows [r0, r1) of out, at the span's positions of those rows.
+  void reapply_rope(const SpanInfo& span, int64_t r0, int64_t r1, MatView out) const;
   FormatPtr inner_;
 };
 
