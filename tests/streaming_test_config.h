@@ -8,12 +8,9 @@
 
 namespace kvb::test {
 
-inline const std::string kStreamingConfig = R"(
-backend = "cpu"
-
-[data]
-stream_layers = true
-
+// The streamed sweep's [data.synthetic] table alone (three layers, GQA, sink heads,
+// RoPE), for configs built around the same data.
+inline const std::string kStreamingSynthetic = R"(
 [data.synthetic]
 layers = 3
 q_heads = 4
@@ -27,7 +24,14 @@ outlier_channels = 2
 rope = true
 rho_first = 0.05
 calibration_queries = 32
+)";
 
+inline const std::string kStreamingConfig = R"(
+backend = "cpu"
+
+[data]
+stream_layers = true
+)" + kStreamingSynthetic + R"(
 [[strategy]]
 type = "uniform"
 key_format = "int{bits}-asym-ch32"

@@ -152,21 +152,7 @@ dir = ")" + out.string() + "\"\n";
 }
 
 // The shared config's [data.synthetic] table (its layers, heads, tokens, sinks).
-const std::string kOnePassSynthetic = R"(
-[data.synthetic]
-layers = 3
-q_heads = 4
-kv_heads = 2
-head_dim = 32
-tokens = 1024
-entropy_mean = 5.0
-recency = 1.0
-sink_heads = 1
-outlier_channels = 2
-rope = true
-rho_first = 0.05
-calibration_queries = 32
-)";
+const std::string& kOnePassSynthetic = kvb::test::kStreamingSynthetic;
 
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p);
