@@ -108,22 +108,17 @@ int64_t kept_fitted_rows(const Segment& seg, const UnitPlan& before) {
   return 0;
 }
 
-// Rows [begin, end) of a unit through a format fitted to their span, when out's rows
-// [begin, begin + kept) hold the round trip of that span's first `kept` rows: writes
-// only the new rows if the fit holds (Format::roundtrip_extension), checked as
-// roundtrip_rows checks them. False: nothing written; the caller re-quantizes them all.
-bool extend_rows(const Format& format, const float* x, int64_t begin, int64_t kept, int64_t end, int64_t d,
-                 const SpanInfo& unit_span, float* out) {
+// Rows [begin, end) of a unit through a format fitted to their span, whose rows
+// [begin, begin + kept) in out hold the round trip of that span's first `kept` rows:
+// the format rewrites the rows that differ (Format::roundtrip_grown), checked as
+// roundtrip_rows checks its rows.
+void grow_rows(const Format& format, const float* x, int64_t begin, int64_t kept, int64_t end, int64_t d,
+               const SpanInfo& unit_span, float* out) {
   const int64_t n = end - begin;
-  if (kept <= 0) return false;
-  if (kept >= n) return true;  // the same rows as one span: the same bits
-  if (!format.roundtrip_extension(ConstMatView{x + begin * d, n, d, d}, kept, MatView{out + begin * d, n, d, d},
-                                  span_from(unit_span, begin)))
-    return false;
-  const int64_t first_new = begin + kept;
-  require_finite_reconstruction(format, x + first_new * d, out + first_new * d, end - first_new, d,
-                                span_from(unit_span, first_new));
-  return true;
+  if (kept >= n) return;  // the same rows as one span: the same bits
+  const int64_t first = begin + format.roundtrip_grown(ConstMatView{x + begin * d, n, d, d}, kept,
+                                                       MatView{out + begin * d, n, d, d}, span_from(unit_span, begin));
+  require_finite_reconstruction(format, x + first * d, out + first * d, end - first, d, span_from(unit_span, first));
 }
 
 // The first row of the window version to re-quantize, given what was built for `before`.
@@ -179,15 +174,18 @@ void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPl
     throw Error("internal: a unit cannot shrink from " + std::to_string(T_before) + " to " + std::to_string(T) + " tokens");
   for (const Segment& seg : unit.segments) {
     if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
-    if (extend_rows(*seg.format, x, seg.begin, kept_fitted_rows(seg, before), seg.end, d, unit_span, stored)) continue;
-    roundtrip_rows(*seg.format, x, first_row_to_quantize(seg, before), seg.end, d, unit_span, stored);
+    if (const int64_t kept = kept_fitted_rows(seg, before); kept > 0)
+      grow_rows(*seg.format, x, seg.begin, kept, seg.end, d, unit_span, stored);
+    else
+      roundtrip_rows(*seg.format, x, first_row_to_quantize(seg, before), seg.end, d, unit_span, stored);
   }
   estimate_key_segments(unit, x, d, unit_span, estimated);
   if (!unit.window.active()) return;
   const FormatPtr& w = unit.window.format;
-  const bool fitted_kept = before.window.active() && same_format(before.window.format, w) && !w->splits_at_groups();
-  if (extend_rows(*w, x, 0, fitted_kept ? T_before : 0, T, d, unit_span, window)) return;
-  roundtrip_rows(*w, x, first_window_row(before, T_before, unit), T, d, unit_span, window);
+  if (before.window.active() && same_format(before.window.format, w) && !w->splits_at_groups() && T_before > 0)
+    grow_rows(*w, x, 0, T_before, T, d, unit_span, window);
+  else
+    roundtrip_rows(*w, x, first_window_row(before, T_before, unit), T, d, unit_span, window);
 }
 
 double TensorQuantization::relative_mse() const {

@@ -98,8 +98,8 @@ void reconstruct_unit_versions(const UnitPlan& unit, const float* x, int64_t T, 
 // may differ are re-quantized: from the first group that is not complete in both the
 // old and the new segment (same first token and format) when the format splits at its
 // groups (Format::splits_at_groups); for a format fitted to its span, only the rows the
-// segment gained while its fit holds (Format::roundtrip_extension), else the whole
-// segment; the whole segment when there was no such old segment; the window likewise.
+// segment gained while its fit holds, else the whole segment (Format::roundtrip_grown);
+// the whole segment when there was no such old segment; the window likewise.
 // Estimators are rebuilt for every segment.
 void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, const float* x, int64_t T,
                           int64_t d, const SpanInfo& unit_span, float* stored, float* window,

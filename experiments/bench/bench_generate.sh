@@ -36,8 +36,10 @@ model=${model:-$root/data/models/reasoning-bytes}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 work=$(mktemp -d /tmp/kvb-generate.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-# A strategy preset (kivi-2, ...) goes to --strategy, anything else to --format.
-plan_args() { case "$1" in kivi-*) echo --strategy "$1" ;; *) echo --format "$1" ;; esac; }
+# A strategy preset (a name `kvbudget strategies` lists under its presets: kivi-2,
+# hf-quanto-int4, ...) goes to --strategy, anything else to --format.
+presets=$("$1" strategies | awk '/^Presets/ { p = 1; next } p && /^  [^ ]/ { print $1 }')
+plan_args() { if grep -qxF -- "$1" <<<"$presets"; then echo --strategy "$1"; else echo --format "$1"; fi; }
 prompt="Q: Start with 21. Then add 52, add 11, halve. What are the values along the way?
 <think>"
 echo "generate: $model, $tokens new tokens, OMP_NUM_THREADS=$OMP_NUM_THREADS, $rounds rounds; $(getconf _NPROCESSORS_ONLN) CPUs"

@@ -177,18 +177,19 @@ class Format {
   // always correct, only slower there; tests/formats/test_format_table.cpp checks every
   // format that says true.
   virtual bool splits_at_groups() const { return false; }
-  // For a format fitted to its span as a whole (splits_at_groups() false), a span that
-  // has grown from its first m rows to x.rows: when the round trip of the whole of x
-  // gives rows [0, m) the bits that the round trip of x's first m rows gave (the fit
-  // came out the same: NVFP4's tensor scale, fp8 -cal<N>'s scale or NUQ's codebooks
-  // from the first N rows, int ch's per-channel scales), writes rows [m, x.rows) of the
-  // whole span's round trip into the same rows of out and returns true. False, the
-  // default, is always correct: nothing is written and the caller re-quantizes the whole
-  // span. Lets a growing cache keep a fitted span's rows while its fit holds
-  // (sim/reconstruction.h, update_unit_versions); test_format_table.cpp checks every
-  // format that overrides it against roundtrip().
-  virtual bool roundtrip_extension(ConstMatView /*x*/, int64_t /*m*/, MatView /*out*/, const SpanInfo& /*span*/) const {
-    return false;
+  // The round trip of a span grown from its first m rows (0 <= m <= x.rows) into out,
+  // whose rows [0, m) hold the round trip of x's first m rows as a span of their own
+  // (never read): rewrites only the rows that differ and returns the first row it
+  // wrote. A format fitted to its span (splits_at_groups() false) keeps the first m
+  // rows and returns m when the fit over the grown span is bit for bit theirs (NVFP4's
+  // tensor scale, fp8 -cal<N>'s scale, NUQ -cal<N>'s codebooks, int ch's channel scales;
+  // wrappers ask their inner format), and otherwise writes every row and returns 0.
+  // The default, the whole round trip and 0, is always correct. A growing cache calls
+  // it for fitted segments (sim/reconstruction.h, update_unit_versions);
+  // test_format_table.cpp checks every format against roundtrip().
+  virtual int64_t roundtrip_grown(ConstMatView x, int64_t /*m*/, MatView out, const SpanInfo& span) const {
+    roundtrip(x, out, span);
+    return 0;
   }
   // Builds the score estimator of a key span; nullptr (the default) means attention
   // uses the decoded keys from roundtrip().

@@ -60,16 +60,15 @@ void Fp4Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   roundtrip_blocks(x, nv_ ? nvfp4_tensor_scale(span_absmax(x)) : 1.0f, out);
 }
 
-bool Fp4Format::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
-  if (m < 1 || m > x.rows) return false;
+int64_t Fp4Format::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
   if (x.cols % block() != 0) throw Error("format '" + name() + "': " + check_shape(x.rows, x.cols));
+  m = std::clamp<int64_t>(m, 0, x.rows);
   // span_absmax is a maximum (NaN skipped), so the grown span's is the larger of its parts'.
   const float prefix = nv_ ? span_absmax(x.rows_in(0, m)) : 0.0f;
-  const float whole = nv_ ? std::max(prefix, span_absmax(x.rows_in(m, x.rows))) : 0.0f;
-  const float g = nv_ ? nvfp4_tensor_scale(whole) : 1.0f;
-  if (nv_ && std::bit_cast<uint32_t>(g) != std::bit_cast<uint32_t>(nvfp4_tensor_scale(prefix))) return false;
+  const float g = nv_ ? nvfp4_tensor_scale(std::max(prefix, span_absmax(x.rows_in(m, x.rows)))) : 1.0f;
+  if (nv_ && std::bit_cast<uint32_t>(g) != std::bit_cast<uint32_t>(nvfp4_tensor_scale(prefix))) m = 0;
   roundtrip_blocks(x.rows_in(m, x.rows), g, out.rows_in(m, x.rows));
-  return true;
+  return m;
 }
 
 void Fp4Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {

@@ -73,14 +73,14 @@ void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   roundtrip_rows(x, spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x), out);
 }
 
-bool Fp8Format::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
-  if (m < 1 || m > x.rows) return false;
+int64_t Fp8Format::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+  m = std::clamp<int64_t>(m, 0, x.rows);
   const float shared = spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x);
   if (spec_.scale == Fp8Scale::Calibrated && m < spec_.calibration_tokens &&
       std::bit_cast<uint32_t>(shared) != std::bit_cast<uint32_t>(span_scale(x.rows_in(0, m))))
-    return false;
+    m = 0;
   roundtrip_rows(x.rows_in(m, x.rows), shared, out.rows_in(m, x.rows));
-  return true;
+  return m;
 }
 
 void Fp8Format::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {

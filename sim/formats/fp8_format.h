@@ -37,9 +37,9 @@ class Fp8Format final : public Format {
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return 8; }
   bool splits_at_groups() const override { return spec_.scale != Fp8Scale::Calibrated; }  // -cal: one scale a span
-  // -cal<N>: the new rows when the grown span's scale is the first m rows' (always once
-  // m >= N).
-  bool roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  // -cal<N>: only the new rows while the grown span's scale is the first m rows' (always
+  // once m >= N).
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
   int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;

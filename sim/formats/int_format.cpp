@@ -423,19 +423,20 @@ void roundtrip_token_groups(const IntFormatSpec& s, ConstMatView x, MatView out,
   }
 }
 
-// int ch (one group over the whole span) grown from m rows: the new rows, when every
-// channel's fit over the whole span is the first m rows' fit.
+// int ch (one group over the whole span) grown from its first m rows: only the new rows
+// when every channel's fit over the whole span is the first m rows' fit, else every row
+// (the whole span's fold is the first m rows' fold continued). Returns the first row written.
 template <bool Symmetric, IntStatKind Kind>
-bool extend_whole_span_group(const IntFormatSpec& s, ConstMatView x, int64_t m, MatView out) {
+int64_t grow_whole_span_group(const IntFormatSpec& s, ConstMatView x, int64_t m, MatView out) {
   TokenGroupFold<Symmetric, Kind> prefix(s, x.cols);
   prefix.fold(x, 0, m, true);
   TokenGroupFold<Symmetric, Kind> whole = prefix;
   prefix.fit();
-  whole.fold(x, m, x.rows, false);
+  whole.fold(x, m, x.rows, m == 0);
   whole.fit();
-  if (!whole.same_fit(prefix)) return false;
+  if (!whole.same_fit(prefix)) m = 0;
   whole.apply(x, m, x.rows, out);
-  return true;
+  return m;
 }
 
 template <bool Symmetric, IntStatKind Kind>
@@ -457,14 +458,15 @@ void IntFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   }
 }
 
-bool IntFormat::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
-  if (spec_.grouping != IntGrouping::WholeSpanPerChannel || m < 1 || m > x.rows) return false;
+int64_t IntFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
+  m = std::clamp<int64_t>(m, 0, x.rows);
+  if (spec_.grouping != IntGrouping::WholeSpanPerChannel || x.rows == 0) return Format::roundtrip_grown(x, m, out, span);
   switch (int_stat_kind(spec_.symmetric, spec_.bits)) {
-    case IntStatKind::MinMax: return extend_whole_span_group<false, IntStatKind::MinMax>(spec_, x, m, out);
-    case IntStatKind::AbsMax: return extend_whole_span_group<true, IntStatKind::AbsMax>(spec_, x, m, out);
-    case IntStatKind::AbsMean: return extend_whole_span_group<true, IntStatKind::AbsMean>(spec_, x, m, out);
+    case IntStatKind::MinMax: return grow_whole_span_group<false, IntStatKind::MinMax>(spec_, x, m, out);
+    case IntStatKind::AbsMax: return grow_whole_span_group<true, IntStatKind::AbsMax>(spec_, x, m, out);
+    case IntStatKind::AbsMean: return grow_whole_span_group<true, IntStatKind::AbsMean>(spec_, x, m, out);
   }
-  return false;
+  return Format::roundtrip_grown(x, m, out, span);
 }
 
 FormatPtr parse_int_format(std::string_view name) {

@@ -60,9 +60,10 @@ class IntFormat final : public Format {
                                                                  : 1;
   }
   bool splits_at_groups() const override { return tokens_per_group() >= 1; }  // not int ch
-  // int ch: the new rows when every channel's stored scale and zero over the grown span
-  // are the first m rows' (the new rows inside each channel's range).
-  bool roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  // int ch: only the new rows while every channel's stored scale and zero over the grown
+  // span are the first m rows' (2 bits and more: the new rows within each channel's
+  // range); the whole span otherwise, from the same folds.
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;

@@ -106,11 +106,12 @@ void NuqFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   apply_codebooks(fit(x), spec_.bits, x, 0, x.rows, out);
 }
 
-bool NuqFormat::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+int64_t NuqFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+  if (x.rows == 0) return 0;
   // Codebooks fitted on the first N rows are the same for every span of at least N rows.
-  if (spec_.calibration_tokens < 1 || m < spec_.calibration_tokens || m > x.rows) return false;
-  apply_codebooks(fit(x), spec_.bits, x, m, x.rows, out);
-  return true;
+  const int64_t first = spec_.calibration_tokens >= 1 && m >= spec_.calibration_tokens ? std::min(m, x.rows) : 0;
+  apply_codebooks(fit(x), spec_.bits, x, first, x.rows, out);
+  return first;
 }
 
 void NuqFormat::encode(ConstMatView x, const SpanInfo& /*span*/, BitWriter& out) const {

@@ -49,8 +49,8 @@ class NuqFormat final : public Format {
   std::string name() const override { return spec_.name(); }
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
-  // -cal<N>: the new rows, once the first m >= N rows (the codebooks' own) are kept.
-  bool roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  // -cal<N>: only the new rows once m >= N (the codebooks come from the first N rows).
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
   double nominal_bits() const override { return spec_.bits; }
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;

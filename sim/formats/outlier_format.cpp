@@ -71,15 +71,14 @@ void OutlierFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& span)
   restore_outliers(x, idx, 0, x.rows, out);
 }
 
-bool OutlierFormat::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
-  if (m < 1 || m > x.rows) return false;
+int64_t OutlierFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
   const int64_t d = x.cols;
   std::vector<int32_t> idx;
   std::vector<float> dense;
   split(x, idx, dense);  // per row: the first m rows' dense part is what it was
-  if (!inner_->roundtrip_extension(ConstMatView{dense.data(), x.rows, d, d}, m, out, span)) return false;
-  restore_outliers(x, idx, m, x.rows, out);
-  return true;
+  const int64_t first = inner_->roundtrip_grown(ConstMatView{dense.data(), x.rows, d, d}, m, out, span);
+  restore_outliers(x, idx, first, x.rows, out);
+  return first;
 }
 
 void OutlierFormat::encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const {

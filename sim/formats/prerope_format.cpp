@@ -40,11 +40,11 @@ void PreRopeFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& span)
   reapply_rope(span, 0, x.rows, out);
 }
 
-bool PreRopeFormat::roundtrip_extension(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
-  if (!span.is_key) return inner_->roundtrip_extension(x, m, out, span);
-  if (!inner_->roundtrip_extension(pre_rope_keys(x, span), m, out, span)) return false;
-  reapply_rope(span, m, x.rows, out);
-  return true;
+int64_t PreRopeFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
+  if (!span.is_key) return inner_->roundtrip_grown(x, m, out, span);
+  const int64_t first = inner_->roundtrip_grown(pre_rope_keys(x, span), m, out, span);
+  reapply_rope(span, first, x.rows, out);
+  return first;
 }
 
 void PreRopeFormat::reapply_rope(const SpanInfo& span, int64_t r0, int64_t r1, MatView out) const {

@@ -23,9 +23,9 @@
 //    that split at their groups (Format::splits_at_groups), a step costs what its new
 //    tokens do, not the whole history. Formats fitted to the whole span (nvfp4, int ch,
 //    a calibrated fp8 scale, NUQ) re-quantize only the new tokens while their fit stays
-//    what it was (Format::roundtrip_extension: fp8 -cal<N> and NUQ -cal<N> always
-//    after N tokens; NVFP4 and int ch while the new tokens lie within the range the
-//    history set) and the whole segment when it changes. Turbo splits, NUQ fitted to the
+//    what it was (Format::roundtrip_grown: fp8 -cal<N> and NUQ -cal<N> always after N
+//    tokens; NVFP4 and int ch of 2 bits and more while the new tokens lie within the
+//    range the history set) and the whole segment when it changes. Turbo splits, NUQ fitted to the
 //    whole span and QJL's estimators are rebuilt over the whole segment at every step.
 #pragma once
 #include <cstdint>

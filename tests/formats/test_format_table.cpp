@@ -330,13 +330,14 @@ TEST_CASE("splits_at_groups: a span quantized in pieces cut at its groups gives 
   }
 }
 
-TEST_CASE("roundtrip_extension: a grown span's new rows, when the fit holds, are the whole span's round trip") {
+TEST_CASE("roundtrip_grown: a grown span's round trip, the first rows kept where the fit holds") {
   // A span as a growing cache holds it: its first m rows round-tripped as a span of
-  // their own, then grown to T rows. Where a format says its fit holds, the first m rows
-  // must already be the whole span's and the rows it writes must be too; where it says
-  // not, it must write nothing. `x` has large values scattered through it (every fit
-  // changes somewhere); `framed` puts each channel's extremes in its first two rows
-  // (every fit of a span's whole range holds from m = 2 on).
+  // their own, then grown to T rows. Whatever a format answers, out must end as the
+  // whole span's round trip, with the rows before the first row it says it wrote left as
+  // they were. `x` has large values scattered through it (every fit changes somewhere);
+  // `framed` puts each channel's extremes in its first two rows (every fit of a span's
+  // whole range holds from m = 2 on). Key spans (with and without positions) and a value
+  // span, so that prerope: runs both of its paths.
   const int64_t T = 300, d = 128;
   std::vector<float> x = kvb::test::random_normal(static_cast<size_t>(T * d), 43);
   const std::vector<float> pre = kvb::test::random_normal(static_cast<size_t>(T * d), 44);
@@ -346,57 +347,64 @@ TEST_CASE("roundtrip_extension: a grown span's new rows, when the fit holds, are
     framed[static_cast<size_t>(c)] = 40.0f;
     framed[static_cast<size_t>(d + c)] = -40.0f;
   }
+  std::vector<int64_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = 3 * t + 1;
   SpanSource source;
   source.name = "grown";
   source.rope_applied = true;
-  const SpanInfo span = unit_span(source, 1, 2, Kind::Key, 7, pre.data(), d);
+  SpanInfo key_span = unit_span(source, 1, 2, Kind::Key, 7, pre.data(), d), positioned = key_span;
+  positioned.positions = positions.data();
+  SpanInfo value_span = unit_span(source, 1, 2, Kind::Value, 7, nullptr, d);
   const float sentinel = 12345.0f;
-  // How many of the checked (format, m) pairs extended, for data `v`.
-  auto check = [&](const Format& f, const std::vector<float>& v, int64_t m) {
-    std::vector<float> whole(v.size()), grown(v.size(), sentinel);
+  // The first row the format rewrote for data `v` grown from m rows (checked).
+  auto grow = [&](const Format& f, const std::vector<float>& v, int64_t m, const SpanInfo& span) {
+    std::vector<float> whole(v.size()), prefix(v.size(), sentinel), grown;
     f.roundtrip(ConstMatView{v.data(), T, d, d}, MatView{whole.data(), T, d, d}, span);
-    f.roundtrip(ConstMatView{v.data(), m, d, d}, MatView{grown.data(), m, d, d}, span);
-    const bool extended = f.roundtrip_extension(ConstMatView{v.data(), T, d, d}, m, MatView{grown.data(), T, d, d}, span);
-    if (extended) {
-      CHECK(std::memcmp(whole.data(), grown.data(), v.size() * sizeof(float)) == 0);
-    } else {
-      const bool untouched = std::all_of(grown.begin() + m * d, grown.end(), [&](float g) { return g == sentinel; });
-      CHECK(untouched);
-    }
-    return extended;
+    f.roundtrip(ConstMatView{v.data(), m, d, d}, MatView{prefix.data(), m, d, d}, span);
+    grown = prefix;
+    const int64_t first = f.roundtrip_grown(ConstMatView{v.data(), T, d, d}, m, MatView{grown.data(), T, d, d}, span);
+    REQUIRE(first >= 0);
+    REQUIRE(first <= T);
+    CHECK(std::memcmp(whole.data(), grown.data(), v.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(prefix.data(), grown.data(), static_cast<size_t>(first * d) * sizeof(float)) == 0);
+    return first;
   };
-  int64_t extended = 0;
+  int64_t kept = 0;
   std::vector<std::string> names = all_examples();
   for (const char* wrapped : {"prerope:outliers1%:nuq4-cal256", "prerope:nvfp4", "outliers1%:int4-asym-ch",
-                              "prerope:fp8-e4m3-cal64"})
+                              "prerope:fp8-e4m3-cal64", "prerope:int3-asym-ch"})
     names.push_back(wrapped);
   for (const std::string& name : names) {
     INFO(name);
     const FormatPtr f = make_format(name);
     if (!f->check_shape(T, d).empty()) continue;
-    for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{63}, int64_t{64}, int64_t{200}, int64_t{256}, T}) {
+    for (const int64_t m : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{63}, int64_t{64}, int64_t{200}, int64_t{256}, T}) {
       CAPTURE(m);
-      extended += check(*f, x, m);
-      extended += check(*f, framed, m);
+      for (const SpanInfo* span : {&key_span, &positioned, &value_span}) {
+        if (!span->is_key && f->keys_only()) continue;
+        kept += m > 0 && grow(*f, x, m, *span) == m;
+        kept += m > 0 && grow(*f, framed, m, *span) == m;
+      }
     }
   }
-  CHECK(extended >= 120);
-  // The fitted formats a decoding cache meets extend whenever their fit holds.
+  CHECK(kept >= 300);
+  // The fitted formats a decoding cache meets keep the first m rows whenever their fit
+  // holds...
   struct Expected {
     const char* name;
-    int64_t from_m;  // extends on `framed` for every m >= from_m
+    int64_t from_m;  // keeps the first m rows of `framed` for every m >= from_m
   };
   for (const Expected& e : {Expected{"nvfp4", 1}, {"int3-asym-ch", 2}, {"int4-sym-ch", 1}, {"fp8-e4m3-cal64", 1},
                             {"nuq4-cal64", 64}, {"prerope:outliers1%:nuq4-cal256", 256}}) {
     INFO(e.name);
     const FormatPtr f = make_format(e.name);
     for (const int64_t m : {e.from_m, int64_t{150}, int64_t{256}, T - 1})
-      if (m >= e.from_m) CHECK(check(*f, framed, m));
+      if (m >= e.from_m) CHECK(grow(*f, framed, m, value_span) == m);
   }
-  // ...and re-quantize the whole span when a later value moves the fit (row 250 beyond
-  // every channel's range; NUQ fitted to the whole span or to rows not all kept).
+  // ...and rewrite the whole span when a later row moves the fit (row 250 beyond every
+  // channel's range), or when it is fitted to the whole span or to rows not all kept.
   std::vector<float> moved = framed;
   std::fill(moved.begin() + 250 * d, moved.begin() + 251 * d, 80.0f);
   for (const char* name : {"nvfp4", "int3-asym-ch", "fp8-e4m3-cal256", "nuq4-cal256", "nuq4", "turbo-2-o32b3"})
-    CHECK_MESSAGE(!check(*make_format(name), moved, 200), name);
+    CHECK_MESSAGE(grow(*make_format(name), moved, 200, value_span) == 0, name);
 }
