@@ -109,16 +109,25 @@ int64_t kept_fitted_rows(const Segment& seg, const UnitPlan& before) {
 }
 
 // Rows [begin, end) of a unit through a format fitted to their span, whose rows
-// [begin, begin + kept) in out hold the round trip of that span's first `kept` rows:
-// the format rewrites the rows that differ (Format::roundtrip_grown), checked as
-// roundtrip_rows checks its rows.
+// [begin, begin + kept) in out hold the round trip of that span's first `kept` rows (0:
+// none): the format rewrites the rows that differ (Format::roundtrip_grown, with the
+// segment's memo), checked as roundtrip_rows checks its rows.
 void grow_rows(const Format& format, const float* x, int64_t begin, int64_t kept, int64_t end, int64_t d,
-               const SpanInfo& unit_span, float* out) {
+               const SpanInfo& unit_span, float* out, GrowthMemo* memo) {
   const int64_t n = end - begin;
   if (kept >= n) return;  // the same rows as one span: the same bits
-  const int64_t first = begin + format.roundtrip_grown(ConstMatView{x + begin * d, n, d, d}, kept,
-                                                       MatView{out + begin * d, n, d, d}, span_from(unit_span, begin));
+  const int64_t first =
+      begin + format.roundtrip_grown(ConstMatView{x + begin * d, n, d, d}, kept, MatView{out + begin * d, n, d, d},
+                                     span_from(unit_span, begin), memo);
   require_finite_reconstruction(format, x + first * d, out + first * d, end - first, d, span_from(unit_span, first));
+}
+
+// The memo kept for the fitted segment that begins at `begin`, if any.
+GrowthMemo memo_of(const UnitGrowthMemos* memos, int64_t begin) {
+  if (memos)
+    for (const auto& [first_token, memo] : memos->segments)
+      if (first_token == begin) return memo;
+  return {};
 }
 
 // The first row of the window version to re-quantize, given what was built for `before`.
@@ -169,23 +178,33 @@ int64_t rows_to_update(const UnitPlan& before, int64_t T_before, const UnitPlan&
 
 void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, const float* x, int64_t T,
                           int64_t d, const SpanInfo& unit_span, float* stored, float* window,
-                          std::vector<EstimatedKeys>& estimated) {
+                          std::vector<EstimatedKeys>& estimated, UnitGrowthMemos* memos) {
   if (T_before > T)
     throw Error("internal: a unit cannot shrink from " + std::to_string(T_before) + " to " + std::to_string(T) + " tokens");
+  UnitGrowthMemos next;
   for (const Segment& seg : unit.segments) {
     if (seg.end > T) throw Error("internal: plan segment beyond the unit's " + std::to_string(T) + " tokens");
-    if (const int64_t kept = kept_fitted_rows(seg, before); kept > 0)
-      grow_rows(*seg.format, x, seg.begin, kept, seg.end, d, unit_span, stored);
-    else
+    if (seg.format->splits_at_groups()) {
       roundtrip_rows(*seg.format, x, first_row_to_quantize(seg, before), seg.end, d, unit_span, stored);
+      continue;
+    }
+    const int64_t kept = kept_fitted_rows(seg, before);
+    GrowthMemo memo = kept > 0 ? memo_of(memos, seg.begin) : GrowthMemo{};
+    grow_rows(*seg.format, x, seg.begin, kept, seg.end, d, unit_span, stored, &memo);
+    next.segments.emplace_back(seg.begin, std::move(memo));
   }
   estimate_key_segments(unit, x, d, unit_span, estimated);
-  if (!unit.window.active()) return;
-  const FormatPtr& w = unit.window.format;
-  if (before.window.active() && same_format(before.window.format, w) && !w->splits_at_groups() && T_before > 0)
-    grow_rows(*w, x, 0, T_before, T, d, unit_span, window);
-  else
-    roundtrip_rows(*w, x, first_window_row(before, T_before, unit), T, d, unit_span, window);
+  if (unit.window.active()) {
+    const FormatPtr& w = unit.window.format;
+    if (w->splits_at_groups()) {
+      roundtrip_rows(*w, x, first_window_row(before, T_before, unit), T, d, unit_span, window);
+    } else {
+      const bool kept = before.window.active() && same_format(before.window.format, w);
+      next.window = kept && memos ? memos->window : GrowthMemo{};
+      grow_rows(*w, x, 0, kept ? T_before : 0, T, d, unit_span, window, &next.window);
+    }
+  }
+  if (memos) *memos = std::move(next);
 }
 
 double TensorQuantization::relative_mse() const {

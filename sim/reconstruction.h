@@ -89,6 +89,13 @@ void reconstruct_unit_versions(const UnitPlan& unit, const float* x, int64_t T, 
                                const SpanInfo& unit_span, float* stored, float* window,
                                std::vector<EstimatedKeys>& estimated);
 
+// What Format::roundtrip_grown kept for a growing unit's segments fitted to their span
+// and for its window (GrowthMemo), between calls of update_unit_versions.
+struct UnitGrowthMemos {
+  std::vector<std::pair<int64_t, GrowthMemo>> segments;  // (first token, memo) of each fitted segment
+  GrowthMemo window;
+};
+
 // reconstruct_unit_versions for a unit that has grown (a decoding cache), reusing what
 // an earlier call built. On entry `stored` holds the stored version that call built for
 // `before` over the first T_before rows of the same x and unit_span, and `window` its
@@ -101,9 +108,11 @@ void reconstruct_unit_versions(const UnitPlan& unit, const float* x, int64_t T, 
 // segment gained while its fit holds, else the whole segment (Format::roundtrip_grown);
 // the whole segment when there was no such old segment; the window likewise.
 // Estimators are rebuilt for every segment.
+// `memos`: null, or what the format kept for each fitted segment and the window at the
+// previous call on this unit (Format::roundtrip_grown), replaced by what it keeps now.
 void update_unit_versions(const UnitPlan& before, int64_t T_before, const UnitPlan& unit, const float* x, int64_t T,
                           int64_t d, const SpanInfo& unit_span, float* stored, float* window,
-                          std::vector<EstimatedKeys>& estimated);
+                          std::vector<EstimatedKeys>& estimated, UnitGrowthMemos* memos = nullptr);
 
 // About how many rows update_unit_versions re-quantizes for the same arguments (its
 // segments' and window's rows, and the key rows a keys-only format's estimator is rebuilt

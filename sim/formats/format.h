@@ -108,6 +108,17 @@ class BitWriter {
   uint64_t bits_ = 0;
 };
 
+// What Format::roundtrip_grown may keep between calls on one growing span (the same
+// unit, first token, format object and rows, only more of them): a growing cache holds
+// one per fitted segment and window and drops it when that segment is made anew. NUQ
+// -cal<N> keeps its codebooks once N rows are in, so that later steps need not fit
+// them again. `owner` is the format that wrote `state`; any other format ignores it.
+// The state is immutable, so copies of a cache may share it.
+struct GrowthMemo {
+  const void* owner = nullptr;
+  std::shared_ptr<const void> state;
+};
+
 class Format {
  public:
   virtual ~Format() = default;
@@ -184,10 +195,12 @@ class Format {
   // rows and returns m when the fit over the grown span is bit for bit theirs (NVFP4's
   // tensor scale, fp8 -cal<N>'s scale, NUQ -cal<N>'s codebooks, int ch's channel scales;
   // wrappers ask their inner format), and otherwise writes every row and returns 0.
-  // The default, the whole round trip and 0, is always correct. A growing cache calls
-  // it for fitted segments (sim/reconstruction.h, update_unit_versions);
-  // test_format_table.cpp checks every format against roundtrip().
-  virtual int64_t roundtrip_grown(ConstMatView x, int64_t /*m*/, MatView out, const SpanInfo& span) const {
+  // `memo`: null, or what this call may keep for the next call on the same growing
+  // span (GrowthMemo). The default, the whole round trip and 0, is always correct. A
+  // growing cache calls it for fitted segments (sim/reconstruction.h,
+  // update_unit_versions); test_format_table.cpp checks every format against roundtrip().
+  virtual int64_t roundtrip_grown(ConstMatView x, int64_t /*m*/, MatView out, const SpanInfo& span,
+                                  GrowthMemo* /*memo*/) const {
     roundtrip(x, out, span);
     return 0;
   }

@@ -60,7 +60,8 @@ void Fp4Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   roundtrip_blocks(x, nv_ ? nvfp4_tensor_scale(span_absmax(x)) : 1.0f, out);
 }
 
-int64_t Fp4Format::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+int64_t Fp4Format::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/,
+                                  GrowthMemo* /*memo*/) const {
   if (x.cols % block() != 0) throw Error("format '" + name() + "': " + check_shape(x.rows, x.cols));
   m = std::clamp<int64_t>(m, 0, x.rows);
   // span_absmax is a maximum (NaN skipped), so the grown span's is the larger of its parts'.

@@ -25,7 +25,8 @@ class Fp4Format final : public Format {
   double nominal_bits() const override { return 4; }
   bool splits_at_groups() const override { return !nv_; }  // NVFP4's tensor scale is the span's
   // Only the new rows' blocks while the grown span's tensor scale is the first m rows'.
-  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                          GrowthMemo* memo) const override;
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;

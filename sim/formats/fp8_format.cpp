@@ -73,7 +73,8 @@ void Fp8Format::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   roundtrip_rows(x, spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x), out);
 }
 
-int64_t Fp8Format::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+int64_t Fp8Format::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/,
+                                  GrowthMemo* /*memo*/) const {
   m = std::clamp<int64_t>(m, 0, x.rows);
   const float shared = spec_.scale == Fp8Scale::PerToken ? 1.0f : span_scale(x);
   if (spec_.scale == Fp8Scale::Calibrated && m < spec_.calibration_tokens &&

@@ -39,7 +39,8 @@ class Fp8Format final : public Format {
   bool splits_at_groups() const override { return spec_.scale != Fp8Scale::Calibrated; }  // -cal: one scale a span
   // -cal<N>: only the new rows while the grown span's scale is the first m rows' (always
   // once m >= N).
-  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                          GrowthMemo* memo) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;
   int64_t clipped_values(ConstMatView x, const SpanInfo& span) const override;

@@ -458,15 +458,17 @@ void IntFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   }
 }
 
-int64_t IntFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
+int64_t IntFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                                  GrowthMemo* memo) const {
   m = std::clamp<int64_t>(m, 0, x.rows);
-  if (spec_.grouping != IntGrouping::WholeSpanPerChannel || x.rows == 0) return Format::roundtrip_grown(x, m, out, span);
+  if (spec_.grouping != IntGrouping::WholeSpanPerChannel || x.rows == 0)
+    return Format::roundtrip_grown(x, m, out, span, memo);
   switch (int_stat_kind(spec_.symmetric, spec_.bits)) {
     case IntStatKind::MinMax: return grow_whole_span_group<false, IntStatKind::MinMax>(spec_, x, m, out);
     case IntStatKind::AbsMax: return grow_whole_span_group<true, IntStatKind::AbsMax>(spec_, x, m, out);
     case IntStatKind::AbsMean: return grow_whole_span_group<true, IntStatKind::AbsMean>(spec_, x, m, out);
   }
-  return Format::roundtrip_grown(x, m, out, span);
+  return Format::roundtrip_grown(x, m, out, span, memo);
 }
 
 FormatPtr parse_int_format(std::string_view name) {

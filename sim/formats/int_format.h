@@ -63,7 +63,8 @@ class IntFormat final : public Format {
   // int ch: only the new rows while every channel's stored scale and zero over the grown
   // span are the first m rows' (2 bits and more: the new rows within each channel's
   // range); the whole span otherwise, from the same folds.
-  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                          GrowthMemo* memo) const override;
   std::string check_shape(int64_t tokens, int64_t head_dim) const override;
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;

@@ -106,11 +106,21 @@ void NuqFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& /*span*/)
   apply_codebooks(fit(x), spec_.bits, x, 0, x.rows, out);
 }
 
-int64_t NuqFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/) const {
+int64_t NuqFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& /*span*/,
+                                  GrowthMemo* memo) const {
   if (x.rows == 0) return 0;
-  // Codebooks fitted on the first N rows are the same for every span of at least N rows.
-  const int64_t first = spec_.calibration_tokens >= 1 && m >= spec_.calibration_tokens ? std::min(m, x.rows) : 0;
-  apply_codebooks(fit(x), spec_.bits, x, first, x.rows, out);
+  // Codebooks fitted on the first N rows are the same for every span of at least N rows:
+  // the new rows alone once m >= N, and the memo's codebooks once it holds them.
+  const int64_t N = spec_.calibration_tokens;
+  const bool settled = N >= 1 && x.rows >= N;
+  std::shared_ptr<const std::vector<ChannelCodebook>> books;
+  if (settled && memo && memo->owner == this && memo->state)
+    books = std::static_pointer_cast<const std::vector<ChannelCodebook>>(memo->state);
+  else
+    books = std::make_shared<const std::vector<ChannelCodebook>>(fit(x));
+  if (settled && memo) *memo = GrowthMemo{this, books};
+  const int64_t first = N >= 1 && m >= N ? std::min(m, x.rows) : 0;
+  apply_codebooks(*books, spec_.bits, x, first, x.rows, out);
   return first;
 }
 

@@ -50,7 +50,8 @@ class NuqFormat final : public Format {
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
   // -cal<N>: only the new rows once m >= N (the codebooks come from the first N rows).
-  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                          GrowthMemo* memo) const override;
   double nominal_bits() const override { return spec_.bits; }
   void encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const override;
   std::string code_layout() const override;

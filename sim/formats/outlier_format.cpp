@@ -71,12 +71,13 @@ void OutlierFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& span)
   restore_outliers(x, idx, 0, x.rows, out);
 }
 
-int64_t OutlierFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
+int64_t OutlierFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                                      GrowthMemo* memo) const {
   const int64_t d = x.cols;
   std::vector<int32_t> idx;
   std::vector<float> dense;
   split(x, idx, dense);  // per row: the first m rows' dense part is what it was
-  const int64_t first = inner_->roundtrip_grown(ConstMatView{dense.data(), x.rows, d, d}, m, out, span);
+  const int64_t first = inner_->roundtrip_grown(ConstMatView{dense.data(), x.rows, d, d}, m, out, span, memo);
   restore_outliers(x, idx, first, x.rows, out);
   return first;
 }

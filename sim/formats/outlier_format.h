@@ -24,7 +24,8 @@ class OutlierFormat final : public Format {
   std::string name() const override;
   uint64_t storage_bits(int64_t tokens, int64_t head_dim) const override;
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
-  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                          GrowthMemo* memo) const override;
   double nominal_bits() const override { return inner_->nominal_bits(); }
   bool splits_at_groups() const override { return inner_->splits_at_groups(); }  // outliers chosen per row
   int64_t tokens_per_group() const override { return inner_->tokens_per_group(); }

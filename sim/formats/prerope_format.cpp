@@ -40,9 +40,10 @@ void PreRopeFormat::roundtrip(ConstMatView x, MatView out, const SpanInfo& span)
   reapply_rope(span, 0, x.rows, out);
 }
 
-int64_t PreRopeFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const {
-  if (!span.is_key) return inner_->roundtrip_grown(x, m, out, span);
-  const int64_t first = inner_->roundtrip_grown(pre_rope_keys(x, span), m, out, span);
+int64_t PreRopeFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                                      GrowthMemo* memo) const {
+  if (!span.is_key) return inner_->roundtrip_grown(x, m, out, span, memo);
+  const int64_t first = inner_->roundtrip_grown(pre_rope_keys(x, span), m, out, span, memo);
   reapply_rope(span, first, x.rows, out);
   return first;
 }

@@ -31,7 +31,8 @@ class PreRopeFormat final : public Format {
     return inner_->storage_bits(tokens, head_dim);
   }
   void roundtrip(ConstMatView x, MatView out, const SpanInfo& span) const override;
-  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span) const override;
+  int64_t roundtrip_grown(ConstMatView x, int64_t m, MatView out, const SpanInfo& span,
+                          GrowthMemo* memo) const override;
   double nominal_bits() const override { return inner_->nominal_bits(); }
   bool splits_at_groups() const override { return inner_->splits_at_groups(); }  // RoPE per row's position
   int64_t tokens_per_group() const override { return inner_->tokens_per_group(); }

@@ -162,8 +162,13 @@ void KvCache::update_kept(int64_t layer, const CacheQuantization& q, KvLayerView
     float* window = plan.window.active() ? k.window.data() : nullptr;
     const int64_t built = k.length;
     k.length = 0;  // nothing kept unless the update completes
-    if (built == 0) reconstruct_unit_versions(plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
-    else update_unit_versions(k.plan, built, plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
+    if (built == 0) {
+      k.memos = {};
+      reconstruct_unit_versions(plan, view.exact, length, d, span, k.stored.data(), window, view.estimated);
+    } else {
+      update_unit_versions(k.plan, built, plan, view.exact, length, d, span, k.stored.data(), window, view.estimated,
+                           &k.memos);
+    }
     k.plan = plan;
     k.length = length;
     k.seed = q.seed;

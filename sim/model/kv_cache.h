@@ -25,7 +25,8 @@
 //    a calibrated fp8 scale, NUQ) re-quantize only the new tokens while their fit stays
 //    what it was (Format::roundtrip_grown: fp8 -cal<N> and NUQ -cal<N> always after N
 //    tokens; NVFP4 and int ch of 2 bits and more while the new tokens lie within the
-//    range the history set) and the whole segment when it changes. Turbo splits, NUQ fitted to the
+//    range the history set) and the whole segment when it changes; NUQ keeps its
+//    codebooks between steps (UnitGrowthMemos). Turbo splits, NUQ fitted to the
 //    whole span and QJL's estimators are rebuilt over the whole segment at every step.
 #pragma once
 #include <cstdint>
@@ -128,6 +129,7 @@ class KvCache {
     int64_t length = 0;                 // rows built; 0 = nothing kept
     uint64_t seed = 0;                  // the CacheQuantization's seed
     std::vector<float> stored, window;  // [length, head_dim]; window only with plan.window active
+    UnitGrowthMemos memos;              // what fitted formats kept for the next step (NUQ's codebooks)
   };
   KeptVersions& kept(int64_t layer, int64_t kv_head, Kind kind) {
     return kept_[static_cast<size_t>((layer * kv_heads_ + kv_head) * 2 + static_cast<int>(kind))];

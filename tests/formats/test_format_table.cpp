@@ -362,7 +362,8 @@ TEST_CASE("roundtrip_grown: a grown span's round trip, the first rows kept where
     f.roundtrip(ConstMatView{v.data(), T, d, d}, MatView{whole.data(), T, d, d}, span);
     f.roundtrip(ConstMatView{v.data(), m, d, d}, MatView{prefix.data(), m, d, d}, span);
     grown = prefix;
-    const int64_t first = f.roundtrip_grown(ConstMatView{v.data(), T, d, d}, m, MatView{grown.data(), T, d, d}, span);
+    const int64_t first =
+        f.roundtrip_grown(ConstMatView{v.data(), T, d, d}, m, MatView{grown.data(), T, d, d}, span, nullptr);
     REQUIRE(first >= 0);
     REQUIRE(first <= T);
     CHECK(std::memcmp(whole.data(), grown.data(), v.size() * sizeof(float)) == 0);
@@ -407,4 +408,43 @@ TEST_CASE("roundtrip_grown: a grown span's round trip, the first rows kept where
   std::fill(moved.begin() + 250 * d, moved.begin() + 251 * d, 80.0f);
   for (const char* name : {"nvfp4", "int3-asym-ch", "fp8-e4m3-cal256", "nuq4-cal256", "nuq4", "turbo-2-o32b3"})
     CHECK_MESSAGE(grow(*make_format(name), moved, 200, value_span) == 0, name);
+}
+
+TEST_CASE("roundtrip_grown: NUQ's memo keeps its codebooks once fitted, and only for the format that wrote it") {
+  // A span growing step by step as a decoding cache grows it, each step from the last
+  // one's rows and memo: every step must be the round trip of the rows so far, and once
+  // the calibration rows are in, the memo holds the codebooks and is used.
+  const int64_t T = 200, d = 64;
+  const std::vector<float> x = kvb::test::random_normal(static_cast<size_t>(T * d), 46);
+  const std::vector<float> pre = kvb::test::random_normal(static_cast<size_t>(T * d), 47);
+  SpanSource source;
+  source.name = "memo";
+  source.rope_applied = true;
+  const SpanInfo span = unit_span(source, 0, 1, Kind::Key, 7, pre.data(), d);
+  for (const char* name : {"nuq3-cal48", "prerope:outliers1%:nuq2-cal48"}) {
+    INFO(name);
+    const FormatPtr f = make_format(name);
+    std::vector<float> out(x.size()), whole(x.size());
+    GrowthMemo memo;
+    int64_t built = 0;
+    for (const int64_t n : {int64_t{20}, int64_t{47}, int64_t{48}, int64_t{49}, int64_t{120}, T}) {
+      CAPTURE(n);
+      f->roundtrip_grown(ConstMatView{x.data(), n, d, d}, built, MatView{out.data(), n, d, d}, span, &memo);
+      f->roundtrip(ConstMatView{x.data(), n, d, d}, MatView{whole.data(), n, d, d}, span);
+      CHECK(std::memcmp(out.data(), whole.data(), static_cast<size_t>(n * d) * sizeof(float)) == 0);
+      CHECK((memo.state != nullptr) == (n >= 48));
+      built = n;
+    }
+  }
+  // A memo written by another format object (here one fitted on other rows) is ignored.
+  const FormatPtr a = make_format("nuq3-cal48"), b = make_format("nuq3-cal48");
+  const std::vector<float> other = kvb::test::random_normal(static_cast<size_t>(T * d), 48);
+  GrowthMemo foreign;
+  std::vector<float> out(x.size()), whole(x.size());
+  a->roundtrip_grown(ConstMatView{other.data(), T, d, d}, 0, MatView{out.data(), T, d, d}, span, &foreign);
+  REQUIRE(foreign.owner == a.get());
+  b->roundtrip_grown(ConstMatView{x.data(), T, d, d}, 0, MatView{out.data(), T, d, d}, span, &foreign);
+  b->roundtrip(ConstMatView{x.data(), T, d, d}, MatView{whole.data(), T, d, d}, span);
+  CHECK(std::memcmp(out.data(), whole.data(), x.size() * sizeof(float)) == 0);
+  CHECK(foreign.owner == b.get());
 }
