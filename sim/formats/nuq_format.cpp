@@ -110,11 +110,14 @@ int64_t NuqFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, const
                                   GrowthMemo* memo) const {
   if (x.rows == 0) return 0;
   // Codebooks fitted on the first N rows are the same for every span of at least N rows:
-  // the new rows alone once m >= N, and the memo's codebooks once it holds them.
+  // the new rows alone once m >= N, and the memo's codebooks once it holds them (only
+  // when the caller keeps N rows or more, which a memo of other rows cannot have: the
+  // cache keeps a memo only while its segment keeps its first token and format name,
+  // so even a format object at a reused address would fit the same codebooks).
   const int64_t N = spec_.calibration_tokens;
   const bool settled = N >= 1 && x.rows >= N;
   std::shared_ptr<const std::vector<ChannelCodebook>> books;
-  if (settled && memo && memo->owner == this && memo->state)
+  if (settled && m >= N && memo && memo->owner == this && memo->state)
     books = std::static_pointer_cast<const std::vector<ChannelCodebook>>(memo->state);
   else
     books = std::make_shared<const std::vector<ChannelCodebook>>(fit(x));

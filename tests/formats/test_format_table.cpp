@@ -447,4 +447,9 @@ TEST_CASE("roundtrip_grown: NUQ's memo keeps its codebooks once fitted, and only
   b->roundtrip(ConstMatView{x.data(), T, d, d}, MatView{whole.data(), T, d, d}, span);
   CHECK(std::memcmp(out.data(), whole.data(), x.size() * sizeof(float)) == 0);
   CHECK(foreign.owner == b.get());
+  // ...and so is its own memo when the caller keeps fewer than N rows (another span).
+  a->roundtrip_grown(ConstMatView{x.data(), T, d, d}, 0, MatView{out.data(), T, d, d}, span, &foreign);
+  a->roundtrip_grown(ConstMatView{other.data(), T, d, d}, 0, MatView{out.data(), T, d, d}, span, &foreign);
+  a->roundtrip(ConstMatView{other.data(), T, d, d}, MatView{whole.data(), T, d, d}, span);
+  CHECK(std::memcmp(out.data(), whole.data(), x.size() * sizeof(float)) == 0);
 }

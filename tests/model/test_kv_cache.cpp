@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -240,5 +241,35 @@ TEST_CASE("view_after_append: a format's overflow names the token, as the refere
     const KvLayerView b = cache.view(0, q, reference_scratch);
     CHECK(same_floats(a.keys[0].stored, b.keys[0].stored, (t + 1) * kHeadDim));
     CHECK(same_floats(a.values[0].stored, b.values[0].stored, (t + 1) * kHeadDim));
+  }
+}
+
+TEST_CASE("view_after_append: NUQ's kept codebooks do not outlive their sequence or their plan") {
+  // Codebooks fitted on the first 8 tokens, kept between steps (GrowthMemo): a reset
+  // followed by another sequence, and a plan made anew (the old one freed) at every
+  // step of the second sequence, must still give the reference's bits.
+  auto make_plan = [] {
+    Plan plan(1, 1, 24, kHeadDim);
+    plan.assign_all(Kind::Key, make_format("nuq3-cal8"));
+    plan.assign_all(Kind::Value, make_format("outliers1%:nuq2-cal8"));
+    return std::make_unique<Plan>(std::move(plan));
+  };
+  KvCache cache(1, 1, kHeadDim);
+  std::vector<float> scratch, reference_scratch;
+  for (const uint64_t seed : {11u, 12u}) {
+    CAPTURE(seed);
+    cache.reset(CacheRope{});
+    const std::vector<float> rows = test::random_normal(static_cast<size_t>(24 * kHeadDim), seed);
+    std::unique_ptr<Plan> plan = make_plan();
+    for (int64_t t = 0; t < 24; ++t) {
+      CAPTURE(t);
+      if (seed == 12) plan = make_plan();
+      const CacheQuantization q{plan.get(), 0};
+      cache.append(0, rows.data() + t * kHeadDim, rows.data() + t * kHeadDim, kHeadDim, 1);
+      const KvLayerView a = cache.view_after_append(0, q, 1, scratch);
+      const KvLayerView b = cache.view(0, q, reference_scratch);
+      CHECK(same_floats(a.keys[0].stored, b.keys[0].stored, (t + 1) * kHeadDim));
+      CHECK(same_floats(a.values[0].stored, b.values[0].stored, (t + 1) * kHeadDim));
+    }
   }
 }
