@@ -61,15 +61,18 @@ struct ReportLine {
 const ReportLine kPerplexityLines[] = {
     {"Mean PPL(Q)                   ", "ppl", false},
     {"Mean PPL(base)                ", "ppl_base", false},
+    {"Cor(ln(PPL(Q)), ln(PPL(base)))", "ln_ppl_correlation", true},
     {"Mean ln(PPL(Q)/PPL(base))     ", "ln_ppl_ratio", false},
     {"Mean PPL(Q)/PPL(base)         ", "ppl_ratio", false},
+    {"Mean PPL(Q)-PPL(base)         ", "ppl_diff", false},
 };
 const ReportLine kKlLines[] = {
     {"Mean    KLD", "next_token_kl_mean", false}, {"Maximum KLD", "next_token_kl_max", false},
     {"99.9%   KLD", "next_token_kl_p99_9", false}, {"99.0%   KLD", "next_token_kl_p99", false},
-    {"90.0%   KLD", "next_token_kl_p90", false},  {"Median  KLD", "next_token_kl_median", false},
-    {"10.0%   KLD", "next_token_kl_p10", false},  {" 5.0%   KLD", "next_token_kl_p5", false},
-    {" 1.0%   KLD", "next_token_kl_p1", false},
+    {"95.0%   KLD", "next_token_kl_p95", false},  {"90.0%   KLD", "next_token_kl_p90", false},
+    {"Median  KLD", "next_token_kl_median", false}, {"10.0%   KLD", "next_token_kl_p10", false},
+    {" 5.0%   KLD", "next_token_kl_p5", false},   {" 1.0%   KLD", "next_token_kl_p1", false},
+    {" 0.1%   KLD", "next_token_kl_p0_1", false}, {"Minimum KLD", "next_token_kl_min", false},
 };
 const ReportLine kDeltaPLines[] = {
     {"Mean    Δp", "delta_p_mean", true},  {"Maximum Δp", "delta_p_max", true}, {"99.9%   Δp", "delta_p_p99_9", true},
@@ -89,6 +92,18 @@ void print_report_lines(const char* title, const ReportLine* begin, const Report
     if (m.standard_error) std::printf(" ± %10.6f", scale * m.standard_error(stats));
     std::printf("%s\n", l->percent ? " %" : "");
   }
+}
+
+// On stderr, when some compared positions had non-finite logits with the quantized cache
+// (NaN nll: a NaN or +inf logit): the statistics they enter are NaN (null in --json).
+void warn_nonfinite_positions(const ModelStats& m) {
+  const auto bad = std::count_if(m.nll.begin(), m.nll.end(), [](double v) { return std::isnan(v); });
+  if (bad == 0) return;
+  std::fprintf(stderr,
+               "kvbudget eval: warning: %lld of %zu compared positions have non-finite logits (NaN or +inf) with the "
+               "quantized cache: PPL, KL and Δp over them are NaN (null in --json), and they count as a different "
+               "top token\n",
+               static_cast<long long>(bad), m.nll.size());
 }
 
 // A JSON number, null when not finite.
@@ -387,9 +402,14 @@ int cmd_eval(const Args& args) {
       if (!m.in_default_report) continue;  // in the llama.cpp-style report below
       say(json, "  %-22s %-12.6g %-12s %s\n", m.name.c_str(), m.compute(stats), se, m.description.c_str());
     }
+    warn_nonfinite_positions(stats.model);
     if (!json) {
-      std::printf("\nAs llama.cpp's perplexity tool reports it (--kl-divergence), over %zu positions:\n",
-                  stats.model.nll.size());
+      // llama.cpp scores the second half of each window: say so whenever kvbudget does not.
+      std::printf("\nAs llama.cpp's perplexity tool reports it (--kl-divergence), over %zu positions%s:\n",
+                  stats.model.nll.size(),
+                  score == ScoreRule::All ? " (every position of each window; llama.cpp scores only the second half "
+                                            "of each, as --score second_half does)"
+                                          : "");
       print_report_lines("Perplexity statistics", std::begin(kPerplexityLines), std::end(kPerplexityLines), stats);
       print_report_lines("KL divergence statistics", std::begin(kKlLines), std::end(kKlLines), stats);
       print_report_lines("Token probability statistics", std::begin(kDeltaPLines), std::end(kDeltaPLines), stats);
@@ -415,9 +435,11 @@ int cmd_eval(const Args& args) {
     j["kl_base_reused"] = evaluator.kl_base_reused();
     const std::pair<const char*, const char*> keys[] = {
         {"ppl", "ppl"}, {"ppl_base", "ppl_base"}, {"ppl_ratio", "ppl_ratio"}, {"ln_ppl_ratio", "ln_ppl_ratio"},
+        {"ppl_diff", "ppl_diff"}, {"ln_ppl_cor", "ln_ppl_correlation"},
         {"kl_mean", "next_token_kl_mean"}, {"kl_max", "next_token_kl_max"}, {"kl_p99_9", "next_token_kl_p99_9"},
-        {"kl_p99", "next_token_kl_p99"}, {"kl_p90", "next_token_kl_p90"}, {"kl_median", "next_token_kl_median"},
-        {"kl_p10", "next_token_kl_p10"}, {"kl_p5", "next_token_kl_p5"}, {"kl_p1", "next_token_kl_p1"},
+        {"kl_p99", "next_token_kl_p99"}, {"kl_p95", "next_token_kl_p95"}, {"kl_p90", "next_token_kl_p90"},
+        {"kl_median", "next_token_kl_median"}, {"kl_p10", "next_token_kl_p10"}, {"kl_p5", "next_token_kl_p5"},
+        {"kl_p1", "next_token_kl_p1"}, {"kl_p0_1", "next_token_kl_p0_1"}, {"kl_min", "next_token_kl_min"},
         {"same_top", "same_top_rate"}, {"delta_p_mean", "delta_p_mean"}, {"delta_p_rms", "delta_p_rms"},
         {"delta_p_max", "delta_p_max"}, {"delta_p_p99_9", "delta_p_p99_9"}, {"delta_p_p99", "delta_p_p99"},
         {"delta_p_p95", "delta_p_p95"}, {"delta_p_p90", "delta_p_p90"}, {"delta_p_p75", "delta_p_p75"},

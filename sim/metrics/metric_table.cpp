@@ -145,6 +145,41 @@ double ppl_base(const ErrorStats& s) { return perplexity(s.model.nll_base); }
 double ppl_base_se(const ErrorStats& s) {
   return s.model.has_positions() ? ppl_base(s) * standard_error_of_mean(s.model.nll_base) : kNaN;
 }
+// Sums of the products of nll's and nll_base's deviations from their means (two passes).
+struct NllDeviations {
+  double aa = 0, bb = 0, ab = 0;
+};
+NllDeviations nll_deviations(const ModelStats& m) {
+  const double a = mean(m.nll), b = mean(m.nll_base);
+  NllDeviations d;
+  for (size_t i = 0; i < m.nll.size(); ++i) {
+    const double da = m.nll[i] - a, db = m.nll_base[i] - b;
+    d.aa += da * da;
+    d.bb += db * db;
+    d.ab += da * db;
+  }
+  return d;
+}
+// llama.cpp's Cor(ln(PPL(Q)), ln(PPL(base))), the covariance of the mean NLLs over the
+// product of their SEs: Pearson's correlation of nll and nll_base.
+double ln_ppl_correlation(const ErrorStats& s) {
+  if (s.model.nll.size() < 2) return kNaN;
+  const NllDeviations d = nll_deviations(s.model);
+  return d.ab / std::sqrt(d.aa * d.bb);
+}
+// PPL − PPL_base; SE as llama.cpp: sqrt(SE² + SE_base² − 2 PPL PPL_base cov), with
+// SE = PPL · SE(mean nll) and cov = Σ (a − ā)(b − b̄) / (n (n − 1)) the covariance of the
+// mean NLLs, written over one denominator so that identical runs give exactly 0.
+double ppl_diff(const ErrorStats& s) { return s.model.has_positions() ? ppl(s) - ppl_base(s) : kNaN; }
+double ppl_diff_se(const ErrorStats& s) {
+  const size_t n = s.model.nll.size();
+  if (n < 2) return kNaN;
+  const NllDeviations d = nll_deviations(s.model);
+  const double q = ppl(s), b = ppl_base(s);
+  const double var = (q * q * d.aa + b * b * d.bb - 2 * q * b * d.ab) /
+                     (static_cast<double>(n) * static_cast<double>(n - 1));
+  return var < 0 ? 0.0 : std::sqrt(var);
+}
 template <int Permille>
 double token_kl_quantile(const ErrorStats& s) {
   return s.model.has_positions() ? quantile(s.model.kl, Permille / 1000.0) : kNaN;
@@ -303,8 +338,15 @@ const std::vector<MetricDef>& metric_table() {
                     &ppl_base_se),
       detail_metric("ln_ppl_ratio", "", "ln perplexity ratio, quantized / exact", "ln(PPL(quantized) / PPL(exact)) = mean(nll - nll_base) (llama.cpp's report)",
                     B::Lower, &ln_ppl_ratio, &ln_ppl_ratio_se),
+      detail_metric("ppl_diff", "", "perplexity difference, quantized − exact", "PPL(quantized) − PPL(exact) on the same positions (llama.cpp's report)",
+                    B::Lower, &ppl_diff, &ppl_diff_se),
+      detail_metric("ln_ppl_correlation", "", "correlation of the per-position NLLs, quantized and exact",
+                    "Pearson correlation of nll and nll_base over the positions: llama.cpp's Cor(ln(PPL(Q)), ln(PPL(base)))",
+                    B::Higher, &ln_ppl_correlation),
       detail_metric("next_token_kl_p99_9", "nats", "next-token KL, 99.9th percentile", "99.9th percentile of the next-token KL", B::Lower,
                     &token_kl_quantile<999>),
+      detail_metric("next_token_kl_p95", "nats", "next-token KL, 95th percentile", "95th percentile of the next-token KL", B::Lower,
+                    &token_kl_quantile<950>),
       detail_metric("next_token_kl_p90", "nats", "next-token KL, 90th percentile", "90th percentile of the next-token KL", B::Lower,
                     &token_kl_quantile<900>),
       detail_metric("next_token_kl_p10", "nats", "next-token KL, 10th percentile", "10th percentile of the next-token KL", B::Lower,
@@ -313,6 +355,10 @@ const std::vector<MetricDef>& metric_table() {
                     &token_kl_quantile<50>),
       detail_metric("next_token_kl_p1", "nats", "next-token KL, 1st percentile", "1st percentile of the next-token KL", B::Lower,
                     &token_kl_quantile<10>),
+      detail_metric("next_token_kl_p0_1", "nats", "next-token KL, 0.1th percentile", "0.1th percentile of the next-token KL", B::Lower,
+                    &token_kl_quantile<1>),
+      detail_metric("next_token_kl_min", "nats", "next-token KL, min", "min of the next-token KL", B::Lower,
+                    &token_kl_quantile<0>),
       detail_metric("delta_p_mean", "", "Δp of the next token, mean",
                     "mean over positions of Δp = p_quantized(next token) - p_exact(next token)", B::Higher,
                     &delta_p_mean, &delta_p_mean_se),

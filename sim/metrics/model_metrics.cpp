@@ -83,6 +83,12 @@ double perplexity(const std::vector<double>& nll) {
   return std::exp(sum / static_cast<double>(nll.size()));
 }
 
+namespace {
+// A summed KL: rounding can leave it just below 0, clamped to 0; NaN (a row with NaN
+// or +inf logits) stays NaN, where std::max(0.0, NaN) would report a perfect 0.
+double kl_or_nan(double kl) { return kl < 0 ? 0.0 : kl; }
+}  // namespace
+
 double log_sum_exp_reference(const float* logits, int64_t n) {
   double mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
@@ -101,9 +107,9 @@ double kl_from_log_probs(const std::vector<double>& log_p, const std::vector<dou
   double kl = 0;
   for (size_t i = 0; i < log_p.size(); ++i) {
     const double p = std::exp(log_p[i]);
-    if (p > 0) kl += p * (log_p[i] - log_q[i]);
+    if (p != 0) kl += p * (log_p[i] - log_q[i]);  // NaN p (a NaN row) makes the KL NaN
   }
-  return std::max(0.0, kl);
+  return kl_or_nan(kl);
 }
 
 // The fast forms: kLanes logits at a time (sim/metrics/row_simd.h), each widened to
@@ -142,14 +148,14 @@ NextTokenComparison compare_next_token(const float* exact, double exact_log_sum_
   const simd::f64h zp = simd::splat64(exact_log_sum_exp), zq = simd::splat64(log_zq), zero{};
   auto terms = [&](simd::f64h x, simd::f64h y) {
     const simd::f64h log_p = x - zp, log_q = y - zq, p = simd::exp(log_p);
-    return p > zero ? p * (log_p - log_q) : zero;
+    return p != zero ? p * (log_p - log_q) : zero;  // NaN p (a NaN row) makes the KL NaN
   };
   f64v kl{};
   for (int64_t i = 0; i < n; i += simd::kLanes) {
     const f64v x = widen_logits(exact, i, n), y = widen_logits(quantized, i, n);
     kl += f64v{terms(x.lo, y.lo), terms(x.hi, y.hi)};
   }
-  c.kl = std::max(0.0, simd::hsum(kl));
+  c.kl = kl_or_nan(simd::hsum(kl));
   return c;
 }
 

@@ -45,7 +45,7 @@ double perplexity(const std::vector<double>& nll);
 // The plain references, std::exp per logit in index order: log-softmax of n logits
 // (double), log Σ exp(logits) as log_softmax computes it (its out[i] is logits[i] −
 // this), and KL(p || q) = Σ p (log p − log q) from log-probabilities (>= 0 up to
-// rounding, clamped at 0).
+// rounding, clamped at 0; NaN when a log-probability is NaN).
 void log_softmax(const float* logits, int64_t n, std::vector<double>& out);
 double log_sum_exp_reference(const float* logits, int64_t n);
 double kl_from_log_probs(const std::vector<double>& log_p, const std::vector<double>& log_q);
@@ -61,7 +61,7 @@ double log_sum_exp(const float* logits, int64_t n);
 // metrics take from the two rows of n logits, with the next token `next`.
 struct NextTokenComparison {
   double nll = 0;  // −log q(next)
-  double kl = 0;   // KL(p || q), clamped at 0
+  double kl = 0;   // KL(p || q), clamped at 0; NaN when either row holds NaN or +inf
 };
 // What log_softmax and kl_from_log_probs give on these rows (up to the last bits, as
 // log_sum_exp), without the two vectors of n log-probabilities. exact_log_sum_exp is

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -198,6 +200,7 @@ namespace {
 
 const char* const kLogits = "logits";
 const char* const kInputIds = "input_ids";
+const char* const kLogitsChecksum = "logits_checksum";
 
 std::map<std::string, std::string> kl_base_metadata(const KlBaseHeader& h) {
   return {{"kvbudget_kl_base", "1"},
@@ -205,6 +208,41 @@ std::map<std::string, std::string> kl_base_metadata(const KlBaseHeader& h) {
           {"model_summary", h.model_summary},
           {"vocab_size", std::to_string(h.vocab)},
           {"n_ctx", std::to_string(h.n_ctx)}};
+}
+
+}  // namespace
+
+void LogitsChecksum::add(const float* values, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof bits);
+    uint64_t& lane = lanes_[(added_ + i) & 3];
+    lane = (lane ^ bits) * 0x100000001b3u;  // FNV-1a's 64-bit prime, a word at a time
+  }
+  added_ += count;
+}
+
+int64_t LogitsChecksum::value() const {
+  uint64_t h = static_cast<uint64_t>(added_);
+  for (uint64_t lane : lanes_) h = (std::rotl(h, 23) ^ lane) * 0x9e3779b97f4a7c15u;
+  return static_cast<int64_t>(h);
+}
+
+namespace {
+
+// Of a kl-base file whose rows [0, read) were added to `sum` as they were read: adds the
+// rows no window holds and compares with the stored checksum.
+void check_stored_checksum(const KlBaseReader& stored, LogitsChecksum& sum, int64_t read) {
+  const int64_t T = static_cast<int64_t>(stored.header().tokens.size()), V = stored.header().vocab;
+  std::vector<float> row(static_cast<size_t>(V));
+  for (int64_t t = read; t < T; ++t) {
+    stored.read_rows(t, 1, row.data());
+    sum.add(row.data(), V);
+  }
+  if (sum.value() != *stored.checksum())
+    throw ConfigError(stored.path().string() +
+                      " (--kl-base): its logits are not those it was written with (their checksum differs): the file "
+                      "was changed or damaged since; delete it to run the exact model anew");
 }
 
 }  // namespace
@@ -233,6 +271,11 @@ KlBaseReader::KlBaseReader(const std::filesystem::path& path) : path_(path), sto
     throw Error(path.string() + ": logits are " + dtype_name(logits.dtype) + " " + shape_str(logits.shape) +
                 ", expected F32 [" + std::to_string(header_.tokens.size()) + ", vocab]");
   header_.vocab = logits.shape[1];
+  if (store_->contains(kLogitsChecksum)) {
+    const std::vector<int64_t> sum = store_->read_i64(kLogitsChecksum);
+    if (sum.size() != 1) throw Error(path.string() + ": logits_checksum holds " + std::to_string(sum.size()) + " values, expected 1");
+    checksum_ = sum[0];
+  }
 }
 
 KlBaseReader::~KlBaseReader() = default;
@@ -245,7 +288,9 @@ KlBaseWriter::KlBaseWriter(const std::filesystem::path& path, const KlBaseHeader
     : tokens_(header.tokens), vocab_(header.vocab) {
   const int64_t T = static_cast<int64_t>(tokens_.size());
   stream_ = std::make_unique<TensorFileStream>(
-      path, std::vector<TensorLayout>{{kLogits, {T, header.vocab}, DType::F32}, {kInputIds, {T}, DType::I64}},
+      path,
+      std::vector<TensorLayout>{
+          {kLogits, {T, header.vocab}, DType::F32}, {kInputIds, {T}, DType::I64}, {kLogitsChecksum, {1}, DType::I64}},
       kl_base_metadata(header), TensorFileFormat::Safetensors);
 }
 
@@ -253,12 +298,19 @@ KlBaseWriter::~KlBaseWriter() = default;
 
 void KlBaseWriter::append_rows(const float* rows, int64_t count) {
   stream_->append_floats(rows, count * vocab_);
+  checksum_.add(rows, count * vocab_);
 }
 
-void KlBaseWriter::append_zero_rows(int64_t count) { stream_->append_zeros(count * vocab_); }
+void KlBaseWriter::append_zero_rows(int64_t count) {
+  stream_->append_zeros(count * vocab_);
+  const std::vector<float> zeros(static_cast<size_t>(vocab_), 0.0f);
+  for (int64_t r = 0; r < count; ++r) checksum_.add(zeros.data(), vocab_);
+}
 
 void KlBaseWriter::commit() {
   stream_->append_ints(tokens_.data(), static_cast<int64_t>(tokens_.size()));
+  const int64_t sum = checksum_.value();
+  stream_->append_ints(&sum, 1);
   stream_->commit();
 }
 
@@ -367,6 +419,9 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
   base_top_.assign(static_cast<size_t>(T), -1);
   base_nll_.assign(static_cast<size_t>(T - 1), std::numeric_limits<double>::quiet_NaN());
   std::vector<LayerTensors> capture;
+  // The stored rows' checksum, as they are read (a file that has one).
+  std::optional<LogitsChecksum> stored_sum;
+  if (stored && stored->checksum()) stored_sum.emplace();
   for (size_t w = 0; w < windows_.size(); ++w) {
     const TokenWindow& win = windows_[w];
     float* rows = held ? base_logits_.row(win.start).data() : window_rows->data();
@@ -393,8 +448,10 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
     }
     keep_base_row_quantities(win, rows);
     if (writer) writer->append_rows(rows, win.length);
+    if (stored_sum) stored_sum->add(rows, win.length * V);
     if (options_.progress) options_.progress(static_cast<int64_t>(w) + 1, static_cast<int64_t>(windows_.size()));
   }
+  if (stored_sum) check_stored_checksum(*stored, *stored_sum, windows_.back().start + windows_.back().length);
   if (writer) {
     const TokenWindow& last = windows_.back();
     writer->append_zero_rows(T - (last.start + last.length));
@@ -423,6 +480,10 @@ void ModelEvaluator::keep_base_row_quantities(const TokenWindow& win, const floa
     const float* row = rows + i * V;
     const size_t t = static_cast<size_t>(win.start + i);
     base_log_sum_exp_[t] = log_sum_exp(row, V);
+    // NaN for a row with NaN or +inf (log_sum_exp propagates them): no comparison holds.
+    if (std::isnan(base_log_sum_exp_[t]))
+      throw Error("the exact (unquantized) forward pass gave non-finite logits (NaN or +inf) at token " +
+                  std::to_string(t) + ": the model overflows on this text, so nothing can be compared with it");
     base_top_[t] = argmax(row, V);
     // −log_softmax(row t)[token t+1] = −(logit − log Σ exp), as log_softmax computes it.
     if (i + 1 < win.length) base_nll_[t] = -(static_cast<double>(row[tokens_[t + 1]]) - base_log_sum_exp_[t]);
@@ -548,7 +609,8 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
       s.nll[k] = c.nll;
       s.nll_base[k] = base_nll_[t];
       s.kl[k] = c.kl;
-      s.same_top[k] = base_top_[t] == argmax(quant_row, V) ? 1 : 0;
+      // A row with NaN or +inf (NaN nll, as its log-sum-exp) has no top token: not the same.
+      s.same_top[k] = !std::isnan(c.nll) && base_top_[t] == argmax(quant_row, V) ? 1 : 0;
     });
     if (output && output->nll) {
       std::vector<double>& nll = *output->nll;

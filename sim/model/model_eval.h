@@ -88,10 +88,25 @@ std::vector<TokenWindow> token_windows(int64_t tokens, int64_t n_ctx);
 // `logits` F32 [T, vocab] (row t: the exact model's logits at sequence position t, as
 // its window computed them; a last token no window holds (T = k·n_ctx + 1) gets a row
 // of zeros), `input_ids` I64 [T] (the evaluated tokens, before the BOS replacement),
-// and metadata kvbudget_kl_base = "1", model (the checkpoint's directory name),
-// model_summary (ModelConfig::summary()), vocab_size, n_ctx. Scores read back bit for
-// bit. The file is written and read a window of rows at a time (KlBaseWriter,
-// KlBaseReader): [T, vocab] is never held for it.
+// `logits_checksum` I64 [1] (LogitsChecksum of the logits' rows in order; files written
+// before it have none), and metadata kvbudget_kl_base = "1", model (the
+// checkpoint's directory name), model_summary (ModelConfig::summary()), vocab_size,
+// n_ctx. Scores read back bit for bit. The file is written and read a window of rows at
+// a time (KlBaseWriter, KlBaseReader): [T, vocab] is never held for it.
+// A checksum of float values in the order they are added, however they are split into
+// calls: four lanes (value i in lane i mod 4) of a 64-bit multiply-xor hash of the
+// values' bits, then combined. It tells a kl-base file's logits changed after they were
+// written (the first window's are also checked against a fresh forward pass).
+class LogitsChecksum {
+ public:
+  void add(const float* values, int64_t count);
+  int64_t value() const;
+
+ private:
+  uint64_t lanes_[4] = {0x243f6a8885a308d3u, 0x13198a2e03707344u, 0xa4093822299f31d0u, 0x082efa98ec4e6c89u};
+  int64_t added_ = 0;
+};
+
 struct KlBaseHeader {
   std::vector<int64_t> tokens;  // [T]
   int64_t vocab = 0;
@@ -110,10 +125,13 @@ class KlBaseReader {
   // Logits rows [first, first + count) into dst [count, vocab] (host, row-major).
   // Thread-safe (positioned reads of the open file).
   void read_rows(int64_t first, int64_t count, float* dst) const;
+  // The stored LogitsChecksum of the logits; none in files written before it.
+  std::optional<int64_t> checksum() const { return checksum_; }
 
  private:
   std::filesystem::path path_;
   KlBaseHeader header_;
+  std::optional<int64_t> checksum_;
   std::unique_ptr<TensorStore> store_;
 };
 // Written in order: rows 0..T-1 of the logits, a window at a time, then commit()
@@ -130,6 +148,7 @@ class KlBaseWriter {
  private:
   std::vector<int64_t> tokens_;
   int64_t vocab_ = 0;
+  LogitsChecksum checksum_;
   std::unique_ptr<TensorFileStream> stream_;
 };
 // The whole file at once (tests, small runs): logits [T, vocab] and the header.

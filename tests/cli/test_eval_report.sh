@@ -19,8 +19,11 @@ expect "$tmp/a.err" "window 4/4 done" "eval progress (stderr, not a terminal)"
 j = json.load(open(sys.argv[1]))
 for k in ["ppl", "ppl_se", "kl_mean", "kl_mean_se", "same_top", "same_top_se", "ln_ppl_ratio", "ln_ppl_ratio_se",
           "ppl_base", "ppl_base_se", "kl_p99_9", "kl_p1", "delta_p_mean", "delta_p_mean_se", "delta_p_rms",
-          "delta_p_p1", "delta_p_min", "delta_p_max"]:
+          "delta_p_p1", "delta_p_min", "delta_p_max", "ppl_diff", "ppl_diff_se", "ln_ppl_cor", "kl_p95",
+          "kl_p0_1", "kl_min"]:
     assert isinstance(j[k], float) and math.isfinite(j[k]), (k, j.get(k))
+assert abs(j["ppl_diff"] - (j["ppl"] - j["ppl_base"])) < 1e-9 * j["ppl"]
+assert 0 < j["ln_ppl_cor"] <= 1 and j["kl_min"] <= j["kl_p0_1"] <= j["kl_p1"] and j["kl_p90"] <= j["kl_p95"] <= j["kl_p99"]
 assert j["windows"] == 4 and j["n_ctx"] == 256 and j["tokens"] == 1024, j
 assert j["positions"] == 4 * 255, j["positions"]
 assert j["kl_base_reused"] is False
@@ -73,7 +76,8 @@ assert j["kl_mean"] is None and j["same_top"] is None and j["windows"] == 2 and 
 "$kvb" eval "$llama" --text "$text" --max-tokens 512 --ctx 256 --format int4-asym-g32 >"$tmp/t.out" 2>&1 \
   || fail "eval text report exited $?: $(cat "$tmp/t.out")"
 for line in "in 2 windows of 256 tokens, scoring all" "====== Perplexity statistics ======" \
-  "Mean ln(PPL(Q)/PPL(base))     :" "====== KL divergence statistics ======" "99.9%   KLD:" \
+  "Mean ln(PPL(Q)/PPL(base))     :" "Cor(ln(PPL(Q)), ln(PPL(base))):" "Mean PPL(Q)-PPL(base)         :" \
+  "====== KL divergence statistics ======" "99.9%   KLD:" "95.0%   KLD:" " 0.1%   KLD:" "Minimum KLD:" \
   "====== Token probability statistics ======" "RMS Δp    :" "Same top p:"; do
   expect "$tmp/t.out" "$line" "eval report"
 done

@@ -98,13 +98,14 @@ TEST_CASE("metric table: model metrics reduce ErrorStats::model") {
     CHECK(static_cast<bool>(m.compute));
     // Δp = p_quantized − p_exact of the right token: higher is better, but not its RMS.
     const bool higher = m.name == "same_top_rate" || m.name.rfind("gen_", 0) == 0 || m.name == "answer_accuracy" ||
-                        m.name == "flips_wrong_to_right" ||
+                        m.name == "flips_wrong_to_right" || m.name == "ln_ppl_correlation" ||
                         (m.name.rfind("delta_p_", 0) == 0 && m.name != "delta_p_rms");
     CHECK((m.better == Better::Higher) == higher);
     CHECK(m.needs_continuations == (m.name.rfind("gen_", 0) == 0));
     CHECK(m.needs_task == (m.name == "answer_accuracy" || m.name.rfind("flips_", 0) == 0));
   }
-  CHECK(model_metrics == 35);  // 13, and llama.cpp's detailed statistics: ppl_base, ln_ppl_ratio, 5 KL, 15 Δp
+  CHECK(model_metrics == 40);  // 13, and llama.cpp's detailed statistics: ppl_base, ln_ppl_ratio, ppl_diff,
+                               // ln_ppl_correlation, 8 KL, 15 Δp
 }
 
 TEST_CASE("metric table: standard errors of the model metrics, as llama.cpp's perplexity tool") {
@@ -145,7 +146,7 @@ TEST_CASE("metric table: standard errors of the model metrics, as llama.cpp's pe
   for (const MetricDef& m : metric_table())
     if (m.standard_error) with_se.push_back(m.name);
   CHECK(with_se == std::vector<std::string>{"ppl", "ppl_ratio", "next_token_kl_mean", "same_top_rate", "ppl_base",
-                                            "ln_ppl_ratio", "delta_p_mean", "delta_p_rms"});
+                                            "ln_ppl_ratio", "ppl_diff", "delta_p_mean", "delta_p_rms"});
 }
 
 TEST_CASE("metric table: every metric has an axis label with its quantity, unit and direction") {
@@ -192,4 +193,65 @@ TEST_CASE("log_sum_exp and compare_next_token: the references' values up to the 
     // The same rows: KL 0 (a row against itself is 0 up to rounding, clamped at 0).
     CHECK(kvb::compare_next_token(exact.data(), lse_exact, exact.data(), n, next).kl <= 1e-15);
   }
+}
+
+TEST_CASE("compare_next_token and kl_from_log_probs: a row with NaN or +inf gives NaN, never a perfect 0") {
+  for (int64_t n : {5, 9, 259}) {
+    CAPTURE(n);
+    std::vector<float> exact(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) exact[static_cast<size_t>(i)] = 0.25f * static_cast<float>(i % 7);
+    const double lse_exact = kvb::log_sum_exp(exact.data(), n);
+    std::vector<double> lp;
+    kvb::log_softmax(exact.data(), n, lp);
+    for (float bad : {NAN, INFINITY}) {
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+        CAPTURE(bad);
+        CAPTURE(at);
+        std::vector<float> quantized = exact;
+        quantized[static_cast<size_t>(at)] = bad;
+        const kvb::NextTokenComparison c = kvb::compare_next_token(exact.data(), lse_exact, quantized.data(), n, 1);
+        CHECK(std::isnan(c.nll));
+        CHECK(std::isnan(c.kl));
+        std::vector<double> lq;
+        kvb::log_softmax(quantized.data(), n, lq);
+        CHECK(std::isnan(kvb::kl_from_log_probs(lp, lq)));
+        // The exact row's NaN as well (its log-sum-exp is NaN).
+        CHECK(std::isnan(kvb::compare_next_token(quantized.data(), kvb::log_sum_exp(quantized.data(), n),
+                                                 exact.data(), n, 1)
+                             .kl));
+      }
+    }
+    // -inf where the exact row has mass: an infinite KL, as it should be; a finite nll
+    // when the next token is not that one.
+    std::vector<float> ruled_out = exact;
+    ruled_out[2] = -INFINITY;
+    const kvb::NextTokenComparison c = kvb::compare_next_token(exact.data(), lse_exact, ruled_out.data(), n, 1);
+    CHECK(std::isinf(c.kl));
+    CHECK(std::isfinite(c.nll));
+  }
+}
+
+TEST_CASE("metric table: llama.cpp's Cor(ln(PPL(Q)), ln(PPL(base))) and PPL(Q) - PPL(base) with its SE") {
+  ErrorStats s;
+  s.model.nll = {1, 2, 4};
+  s.model.nll_base = {1, 3, 2};
+  s.model.kl = {0.1, 0.4, 0.2};
+  s.model.same_top = {1, 0, 1};
+  // Deviations from the means 7/3 and 2: {-4/3, -1/3, 5/3} and {-1, 1, 0}; Σ products 1,
+  // Σ squares 14/3 and 2. Pearson's r = 1 / sqrt(28/3).
+  CHECK(metric(s, "ln_ppl_correlation") == doctest::Approx(std::sqrt(3.0 / 28)));
+  CHECK(metric(s, "ppl_diff") == doctest::Approx(std::exp(7.0 / 3) - std::exp(2.0)));
+  // SE(nll) = sqrt(14/3 / 6), SE(nll_base) = sqrt(2 / 6), covariance of the means 1/6:
+  // sqrt(e^{14/3}·7/9 + e^4/3 − 2 e^{7/3} e^2 / 6).
+  const double se = std::sqrt(std::exp(14.0 / 3) * 7 / 9 + std::exp(4.0) / 3 - 2 * std::exp(7.0 / 3 + 2) / 6);
+  CHECK(require_metric("ppl_diff", "test").standard_error(s) == doctest::Approx(se));
+  // The same NLLs in both runs: a difference of 0 ± 0 (not NaN from rounding below 0).
+  s.model.nll_base = s.model.nll;
+  CHECK(metric(s, "ppl_diff") == 0.0);
+  CHECK(require_metric("ppl_diff", "test").standard_error(s) == 0.0);
+  CHECK(metric(s, "ln_ppl_correlation") == doctest::Approx(1.0));
+  // The KL's 95th, 0.1th percentiles and minimum: linear interpolation over {0.1, 0.2, 0.4}.
+  CHECK(metric(s, "next_token_kl_p95") == doctest::Approx(0.2 + 0.9 * 0.2));
+  CHECK(metric(s, "next_token_kl_p0_1") == doctest::Approx(0.1 + 0.002 * 0.1));
+  CHECK(metric(s, "next_token_kl_min") == doctest::Approx(0.1));
 }

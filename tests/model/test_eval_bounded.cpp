@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -186,6 +187,53 @@ TEST_CASE("a kl-base written by the held path is read by the bounded one and the
   // A file that is no kl-base, or whose logits are not F32 [T, vocab], is named.
   write_safetensors(dir / "other.safetensors", {TensorToWrite::of_ints("input_ids", {2}, ids.data())});
   CHECK(has(error_of([&] { (void)KlBaseReader(dir / "other.safetensors"); }), "not a kl-base file"));
+
+  // Its checksum covers every row: one logit changed in the third window (the first
+  // window is also checked against a fresh forward pass), or in the last row no window
+  // holds, is refused, bounded or held; the unchanged file is taken.
+  REQUIRE(reader.checksum().has_value());
+  const std::string good = file_bytes(from_bounded);
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, good.data(), sizeof header_bytes);  // safetensors: u64 LE, then JSON
+  for (int64_t row : {70, 96}) {
+    CAPTURE(row);
+    std::string bad = good;
+    const size_t at = 8 + header_bytes + static_cast<size_t>(row * V + 3) * sizeof(float);  // logits come first
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    const fs::path damaged = dir / "damaged.safetensors";
+    std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bad;
+    for (bool bounded_run : {true, false}) {
+      const std::string msg = error_of([&] {
+        (void)ModelEvaluator(model, ids, ContinuationSpec{}, "test", nullptr, options(32, bounded_run, dir, damaged));
+      });
+      CHECK(has(msg, "changed or damaged"));
+      CHECK(has(msg, damaged.string()));
+    }
+  }
+}
+
+TEST_CASE("LogitsChecksum: the same for any split of the values into calls; every value and its place count") {
+  std::vector<float> v(37);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  LogitsChecksum whole;
+  whole.add(v.data(), 37);
+  for (int64_t cut : {0, 1, 3, 4, 5, 36, 37}) {
+    LogitsChecksum split;
+    split.add(v.data(), cut);
+    split.add(v.data() + cut, 37 - cut);
+    CHECK(split.value() == whole.value());
+  }
+  std::vector<float> swapped = v;
+  std::swap(swapped[4], swapped[8]);  // the same lane: order within a lane counts
+  std::vector<float> zero_sign = v;
+  zero_sign[6] = -0.0f;  // v[6] is 0: -0 has other bits
+  std::vector<float> longer = v;
+  longer.push_back(0.0f);  // a trailing zero counts
+  for (const std::vector<float>* other : {&swapped, &zero_sign, &longer}) {
+    LogitsChecksum c;
+    c.add(other->data(), static_cast<int64_t>(other->size()));
+    CHECK(c.value() != whole.value());
+  }
 }
 
 TEST_CASE("the bounded path's results do not depend on the thread count") {
