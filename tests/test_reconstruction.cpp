@@ -2,8 +2,11 @@
 // unit, the finiteness check and quantize_tensor.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,6 +43,33 @@ Recording small_recording(int64_t T, int64_t d) {
 bool same_floats(const float* a, const float* b, int64_t n) {
   return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
 }
+
+// A unit's plan as it grows: segments from each (first token, format) to the next start
+// (the last one to T), cut at T, and a window.
+struct GrowingPlan {
+  std::vector<std::pair<int64_t, FormatPtr>> starts;
+  RecentWindow window;
+
+  UnitPlan at(int64_t T) const {
+    std::vector<std::pair<int64_t, FormatPtr>> sorted = starts;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    UnitPlan unit;
+    unit.window = window;
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      const int64_t begin = std::min(sorted[i].first, T);
+      const int64_t end = i + 1 < sorted.size() ? std::min(sorted[i + 1].first, T) : T;
+      if (end > begin) unit.segments.push_back(Segment{begin, end, sorted[i].second});
+    }
+    return unit;
+  }
+};
+
+// What a unit's reconstruction gave: versions, how many estimated segments, or the error.
+struct Versions {
+  std::vector<float> stored, window;
+  size_t estimated = 0;
+  std::string error;
+};
 
 }  // namespace
 
@@ -193,6 +223,118 @@ TEST_CASE("quantize_tensor: spans are units of their own, errors and bits summed
   // A span shape the format cannot take is a ConfigError naming the source.
   CHECK_THROWS_WITH_AS(quantize_tensor(x, *make_format("int4-asym-g64"), per_span, Kind::Key, 0, src),
                        doctest::Contains("format 'int4-asym-g64' on file.npy:keys"), ConfigError);
+}
+
+TEST_CASE("update_unit_versions: reconstruct_unit_versions' bits as a unit grows and its plan changes") {
+  // Random plan sequences over formats fitted to their span (whose rows are kept while
+  // the fit holds), formats that split at their groups and keys-only ones: segments
+  // added, dropped, moved (fitted segments that shrink), formats swapped (also for a new
+  // object of the same name), windows switched on and off and their format changed while
+  // active; data whose fits hold (each channel's extremes in the first rows), with NaN
+  // and inf, with zeros and -0. Each step grows by 0-3 rows and is compared bit for bit,
+  // errors included, with the whole reconstruction (a helper's review found shrinking
+  // fitted segments and window formats changed while active untested).
+  const char* const names[] = {"nvfp4",         "int3-asym-ch",  "int1-sym-ch",          "fp8-e4m3-cal8",
+                               "nuq3-cal8",     "nuq2",          "outliers1%:nuq2-cal8", "prerope:nvfp4",
+                               "int2-asym-ch8", "int4-asym-g32", "keep-fp32",            "mxfp4",
+                               "qjl-m64",       "prerope:int3-asym-ch", "fp8-e5m2-cal5", "nuq1-cal1",
+                               "int4-asym-ch-sbf16-zbf16", "turbo-2-o32b3"};
+  std::vector<FormatPtr> pool;
+  for (const char* n : names) pool.push_back(make_format(n));
+  const int64_t d = 32, T_max = 48;
+  const Recording rec = small_recording(T_max, d);  // its positions and pre-RoPE keys
+  int64_t compared = 0, grown_steps = 0;
+  for (uint64_t sequence = 0; sequence < 40; ++sequence) {
+    CAPTURE(sequence);
+    std::mt19937_64 rng(1000 + sequence);
+    auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+    std::normal_distribution<float> normal;
+    const int data_mode = static_cast<int>(sequence % 4);
+    const Kind kind = (sequence / 4) % 2 ? Kind::Key : Kind::Value;
+    std::vector<float> x(static_cast<size_t>(T_max * d));
+    for (int64_t r = 0; r < T_max; ++r)
+      for (int64_t c = 0; c < d; ++c) {
+        float v = normal(rng);
+        if (data_mode == 1 && r < 2) v = r == 0 ? 40.0f : -40.0f;
+        if (data_mode == 2 && uniform(0, 200) == 0) v = uniform(0, 1) ? NAN : INFINITY;
+        if (data_mode == 3 && uniform(0, 3) == 0) v = uniform(0, 10) ? 0.0f : -0.0f;
+        x[static_cast<size_t>(r * d + c)] = v;
+      }
+    const SpanInfo span = unit_span(rec, 0, 1, kind, 9);
+    auto pick = [&](bool window) {
+      for (;;) {
+        const FormatPtr& f = pool[static_cast<size_t>(uniform(0, static_cast<int64_t>(pool.size()) - 1))];
+        if (!f->keys_only() || (kind == Kind::Key && !window)) return f;
+      }
+    };
+    GrowingPlan growing{{{0, pick(false)}}, {}};
+    UnitPlan before;
+    int64_t T_before = 0;
+    UnitGrowthMemos memos;
+    Versions grown{std::vector<float>(x.size()), std::vector<float>(x.size()), 0, {}};
+    for (int64_t T = uniform(1, 6); T <= T_max; T += uniform(0, 3)) {
+      std::pair<int64_t, FormatPtr>& last = growing.starts.back();
+      switch (uniform(0, 9)) {
+        case 0:
+          if (growing.starts.size() < 5) growing.starts.push_back({uniform(1, T), pick(false)});
+          break;
+        case 1:
+          if (growing.starts.size() > 1) growing.starts.pop_back();
+          break;
+        case 2: last.second = pick(false); break;
+        case 3:
+          if (growing.starts.size() > 1) last.first = uniform(1, T_max);
+          break;
+        case 4: growing.window = growing.window.active() ? RecentWindow{} : RecentWindow{uniform(1, 9), pick(true)}; break;
+        case 5:
+          if (growing.window.active()) growing.window.format = pick(true);
+          break;
+        case 6: last.second = make_format(last.second->name()); break;
+        default: break;
+      }
+      const UnitPlan unit = growing.at(T);
+      bool fits = !unit.window.active() || unit.window.format->check_shape(T, d).empty();
+      for (const Segment& seg : unit.segments) fits = fits && seg.format->check_shape(seg.end - seg.begin, d).empty();
+      if (!fits) continue;
+      CAPTURE(T);
+      CAPTURE(T_before);
+      Versions whole{std::vector<float>(x.size(), 777.0f), std::vector<float>(x.size(), 777.0f), 0, {}};
+      std::vector<EstimatedKeys> estimated;
+      try {
+        reconstruct_unit_versions(unit, x.data(), T, d, span, whole.stored.data(), whole.window.data(), estimated);
+        whole.estimated = estimated.size();
+      } catch (const std::exception& e) {
+        whole.error = e.what();
+      }
+      grown.error.clear();
+      try {
+        if (T_before == 0) {
+          memos = {};
+          reconstruct_unit_versions(unit, x.data(), T, d, span, grown.stored.data(), grown.window.data(), estimated);
+        } else {
+          update_unit_versions(before, T_before, unit, x.data(), T, d, span, grown.stored.data(), grown.window.data(),
+                               estimated, &memos);
+          ++grown_steps;
+        }
+        grown.estimated = estimated.size();
+      } catch (const std::exception& e) {
+        grown.error = e.what();
+      }
+      ++compared;
+      CHECK(grown.error == whole.error);
+      if (!whole.error.empty() || !grown.error.empty()) {
+        T_before = 0;  // nothing is kept after an error: the next step builds anew
+        continue;
+      }
+      CHECK(same_floats(grown.stored.data(), whole.stored.data(), T * d));
+      if (unit.window.active()) CHECK(same_floats(grown.window.data(), whole.window.data(), T * d));
+      CHECK(grown.estimated == whole.estimated);
+      before = unit;
+      T_before = T;
+    }
+  }
+  CHECK(compared > 400);
+  CHECK(grown_steps > 300);
 }
 
 }  // namespace kvb

@@ -272,4 +272,24 @@ TEST_CASE("view_after_append: NUQ's kept codebooks do not outlive their sequence
       CHECK(same_floats(a.values[0].stored, b.values[0].stored, (t + 1) * kHeadDim));
     }
   }
+  // One plan kept across a reset, the next sequence from a 12-token prompt (a step that
+  // builds every unit anew): the codebooks of the sequence before must be dropped, though
+  // their format object and its row count would let them through (a helper's review).
+  const std::unique_ptr<Plan> kept = make_plan();
+  const CacheQuantization q{kept.get(), 0};
+  for (const uint64_t seed : {13u, 14u}) {
+    CAPTURE(seed);
+    cache.reset(CacheRope{});
+    const std::vector<float> rows = test::random_normal(static_cast<size_t>(24 * kHeadDim), seed);
+    for (int64_t length = 0; length < 24;) {
+      const int64_t n = length == 0 ? 12 : 1;
+      cache.append(0, rows.data() + length * kHeadDim, rows.data() + length * kHeadDim, kHeadDim, n);
+      length += n;
+      CAPTURE(length);
+      const KvLayerView a = cache.view_after_append(0, q, n, scratch);
+      const KvLayerView b = cache.view(0, q, reference_scratch);
+      CHECK(same_floats(a.keys[0].stored, b.keys[0].stored, length * kHeadDim));
+      CHECK(same_floats(a.values[0].stored, b.values[0].stored, length * kHeadDim));
+    }
+  }
 }
