@@ -275,6 +275,8 @@ int cmd_eval(const Args& args) {
   eval_options.kl_base = kl_base;
   eval_options.max_held_base_bytes = static_cast<int64_t>(base_memory_mib * 1024.0 * 1024.0);
   eval_options.backend = backend.forward;
+  eval_options.precision =
+      backend.choice.used == Backend::Cuda ? matmul_precision_name(backend.precision) : std::string("fp32");
   eval_options.progress = [&](int64_t done, int64_t total) {
     if (total < 2) return;
     if (!progress) progress = std::make_unique<Progress>(static_cast<size_t>(total), false, "windows");

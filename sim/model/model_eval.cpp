@@ -203,11 +203,13 @@ const char* const kInputIds = "input_ids";
 const char* const kLogitsChecksum = "logits_checksum";
 
 std::map<std::string, std::string> kl_base_metadata(const KlBaseHeader& h) {
-  return {{"kvbudget_kl_base", "1"},
-          {"model", h.model},
-          {"model_summary", h.model_summary},
-          {"vocab_size", std::to_string(h.vocab)},
-          {"n_ctx", std::to_string(h.n_ctx)}};
+  std::map<std::string, std::string> meta = {{"kvbudget_kl_base", "1"},
+                                             {"model", h.model},
+                                             {"model_summary", h.model_summary},
+                                             {"vocab_size", std::to_string(h.vocab)},
+                                             {"n_ctx", std::to_string(h.n_ctx)}};
+  if (!h.precision.empty()) meta["precision"] = h.precision;
+  return meta;
 }
 
 }  // namespace
@@ -259,6 +261,7 @@ KlBaseReader::KlBaseReader(const std::filesystem::path& path) : path_(path), sto
     throw Error(path.string() + ": kl-base version " + field("kvbudget_kl_base") + ", this kvbudget reads version 1");
   header_.model = field("model");
   header_.model_summary = field("model_summary");
+  if (meta.count("precision")) header_.precision = meta.at("precision");  // files before it have none
   try {
     header_.n_ctx = std::stoll(field("n_ctx"));
   } catch (const std::logic_error&) {
@@ -325,8 +328,11 @@ void write_kl_base(const std::filesystem::path& path, const KlBaseHeader& header
 }
 
 void check_kl_base(const KlBaseHeader& base, const std::filesystem::path& path, const ModelConfig& config,
-                   const std::vector<int64_t>& tokens, int64_t n_ctx) {
+                   const std::vector<int64_t>& tokens, int64_t n_ctx, const std::string& precision) {
   const std::string where = path.string() + " (--kl-base, from model " + base.model + ")";
+  if (!base.precision.empty() && base.precision != precision)
+    throw ConfigError(where + ": its exact logits were computed in " + base.precision + ", this run computes in " +
+                      precision + "; compare like with like: the same --backend/--precision, or another file name");
   if (base.vocab != config.vocab_size)
     throw ConfigError(where + ": logits over a vocabulary of " + std::to_string(base.vocab) + " tokens, but " +
                       config.dir.string() + " has vocab_size " + std::to_string(config.vocab_size) +
@@ -391,7 +397,7 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
   std::shared_ptr<const KlBaseReader> stored;
   if (!kl_path.empty() && fs::exists(kl_path)) {
     stored = std::make_shared<const KlBaseReader>(kl_path);
-    check_kl_base(stored->header(), kl_path, model_->config(), tokens_, options_.windows.n_ctx);
+    check_kl_base(stored->header(), kl_path, model_->config(), tokens_, options_.windows.n_ctx, options_.precision);
   }
   // Held: every row in base_logits_. Else one window of rows at a time in `window_rows`,
   // kept in the kl-base file (read back from it, or written to it) or a temporary one.
@@ -409,6 +415,7 @@ ModelEvaluator::ModelEvaluator(std::shared_ptr<const Transformer> model, std::ve
     header.n_ctx = options_.windows.n_ctx;
     header.model = model_->config().dir.filename().string();
     header.model_summary = model_->config().summary();
+    header.precision = options_.precision;
     writer = std::make_unique<KlBaseWriter>(written, header);
   }
   window_buffers_ = std::make_shared<FloatBufferPool>(static_cast<size_t>(first_window * V));

@@ -91,7 +91,8 @@ std::vector<TokenWindow> token_windows(int64_t tokens, int64_t n_ctx);
 // `logits_checksum` I64 [1] (LogitsChecksum of the logits' rows in order; files written
 // before it have none), and metadata kvbudget_kl_base = "1", model (the
 // checkpoint's directory name), model_summary (ModelConfig::summary()), vocab_size,
-// n_ctx. Scores read back bit for bit. The file is written and read a window of rows at
+// n_ctx, precision (of the exact run's products, when recorded). Scores read back bit
+// for bit. The file is written and read a window of rows at
 // a time (KlBaseWriter, KlBaseReader): [T, vocab] is never held for it.
 // A checksum of float values in the order they are added, however they are split into
 // calls: four lanes (value i in lane i mod 4) of a 64-bit multiply-xor hash of the
@@ -112,6 +113,7 @@ struct KlBaseHeader {
   int64_t vocab = 0;
   int64_t n_ctx = 0;
   std::string model, model_summary;
+  std::string precision;  // "fp32", "tf32", "bf16" (matmul_precision_name); empty: not recorded
 };
 // Reads the header and input_ids when opened (throws kvb::Error naming the file when
 // it is no kl-base file, or its logits are not F32 [T, vocab]); the logits stay in the
@@ -154,9 +156,10 @@ class KlBaseWriter {
 // The whole file at once (tests, small runs): logits [T, vocab] and the header.
 void write_kl_base(const std::filesystem::path& path, const KlBaseHeader& header, const RowMatrix& logits);
 // Throws kvb::ConfigError naming `path` and what differs when `base` was not computed
-// for these tokens, this vocabulary and these windows.
+// for these tokens, this vocabulary and these windows, at this precision (when it
+// records one).
 void check_kl_base(const KlBaseHeader& base, const std::filesystem::path& path, const ModelConfig& config,
-                   const std::vector<int64_t>& tokens, int64_t n_ctx);
+                   const std::vector<int64_t>& tokens, int64_t n_ctx, const std::string& precision);
 
 // The most bytes of exact logits [T, vocab] (fp32) a ModelEvaluator holds in memory by
 // default: 1 GiB (2093 tokens of Llama-3's 128256-token vocabulary).
@@ -168,6 +171,9 @@ struct ModelEvalOptions {
   // with check_kl_base, and the first window, which is run anyway for the recording,
   // against the model), else computed and written there.
   std::filesystem::path kl_base;
+  // The precision of the exact run's products ("fp32" on the CPU; the CUDA backend's
+  // --precision): a kl-base file records it, and one computed at another is refused.
+  std::string precision = "fp32";
   // The exact logits (T × vocab × 4 bytes) are held in memory up to this many bytes;
   // above it they are kept in a file and read back one window at a time: the kl_base
   // file when given, else a temporary file in spill_dir, unlinked once written and

@@ -184,6 +184,13 @@ TEST_CASE("a kl-base written by the held path is read by the bounded one and the
     (void)ModelEvaluator(model, ids, ContinuationSpec{}, "test", nullptr, options(16, true, dir, from_bounded));
   });
   CHECK(has(ctx_msg, "n_ctx = 32"));
+  // So is another precision of the exact run (a CUDA --precision tf32 run reusing an fp32 file).
+  ModelEvalOptions tf32 = options(32, true, dir, from_bounded);
+  tf32.precision = "tf32";
+  const std::string precision_msg =
+      error_of([&] { (void)ModelEvaluator(model, ids, ContinuationSpec{}, "test", nullptr, tf32); });
+  CHECK(has(precision_msg, "computed in fp32, this run computes in tf32"));
+  CHECK(reader.header().precision == "fp32");
   // A file that is no kl-base, or whose logits are not F32 [T, vocab], is named.
   write_safetensors(dir / "other.safetensors", {TensorToWrite::of_ints("input_ids", {2}, ids.data())});
   CHECK(has(error_of([&] { (void)KlBaseReader(dir / "other.safetensors"); }), "not a kl-base file"));
