@@ -65,6 +65,9 @@ std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const 
       c.metric = metric.name;
       c.value = r->metrics[k];
       c.baseline_value = base->metrics[k];
+      c.memory_axis = spec.output.x;
+      c.memory = memory_on(*r, spec.output.x);
+      c.baseline_memory = memory_on(*base, spec.output.x);
       c.difference = paired_difference(metric, a, b, settings);
       c.verdict = paired_verdict(metric, c.difference);
       out.push_back(std::move(c));
@@ -75,12 +78,13 @@ std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const 
 
 std::string comparisons_csv(const std::vector<SweepPoint>& points, const std::vector<Comparison>& comparisons) {
   std::ostringstream os;
-  os << "id,strategy,label,key,baseline_id,baseline_label,metric,value,baseline_value,difference,difference_lo,"
-        "difference_hi,verdict\n";
+  os << "id,strategy,label,key,baseline_id,baseline_label,memory_axis,memory,baseline_memory,metric,value,"
+        "baseline_value,difference,difference_lo,difference_hi,verdict\n";
   for (const Comparison& c : comparisons)
     os << c.id << "," << csv_field(points.at(c.id).label) << "," << csv_field(points.at(c.id).display_label) << ","
        << csv_field(points.at(c.id).key) << "," << c.baseline_id << ","
-       << csv_field(points.at(c.baseline_id).display_label) << "," << c.metric << ","
+       << csv_field(points.at(c.baseline_id).display_label) << "," << c.memory_axis << "," << format_double(c.memory)
+       << "," << format_double(c.baseline_memory) << "," << c.metric << ","
        << format_double(c.value) << "," << format_double(c.baseline_value) << ","
        << format_double(c.difference.value) << "," << format_double(c.difference.interval.lo) << ","
        << format_double(c.difference.interval.hi) << "," << c.verdict << "\n";
@@ -100,7 +104,13 @@ std::string comparisons_console(const ExperimentSpec& spec, const std::vector<Sw
   size_t i = 0;
   while (i < comparisons.size()) {
     const size_t id = comparisons[i].id;
-    os << "  " << points.at(id).display_label << " vs " << points.at(comparisons[i].baseline_id).display_label << ":";
+    const Comparison& first = comparisons[i];
+    os << "  " << points.at(id).display_label << " vs " << points.at(first.baseline_id).display_label << " ("
+       << first.memory_axis << " " << format_double(first.memory) << " vs " << format_double(first.baseline_memory);
+    if (first.memory != first.baseline_memory)
+      os << ": at unequal memory, " << format_double(std::fabs(first.memory - first.baseline_memory))
+         << (first.memory > first.baseline_memory ? " more" : " less");
+    os << "):";
     // The primary metric first (metrics.primary), then every other one.
     const size_t end = [&] {
       size_t e = i;

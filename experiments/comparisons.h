@@ -7,7 +7,8 @@
 // reported metric that is pairable (sim/metrics/paired.h) a row gives both values, the
 // difference (point − baseline), its paired bootstrap interval and the verdict:
 // "better" / "worse" only when the interval excludes zero, else "no measurable
-// difference".
+// difference". Both points' memory on output.x stands beside it: a point with no
+// baseline point at its memory is compared at unequal memory, and says so.
 #pragma once
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@ struct Comparison {
   size_t id = 0, baseline_id = 0;
   std::string metric;
   double value = 0, baseline_value = 0;
+  std::string memory_axis;                 // output.x: bpe, bytes, bpe_target or bytes_target
+  double memory = 0, baseline_memory = 0;  // the two points' memory on it
   PairedDifference difference;
   std::string verdict;
 };
@@ -31,8 +34,9 @@ struct Comparison {
 std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
                                               const std::vector<PointResult>& results);
 
-// comparisons.csv: id, strategy, label, key, baseline_id, baseline_label, metric, value,
-// baseline_value, difference, difference_lo, difference_hi, verdict.
+// comparisons.csv: id, strategy, label, key, baseline_id, baseline_label, memory_axis,
+// memory, baseline_memory, metric, value, baseline_value, difference, difference_lo,
+// difference_hi, verdict.
 std::string comparisons_csv(const std::vector<SweepPoint>& points, const std::vector<Comparison>& comparisons);
 
 // One console line per compared point: its verdict in the primary metric

@@ -1,5 +1,6 @@
 #include "experiments/report.h"
 
+#include "experiments/budget_uncertainty.h"
 #include "experiments/comparisons.h"
 
 #include "experiments/machine_info.h"
@@ -73,6 +74,16 @@ std::string short_num(double v) {
   if (v == 0 || (std::fabs(v) >= 1e-3 && std::fabs(v) < 1e5)) std::snprintf(buf, sizeof buf, "%.4g", v);
   else std::snprintf(buf, sizeof buf, "%.3e", v);
   return buf;
+}
+
+// " [lo, hi]" of an interval, "" when it has none.
+std::string interval_words(const Interval& i) {
+  if (!std::isfinite(i.lo) || !std::isfinite(i.hi)) return "";
+  return " [" + short_num(i.lo) + ", " + short_num(i.hi) + "]";
+}
+nlohmann::json interval_json(const Interval& i) {
+  if (!std::isfinite(i.lo) || !std::isfinite(i.hi)) return nullptr;
+  return nlohmann::json::array({i.lo, i.hi});
 }
 
 }  // namespace
@@ -526,6 +537,76 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
     for (const std::string& note : notes) console << "  extrapolated: " << note << " (docs/methods.md §1)\n";
   }
   nlohmann::json budgets = nlohmann::json::array();
+  const BootstrapSettings settings = bootstrap_settings(spec_);
+  char level[32];
+  std::snprintf(level, sizeof level, "%g %%", settings.level * 100);
+  // A point as an uncertainty note names it: label, bpe, value [interval].
+  auto point_words = [&](size_t row, const std::string& metric) {
+    const PointResult& r = *ok[row];
+    const size_t k = metric_index(metric);
+    return points_[r.id].display_label + " (bpe " + short_num(r.bpe) + ", " + short_num(r.metrics[k]) +
+           interval_words(metric_interval(r, k, settings.level)) + ")";
+  };
+  auto point_json = [&](size_t row, const std::string& metric) {
+    const PointResult& r = *ok[row];
+    const size_t k = metric_index(metric);
+    return nlohmann::json{{"id", r.id},
+                          {"point", points_[r.id].key},
+                          {"label", points_[r.id].display_label},
+                          {"bpe", r.bpe},
+                          {"memory_value", frontier_column(in, spec_.output.x)[row]},
+                          {"value", r.metrics[k]},
+                          {"interval", interval_json(metric_interval(r, k, settings.level))}};
+  };
+  // What the pick's uncertainty leaves open, as console lines (none when nothing) and
+  // budgets.json fields of the answer `jp`.
+  auto budget_uncertainty_words = [&](const BudgetQuery& q, const BudgetAnswer::Pick& p, const PickUncertainty& u,
+                                      nlohmann::json& jp) {
+    const char* level_text = level;
+    std::string words;
+    if (!q.memory) {
+      jp["meets_bound_for_certain"] = u.meets_for_certain ? nlohmann::json(*u.meets_for_certain) : nlohmann::json();
+      jp["cheaper_within_uncertainty"] = nlohmann::json::array();
+      for (size_t row : u.cheaper_within_uncertainty) jp["cheaper_within_uncertainty"].push_back(point_json(row, p.metric));
+      if (!u.cheaper_within_uncertainty.empty()) {
+        words += std::string("      with less memory, within uncertainty of the bound (") + level_text +
+                 " interval reaches it): ";
+        constexpr size_t kListed = 3;
+        for (size_t i = 0; i < std::min(kListed, u.cheaper_within_uncertainty.size()); ++i)
+          words += (i ? "; " : "") + point_words(u.cheaper_within_uncertainty[i], p.metric);
+        if (u.cheaper_within_uncertainty.size() > kListed)
+          words += "; and " + std::to_string(u.cheaper_within_uncertainty.size() - kListed) + " more (budgets.json)";
+        words += "\n";
+      }
+      if (u.meets_for_certain && !*u.meets_for_certain) {
+        jp["least_memory_for_certain"] =
+            u.least_memory_for_certain ? point_json(*u.least_memory_for_certain, p.metric) : nlohmann::json();
+        words += std::string("      within uncertainty: its ") + level_text + " interval reaches past " +
+                 short_num(q.bound) + "; the least memory whose whole interval meets it: " +
+                 (u.least_memory_for_certain ? point_words(*u.least_memory_for_certain, p.metric) : "none") + "\n";
+      }
+      return words;
+    }
+    jp["indistinguishable"] = nlohmann::json::array();
+    for (const PickUncertainty::Rival& rival : u.indistinguishable) {
+      nlohmann::json j = point_json(rival.index, p.metric);
+      j["paired"] = rival.paired;
+      if (rival.paired) {
+        j["difference"] = rival.difference.value;
+        j["difference_interval"] = interval_json(rival.difference.interval);
+      }
+      jp["indistinguishable"].push_back(std::move(j));
+    }
+    if (u.indistinguishable.empty()) return words;
+    words += std::string("      not distinguishable from it (") + level_text +
+             " paired bootstrap interval of the difference holds 0, or overlapping intervals): ";
+    constexpr size_t kListed = 4;
+    for (size_t i = 0; i < std::min(kListed, u.indistinguishable.size()); ++i)
+      words += (i ? "; " : "") + point_words(u.indistinguishable[i].index, p.metric);
+    if (u.indistinguishable.size() > kListed)
+      words += "; and " + std::to_string(u.indistinguishable.size() - kListed) + " more (budgets.json)";
+    return words + "\n";
+  };
   if (!spec_.budgets.empty()) console << "\nBudget queries:\n";
   for (const BudgetQuery& q : spec_.budgets) {
     const BudgetAnswer a = answer_budget(q, in);
@@ -558,10 +639,14 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
         jp["extrapolated"] = !note.empty();
         if (!note.empty()) jp["extrapolation"] = note;
         const double memory_value = frontier_column(in, memory)[*p.index];
+        const PickUncertainty u = pick_uncertainty(q, p, in, ok, settings);
+        jp["interval"] = interval_json(u.interval);
         console << "  " << q.text << (q.memory ? " -> best " + p.metric : std::string(" -> least memory")) << ": "
                 << points_[r.id].display_label << "  (bpe " << short_num(r.bpe)
                 << (memory == "bpe" ? "" : ", " + memory + " " + short_num(memory_value)) << ", " << p.metric << " "
-                << short_num(value) << ")" << (note.empty() ? "" : "  extrapolated: " + note) << "\n";
+                << short_num(value) << interval_words(u.interval) << ")"
+                << (note.empty() ? "" : "  extrapolated: " + note) << "\n";
+        console << budget_uncertainty_words(q, p, u, jp);
       }
       jq["answers"].push_back(jp);
     }

@@ -60,16 +60,21 @@ void ModelStats::merge(const ModelStats& o) {
   answers_correct_base.insert(answers_correct_base.end(), o.answers_correct_base.begin(), o.answers_correct_base.end());
 }
 
-Interval wilson_interval(int64_t successes, int64_t n, double level) {
-  if (n <= 0) return {std::nan(""), std::nan("")};
-  if (!(level > 0 && level < 1)) throw Error("wilson_interval: level must be in (0, 1)");
+double two_sided_normal_z(double level) {
+  if (!(level > 0 && level < 1)) throw Error("two_sided_normal_z: level must be in (0, 1)");
   // z = Φ⁻¹((1 + level) / 2), by bisection on erfc (Φ(z) = 1 − erfc(z/√2)/2).
   double lo_z = 0, hi_z = 40;
   for (int i = 0; i < 200; ++i) {
     const double mid = 0.5 * (lo_z + hi_z);
     (1.0 - 0.5 * std::erfc(mid / std::sqrt(2.0)) < 0.5 * (1.0 + level) ? lo_z : hi_z) = mid;
   }
-  const double z = 0.5 * (lo_z + hi_z), nn = static_cast<double>(n);
+  return 0.5 * (lo_z + hi_z);
+}
+
+Interval wilson_interval(int64_t successes, int64_t n, double level) {
+  if (n <= 0) return {std::nan(""), std::nan("")};
+  if (!(level > 0 && level < 1)) throw Error("wilson_interval: level must be in (0, 1)");
+  const double z = two_sided_normal_z(level), nn = static_cast<double>(n);
   const double p = static_cast<double>(successes) / nn, z2 = z * z;
   const double center = (p + z2 / (2 * nn)) / (1 + z2 / nn);
   const double half = z / (1 + z2 / nn) * std::sqrt(p * (1 - p) / nn + z2 / (4 * nn * nn));

@@ -38,6 +38,9 @@ struct Interval {
 // Wilson score interval of a binomial proportion: `successes` of `n` trials at
 // two-sided coverage `level` (0.95). {NaN, NaN} for n = 0.
 Interval wilson_interval(int64_t successes, int64_t n, double level = 0.95);
+// z with P(|Z| <= z) = level for a standard normal Z (1.959964 for 0.95): a mean ± z·SE
+// is its `level` interval. Throws kvb::Error unless 0 < level < 1.
+double two_sided_normal_z(double level);
 
 // exp(mean nll).
 double perplexity(const std::vector<double>& nll);

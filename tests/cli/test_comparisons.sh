@@ -48,6 +48,8 @@ csv_ok "$d/comparisons.csv" || fail "comparisons.csv has ragged rows"
 expect "$tmp/r.out" "against the baseline 'uniform'" "the console"
 # The primary metric (default: the first Pareto one) leads each line and is in the manifest.
 expect "$tmp/r.out" "attn_kl_mean (primary) " "the console"
+# 8-bit keys cost more than any uniform point: compared at unequal memory, said so.
+expect "$tmp/r.out" ": at unequal memory, " "the console (8-bit keys against the nearest baseline)"
 expect "$d/manifest.json" '"primary_metric": "attn_kl_mean"' "the manifest"
 expect "$d/manifest.json" '"paired_comparison"' "the manifest"
 /usr/bin/python3 - "$d/comparisons.csv" "$d/points.csv" <<'PY' || fail "comparisons.csv is wrong"
@@ -63,8 +65,11 @@ assert {r["metric"] for r in rows} == {"attn_kl_mean", "attn_out_rel_err", "attn
 for r in rows:
     lo, hi, diff = float(r["difference_lo"]), float(r["difference_hi"]), float(r["difference"])
     assert lo <= diff <= hi, r
-    # Values are the points' own.
+    # Values are the points' own, and so is the memory beside them.
     assert r["value"] == points[r["id"]][r["metric"]], r
+    assert r["memory_axis"] == "bpe", r
+    assert float(r["memory"]) == float(points[r["id"]]["bpe"]), r
+    assert float(r["baseline_memory"]) == float(points[r["baseline_id"]]["bpe"]), r
     assert r["baseline_value"] == points[r["baseline_id"]][r["metric"]], r
     excludes = lo > 0 or hi < 0
     assert (r["verdict"] in ("better", "worse")) == excludes, r

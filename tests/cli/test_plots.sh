@@ -54,6 +54,12 @@ pareto = list(csv.DictReader(open(os.path.join(d, "pareto.csv"))))
 assert pareto and all(r["strategy"] in ("flat", "same") and r["label"].startswith(r["strategy"]) for r in pareto), pareto
 answer = json.load(open(os.path.join(d, "budgets.json")))[0]["answers"][0]
 assert answer["strategy"] in ("flat", "same") and answer["label"].startswith(answer["strategy"]), answer
+# The answer's uncertainty: its interval, whether all of it meets the bound, cheaper candidates.
+lo, hi = answer["interval"]
+assert lo <= answer["value"] <= hi, answer
+assert isinstance(answer["meets_bound_for_certain"], bool), answer
+assert (hi <= 1e-2) == answer["meets_bound_for_certain"], answer
+assert all(c["bpe"] < answer["bpe"] and c["interval"][0] <= 1e-2 for c in answer["cheaper_within_uncertainty"]), answer
 PY
 grep -F '  flat(bits=' "$tmp/r1.out" >/dev/null || fail "the console's frontier does not name points by their strategy's name"
 grep -F 'uniform(format=' "$tmp/r1.out" && fail "the console names a named point by its key"

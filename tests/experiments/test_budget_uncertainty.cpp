@@ -1,0 +1,94 @@
+// How sure a budget answer is (experiments/budget_uncertainty.*), on constructed points.
+#include <cmath>
+
+#include "experiments/budget_uncertainty.h"
+#include "sim/metrics/model_metrics.h"
+#include "test_util.h"
+
+using namespace kvb;
+
+namespace {
+
+// A point of bpe `bpe` whose one metric has `value` and interval [lo, hi].
+PointResult point(size_t id, double bpe, double value, double lo, double hi) {
+  PointResult r;
+  r.id = id;
+  r.ok = true;
+  r.bpe = r.bpe_target = bpe;
+  r.metrics = {value};
+  r.standard_errors = {NAN};
+  r.intervals = {Interval{lo, hi}};
+  return r;
+}
+
+FrontierInput input_of(const std::vector<const PointResult*>& rows, const std::string& metric) {
+  FrontierInput in;
+  in.metric_names = {metric};
+  in.metric_values.resize(1);
+  in.pareto_metrics = {metric};
+  for (const PointResult* r : rows) {
+    in.bpe.push_back(r->bpe);
+    in.bytes.push_back(r->bpe * 100);
+    in.bpe_target.push_back(r->bpe_target);
+    in.bytes_target.push_back(r->bpe_target * 100);
+    in.metric_values[0].push_back(r->metrics[0]);
+  }
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("metric_interval: the point's interval, else value ± z·SE, else none") {
+  PointResult r = point(0, 4, 2.0, 1.5, 2.5);
+  CHECK(metric_interval(r, 0, 0.95).lo == 1.5);
+  r.intervals = {Interval{NAN, NAN}};
+  r.standard_errors = {0.1};
+  const Interval i = metric_interval(r, 0, 0.95);
+  CHECK(i.lo == doctest::Approx(2.0 - 0.1959964).epsilon(1e-6));
+  CHECK(i.hi == doctest::Approx(2.0 + 0.1959964).epsilon(1e-6));
+  CHECK(two_sided_normal_z(0.95) == doctest::Approx(1.959964).epsilon(1e-6));
+  r.standard_errors = {NAN};
+  CHECK(std::isnan(metric_interval(r, 0, 0.95).lo));
+}
+
+TEST_CASE("pick_uncertainty: an error budget met by the point estimate only, and a cheaper point that may meet it") {
+  // 0: misses 0.05 but its interval reaches it; 1: the pick, its interval past 0.05;
+  // 2: wholly within; 3: wholly within but dearer.
+  const PointResult a = point(0, 4, 0.06, 0.045, 0.07), b = point(1, 5, 0.049, 0.047, 0.052),
+                    c = point(2, 6, 0.03, 0.02, 0.04), d = point(3, 7, 0.01, 0.005, 0.015);
+  const std::vector<const PointResult*> rows = {&a, &b, &c, &d};
+  const FrontierInput in = input_of(rows, "attn_out_rel_err");
+  const BudgetQuery q = parse_budget_query("attn_out_rel_err <= 0.05", "test");
+  const BudgetAnswer ans = answer_budget(q, in);
+  REQUIRE(ans.picks.size() == 1);
+  REQUIRE(ans.picks[0].index == size_t{1});
+  const PickUncertainty u = pick_uncertainty(q, ans.picks[0], in, rows, BootstrapSettings{});
+  CHECK(u.interval.lo == 0.047);
+  REQUIRE(u.meets_for_certain.has_value());
+  CHECK_FALSE(*u.meets_for_certain);
+  CHECK(u.least_memory_for_certain == size_t{2});
+  CHECK(u.cheaper_within_uncertainty == std::vector<size_t>{0});
+  // A pick wholly within the bound: nothing more to say but the cheaper candidate.
+  const BudgetQuery loose = parse_budget_query("attn_out_rel_err <= 0.055", "test");
+  const PickUncertainty v = pick_uncertainty(loose, answer_budget(loose, in).picks[0], in, rows, BootstrapSettings{});
+  CHECK(*v.meets_for_certain);
+  CHECK_FALSE(v.least_memory_for_certain.has_value());
+  CHECK(v.cheaper_within_uncertainty == std::vector<size_t>{0});
+}
+
+TEST_CASE("pick_uncertainty: a memory budget's best point and those it cannot be told from") {
+  // Within bpe <= 5: 1 is best; 0's interval overlaps 1's, 2's does not (no block sums:
+  // not pairable, so the intervals decide); 3 is beyond the budget.
+  const PointResult a = point(0, 4, 0.06, 0.045, 0.07), b = point(1, 5, 0.05, 0.047, 0.053),
+                    c = point(2, 4.5, 0.09, 0.08, 0.1), d = point(3, 6, 0.048, 0.047, 0.049);
+  const std::vector<const PointResult*> rows = {&a, &b, &c, &d};
+  const FrontierInput in = input_of(rows, "attn_out_rel_err");
+  const BudgetQuery q = parse_budget_query("bpe <= 5", "test");
+  const BudgetAnswer ans = answer_budget(q, in);
+  REQUIRE(ans.picks[0].index == size_t{1});
+  const PickUncertainty u = pick_uncertainty(q, ans.picks[0], in, rows, BootstrapSettings{});
+  REQUIRE(u.indistinguishable.size() == 1);
+  CHECK(u.indistinguishable[0].index == 0);
+  CHECK_FALSE(u.indistinguishable[0].paired);
+  CHECK_FALSE(u.meets_for_certain.has_value());
+}
