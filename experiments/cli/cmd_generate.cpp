@@ -309,7 +309,8 @@ int cmd_generate(const Args& args) {
                       std::to_string(cfg.max_positions) + " positions of " + cfg.dir.string() + " (" +
                       (cfg.family == ModelFamily::Gpt2 ? "n_positions" : "max_position_embeddings") + " in " +
                       cfg.config_file.string() + ")");
-  if (cfg.family == ModelFamily::Gpt2 && P + max_new_tokens > cfg.max_positions)
+  // The last new token is never fed back: positions 0 .. P + max_new_tokens − 2 are computed.
+  if (cfg.family == ModelFamily::Gpt2 && P + max_new_tokens - 1 > cfg.max_positions)
     throw ConfigError(where + ": the prompt's " + std::to_string(P) + " tokens + --max-new-tokens " +
                       std::to_string(max_new_tokens) + " exceed the learned position table of " + cfg.dir.string() +
                       " (n_positions " + std::to_string(cfg.max_positions) + ")");
@@ -358,7 +359,16 @@ int cmd_generate(const Args& args) {
     if (agree[i]) ++matching;
   }
   const double match = token_match_rate({quant.ids}, {exact.ids});
-  const double bleu = corpus_bleu4({quant.ids}, {exact.ids});
+  // BLEU-4 needs a 4-gram in both: undefined (not 0) for shorter continuations.
+  const bool bleu_defined = std::min(exact.ids.size(), quant.ids.size()) >= 4;
+  const double bleu = bleu_defined ? corpus_bleu4({quant.ids}, {exact.ids}) : std::nan("");
+  // The cache's bits per element after the prompt and at its longest (the prompt and
+  // every new token but the last, which is never fed back), and the prefill that ran:
+  // the prompt, whatever prefill the plan was built with (Transformer's generation).
+  const int64_t longest = P + static_cast<int64_t>(std::max(exact.ids.size(), quant.ids.size())) - 1;
+  const double bpe_prompt = built ? built->plan.bpe_at(P) : std::nan("");
+  const double bpe_longest = built ? built->plan.bpe_at(std::max<int64_t>(longest, P)) : std::nan("");
+  const bool prefill_replaced = built && built->plan.prefill() > 0 && built->plan.prefill() != P;
   const std::optional<int64_t> diverged = first_divergence(exact.ids, quant.ids);
 
   nlohmann::ordered_json j;
@@ -372,7 +382,12 @@ int cmd_generate(const Args& args) {
   j["prompt_ids"] = prompt_ids;
   j["plan"] = plan_text;
   j["plan_source"] = built ? nlohmann::ordered_json(plan_source) : nlohmann::ordered_json(nullptr);
-  j["bpe"] = built ? json_number(built->plan.bpe()) : nlohmann::ordered_json(nullptr);
+  j["bpe"] = built ? json_number(bpe_longest) : nlohmann::ordered_json(nullptr);
+  j["bpe_prompt"] = built ? json_number(bpe_prompt) : nlohmann::ordered_json(nullptr);
+  j["cache_tokens"] = std::max<int64_t>(longest, P);
+  j["plan_built_on"] = built ? nlohmann::ordered_json("the prompt's exact run (" + std::to_string(P) + " tokens)")
+                             : nlohmann::ordered_json(nullptr);
+  j["prefill"] = built && built->plan.prefill() > 0 ? nlohmann::ordered_json(P) : nlohmann::ordered_json(nullptr);
   j["sampling"] = {{"mode", sampling.greedy() ? "greedy" : "sampled"},
                    {"temperature", sampling.temperature},
                    {"top_k", sampling.top_k},
@@ -403,9 +418,16 @@ int cmd_generate(const Args& args) {
               backend.precision_note().c_str());
   std::printf("prompt: %lld tokens (tokenizer %s)\n", static_cast<long long>(P), tokenizer->name().c_str());
   std::printf("%s\n", joined(display_cells(prompt)).c_str());
-  if (built)
-    std::printf("plan: %s, %.4f bits per element\n", plan_text.c_str(), built->plan.bpe());
-  else
+  if (built) {
+    std::printf("plan: %s\n  built from the prompt's exact run (%lld tokens); %.4f bits per element after the prompt, "
+                "%.4f at the cache's longest (%lld tokens)\n",
+                plan_text.c_str(), static_cast<long long>(P), bpe_prompt, bpe_longest,
+                static_cast<long long>(std::max<int64_t>(longest, P)));
+    if (prefill_replaced)
+      std::printf("  the prompt is the prefill: its %lld tokens run exact before the cache is written (the plan's "
+                  "prefill of %lld tokens is not used)\n",
+                  static_cast<long long>(P), static_cast<long long>(built->plan.prefill()));
+  } else
     std::printf("plan: exact (no --format or --strategy: both continuations use the exact cache)\n");
   std::printf("sampling: %s; at most %lld new tokens, %s\n\n", sampling.describe().c_str(),
               static_cast<long long>(max_new_tokens),
@@ -427,7 +449,10 @@ int cmd_generate(const Args& args) {
     std::printf("; first divergence at new token %lld (▸)\n", static_cast<long long>(*diverged));
   else
     std::printf("; identical continuations\n");
-  std::printf("BLEU-4 of the quantized continuation against the exact one: %.4f\n", bleu);
+  if (bleu_defined)
+    std::printf("BLEU-4 of the quantized continuation against the exact one: %.4f\n", bleu);
+  else
+    std::printf("BLEU-4: undefined (a continuation of fewer than 4 tokens has no 4-gram)\n");
   if (!out.empty()) std::printf("wrote %s\n", out.c_str());
   return kExitOk;
 }

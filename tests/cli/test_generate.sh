@@ -39,11 +39,28 @@ check_json "$tmp/fp32.json" '
 assert j["token_match"] == 1.0 and j["first_divergence"] is None, j["token_match"]
 assert j["bpe"] == 32.0, j["bpe"]'
 
+# BLEU-4 is undefined for continuations of fewer than 4 tokens (not a score of 0).
+"$kvb" generate "$llama" --prompt "$prompt" -n 3 --format keep-fp32 --json >"$tmp/short.json" 2>&1 \
+  || fail "generate -n 3: $(cat "$tmp/short.json")"
+check_json "$tmp/short.json" '
+assert j["bleu4"] is None and j["token_match"] == 1.0, (j["bleu4"], j["token_match"])'
+# A window's bits per element: the whole prompt fits in KIVI's 128-token window (16 bits),
+# the cache at its longest does not; a plan's own prefill gives way to the prompt's.
+"$kvb" generate "$llama" --prompt "$prompt" -n 200 --ignore-eos --strategy kivi-2 --json >"$tmp/kivi.json" 2>&1 \
+  || fail "generate kivi-2: $(cat "$tmp/kivi.json")"
+check_json "$tmp/kivi.json" '
+assert j["bpe_prompt"] == 16.0 and j["bpe"] < 12, (j["bpe_prompt"], j["bpe"])
+assert j["cache_tokens"] == len(j["prompt_ids"]) + 199, j["cache_tokens"]'
+"$kvb" generate "$llama" --prompt "$prompt" -n 4 --strategy uniform --param format=int2-asym-g32 --param prompt=3 \
+  >"$tmp/prefill.out" 2>&1 || fail "generate with a prefill: $(cat "$tmp/prefill.out")"
+expect "$tmp/prefill.out" "the prompt is the prefill" "generate: a plan's prefill replaced by the prompt"
+
 # An aggressive 1-bit cache diverges; --out holds every field, the same as --json.
 "$kvb" generate "$llama" --prompt "$prompt" -n 32 --format int1-sym-g32 --out "$tmp/int1.json" \
   >"$tmp/int1.out" 2>&1 || fail "generate int1 exited $?: $(cat "$tmp/int1.out")"
 check_json "$tmp/int1.json" '
-for k in ["model", "prompt", "prompt_ids", "plan", "plan_source", "bpe", "sampling", "max_new_tokens", "stop_at_eos",
+for k in ["model", "prompt", "prompt_ids", "plan", "plan_source", "bpe", "bpe_prompt", "cache_tokens", "sampling",
+          "max_new_tokens", "stop_at_eos",
           "eos_token_id", "exact", "quantized", "agreement", "matching_tokens", "token_match", "first_divergence", "bleu4"]:
     assert k in j, "missing key " + k
 for k in ["mode", "temperature", "top_k", "top_p", "seed"]:
