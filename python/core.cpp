@@ -758,6 +758,17 @@ PYBIND11_MODULE(_core, m) {
       py::arg("out"), py::arg("backend"), py::arg("plots"), py::arg("quiet"), py::arg("shard"), py::arg("resume"),
       py::arg("command_line"), py::arg("precision"));
   m.def("budget_picks", &budget_picks, py::arg("query"), py::arg("columns"), py::arg("pareto"), py::arg("memory"));
+  // The indices of the Pareto frontier of (cost, value) (experiments/frontier.h: NaN
+  // rows ignored, cheapest first), in the direction of `higher_is_better`.
+  m.def(
+      "pareto_front",
+      [](const std::vector<double>& cost, const std::vector<double>& value, bool higher_is_better) {
+        if (cost.size() != value.size())
+          throw ConfigError("pareto_front: " + std::to_string(cost.size()) + " costs but " +
+                            std::to_string(value.size()) + " values");
+        return pareto_front(cost, value, higher_is_better ? Better::Higher : Better::Lower);
+      },
+      py::arg("cost"), py::arg("value"), py::arg("higher_is_better"));
   // The metric table's axis label of a metric ("attention KL, mean (nats, lower is
   // better)") and its direction, as the CLI's plots name it; None for another column.
   m.def("metric_axis", [](const std::string& name) -> py::object {

@@ -423,10 +423,13 @@ class Result:
         """Plots each point's `metric` (default: the first Pareto metric) against memory
         `x` (default: output.x: "bpe", "bpe_target", "bytes" or "bytes_target"), one
         series per strategy (its name), each with its own marker and line style (the
-        line joins the points in memory order), and the Pareto frontier over all of them;
-        the y axis is named as the CLI's plots name it (the metric table's quantity, unit
-        and direction). Returns the matplotlib axes. The results folder's plots/ holds
-        the CLI's plots (PNG, SVG, PDF, with captions)."""
+        line joins the points in memory order), with the metric's interval as error bars
+        (`<metric>_lo`/`_hi`, else ± 1.96 `<metric>_se`) and hollow markers where the memory
+        on `x` is extrapolated (points.csv `extrapolated`), and the Pareto frontier over all
+        of them on `x` itself (pareto.csv's is on output.x); the y axis is named as the
+        CLI's plots name it (the metric table's quantity, unit and direction). Returns the
+        matplotlib axes. The results folder's plots/ holds the CLI's plots (PNG, SVG, PDF,
+        with captions)."""
         import matplotlib.pyplot as plt
 
         config = self.config
@@ -441,16 +444,37 @@ class Result:
             _, ax = plt.subplots()
         markers = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p"]
         lines = ["-", "--", "-.", ":"]
+        def extrapolated(flag):  # points.csv `extrapolated` on this x (docs/methods.md §1)
+            flag = str(flag)
+            return "budget_context" in flag or (x.endswith("_target") and "target_context" in flag)
+
         for k, (strategy, group) in enumerate(points.groupby("strategy", sort=False)):
             group = group.sort_values(x)
-            ax.plot(group[x], group[metric], marker=markers[k % len(markers)], linestyle=lines[k % len(lines)],
-                    markersize=4, linewidth=1, label=strategy)
-        pareto = self.pareto
-        if frontier and not pareto.empty and "metric" in pareto.columns:
-            front = pareto[pareto["metric"] == metric]
-            value = "value" if "value" in front.columns else metric
-            if not front.empty and value in front.columns and x in front.columns:
-                ax.step(front[x], front[value], where="post", color="black", linewidth=2, alpha=0.5,
+            line = ax.plot(group[x], group[metric], marker=markers[k % len(markers)],
+                           linestyle=lines[k % len(lines)], markersize=4, linewidth=1, label=strategy)[0]
+            if f"{metric}_lo" in group.columns and f"{metric}_hi" in group.columns:
+                below, above = group[metric] - group[f"{metric}_lo"], group[f"{metric}_hi"] - group[metric]
+            elif f"{metric}_se" in group.columns:
+                below = above = 1.959964 * group[f"{metric}_se"]
+            else:
+                below = above = None
+            if below is not None and below.notna().any():
+                ax.errorbar(group[x], group[metric], yerr=[below.fillna(0), above.fillna(0)], fmt="none",
+                            ecolor=line.get_color(), elinewidth=0.8, capsize=2, label="_nolegend_")
+            if "extrapolated" in group.columns:
+                hollow = group[group["extrapolated"].map(extrapolated)]
+                if not hollow.empty:
+                    ax.plot(hollow[x], hollow[metric], linestyle="none", marker=markers[k % len(markers)],
+                            markersize=4, markerfacecolor="white", markeredgecolor=line.get_color(),
+                            label="_nolegend_")
+        if frontier:
+            axis = _core.metric_axis(metric)
+            if axis is None:
+                raise ConfigError(f"plot: '{metric}' is not in the metric table: no direction for a frontier")
+            front = _core.pareto_front([float(v) for v in points[x]], [float(v) for v in points[metric]], axis[1])
+            if front:
+                rows = points.iloc[front]
+                ax.step(rows[x], rows[metric], where="post", color="black", linewidth=2, alpha=0.5,
                         label="Pareto frontier, all strategies")
         values = points[metric].dropna()
         if logy is None:

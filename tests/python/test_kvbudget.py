@@ -229,9 +229,19 @@ def test_plot(quickstart_runs):
     assert ax.get_ylabel() == "attention KL, mean (nats, lower is better)"
     assert ax.get_xlabel() == "bits per element"
     # One curve per strategy (one here), then the frontier, each with its own style.
-    labels = [line.get_label() for line in ax.get_lines()]
+    labels = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
     assert labels == ["uniform", "Pareto frontier, all strategies"], labels
-    assert api.plot("attn_kl_mean", x="bytes_target").get_xlabel() == "cache size (bytes) at 32768 tokens"
+    # Error bars from the points' intervals (a vertical segment per point).
+    assert len(ax.collections) == 1 and len(ax.collections[0].get_segments()) == len(api.points)
+    # The frontier is the Pareto front of the x drawn, not pareto.csv's (on output.x).
+    target = api.plot("attn_kl_mean", x="bytes_target")
+    assert target.get_xlabel() == "cache size (bytes) at 32768 tokens"
+    front = [line for line in target.get_lines() if line.get_label() == "Pareto frontier, all strategies"][0]
+    xs, ys = front.get_xdata(), front.get_ydata()
+    assert all(a < b for a, b in zip(xs, xs[1:])) and all(a > b for a, b in zip(ys, ys[1:])), (xs, ys)
+    pts = api.points
+    for cost, value in zip(xs, ys):  # nothing cheaper on bytes_target does as well
+        assert not ((pts["bytes_target"] < cost) & (pts["attn_kl_mean"] <= value)).any(), (cost, value)
     with pytest.raises(kvbudget.ConfigError, match="not a memory column"):
         api.plot("attn_kl_mean", x="compression")
 
