@@ -13,6 +13,7 @@
 #include <boost/program_options.hpp>
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -66,11 +67,31 @@ std::string decode_safely(const Tokenizer& tokenizer, const std::vector<int64_t>
   }
 }
 
+// The text of `ids` decoded together (a character may span tokens), where a token with no
+// text of its own (a byte model's special tokens, such as a reasoning model's <think>
+// ids above 255) reads "<id N>", so that it shows where it was generated.
+std::string readable_text(const Tokenizer& tokenizer, std::span<const int64_t> ids) {
+  std::string text;
+  std::vector<int64_t> run;
+  for (int64_t id : ids) {
+    if (!decode_safely(tokenizer, {id}).empty()) {
+      run.push_back(id);
+      continue;
+    }
+    text += decode_safely(tokenizer, run) + "<id " + std::to_string(id) + ">";
+    run.clear();
+  }
+  return text + decode_safely(tokenizer, run);
+}
+
 Continuation describe_continuation(std::vector<int64_t> ids, const Tokenizer& tokenizer, std::optional<int64_t> eos) {
   Continuation c;
   c.stopped_at_eos = eos && !ids.empty() && ids.back() == *eos;
-  for (int64_t id : ids) c.texts.push_back(decode_safely(tokenizer, {id}));
-  c.text = decode_safely(tokenizer, c.stopped_at_eos ? std::vector<int64_t>(ids.begin(), ids.end() - 1) : ids);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const bool the_eos = c.stopped_at_eos && i + 1 == ids.size();
+    c.texts.push_back(the_eos ? decode_safely(tokenizer, {ids[i]}) : readable_text(tokenizer, {&ids[i], 1}));
+  }
+  c.text = readable_text(tokenizer, {ids.data(), ids.size() - (c.stopped_at_eos ? 1 : 0)});
   c.ids = std::move(ids);
   return c;
 }
@@ -133,11 +154,9 @@ std::vector<std::string> continuation_cells(const Continuation& c, const Tokeniz
                                             std::optional<int64_t> divergence) {
   const size_t end = c.ids.size() - (c.stopped_at_eos ? 1 : 0);
   const size_t cut = divergence ? std::min(static_cast<size_t>(*divergence), end) : end;
-  std::vector<std::string> cells =
-      display_cells(decode_safely(tokenizer, std::vector<int64_t>(c.ids.begin(), c.ids.begin() + cut)));
+  std::vector<std::string> cells = display_cells(readable_text(tokenizer, {c.ids.data(), cut}));
   if (divergence) cells.emplace_back("▸");
-  const std::vector<std::string> rest =
-      display_cells(decode_safely(tokenizer, std::vector<int64_t>(c.ids.begin() + cut, c.ids.begin() + end)));
+  const std::vector<std::string> rest = display_cells(readable_text(tokenizer, {c.ids.data() + cut, end - cut}));
   cells.insert(cells.end(), rest.begin(), rest.end());
   if (c.stopped_at_eos)
     for (const char* s : {" ", "[", "E", "O", "S", "]"}) cells.emplace_back(s);

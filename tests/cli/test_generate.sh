@@ -39,6 +39,17 @@ check_json "$tmp/fp32.json" '
 assert j["token_match"] == 1.0 and j["first_divergence"] is None, j["token_match"]
 assert j["bpe"] == 32.0, j["bpe"]'
 
+# A byte model's special tokens (reasoning-bytes' <think> 257 and </think> 258) have no
+# text: they read "<id N>" where they were generated, in each token's text and the whole.
+printf 'Q: Start with 75. Then add 76, double, halve. What are the values along the way?\n' >"$tmp/q.txt"
+"$kvb" generate "$src/data/models/reasoning-bytes" --prompt-file "$tmp/q.txt" -n 60 --format int4-asym-g32 --json \
+  >"$tmp/think.json" 2>&1 || fail "generate reasoning-bytes: $(cat "$tmp/think.json")"
+check_json "$tmp/think.json" '
+e = j["exact"]
+special = [(i, t) for i, t in zip(e["ids"], e["texts"]) if i >= 256 and i != j["eos_token_id"]]
+assert special and all(t == "<id %d>" % i for i, t in special), special
+assert all(e["text"].count("<id %d>" % i) >= 1 for i, _ in special), e["text"]'
+
 # BLEU-4 is undefined for continuations of fewer than 4 tokens (not a score of 0).
 "$kvb" generate "$llama" --prompt "$prompt" -n 3 --format keep-fp32 --json >"$tmp/short.json" 2>&1 \
   || fail "generate -n 3: $(cat "$tmp/short.json")"
