@@ -254,6 +254,7 @@ int cmd_generate(const Args& args) {
   ModelInput in;
   PlanOptions plan_options;
   std::string prompt, prompt_file, out, layout = "auto";
+  std::string plan_text_file, plan_token_file;  // what the plan is built from, instead of the prompt
   int64_t max_new_tokens = 64, seed_arg = 0, width_arg = 0;
   SamplingSpec sampling;
   bool ignore_eos = false, json = false;
@@ -261,6 +262,12 @@ int cmd_generate(const Args& args) {
   opts.add_options()("help,h", "show this help")("prompt", po::value(&prompt), "the prompt text")(
       "prompt-file", po::value(&prompt_file), "read the prompt text from this file");
   plan_options.add_options(opts);
+  opts.add_options()(
+      "plan-text", po::value(&plan_text_file),
+      "build the plan from the exact run of this text file instead of the prompt's (a calibrated strategy calibrates "
+      "on it; a phase strategy finds its phase_marker in it)")(
+      "plan-tokens", po::value(&plan_token_file),
+      "the same from token ids (.npy or whitespace-separated text), e.g. a reasoning trace with its </think> id");
   opts.add_options()("max-new-tokens,n", po::value(&max_new_tokens)->default_value(64),
                      "tokens generated at most per continuation")(
       "temperature", po::value(&sampling.temperature)->default_value(0.0),
@@ -336,18 +343,40 @@ int cmd_generate(const Args& args) {
   const std::string warning = cfg.context_warning(P + max_new_tokens);
   if (!warning.empty()) std::fprintf(stderr, "kvbudget: warning: %s\n", warning.c_str());
 
-  // The plan, from the exact run of the prompt.
+  // The plan, from the exact run of the prompt (or of --plan-text / --plan-tokens).
+  if (!plan_text_file.empty() && !plan_token_file.empty())
+    throw ConfigError("give at most one of --plan-text and --plan-tokens");
+  if ((!plan_text_file.empty() || !plan_token_file.empty()) && !strat)
+    throw ConfigError("--plan-text / --plan-tokens build a plan: give --format, --key-format/--value-format or --strategy");
+  std::vector<int64_t> plan_ids = prompt_ids;
+  std::string plan_origin = "the prompt";
+  if (!plan_text_file.empty() || !plan_token_file.empty()) {
+    TokenSource src;
+    src.text = plan_text_file;
+    src.token_file = plan_token_file;
+    src.tokenizer = in.tokenizer;
+    if (in.bos) src.add_bos = true;
+    if (in.no_bos) src.add_bos = false;
+    plan_ids = load_tokens(src, cfg);
+    plan_origin = plan_text_file.empty() ? plan_token_file : plan_text_file;
+    const std::string where_plan = plan_text_file.empty() ? "--plan-tokens" : "--plan-text";
+    if (plan_ids.size() < 2) throw ConfigError(where_plan + " " + plan_origin + ": fewer than 2 tokens");
+    if (cfg.max_positions > 0 && static_cast<int64_t>(plan_ids.size()) > cfg.max_positions)
+      throw ConfigError(where_plan + " " + plan_origin + ": its " + std::to_string(plan_ids.size()) +
+                        " tokens exceed the model's " + std::to_string(cfg.max_positions) + " positions");
+  }
   std::optional<CalibratedPlan> built;
   if (strat) {
     std::vector<LayerTensors> capture;
     ExtendOptions capture_options;
     capture_options.capture = &capture;
-    if (backend.forward) backend.forward.forward(prompt_ids, capture_options);
-    else model->forward(prompt_ids, capture_options);
-    const Recording recording = recording_from_capture(cfg, std::move(capture), prompt_ids,
-                                                       "model " + in.checkpoint + " on the prompt");
+    if (backend.forward) backend.forward.forward(plan_ids, capture_options);
+    else model->forward(plan_ids, capture_options);
+    const Recording recording =
+        recording_from_capture(cfg, std::move(capture), plan_ids, "model " + in.checkpoint + " on " + plan_origin);
     built = build_calibrated_plan(*strat, recording, sampling.seed, plan_source);
   }
+  const int64_t plan_tokens = static_cast<int64_t>(plan_ids.size());
   const std::string plan_text = built ? plan_source + " = " + built->plan.describe() : "exact";
 
   const std::optional<int64_t> eos = ignore_eos ? std::nullopt : cfg.eos_token_id;
@@ -388,6 +417,15 @@ int cmd_generate(const Args& args) {
   const double bpe_prompt = built ? built->plan.bpe_at(P) : std::nan("");
   const double bpe_longest = built ? built->plan.bpe_at(std::max<int64_t>(longest, P)) : std::nan("");
   const bool prefill_replaced = built && built->plan.prefill() > 0 && built->plan.prefill() != P;
+  // A phase plan switches where its marker is in the sequence (the prompt, else where it is
+  // generated): the new-token index of that switch per continuation, if any.
+  const std::optional<int64_t> marker = built ? built->plan.phase_marker() : std::nullopt;
+  const auto switch_at = [&](const Continuation& c) -> std::optional<int64_t> {
+    if (!marker) return std::nullopt;
+    const auto it = std::find(c.ids.begin(), c.ids.end(), *marker);
+    return it == c.ids.end() ? std::nullopt : std::optional<int64_t>(it - c.ids.begin());
+  };
+  const bool marker_in_prompt = marker && std::find(prompt_ids.begin(), prompt_ids.end(), *marker) != prompt_ids.end();
   const std::optional<int64_t> diverged = first_divergence(exact.ids, quant.ids);
 
   nlohmann::ordered_json j;
@@ -404,9 +442,17 @@ int cmd_generate(const Args& args) {
   j["bpe"] = built ? json_number(bpe_longest) : nlohmann::ordered_json(nullptr);
   j["bpe_prompt"] = built ? json_number(bpe_prompt) : nlohmann::ordered_json(nullptr);
   j["cache_tokens"] = std::max<int64_t>(longest, P);
-  j["plan_built_on"] = built ? nlohmann::ordered_json("the prompt's exact run (" + std::to_string(P) + " tokens)")
+  j["plan_built_on"] = built ? nlohmann::ordered_json("the exact run of " + plan_origin + " (" +
+                                                     std::to_string(plan_tokens) + " tokens)")
                              : nlohmann::ordered_json(nullptr);
   j["prefill"] = built && built->plan.prefill() > 0 ? nlohmann::ordered_json(P) : nlohmann::ordered_json(nullptr);
+  if (marker) {
+    const auto index_json = [](std::optional<int64_t> i) { return i ? nlohmann::ordered_json(*i) : nlohmann::ordered_json(nullptr); };
+    j["phase_marker"] = *marker;
+    j["phase_switch"] = {{"in_prompt", marker_in_prompt},
+                         {"exact", index_json(switch_at(exact))},
+                         {"quantized", index_json(switch_at(quant))}};
+  }
   j["sampling"] = {{"mode", sampling.greedy() ? "greedy" : "sampled"},
                    {"temperature", sampling.temperature},
                    {"top_k", sampling.top_k},
@@ -438,10 +484,20 @@ int cmd_generate(const Args& args) {
   std::printf("prompt: %lld tokens (tokenizer %s)\n", static_cast<long long>(P), tokenizer->name().c_str());
   std::printf("%s\n", joined(display_cells(prompt)).c_str());
   if (built) {
-    std::printf("plan: %s\n  built from the prompt's exact run (%lld tokens); %.4f bits per element after the prompt, "
+    std::printf("plan: %s\n  built from the exact run of %s (%lld tokens); %.4f bits per element after the prompt, "
                 "%.4f at the cache's longest (%lld tokens)\n",
-                plan_text.c_str(), static_cast<long long>(P), bpe_prompt, bpe_longest,
+                plan_text.c_str(), plan_origin.c_str(), static_cast<long long>(plan_tokens), bpe_prompt, bpe_longest,
                 static_cast<long long>(std::max<int64_t>(longest, P)));
+    if (marker) {
+      const std::optional<int64_t> at = switch_at(quant);
+      std::printf("  phases switch where the marker (id %lld) is: %s; the bits per element place the switch where "
+                  "the plan's text had it (token %lld)\n",
+                  static_cast<long long>(*marker),
+                  marker_in_prompt ? "in the prompt"
+                  : at ? ("at new token " + std::to_string(*at) + " of the quantized continuation").c_str()
+                       : "not generated by the quantized continuation (all of it in the first phase)",
+                  static_cast<long long>(built->plan.phase_boundary().value_or(-1)));
+    }
     if (prefill_replaced)
       std::printf("  the prompt is the prefill: its %lld tokens run exact before the cache is written (the plan's "
                   "prefill of %lld tokens is not used)\n",

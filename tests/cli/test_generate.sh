@@ -50,6 +50,21 @@ special = [(i, t) for i, t in zip(e["ids"], e["texts"]) if i >= 256 and i != j["
 assert special and all(t == "<id %d>" % i for i, t in special), special
 assert all(e["text"].count("<id %d>" % i) >= 1 for i, _ in special), e["text"]'
 
+# A phase plan built from a reasoning trace (--plan-tokens: the prompt holds no </think>)
+# switches where the continuation generates the marker, and says where.
+"$kvb" generate "$src/data/models/reasoning-bytes" --prompt-file "$tmp/q.txt" -n 60 --strategy phase \
+  --param first_format=int4-asym-g32 --param second_format=int2-asym-g32 --param phase_marker=258 \
+  --plan-tokens "$src/data/tasks/reasoning_trace_ids.txt" --json >"$tmp/phase.json" 2>&1 \
+  || fail "generate with --plan-tokens: $(cat "$tmp/phase.json")"
+check_json "$tmp/phase.json" '
+assert j["phase_marker"] == 258 and j["phase_switch"]["in_prompt"] is False, j.get("phase_switch")
+q = j["quantized"]["ids"]
+assert j["phase_switch"]["quantized"] == (q.index(258) if 258 in q else None), j["phase_switch"]
+assert "reasoning_trace_ids.txt" in j["plan_built_on"], j["plan_built_on"]'
+"$kvb" generate "$src/data/models/reasoning-bytes" --prompt x --plan-text "$tmp/q.txt" >"$tmp/noplan.out" 2>&1 \
+  && fail "--plan-text without a format or strategy was accepted"
+expect "$tmp/noplan.out" "build a plan: give --format" "generate --plan-text alone"
+
 # BLEU-4 is undefined for continuations of fewer than 4 tokens (not a score of 0).
 "$kvb" generate "$llama" --prompt "$prompt" -n 3 --format keep-fp32 --json >"$tmp/short.json" 2>&1 \
   || fail "generate -n 3: $(cat "$tmp/short.json")"
