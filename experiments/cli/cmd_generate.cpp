@@ -84,9 +84,17 @@ std::string readable_text(const Tokenizer& tokenizer, std::span<const int64_t> i
   return text + decode_safely(tokenizer, run);
 }
 
-Continuation describe_continuation(std::vector<int64_t> ids, const Tokenizer& tokenizer, std::optional<int64_t> eos) {
+// "256" or "128001, 128008, 128009".
+std::string join_ids(const std::vector<int64_t>& ids) {
+  std::string s;
+  for (int64_t id : ids) s += (s.empty() ? "" : ", ") + std::to_string(id);
+  return s;
+}
+
+// `eos`: the ids that end a continuation (none with --ignore-eos).
+Continuation describe_continuation(std::vector<int64_t> ids, const Tokenizer& tokenizer, const std::vector<int64_t>& eos) {
   Continuation c;
-  c.stopped_at_eos = eos && !ids.empty() && ids.back() == *eos;
+  c.stopped_at_eos = !ids.empty() && std::find(eos.begin(), eos.end(), ids.back()) != eos.end();
   for (size_t i = 0; i < ids.size(); ++i) {
     const bool the_eos = c.stopped_at_eos && i + 1 == ids.size();
     c.texts.push_back(the_eos ? decode_safely(tokenizer, {ids[i]}) : readable_text(tokenizer, {&ids[i], 1}));
@@ -379,8 +387,10 @@ int cmd_generate(const Args& args) {
   const int64_t plan_tokens = static_cast<int64_t>(plan_ids.size());
   const std::string plan_text = built ? plan_source + " = " + built->plan.describe() : "exact";
 
-  const std::optional<int64_t> eos = ignore_eos ? std::nullopt : cfg.eos_token_id;
-  const auto stop = [&](const std::vector<int64_t>& generated) { return eos && generated.back() == *eos; };
+  const std::vector<int64_t> eos = ignore_eos ? std::vector<int64_t>{} : cfg.eos_token_ids;
+  const auto stop = [&](const std::vector<int64_t>& generated) {
+    return std::find(eos.begin(), eos.end(), generated.back()) != eos.end();
+  };
   CacheQuantization quantized;
   if (built) {
     quantized.plan = &built->plan;
@@ -459,8 +469,9 @@ int cmd_generate(const Args& args) {
                    {"top_p", sampling.top_p},
                    {"seed", sampling.seed}};
   j["max_new_tokens"] = max_new_tokens;
-  j["stop_at_eos"] = eos.has_value();
-  j["eos_token_id"] = eos ? nlohmann::ordered_json(*eos) : nlohmann::ordered_json(nullptr);
+  j["stop_at_eos"] = !eos.empty();
+  j["eos_token_id"] = eos.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(eos.front());
+  j["eos_token_ids"] = eos;
   j["exact"] = continuation_json(exact);
   j["quantized"] = continuation_json(quant);
   j["agreement"] = agree;
@@ -506,7 +517,7 @@ int cmd_generate(const Args& args) {
     std::printf("plan: exact (no --format or --strategy: both continuations use the exact cache)\n");
   std::printf("sampling: %s; at most %lld new tokens, %s\n\n", sampling.describe().c_str(),
               static_cast<long long>(max_new_tokens),
-              eos ? ("stopping at EOS (id " + std::to_string(*eos) + ")").c_str() : "not stopping at EOS");
+              eos.empty() ? "not stopping at EOS" : ("stopping at EOS (id " + join_ids(eos) + ")").c_str());
   const std::string exact_title = heading("exact cache", exact);
   const std::string quant_title = heading(built ? "quantized cache" : "exact cache again", quant);
   const std::vector<std::string> exact_cells = continuation_cells(exact, *tokenizer, diverged);

@@ -183,7 +183,7 @@ AnswerTask::AnswerTask(AnswerTaskSpec spec, const ModelConfig& config) : spec_(s
                       (all.empty() ? std::string(" (an .npz needs NAME_prompt and NAME_answer arrays)") : ""));
   if (spec_.tokenizer == "bytes") decoder_ = std::make_unique<ByteTokenizer>(std::nullopt);
   else decoder_ = BpeTokenizer::load(spec_.tokenizer);
-  eos_ = config.eos_token_id;
+  eos_ = config.eos_token_ids;
 }
 
 std::string AnswerTask::describe() const {
@@ -210,7 +210,7 @@ AnswerTask::Run AnswerTask::run(const Transformer& model, const AnswerProblem& p
                                 const CacheQuantization& cache) const {
   Run r;
   auto stop = [&](const std::vector<int64_t>& generated) {
-    if (eos_ && generated.back() == *eos_) return true;
+    if (std::find(eos_.begin(), eos_.end(), generated.back()) != eos_.end()) return true;
     r.answer = extract(generated);
     return r.answer.has_value();
   };

@@ -76,7 +76,7 @@ class AnswerTask {
   AnswerTaskSpec spec_;
   std::regex regex_;
   std::unique_ptr<Tokenizer> decoder_;
-  std::optional<int64_t> eos_;
+  std::vector<int64_t> eos_;  // ModelConfig::eos_token_ids
   std::vector<AnswerProblem> problems_;
 };
 

@@ -77,6 +77,19 @@ class JsonKeys {
     if (!v.is_number_integer()) fail(key, "expected a token id, got " + v.dump());
     return v.get<int64_t>();
   }
+  // An id or a list of ids (eos_token_id in Llama 3's configs); empty when absent or null.
+  std::vector<int64_t> token_list(const std::string& key) const {
+    if (!has(key)) return {};
+    const json& v = j_.at(key);
+    if (v.is_number_integer()) return {v.get<int64_t>()};
+    if (!v.is_array()) fail(key, "expected a token id or a list of them, got " + v.dump());
+    std::vector<int64_t> ids;
+    for (const json& id : v) {
+      if (!id.is_number_integer()) fail(key, "expected a list of token ids, got " + v.dump());
+      ids.push_back(id.get<int64_t>());
+    }
+    return ids;
+  }
   JsonKeys object(const std::string& key) const {
     const json& v = raw(key);
     if (!v.is_object()) fail(key, "expected an object, got " + v.dump());
@@ -399,6 +412,21 @@ ModelConfig load_model_config(const fs::path& dir) {
   c.vocab_size = k.positive("vocab_size");
   c.bos_token_id = k.opt_token("bos_token_id");
   c.eos_token_id = k.opt_token("eos_token_id");
+  c.eos_token_ids = k.token_list("eos_token_id");
+  // Hugging Face's generate stops at generation_config.json's eos_token_id (Llama 3
+  // Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>): its ids join config.json's.
+  const fs::path generation = dir / "generation_config.json";
+  if (fs::exists(generation)) {
+    const json g = read_json_object(generation, "generation_config.json beside config.json");
+    for (int64_t id : JsonKeys(g, generation.string()).token_list("eos_token_id"))
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(id);
+  }
+  if (!c.eos_token_id && !c.eos_token_ids.empty()) c.eos_token_id = c.eos_token_ids.front();
+  for (int64_t id : c.eos_token_ids)
+    if (id < 0 || id >= c.vocab_size)
+      throw Error(file + ": eos_token_id " + std::to_string(id) + " is outside the vocabulary of " +
+                  std::to_string(c.vocab_size) + " tokens");
   if (!(c.norm_eps > 0)) throw Error(file + ": the normalization epsilon must be > 0");
   return c;
 }

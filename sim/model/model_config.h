@@ -18,6 +18,7 @@
 // Both generations of Hugging Face's RoPE keys are read: `rope_parameters` (transformers
 // 5) and `rope_theta` + `rope_scaling` (transformers 4).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -75,7 +76,11 @@ struct ModelConfig {
   // with scale_attn_by_inverse_layer_idx also / (layer + 1).
   bool scale_attn_weights = true;
   bool scale_by_inverse_layer_idx = false;
-  std::optional<int64_t> bos_token_id, eos_token_id;
+  std::optional<int64_t> bos_token_id, eos_token_id;  // eos_token_id: the first of eos_token_ids
+  // Every id that ends a generation: config.json's eos_token_id (an id or a list) and
+  // generation_config.json's beside it, when present (what Hugging Face's generate stops at).
+  std::vector<int64_t> eos_token_ids;
+  bool is_eos(int64_t id) const { return std::find(eos_token_ids.begin(), eos_token_ids.end(), id) != eos_token_ids.end(); }
 
   float score_scale(int64_t layer) const;
   bool is_sliding(int64_t layer) const { return attention_kinds[static_cast<size_t>(layer)] == AttentionKind::Sliding; }

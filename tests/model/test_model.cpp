@@ -860,6 +860,35 @@ TEST_CASE("config.json: a null flag is false, as Hugging Face's truth tests read
             .tied_embeddings == false);
 }
 
+TEST_CASE("eos_token_ids: config.json's id or list, and generation_config.json's, as Hugging Face's generate stops") {
+  const fs::path fixture = data_dir() / "models" / "gpt2-bytes";
+  auto load = [&](const std::string& name, const nlohmann::json& eos, const nlohmann::json* generation_eos) {
+    const fs::path dir = scratch_dir(name);
+    for (const char* f : {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                          "model-00002-of-00002.safetensors"})
+      fs::create_symlink(fs::absolute(fixture / f), dir / f);
+    std::ifstream in(fixture / "config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["eos_token_id"] = eos;
+    std::ofstream(dir / "config.json") << config.dump(2);
+    if (generation_eos) std::ofstream(dir / "generation_config.json") << nlohmann::json{{"eos_token_id", *generation_eos}}.dump();
+    return load_model_config(dir);
+  };
+  const ModelConfig one = load("eos_one", 256, nullptr);
+  CHECK(one.eos_token_ids == std::vector<int64_t>{256});
+  CHECK(one.eos_token_id == 256);
+  const ModelConfig list = load("eos_list", nlohmann::json::array({10, 11}), nullptr);
+  CHECK(list.eos_token_ids == std::vector<int64_t>{10, 11});
+  CHECK(list.eos_token_id == 10);
+  CHECK(list.is_eos(11));
+  CHECK_FALSE(list.is_eos(12));
+  const nlohmann::json generation = nlohmann::json::array({11, 12});
+  const ModelConfig both = load("eos_generation", nlohmann::json::array({10, 11}), &generation);
+  CHECK(both.eos_token_ids == std::vector<int64_t>{10, 11, 12});
+  const nlohmann::json outside = 5000;
+  CHECK(has(error_of([&] { (void)load("eos_outside", 10, &outside); }), "eos_token_id 5000 is outside the vocabulary"));
+}
+
 TEST_CASE("a checkpoint with both model.safetensors and a shard index reads the single file, with a warning") {
   TinyLlamaOptions o;
   const TinyCheckpoint single = tiny_llama(o);
