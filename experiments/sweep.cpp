@@ -2,8 +2,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -564,6 +566,15 @@ void SweepRun::plan_tasks(Measurer& measurer) {
 void SweepRun::run_model_task(size_t i, size_t k) {
   try {
     stats_of_[k].model = model_->evaluate(*plans_[i], spec_.seed, nullptr, &positions_.evaluation);
+    // A quantized cache whose logits hold NaN or +inf (NaN nll): the model metrics over
+    // those positions are NaN in points.csv; say why (as `kvbudget eval` does).
+    const std::vector<double>& nll = stats_of_[k].model.nll;
+    const auto bad = std::count_if(nll.begin(), nll.end(), [](double v) { return std::isnan(v); });
+    if (bad > 0)
+      std::fprintf(stderr,
+                   "kvbudget run: warning: %s: %lld of %zu compared positions have non-finite logits (NaN or +inf) "
+                   "with the quantized cache: its PPL, KL and Δp are NaN, and they count as a different top token\n",
+                   points_[i].display_label.c_str(), static_cast<long long>(bad), nll.size());
   } catch (const std::exception& e) {
     task_error_[k] = points_[i].key + ": model: " + e.what();
   }

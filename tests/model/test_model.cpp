@@ -838,19 +838,29 @@ TEST_CASE("fixture checkpoints: sharded loading and configs") {
                        "RoPE theta 10000");
 }
 
-TEST_CASE("config.json: a null flag is false, as Hugging Face's truth tests read None") {
-  // The fixture's GPT-2 config, its shards linked, with scale_attn_weights null or absent.
+namespace {
+
+// The fixture gpt2-bytes in a scratch directory `name`: its shards linked, its config.json
+// edited by `edit`; the directory.
+fs::path gpt2_bytes_with_config(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
   const fs::path fixture = data_dir() / "models" / "gpt2-bytes";
+  const fs::path dir = scratch_dir(name);
+  for (const char* f : {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                        "model-00002-of-00002.safetensors"})
+    fs::create_symlink(fs::absolute(fixture / f), dir / f);
+  std::ifstream in(fixture / "config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  edit(config);
+  std::ofstream(dir / "config.json") << config.dump(2);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("config.json: a null flag is false, as Hugging Face's truth tests read None") {
+  // The fixture's GPT-2 config with scale_attn_weights null or absent.
   auto with_config = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
-    const fs::path dir = scratch_dir(name);
-    for (const char* f : {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
-                          "model-00002-of-00002.safetensors"})
-      fs::create_symlink(fs::absolute(fixture / f), dir / f);
-    std::ifstream in(fixture / "config.json");
-    nlohmann::json config = nlohmann::json::parse(in);
-    edit(config);
-    std::ofstream(dir / "config.json") << config.dump(2);
-    return load_model_config(dir);
+    return load_model_config(gpt2_bytes_with_config(name, edit));
   };
   CHECK(with_config("config_scale_null", [](nlohmann::json& c) { c["scale_attn_weights"] = nullptr; })
             .scale_attn_weights == false);
@@ -861,17 +871,10 @@ TEST_CASE("config.json: a null flag is false, as Hugging Face's truth tests read
 }
 
 TEST_CASE("eos_token_ids: config.json's id or list, and generation_config.json's, as Hugging Face's generate stops") {
-  const fs::path fixture = data_dir() / "models" / "gpt2-bytes";
   auto load = [&](const std::string& name, const nlohmann::json& eos, const nlohmann::json* generation_eos) {
-    const fs::path dir = scratch_dir(name);
-    for (const char* f : {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
-                          "model-00002-of-00002.safetensors"})
-      fs::create_symlink(fs::absolute(fixture / f), dir / f);
-    std::ifstream in(fixture / "config.json");
-    nlohmann::json config = nlohmann::json::parse(in);
-    config["eos_token_id"] = eos;
-    std::ofstream(dir / "config.json") << config.dump(2);
-    if (generation_eos) std::ofstream(dir / "generation_config.json") << nlohmann::json{{"eos_token_id", *generation_eos}}.dump();
+    const fs::path dir = gpt2_bytes_with_config(name, [&](nlohmann::json& c) { c["eos_token_id"] = eos; });
+    if (generation_eos)
+      std::ofstream(dir / "generation_config.json") << nlohmann::json{{"eos_token_id", *generation_eos}}.dump();
     return load_model_config(dir);
   };
   const ModelConfig one = load("eos_one", 256, nullptr);
