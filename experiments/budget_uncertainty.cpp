@@ -36,12 +36,15 @@ PickUncertainty pick_uncertainty(const BudgetQuery& q, const BudgetAnswer::Pick&
   if (!pick.index) return u;
   const size_t k = metric_column(in, pick.metric);
   const PointResult& picked = *rows[*pick.index];
-  u.interval = metric_interval(picked, k, settings.level);
+  // Every row's interval of the metric, once (metric_interval finds z by bisection).
+  std::vector<Interval> intervals(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) intervals[i] = metric_interval(*rows[i], k, settings.level);
+  u.interval = intervals[*pick.index];
   const std::vector<double>& memory = frontier_column(in, in.memory);
   if (!q.memory) {
     if (!finite(u.interval)) return u;
     for (size_t i = 0; i < rows.size(); ++i) {
-      const Interval other = metric_interval(*rows[i], k, settings.level);
+      const Interval& other = intervals[i];
       const bool reaches = q.upper ? other.lo <= q.bound : other.hi >= q.bound;
       if (finite(other) && reaches && memory[i] < memory[*pick.index]) u.cheaper_within_uncertainty.push_back(i);
     }
@@ -50,7 +53,7 @@ PickUncertainty pick_uncertainty(const BudgetQuery& q, const BudgetAnswer::Pick&
     u.meets_for_certain = wholly_meets(q, u.interval);
     if (*u.meets_for_certain) return u;
     for (size_t i = 0; i < rows.size(); ++i) {
-      const Interval other = metric_interval(*rows[i], k, settings.level);
+      const Interval& other = intervals[i];
       if (!finite(other) || !wholly_meets(q, other) || std::isnan(memory[i])) continue;
       if (!u.least_memory_for_certain || memory[i] < memory[*u.least_memory_for_certain])
         u.least_memory_for_certain = i;
@@ -71,7 +74,7 @@ PickUncertainty pick_uncertainty(const BudgetQuery& q, const BudgetAnswer::Pick&
       rival.paired = true;
       if (rival.difference.interval.lo <= 0 && 0 <= rival.difference.interval.hi) u.indistinguishable.push_back(rival);
     } else {
-      const Interval other = metric_interval(*rows[i], k, settings.level);
+      const Interval& other = intervals[i];
       if (finite(u.interval) && finite(other) && other.lo <= u.interval.hi && u.interval.lo <= other.hi)
         u.indistinguishable.push_back(rival);
     }
