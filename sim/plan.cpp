@@ -273,7 +273,8 @@ bool Plan::stores_tokens_alike() const {
   for (const UnitPlan& u : units_) {
     if (u.window.active()) return false;
     for (const Segment& s : u.segments)
-      if (!s.format || !u.segments.front().format || s.format->name() != u.segments.front().format->name())
+      if (!s.format || !u.segments.front().format || s.format->name() != u.segments.front().format->name() ||
+          s.format->tokens_per_group() != 1)
         return false;
   }
   return true;

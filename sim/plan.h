@@ -194,11 +194,12 @@ class Plan {
   double bytes_at(int64_t context) const { return static_cast<double>(storage_bits_at(context)) / 8.0; }
 
   // Whether the cache has the same make-up at every context: each unit stores all its
-  // tokens in one format, without a recency window (no sink tokens, phases or
-  // windows, whose token counts do not grow with the context). Such a plan's bits per
-  // element are the same at any context (up to one open group of at most G tokens in
-  // fp16, for groups along tokens), so its memory at another context describes the
-  // cache its error was measured on (methods.md §1, "extrapolated").
+  // tokens in one format that quantizes each token on its own, without a recency window
+  // (no sink tokens, phases, windows or groups along tokens, whose token counts do not
+  // grow with the context: an open group of up to G tokens stays at the residual
+  // precision, as a chunked window does). Such a plan's bits per element are the same at
+  // any context, so its memory at another context describes the cache its error was
+  // measured on (methods.md §1, "extrapolated").
   bool stores_tokens_alike() const;
 
   // The context (tokens) a strategy sized the plan for when not the plan's own T
