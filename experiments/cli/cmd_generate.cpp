@@ -52,19 +52,17 @@ struct Continuation {
 // The text of `ids`; an id the tokenizer has no text for (a model's vocabulary may be
 // padded beyond its tokenizer's) reads "<id N>" instead of failing the command.
 std::string decode_safely(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
-  try {
-    return tokenizer.decode(ids);
-  } catch (const Error&) {
-    std::string s;
-    for (int64_t id : ids) {
-      try {
-        s += tokenizer.decode({id});
-      } catch (const Error&) {
-        s += "<id " + std::to_string(id) + ">";
-      }
+  std::string s;
+  std::vector<int64_t> run;  // known ids since the last unknown one, decoded together
+  for (int64_t id : ids) {
+    if (tokenizer.knows(id)) {
+      run.push_back(id);
+      continue;
     }
-    return s;
+    s += tokenizer.decode(run) + "<id " + std::to_string(id) + ">";
+    run.clear();
   }
+  return s + tokenizer.decode(run);
 }
 
 // The text of `ids` decoded together (a character may span tokens), where a token with no

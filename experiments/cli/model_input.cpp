@@ -91,8 +91,7 @@ std::vector<int64_t> ModelInput::encode_text(std::string_view input, const Model
   if (bytes && config.vocab_size < 256)
     throw ConfigError(where + ": the byte tokenizer needs a vocabulary of at least 256 ids, but " +
                       config.config_file.string() + " has vocab_size " + std::to_string(config.vocab_size));
-  std::vector<int64_t> ids = tok->encode(input);
-  if (add_bos) ids.insert(ids.begin(), *config.bos_token_id);
+  const std::vector<int64_t> ids = encode_for_model(*tok, input, add_bos ? config.bos_token_id : std::nullopt, where);
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= config.vocab_size)
       throw Error(where + ": token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) + " (from " +

@@ -118,8 +118,8 @@ std::vector<AnswerProblem> read_jsonl_task(const fs::path& file, const AnswerTas
       if (add_bos && !config.bos_token_id)
         throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
                           " has no bos_token_id");
-      p.prompt = tokenizer->encode(j["prompt"].get<std::string>());
-      if (add_bos) p.prompt.insert(p.prompt.begin(), *config.bos_token_id);
+      p.prompt = encode_for_model(*tokenizer, j["prompt"].get<std::string>(),
+                                  add_bos ? config.bos_token_id : std::nullopt, where + ": \"prompt\"");
     } else {
       const nlohmann::json& ids = j["prompt_ids"];
       if (!ids.is_array()) throw ConfigError(where + ": \"prompt_ids\" must be an array of token ids");
@@ -200,7 +200,9 @@ std::optional<std::string> AnswerTask::extract(const std::vector<int64_t>& gener
     if (from == generated.end()) return std::nullopt;
     ++from;
   }
-  const std::string text = decoder_->decode(std::vector<int64_t>(from, generated.end()));
+  // Ids the tokenizer has no token for (a vocabulary padded beyond it) are skipped, as
+  // tokenizers' decode skips them.
+  const std::string text = decode_known(*decoder_, std::vector<int64_t>(from, generated.end()));
   std::smatch m;
   if (!std::regex_search(text, m, regex_)) return std::nullopt;
   return m.size() > 1 && m[1].matched ? m[1].str() : m[0].str();

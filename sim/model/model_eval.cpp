@@ -52,14 +52,16 @@ std::vector<int64_t> load_tokens(const TokenSource& src, const ModelConfig& conf
     if (add_bos && !config.bos_token_id)
       throw ConfigError(where + ": a BOS token is to be prepended, but " + config.config_file.string() +
                         " has no bos_token_id");
+    const std::optional<int64_t> bos = add_bos ? config.bos_token_id : std::nullopt;
     // Only as much of the text as max_tokens needs is read (a text may be far longer).
-    const size_t wanted = src.max_tokens > 0 ? static_cast<size_t>(src.max_tokens) - (add_bos ? 1 : 0) : SIZE_MAX;
+    const size_t wanted = src.max_tokens > 0 ? static_cast<size_t>(src.max_tokens) : SIZE_MAX;  // BOS included
     if (bytes) {
       if (config.vocab_size < 256)
         throw ConfigError(where + ": the byte tokenizer needs a vocabulary of at least 256 ids, but " +
                           config.config_file.string() + " has vocab_size " + std::to_string(config.vocab_size));
-      ids = ByteTokenizer(add_bos ? config.bos_token_id : std::nullopt)
-                .encode(read_file_prefix(src.text, "a text file", wanted));  // one token per byte
+      const size_t bytes_wanted = wanted - (add_bos && wanted < SIZE_MAX ? 1 : 0);  // one token per byte
+      ids = encode_for_model(ByteTokenizer(std::nullopt), read_file_prefix(src.text, "a text file", bytes_wanted), bos,
+                             where);
     } else {
       // Doubling prefixes until the tokens of a stable prefix (one whose tokens no
       // later text changes) are enough, or the file ends.
@@ -68,17 +70,16 @@ std::vector<int64_t> load_tokens(const TokenSource& src, const ModelConfig& conf
         bool at_end = false;
         const std::string text = read_file_prefix(src.text, "a text file", read, &at_end);
         if (at_end) {
-          ids = bpe->encode(text);
+          ids = encode_for_model(*bpe, text, bos, where);
           break;
         }
         const size_t stable = bpe->stable_prefix_length(text);
         if (stable > 0) {
-          ids = bpe->encode(std::string_view(text).substr(0, stable));
+          ids = encode_for_model(*bpe, std::string_view(text).substr(0, stable), bos, where);
           if (ids.size() >= wanted) break;
         }
         read = read < SIZE_MAX / 2 ? read * 2 : SIZE_MAX;
       }
-      if (add_bos) ids.insert(ids.begin(), *config.bos_token_id);
     }
   } else {
     throw ConfigError("no tokens to evaluate: give a text file or a token id file");

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <fstream>
@@ -92,6 +93,17 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
   for (size_t k = 2; k < len; ++k)
     if (!in(byte(k), 0x80, 0xBF)) return 0;
   return len;
+}
+
+// Whether `s` begins with an ASCII punctuation or symbol character ('<' of <|eot_id|>,
+// '[' of [INST]). An added token that begins with a letter or digit (or any non-ASCII
+// character, which NFC may compose from an ASCII letter and a mark) can begin just
+// after a cut before " x" and change how the space before it is split, so such a token
+// makes those cuts unstable (stable_prefix_length).
+bool starts_with_ascii_punctuation(std::string_view s) {
+  if (s.empty()) return false;
+  const auto c = static_cast<unsigned char>(s.front());
+  return c > 0x20 && c < 0x7F && !std::isalnum(c);
 }
 
 // Decodes one code point at s[i]; `len` gets its byte length. A byte that starts no
@@ -702,14 +714,23 @@ void BpeTokenizer::Pipeline::encode_word(std::string_view word, std::vector<int6
 void BpeTokenizer::Pipeline::split_added(std::string_view text, bool normalized,
                                          std::vector<std::pair<std::string_view, int64_t>>& parts) const {
   // Leftmost match, the longest at that position (tokenizers' Aho-Corasick, LeftmostLongest).
+  // next_at[i]: the first occurrence of added[i] at or after the position it was last
+  // searched from; searched again only once a match has moved `pos` past it, so each
+  // token's occurrences are found in one left-to-right scan in all (linear in the text
+  // for each token, where searching every token again after each match is quadratic).
+  constexpr size_t kNotSearched = std::string_view::npos - 1;
+  std::vector<size_t> next_at(added.size(), kNotSearched);
   size_t piece_start = 0;  // start of the text not yet assigned
   size_t pos = 0;
   while (pos < text.size()) {
     size_t best_at = std::string_view::npos, best_len = 0;
     const Added* best = nullptr;
-    for (const Added& a : added) {
+    for (size_t i = 0; i < added.size(); ++i) {
+      const Added& a = added[i];
       if (a.normalized != normalized || a.match.empty()) continue;
-      const size_t at = text.find(a.match, pos);
+      if (next_at[i] == kNotSearched || (next_at[i] != std::string_view::npos && next_at[i] < pos))
+        next_at[i] = text.find(a.match, pos);
+      const size_t at = next_at[i];
       if (at == std::string_view::npos) continue;
       if (at < best_at || (at == best_at && a.match.size() > best_len)) {
         best_at = at;
@@ -1058,7 +1079,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const fs::path& file) {
                                  return s.kind != Pipeline::PreTokenizer::ByteLevel || s.use_regex;
                                }) &&
                    std::none_of(p->added.begin(), p->added.end(), [](const Pipeline::Added& a) {
-                     return a.match.find(' ') != std::string::npos || a.content.find(' ') != std::string::npos;
+                     return a.match.find(' ') != std::string::npos || a.content.find(' ') != std::string::npos ||
+                            !starts_with_ascii_punctuation(a.match) || !starts_with_ascii_punctuation(a.content);
                    });
   auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
   tok->pipeline_ = std::move(p);
@@ -1066,6 +1088,49 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const fs::path& file) {
 }
 
 std::string BpeTokenizer::name() const { return pipeline_->path.string(); }
+
+bool BpeTokenizer::knows(int64_t id) const {
+  const Pipeline& p = *pipeline_;
+  return p.added_by_id.count(id) > 0 ||
+         (id >= 0 && id < static_cast<int64_t>(p.id_to_token.size()) && !p.id_to_token[static_cast<size_t>(id)].empty());
+}
+
+std::optional<size_t> first_invalid_utf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t len = utf8_sequence_length(text, i);
+    if (len == 0) return i;
+    i += len;
+  }
+  return std::nullopt;
+}
+
+std::vector<int64_t> encode_for_model(const Tokenizer& tokenizer, std::string_view text, std::optional<int64_t> bos,
+                                      const std::string& where) {
+  if (dynamic_cast<const BpeTokenizer*>(&tokenizer))
+    if (const std::optional<size_t> at = first_invalid_utf8(text)) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[*at])));
+      throw Error(where + ": the text is not UTF-8 at byte " + std::to_string(*at) + " (" + byte + "); " +
+                  tokenizer.name() + " reads Unicode text (convert the file to UTF-8, e.g. with iconv)");
+    }
+  std::vector<int64_t> ids;
+  try {
+    ids = tokenizer.encode(text);
+  } catch (Error& e) {
+    e.add_context(where);
+    throw;
+  }
+  if (bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
+  return ids;
+}
+
+std::string decode_known(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
+  std::vector<int64_t> known;
+  known.reserve(ids.size());
+  for (int64_t id : ids)
+    if (tokenizer.knows(id)) known.push_back(id);
+  return tokenizer.decode(known);
+}
 
 int64_t BpeTokenizer::vocab_size() const { return static_cast<int64_t>(pipeline_->id_to_token.size()); }
 

@@ -23,6 +23,9 @@ class Tokenizer {
   virtual std::vector<int64_t> encode(std::string_view text) const = 0;
   // Text of the ids; ids without text (BOS) are skipped.
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  // Whether decode() accepts `id` (a model's vocabulary may be padded beyond its
+  // tokenizer's: Qwen2's 151936 ids against 151665 tokens).
+  virtual bool knows(int64_t id) const = 0;
   virtual std::string name() const = 0;  // "bytes" or the tokenizer.json path
 };
 
@@ -31,6 +34,7 @@ class ByteTokenizer final : public Tokenizer {
   explicit ByteTokenizer(std::optional<int64_t> bos) : bos_(bos) {}
   std::vector<int64_t> encode(std::string_view text) const override;  // [BOS] + bytes
   std::string decode(const std::vector<int64_t>& ids) const override;
+  bool knows(int64_t /*id*/) const override { return true; }  // decode() skips ids without a byte
   std::string name() const override { return "bytes"; }
 
  private:
@@ -80,6 +84,7 @@ class BpeTokenizer final : public Tokenizer {
   // Runs the decoder over the ids' tokens (added tokens included): tokenizers'
   // decode(ids, skip_special_tokens=False). Unknown ids are an error.
   std::string decode(const std::vector<int64_t>& ids) const override;
+  bool knows(int64_t id) const override;
   std::string name() const override;
   // The longest prefix of `text` whose tokens (encode()) are the first tokens of every
   // text that starts with it: a cut just before an ASCII space followed by an ASCII
@@ -87,7 +92,8 @@ class BpeTokenizer final : public Tokenizer {
   // the patterns ends before such a space, Metaspace with split starts a piece at it).
   // 0 when there is no such cut, or when a cut cannot be proven stable: no
   // pre-tokenizer or Metaspace without split (the text is one piece), a Prepend or
-  // Replace normalizer, an added token that contains a space. Lets a reader stop
+  // Replace normalizer, an added token that contains a space or begins with anything
+  // but ASCII punctuation (a token "abc" would end the space run before it). Lets a reader stop
   // reading a long text once it has enough tokens.
   size_t stable_prefix_length(std::string_view text) const;
 
@@ -100,6 +106,23 @@ class BpeTokenizer final : public Tokenizer {
   BpeTokenizer() = default;
   std::unique_ptr<const Pipeline> pipeline_;
 };
+
+// The offset of the first byte of `text` that begins no well-formed UTF-8 sequence
+// (a Latin-1 é, a truncated character, an encoded surrogate), or nullopt.
+std::optional<size_t> first_invalid_utf8(std::string_view text);
+
+// `text` from `where` (a file, a task's line) encoded for a model: tokenizer.encode(text)
+// with `where` in front of its errors, then `bos` prepended unless the text's own first
+// token is that id (chat-template text that begins with <|begin_of_text|>: BOS is never
+// doubled, where tokenizers' encode would double it). A tokenizer.json reads Unicode
+// text, so text that is not UTF-8 is an error naming the byte (tokenizers is given
+// Python strings, and Python refuses such a file); the byte tokenizer reads any bytes.
+std::vector<int64_t> encode_for_model(const Tokenizer& tokenizer, std::string_view text, std::optional<int64_t> bos,
+                                      const std::string& where);
+
+// decode() of the ids the tokenizer knows, the others skipped (as tokenizers' decode
+// skips ids it has no token for).
+std::string decode_known(const Tokenizer& tokenizer, const std::vector<int64_t>& ids);
 
 // Token ids from a file: .npy (an integer array [T] or [1, T]), .safetensors (its tensor
 // `input_ids`, likewise) or text with whitespace-separated integers. Errors name the

@@ -166,6 +166,29 @@ TEST_CASE("a JSONL task's text prompts with a Llama 3 tokenizer get BOS once, as
   CHECK(AnswerTask(spec, config).problems()[0].prompt == ref["cases"][0]["ids"].get<std::vector<int64_t>>());
 }
 
+TEST_CASE("an answer is read past generated ids the tokenizer has no token for (a padded vocabulary)") {
+  // Qwen2's checkpoints have 151936 ids for 151665 tokens: a generated id beyond the
+  // tokenizer is skipped, as tokenizers' decode skips it, not an error that ends the run.
+  const std::filesystem::path dir = scratch_dir("answer_task_padded_vocab");
+  std::ofstream(dir / "t.jsonl") << "{\"prompt\": \"hi\", \"answer\": \"7\"}\n";
+  const std::filesystem::path llama3 = data_dir() / "tokenizers" / "llama3";
+  ModelConfig config = reasoning_model()->config();
+  config.vocab_size = 4096;
+  AnswerTaskSpec spec;
+  spec.file = dir / "t.jsonl";
+  spec.answer_regex = "= ([0-9])";
+  spec.tokenizer = (llama3 / "tokenizer.json").string();
+  const AnswerTask task(spec, config);
+  const auto tok = BpeTokenizer::load(llama3 / "tokenizer.json");
+  const int64_t beyond = tok->vocab_size() + 10;
+  REQUIRE(!tok->knows(beyond));
+  std::vector<int64_t> gen = tok->encode("x = ");
+  gen.push_back(beyond);
+  const std::vector<int64_t> seven = tok->encode("7");
+  gen.insert(gen.end(), seven.begin(), seven.end());
+  CHECK(task.extract(gen) == std::optional<std::string>("7"));
+}
+
 TEST_CASE("the reasoning model answers with the exact cache and stops at the answer") {
   AnswerTaskSpec spec = reasoning_task_spec();
   spec.problem_prefix = "short_";

@@ -459,6 +459,83 @@ TEST_CASE("load_tokens: only as much text is read as max_tokens needs, with the 
   CHECK(has(error_of([&] { read_file_prefix(dir / "missing.txt", "a text", 5); }), "missing.txt: cannot open a text"));
 }
 
+TEST_CASE("encode_for_model: UTF-8 for a tokenizer.json, BOS never doubled, errors name the text") {
+  const fs::path dir = scratch_dir("encode_for_model");
+  const auto bpe = BpeTokenizer::load(write_tokenizer(dir, false, false));
+  const ByteTokenizer bytes(std::nullopt);
+  // Latin-1 "café": the byte tokenizer reads it; a tokenizer.json refuses it, by byte.
+  CHECK(encode_for_model(bytes, "caf\xE9", std::nullopt, "t.txt") == bytes_of("caf\xE9"));
+  CHECK(has(error_of([&] { encode_for_model(*bpe, "caf\xE9 x", std::nullopt, "t.txt"); }),
+            "t.txt: the text is not UTF-8 at byte 3 (0xE9)"));
+  CHECK(first_invalid_utf8("caf\xC3\xA9") == std::nullopt);
+  CHECK(first_invalid_utf8("ab\xC3") == size_t{2});          // a truncated character
+  CHECK(first_invalid_utf8("\xED\xA0\x80") == size_t{0});  // an encoded surrogate
+  // A text that begins with the BOS token keeps that one.
+  const int64_t eot = id_of(*bpe, "<|endoftext|>");
+  const std::vector<int64_t> once = encode_for_model(*bpe, "<|endoftext|>the", eot, "t.txt");
+  CHECK(once == std::vector<int64_t>{eot, id_of(*bpe, "t"), id_of(*bpe, "he")});
+  CHECK(encode_for_model(*bpe, "the", eot, "t.txt").front() == eot);
+  CHECK(encode_for_model(bytes, "ab", 256, "t.txt") == std::vector<int64_t>{256, 'a', 'b'});
+  // The tokenizer's own errors get the text's name in front.
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(write_tokenizer(dir, false, false)));
+  j["model"]["vocab"].erase("z");
+  std::ofstream(dir / "no_z.json") << j.dump();
+  const auto no_z = BpeTokenizer::load(dir / "no_z.json");
+  CHECK(has(error_of([&] { encode_for_model(*no_z, "a z", std::nullopt, "prompt.txt"); }),
+            "prompt.txt: " + (dir / "no_z.json").string() + ": the vocabulary has no token 'z'"));
+}
+
+TEST_CASE("knows and decode_known: ids beyond the tokenizer's vocabulary are skipped, as tokenizers' decode") {
+  const fs::path dir = scratch_dir("decode_known");
+  const auto bpe = BpeTokenizer::load(write_tokenizer(dir, false, false));
+  const int64_t eot = id_of(*bpe, "<|endoftext|>");
+  CHECK(bpe->knows('a'));
+  CHECK(bpe->knows(eot));
+  CHECK(!bpe->knows(eot + 1));
+  CHECK(!bpe->knows(-1));
+  CHECK(has(error_of([&] { bpe->decode({'h', eot + 5}); }), "is not in the vocabulary"));
+  CHECK(decode_known(*bpe, {'h', eot + 5, 'i'}) == "hi");
+  CHECK(ByteTokenizer(std::nullopt).knows(300));
+}
+
+TEST_CASE("stable_prefix_length: no cut when an added token begins with a letter") {
+  const fs::path dir = scratch_dir("stable_added_letter");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(write_tokenizer(dir, false, false)));
+  const auto plain = BpeTokenizer::load(write_tokenizer(dir, false, false));
+  CHECK(plain->stable_prefix_length("hi  abc") == 3);
+  // "abc" as an added token: the space run before it ends at the token, so "hi " and
+  // "hi  abc" split the spaces differently, and no cut before " x" is stable.
+  j["added_tokens"].push_back({{"id", 400}, {"content", "abc"}, {"special", false}});
+  std::ofstream(dir / "abc.json") << j.dump();
+  const auto with_abc = BpeTokenizer::load(dir / "abc.json");
+  CHECK(with_abc->stable_prefix_length("hi  abc") == 0);
+  CHECK(with_abc->encode("hi  abc") != [&] {
+    std::vector<int64_t> v = with_abc->encode("hi ");
+    v.push_back(400);
+    return v;
+  }());
+}
+
+TEST_CASE("BPE: added tokens are found in one pass, each token searched again only when passed") {
+  // Many occurrences of one added token among others that never occur: the same ids as
+  // splitting by hand (the search once took time quadratic in the occurrences).
+  const fs::path dir = scratch_dir("bpe_added_many");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(write_tokenizer(dir, false, false)));
+  for (int k = 0; k < 64; ++k)
+    j["added_tokens"].push_back({{"id", 500 + k}, {"content", "<never" + std::to_string(k) + ">"}, {"special", true}});
+  std::ofstream(dir / "many.json") << j.dump();
+  const auto tok = BpeTokenizer::load(dir / "many.json");
+  const int64_t eot = id_of(*tok, "<|endoftext|>");
+  std::string text;
+  std::vector<int64_t> want;
+  for (int i = 0; i < 2000; ++i) {
+    text += "x<|endoftext|>";
+    want.push_back('x');
+    want.push_back(eot);
+  }
+  CHECK(tok->encode(text) == want);
+}
+
 TEST_CASE("load_tokens: a FIFO or a device as the text or the token ids is refused, not read") {
   const fs::path dir = scratch_dir("load_tokens_fifo");
   REQUIRE(::mkfifo((dir / "pipe.txt").c_str(), 0600) == 0);
