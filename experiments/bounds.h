@@ -27,6 +27,7 @@
 
 #include "experiments/experiment.h"
 #include "sim/metrics/model_metrics.h"
+#include "sim/metrics/paired.h"
 
 namespace kvb {
 
@@ -47,15 +48,74 @@ struct BoundRow {
   Interval interval{std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
   std::string interval_of = "exact";
   // "holds" or "violated" only when the interval lies wholly inside or outside what the
-  // criterion accepts, else "within uncertainty" (bound_verdict).
+  // criterion accepts, else "within uncertainty" (bound_verdict); a sampled row without
+  // an interval (interval_of "none: <why>") is "within uncertainty"; "not tested" when
+  // the recording cannot give the measurement (interval_of says why).
   std::string verdict;
 };
 
+// Fewest independent units (Gaussian samples, rows of 32 samples, unit vectors, blocks
+// of vectors or of query positions) a sampled row's interval is computed from: with
+// fewer, a standard error or a bootstrap says nothing (one block resampled is itself, a
+// zero-width "interval"), so the row has no interval and is "within uncertainty".
+constexpr int64_t kBoundsMinIntervalUnits = 5;
+// The fewest --samples the command accepts: kBoundsMinIntervalUnits rows of 32 for the
+// int formats' MSE on Gaussian data.
+constexpr int64_t kBoundsMinSamples = kBoundsMinIntervalUnits * 32;
+
 // The verdict of a criterion that accepts a quantity in [accept_lo, accept_hi] (either
-// end infinite), given its interval: "holds" when the interval lies inside, "violated"
-// when it lies wholly outside, else "within uncertainty"; without an interval (NaN, an
-// exact computation) `holds` decides.
+// end infinite), given the 95 % interval of a sampled measurement: "holds" when the
+// interval lies inside, "violated" when it lies wholly outside, else "within
+// uncertainty" — also when there is no interval (NaN: too few samples behind it), and
+// when the interval and the criterion on the measured value (`holds`) disagree.
 std::string bound_verdict(bool holds, const Interval& interval, double accept_lo, double accept_hi);
+// The verdict of an exact row (computed from integrals, not sampled): the criterion's.
+inline std::string exact_verdict(bool holds) { return holds ? "holds" : "violated"; }
+
+// One allocation of a sweep (an α of the entropy rule, a split of TAQG): the per-block
+// sums of its error over the evaluated positions (a mean per row, lower is better) and
+// whether the prediction's criterion accepts it (within a grid step of the prediction).
+struct MeasuredAllocation {
+  const BlockSums* blocks = nullptr;
+  bool accepted = false;
+};
+// "Is the prediction the best allocation?" (methods.md §5, "Verdicts"). An allocation
+// outside the accepted set whose block sums equal an accepted one's is the same plan
+// (reached from another α or split) and counts as accepted; allocations with a
+// non-finite error are not measured. Against the best accepted allocation (lowest
+// error), each one outside is paired over the same blocks (paired_difference, error
+// outside − error accepted):
+//   holds               every one outside is measurably worse (interval above 0);
+//   violated            one outside is measurably better than every accepted one;
+//   within uncertainty  otherwise, and whenever nothing can be compared: no accepted or
+//                       no outside allocation measured, or fewer than
+//                       kBoundsMinIntervalUnits blocks.
+// `interval` is the difference of the closest competitor (the outside allocation whose
+// interval reaches lowest; for "violated" the one measurably better); NaN with
+// `why_none` when nothing was compared.
+struct BestAllocationVerdict {
+  std::string verdict;
+  Interval interval{std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
+  std::string why_none;
+};
+BestAllocationVerdict best_allocation_verdict(const std::vector<MeasuredAllocation>& allocations, uint64_t seed);
+
+// Reverse water-filling at high rate over 8 Gaussian units of variances 2^0..2^7, 4 bits
+// each on average: the optimal whole widths (exact Lloyd-Max MSE per width, marginal
+// analysis), the widths predicted by b_i = b_mean + slope·log2(sigma_i^2 / geomean
+// sigma^2) (the theory's slope is 1/2), and the largest gap between them (bits).
+struct WaterFillingCheck {
+  std::vector<int> optimal;
+  std::vector<double> predicted;
+  double largest_gap = 0;
+};
+WaterFillingCheck water_filling_check(double slope);
+// What the water-filling row accepts as the largest gap (bits): whole widths round a
+// continuous optimum by at most 0.5 bit (here the predictions lie 0.25 bit from whole
+// numbers), plus 0.05 bit because Lloyd-Max's MSE at 1..8 bits is not exactly
+// proportional to 4^-b (the high-rate form the prediction assumes). A wrong constant
+// (1/2·ln, slope 0.347: off by up to 0.79 bit) fails it.
+constexpr double kWaterFillingTolerance = 0.55;
 
 struct BoundsOptions {
   uint64_t seed = 0;

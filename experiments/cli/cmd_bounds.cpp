@@ -29,10 +29,12 @@ int cmd_bounds(const Args& args) {
   opts.add_options()("help,h", "show this help")("out", po::value(&out_dir),
                                                  "results base directory: writes OUT/bounds/<timestamp>/ (default results/)")(
       "seed", po::value(&seed), "seed of the synthetic data and samples (default 0)")(
-      "samples", po::value(&b.samples), "Gaussian samples per sampled MSE (default 1048576)")(
+      "samples", po::value(&b.samples),
+      "Gaussian samples per sampled MSE (default 1048576; at least 160: 5 rows of 32 for an interval)")(
       "data", po::value(&data_config),
       "an experiment config whose [data] recording replaces the GPT-2-like synthetic one for the first-order and "
-      "entropy-rule rows")("threads", po::value(&threads), "OpenMP threads (default all cores)")(
+      "entropy-rule rows (its [calibration] is not read: the entropy rule calibrates on every 8th position from 7; "
+      "a recording of 7 tokens or fewer leaves those rows not tested)")("threads", po::value(&threads), "OpenMP threads (default all cores)")(
       "quick", "smaller recordings and coarser grids (for tests)")(
       "json", "print the report as one JSON object (README \"Command line conventions\")");
   po::variables_map vm;
@@ -46,8 +48,11 @@ int cmd_bounds(const Args& args) {
     std::cout << opts << "\nWrites results/bounds/<timestamp>/: bounds.csv, bounds.md, manifest.json.\n";
     return kExitOk;
   }
-  if (vm.count("samples") && b.samples < 1) {
-    std::cerr << "kvbudget bounds: --samples must be >= 1 (Gaussian samples per sampled MSE)\n";
+  if (vm.count("samples") && b.samples < kBoundsMinSamples) {
+    std::cerr << "kvbudget bounds: --samples must be >= " << kBoundsMinSamples << ", got " << b.samples
+              << " (the int formats' MSE on Gaussian samples is measured over rows of 32, and its 95 % interval "
+                 "needs at least "
+              << kBoundsMinIntervalUnits << " of them)\n";
     return kExitUsage;
   }
   b.seed = checked_seed(seed, "--seed");
@@ -77,16 +82,19 @@ int cmd_bounds(const Args& args) {
   j["data"] = data_config.empty() ? "synthetic (built in)" : data_config;
   j["git_commit"] = KVB_GIT_COMMIT;
   j["wall_seconds"] = secs;
-  size_t held = 0, uncertain = 0;
+  size_t held = 0, uncertain = 0, untested = 0;
   for (const BoundRow& r : rows) {
     held += r.verdict == "holds" ? 1 : 0;
     uncertain += r.verdict == "within uncertainty" ? 1 : 0;
+    untested += r.verdict == "not tested" ? 1 : 0;
   }
   j["rows"] = rows.size();
   j["rows_holding"] = held;
   j["rows_within_uncertainty"] = uncertain;
+  j["rows_not_tested"] = untested;
   j["verdicts"] = "holds / violated only when the 95 % interval of the tested quantity lies wholly inside / outside "
-                  "what the criterion accepts, else within uncertainty; exact rows are computed, not sampled";
+                  "what the criterion accepts, else within uncertainty (also a sampled row without an interval); "
+                  "exact rows are computed, not sampled; not tested: the recording cannot give the measurement";
   write_file_atomic(dir / "manifest.json", j.dump(2) + "\n");
   if (vm.count("json")) {
     nlohmann::ordered_json out_rows = nlohmann::ordered_json::array();
@@ -107,12 +115,14 @@ int cmd_bounds(const Args& args) {
     const nlohmann::ordered_json summary = {{"command", "bounds"},     {"dir", dir.string()},
                                             {"rows_total", rows.size()}, {"rows_holding", held},
                                             {"rows_within_uncertainty", uncertain},
+                                            {"rows_not_tested", untested},
                                             {"wall_seconds", secs},      {"rows", out_rows}};
     std::printf("%s\n", summary.dump(2).c_str());
     return kExitOk;
   }
-  std::printf("%s\n%zu of %zu rows hold, %zu within uncertainty; written to %s (%.1f s)\n", md.c_str(), held,
-              rows.size(), uncertain, dir.string().c_str(), secs);
+  std::printf("%s\n%zu of %zu rows hold, %zu within uncertainty%s; written to %s (%.1f s)\n", md.c_str(), held,
+              rows.size(), uncertain, untested ? (", " + std::to_string(untested) + " not tested").c_str() : "",
+              dir.string().c_str(), secs);
   return kExitOk;
 }
 

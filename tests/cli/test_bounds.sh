@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `kvbudget bounds` on inputs too small to decide a row (methods.md §5, "Verdicts"):
+# --samples below 5 rows of 32 is refused; on a short --data recording the first-order
+# rows, whose bootstrap has fewer than 5 blocks, are "within uncertainty" with no
+# interval (not a firm verdict on a zero-width one); on a recording too short for the
+# report's fixed calibration rule (every 8th position from 7) the entropy-rule rows are
+# "not tested", saying why, and every other row is still written.
+# $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
+kvb="$1"
+src="$2"
+source "$(dirname "$0")/lib.sh"
+rec="$src/data/records/gpt2-bytes-record.safetensors"
+
+# 1. Too few Gaussian samples for an interval: a usage error naming the minimum.
+"$kvb" bounds --quick --samples 100 --out "$tmp/s" >/dev/null 2>"$tmp/samples.err"
+rc=$?
+[ $rc -eq 2 ] || fail "bounds --samples 100: expected exit 2, got $rc"
+expect "$tmp/samples.err" "--samples must be >= 160, got 100" "bounds --samples 100"
+
+# config N: a --data config keeping the first N tokens of gpt2-bytes.
+config() {
+  printf 'name = "short"\n[data]\npath = "%s"\nmax_tokens = %s\n[[strategy]]\ntype = "uniform"\nbudget_bpe = 4.0\nfamily = "int{b}-asym-g32"\n' \
+    "$rec" "$1" >"$tmp/short$1.toml"
+}
+# verdicts JSON: "name<TAB>verdict<TAB>interval<TAB>interval_of" per row of a --json report.
+verdicts() {
+  /usr/bin/python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["name"], r["verdict"], json.dumps(r["interval"]), r["interval_of"], sep="\t")' "$1"
+}
+
+# 2. 9 tokens: first-order rows on 2 query positions (one bootstrap block).
+config 9
+"$kvb" bounds --quick --data "$tmp/short9.toml" --json --out "$tmp/b9" >"$tmp/b9.json" 2>"$tmp/b9.err" ||
+  fail "bounds --data (9 tokens) exited $?: $(tail -3 "$tmp/b9.err")"
+verdicts "$tmp/b9.json" >"$tmp/b9.tsv"
+grep -P '^value error int4-asym-g32 renyi2\twithin uncertainty\tnull\tnone: fewer than 5 blocks' "$tmp/b9.tsv" \
+  >/dev/null || fail "9 tokens: the renyi2 row should be within uncertainty without an interval: $(grep renyi2 "$tmp/b9.tsv")"
+/usr/bin/python3 -c 'import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+bad = [r["name"] for r in rows if r["interval_of"] != "exact" and r["interval"] is None and r["verdict"] != "within uncertainty"]
+sys.exit(bool(bad) and print("firm verdicts without an interval:", bad) is None)' "$tmp/b9.json" ||
+  fail "9 tokens: a sampled row without an interval has a firm verdict"
+
+# 3. 5 tokens: no calibration position under the fixed rule; the report is still written.
+config 5
+"$kvb" bounds --quick --data "$tmp/short5.toml" --json --out "$tmp/b5" >"$tmp/b5.json" 2>"$tmp/b5.err" ||
+  fail "bounds --data (5 tokens) exited $?: $(tail -3 "$tmp/b5.err")"
+verdicts "$tmp/b5.json" >"$tmp/b5.tsv"
+[ "$(grep -c $'^alpha .*\tnot tested\tnull\tnone: the bounds report calibrates on every 8th position from 7' "$tmp/b5.tsv")" = 6 ] ||
+  fail "5 tokens: the 6 entropy-rule rows should be not tested, naming the fixed rule: $(grep '^alpha' "$tmp/b5.tsv")"
+expect "$tmp/b5.tsv" "the recording has only 5 tokens (at least 8 needed)" "5 tokens: entropy-rule reason"
+for row in "shannon b=2 lloyd-max" "value error int4-asym-g32" "bound as written (research rho)" \
+           "4/3 vs 3/3 (unequal budgets)"; do
+  grep -qF "$row"$'\t' "$tmp/b5.tsv" || fail "5 tokens: row '$row' missing"
+done
+/usr/bin/python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(j["rows_not_tested"] != 6)' \
+  "$tmp/b5.json" || fail "5 tokens: rows_not_tested should be 6"
+db=$(ls -d "$tmp"/b5/bounds/2*)
+expect "$db/bounds.md" "| not tested |" "5 tokens: bounds.md"
+exit $status
