@@ -36,7 +36,9 @@ rope="recompute": post-RoPE q/k are computed from the projections with those
 frequencies (exact only where the model does the same thing).
 
 Forward calls inside one recording are consecutive pieces of one sequence (a prefill
-and decoding steps with the KV cache); rec.reset() starts a new sequence.
+and decoding steps with the KV cache); rec.reset() starts a new sequence. Calls that
+restart the sequence (no KV cache) are refused by recording(): the attention output of
+layer 0's later calls is checked against causal attention over the whole recording.
 """
 
 import sys
@@ -476,15 +478,59 @@ class TorchRecorder:
                 key = rope_rotate(key_pre_rope, inv_freq)
             else:
                 query, key = self._cat(p["q"], 1), self._cat(p["k"], 1)
-            if rotary and self.keep_pre_rope:
-                self._check_rope(layer, i, key_pre_rope, key, inv_freq)
             attn_output = self._cat(p["attn_output"], 0) if p["attn_output"] else None
             if attn_output is not None and len(p["attn_output"]) != layer.calls:
                 raise Error(f"TorchRecorder: {layer.name}: output projection ran {len(p['attn_output'])} times in "
                             f"{layer.calls} forward calls")
+            if i == 0 and attn_output is not None and layer.calls > 1:
+                self._check_one_sequence(layer, i, query, key, value, attn_output, [c.shape[1] for c in p["v"]])
+            if rotary and self.keep_pre_rope:
+                self._check_rope(layer, i, key_pre_rope, key, inv_freq)
             out.append({"query": query, "key": key, "value": value,
                         "key_pre_rope": key_pre_rope if self.keep_pre_rope else None, "attn_output": attn_output})
         return out, (rope_applied, theta, stored_inv_freq)
+
+    # Query rows of later forward calls compared by _check_one_sequence (spread evenly).
+    _SEQUENCE_CHECK_ROWS = 64
+
+    @staticmethod
+    def _attention_rows(query, key, value, rows, first_key):
+        """Causal softmax(q kᵀ/√d) v of query rows `rows` [n], row t reading keys
+        first_key[t]..t (GQA: query head h reads kv head h // group); [n, heads * d]."""
+        heads, _, d = query.shape
+        group = heads // key.shape[0]
+        out = np.zeros((len(rows), heads, d))
+        for j, (t, first) in enumerate(zip(rows, first_key)):
+            for h in range(heads):
+                k = key[h // group, first:t + 1].astype(np.float64)
+                scores = k @ query[h, t].astype(np.float64) / np.sqrt(d)
+                w = np.exp(scores - scores.max())
+                out[j, h] = (w / w.sum()) @ value[h // group, first:t + 1].astype(np.float64)
+        return out.reshape(len(rows), heads * d)
+
+    def _check_one_sequence(self, layer, index, query, key, value, attn_output, call_tokens):
+        """Forward calls after the first must extend the first call's sequence (a KV
+        cache): the attention output of their tokens must be causal attention over
+        every earlier token of the recording, as a recording describes it. Raises
+        kvbudget.Error where it is instead attention within each call alone (a sequence
+        restarted without reset()); a model whose attention differs from plain causal
+        softmax in both readings is left to the other checks."""
+        starts = np.cumsum([0] + list(call_tokens[:-1]))
+        later = np.arange(call_tokens[0], sum(call_tokens))
+        if later.size == 0:
+            return
+        rows = later[np.unique(np.linspace(0, later.size - 1, min(later.size, self._SEQUENCE_CHECK_ROWS)).astype(int))]
+        call_start = starts[np.searchsorted(starts, rows, side="right") - 1]
+        recorded = attn_output[rows].astype(np.float64)
+        scale = float(np.linalg.norm(recorded)) or 1.0
+        whole = float(np.linalg.norm(self._attention_rows(query, key, value, rows, np.zeros_like(rows)) - recorded))
+        within = float(np.linalg.norm(self._attention_rows(query, key, value, rows, call_start) - recorded))
+        whole, within = whole / scale, within / scale
+        if whole > 0.05 and within < 0.25 * whole:  # the threshold of `kvbudget inspect --check-output`
+            raise Error(f"TorchRecorder: layer {index} ({layer.name}): the {len(call_tokens)} forward calls do not "
+                        f"continue one sequence: the attention outputs of the calls after the first attend to their "
+                        f"own call's tokens only (relative L2 {within:.3g}), not to the earlier calls' ({whole:.3g}); "
+                        "forward calls must continue one sequence (a KV cache); call reset() between sequences")
 
     def _check_rope(self, layer, index, key_pre_rope, key, inv_freq):
         """RoPE with the recording's frequencies applied to key_pre_rope must give key:

@@ -254,6 +254,24 @@ def test_prefill_and_decoding_steps_are_one_sequence():
         recorder.recording()
 
 
+def test_forward_calls_that_restart_the_sequence_are_refused():
+    """Two forward calls without a KV cache are two sequences: their attention outputs
+    do not describe one recording's q/k/v (kvbudget.run accepted it)."""
+    ids = torch.randint(0, 50, (20,), generator=torch.Generator().manual_seed(5))
+    for options in ({}, {"rope": "recompute"}):
+        model = tiny_model(seed=6)
+        with torch.no_grad(), kvbudget.TorchRecorder(model, **options) as recorder:
+            model(ids[None, :12])
+            model(ids[None, 12:])  # no cache: positions and attention start again
+        with pytest.raises(kvbudget.Error, match="layer 0 .* forward calls must continue one sequence \\(a KV "
+                                                 "cache\\); call reset\\(\\) between sequences"):
+            recorder.recording()
+        recorder.reset()  # a new sequence: one call is one sequence
+        with torch.no_grad(), recorder:
+            model(ids[None, 12:])
+        assert recorder.recording().tokens == 8
+
+
 def test_recompute_rope_matches_the_rotary_function():
     model = tiny_model(seed=4)
     ids = torch.arange(30) % 50
