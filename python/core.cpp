@@ -101,9 +101,27 @@ struct Quantized {
   int64_t spans = 0, rows_per_span = 0;
 };
 
-Quantized quantize(const py::array& x_in, const std::string& format, const std::string& kind, int64_t rows_per_span,
-                   uint64_t seed, const std::optional<py::array>& pre_rope_in, double rope_theta) {
-  const FormatPtr f = make_format(format);
+// A format by name, as `kvbudget quantize --format` reads it: a strategy preset given
+// instead (kivi-2) is refused with where it goes (evaluate's strategy=).
+FormatPtr quantize_format(const std::string& format) {
+  try {
+    return make_format(format);
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.what() + preset_not_format_hint(format, "quantize takes a format (`kvbudget strategies` lists "
+                                                                "the preset's formats; kvbudget.evaluate(..., "
+                                                                "strategy=\"" + format + "\") applies it)"));
+  }
+}
+
+// rows_per_span: std::nullopt = the default (all rows; with pre_rope, the second-to-last
+// axis), else >= 1 as `kvbudget quantize --rows-per-span` requires.
+Quantized quantize(const py::array& x_in, const std::string& format, const std::string& kind,
+                   std::optional<int64_t> rows_per_span_in, uint64_t seed, const std::optional<py::array>& pre_rope_in,
+                   double rope_theta) {
+  const FormatPtr f = quantize_format(format);
+  if (rows_per_span_in && *rows_per_span_in < 1)
+    throw ConfigError("rows_per_span must be >= 1 (None: the default), got " + std::to_string(*rows_per_span_in));
+  int64_t rows_per_span = rows_per_span_in.value_or(0);
   if (kind != "key" && kind != "value") throw ConfigError("kind must be 'key' or 'value', got '" + kind + "'");
   const py::dtype dtype = x_in.dtype();
   if (dtype.kind() != 'f')
@@ -130,6 +148,10 @@ Quantized quantize(const py::array& x_in, const std::string& format, const std::
     if (!pre_rope || pre_rope.ndim() != x.ndim() ||
         !std::equal(x.shape(), x.shape() + x.ndim(), pre_rope.shape()))
       throw ConfigError("pre_rope must have x's shape");
+    const float* pp = pre_rope.data();
+    for (int64_t i = 0; i < pre_rope.size(); ++i)
+      if (!std::isfinite(pp[i]))
+        throw Error("pre_rope[flat " + std::to_string(i) + "] is not finite (" + format_double(pp[i]) + ")");
     if (!(std::isfinite(rope_theta) && rope_theta > 0))
       throw ConfigError("rope_theta must be a finite number > 0, got " + format_double(rope_theta));
     if (rows_per_span <= 0 && x.ndim() >= 2) rows_per_span = x.shape(x.ndim() - 2);
@@ -210,9 +232,11 @@ py::object tensor_view(const RecordingPtr& rec, const Tensor& t) {
   return a;
 }
 
+// `shown_as`, when given, stands for `path` in errors and as the recording's source
+// (recording_from_arrays: a temporary file the caller never sees).
 RecordingPtr load(const std::filesystem::path& path, const std::string& layout, const std::string& query,
                   const std::string& key, const std::string& value, const std::vector<int>& layers,
-                  int64_t max_tokens, std::optional<double> rope_theta) {
+                  int64_t max_tokens, std::optional<double> rope_theta, const std::string& shown_as) {
   RecordingSpec spec;
   spec.path = path;
   spec.layout = layout;
@@ -224,22 +248,51 @@ RecordingPtr load(const std::filesystem::path& path, const std::string& layout, 
   spec.rope_theta = rope_theta;
   py::gil_scoped_release release;
   const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
-  return std::make_shared<Recording>(load_recording(spec));
+  if (shown_as.empty()) return std::make_shared<Recording>(load_recording(spec));
+  auto shown = [&](const std::string& message) {
+    std::string out = message;
+    const std::string hidden = path.string();
+    for (size_t at = out.find(hidden); at != std::string::npos; at = out.find(hidden, at + shown_as.size()))
+      out.replace(at, hidden.size(), shown_as);
+    return out;
+  };
+  try {
+    auto rec = std::make_shared<Recording>(load_recording(spec));
+    rec->source = shown_as;
+    return rec;
+  } catch (const ConfigError& e) {
+    throw ConfigError(shown(e.what()));
+  } catch (const Error& e) {
+    throw Error(shown(e.what()));
+  }
 }
 
-// Writes float32 tensors {name: array} as one safetensors file (the package's way of
-// handing arrays to the recording loader with its layouts and checks).
+// Writes tensors {name: array} as one safetensors file (the package's way of handing
+// arrays to the recording loader with its layouts and checks): integer arrays (token
+// ids) as I64, every other array as F32.
 void write_safetensors_dict(const std::filesystem::path& path, const py::dict& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>> keep;
-  std::vector<NamedTensorF32> named;
-  for (const auto& [name, value] : tensors) {
+                            const std::map<std::string, std::string>& metadata) {
+  std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>> keep_floats;
+  std::vector<py::array_t<int64_t, py::array::c_style | py::array::forcecast>> keep_ints;
+  std::vector<TensorToWrite> named;
+  keep_floats.reserve(tensors.size());
+  keep_ints.reserve(tensors.size());
+  for (const auto& [key, value] : tensors) {
+    const std::string name = py::cast<std::string>(key);
+    const py::array given = py::array::ensure(value);
+    if (given && (given.dtype().kind() == 'i' || given.dtype().kind() == 'u')) {
+      auto a = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(given);
+      if (!a) throw ConfigError("tensor '" + name + "' cannot be read as an int64 array");
+      named.push_back(TensorToWrite::of_ints(name, std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), a.data()));
+      keep_ints.push_back(std::move(a));
+      continue;
+    }
     auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(value);
-    if (!a) throw ConfigError("tensor '" + py::cast<std::string>(name) + "' cannot be read as a float32 array");
-    named.push_back({py::cast<std::string>(name), std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), a.data()});
-    keep.push_back(std::move(a));
+    if (!a) throw ConfigError("tensor '" + name + "' cannot be read as a float32 array");
+    named.push_back(TensorToWrite::of_floats(name, std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), a.data()));
+    keep_floats.push_back(std::move(a));
   }
-  write_safetensors_f32(path, named, metadata);
+  write_safetensors(path, named, metadata);
 }
 
 // A tensor of a float array's shape and values (any float dtype, converted to float32
@@ -411,10 +464,20 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
   std::string budget_param;  // a budget the strategy meets over every layer, when given
   if (!strategy.empty()) {
     const NamedStrategy named = resolve_strategy_name(strategy, "strategy", "format =");
-    const Params resolved = strategy_params(*named.type, named.preset, given);
-    for (const char* budget : {"budget_bpe", "key_budget_bpe", "value_budget_bpe"})
-      if (budget_param.empty() && resolved.has(budget)) budget_param = budget;
-    strat = named.type->make(resolved);
+    try {
+      const Params resolved = strategy_params(*named.type, named.preset, given);
+      for (const char* budget : {"budget_bpe", "key_budget_bpe", "value_budget_bpe"})
+        if (budget_param.empty() && resolved.has(budget)) budget_param = budget;
+      strat = named.type->make(resolved);
+    } catch (const ConfigError& e) {
+      // A format argument naming a strategy preset (format="kivi-2"): say where it goes,
+      // as `kvbudget eval --format kivi-2` does with --strategy.
+      std::string hint;
+      for (const std::string& value : {format, key_format, value_format})
+        if (hint.empty() && !value.empty()) hint = preset_not_format_hint(value, "give strategy=\"" + value + "\"");
+      if (hint.empty()) throw;
+      throw ConfigError(e.what() + hint);
+    }
     std::vector<std::string> parts;
     for (const auto& [k, v] : given) parts.push_back(py::cast<std::string>(k) + "=" + std::string(py::str(v)));
     plan_source = strategy + "(" + join(parts, ",") + ")";
@@ -486,7 +549,9 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
     out["bpe"] = plan_bpe;
     py::dict metrics, errors;
     for (const MetricDef& m : metric_table()) {
-      if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens)) continue;
+      // Task metrics (answer_accuracy, flips_*) need a task's problems, which evaluate()
+      // has not: left out, as `kvbudget eval --json` leaves them out.
+      if (m.level != MetricLevel::Model || !m.defined_for(cont.count, cont.tokens) || m.needs_task) continue;
       metrics[m.name.c_str()] = m.compute(stats);
       if (m.standard_error) errors[m.name.c_str()] = m.standard_error(stats);
     }
@@ -669,7 +734,7 @@ PYBIND11_MODULE(_core, m) {
                format_double(q.relative_mse) + ">";
       });
   m.def("quantize", &quantize, py::arg("x"), py::arg("format"), py::arg("kind") = "key",
-        py::arg("rows_per_span") = 0, py::arg("seed") = 0, py::arg("pre_rope") = py::none(),
+        py::arg("rows_per_span") = py::none(), py::arg("seed") = 0, py::arg("pre_rope") = py::none(),
         py::arg("rope_theta") = 10000.0);
 
   py::class_<Recording, RecordingPtr>(m, "Recording")
@@ -705,6 +770,8 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "save",
           [](const Recording& r, const std::filesystem::path& path, const std::string& dtype) {
+            if (path.extension() != ".safetensors")
+              throw ConfigError(path.string() + ": a recording is written as .safetensors");
             const auto d = dtype_from_name(dtype);
             if (!d || (*d != DType::F32 && *d != DType::F16 && *d != DType::BF16))
               throw ConfigError("dtype must be F32, F16 or BF16, got '" + dtype + "'");
@@ -717,7 +784,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("load_recording", &load, py::arg("path"), py::arg("layout") = "heads,tokens,head_dim",
         py::arg("query") = "layers.{layer}.query", py::arg("key") = "layers.{layer}.key",
         py::arg("value") = "layers.{layer}.value", py::arg("layers") = std::vector<int>{},
-        py::arg("max_tokens") = 0, py::arg("rope_theta") = py::none());
+        py::arg("max_tokens") = 0, py::arg("rope_theta") = py::none(), py::arg("shown_as") = "");
   m.def("record", &record, py::arg("checkpoint"), py::arg("text") = "", py::arg("tokens") = "",
         py::arg("tokenizer") = "bytes", py::arg("bos") = py::none(), py::arg("max_tokens") = 512);
   m.def(

@@ -32,7 +32,9 @@ KeyboardInterrupt.
 
 import json
 import os
+import re
 import tempfile
+import threading
 import tomllib
 from pathlib import Path
 
@@ -85,15 +87,26 @@ def data_path(*parts):
     return _find(Path(*parts), "data path")
 
 
+# torch dtypes NumPy has no dtype for: converted to float32 (exact for bfloat16 and
+# every float8), by name so that torch need not be imported.
+def _numpy_lacks(torch_dtype):
+    name = str(torch_dtype)
+    return name == "torch.bfloat16" or name.startswith("torch.float8")
+
+
 def _as_numpy(x):
     """A NumPy array of `x`: NumPy arrays as they are, torch tensors (and anything with
-    __dlpack__) through DLPack without a copy where the producer allows, else np.asarray."""
+    __dlpack__) through DLPack without a copy where the producer allows, else np.asarray.
+    Torch dtypes NumPy lacks (bfloat16, float8_*) become float32 (an exact widening)."""
     import numpy as np
 
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor: NumPy reads CPU tensors in place
-        return x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        if _numpy_lacks(getattr(x, "dtype", None)):
+            x = x.float()
+        return x.numpy()
     if hasattr(x, "__dlpack__"):
         return np.from_dlpack(x)
     return np.asarray(x)
@@ -121,10 +134,12 @@ def quantize(x, format, kind="key", rows_per_span=None, seed=0, pre_rope=None, r
     code_bits of it used), storage_bits, bpe (all metadata counted), relative_mse,
     snr_db, max_abs_error, clipped, nonfinite; for the ggml formats also blocks (the
     codes as ggml's block structs, no copy) and scales (their fp16 d). float32
-    C-contiguous input is read in
-    place; other float dtypes are converted to float32 once."""
+    C-contiguous input is read in place; other float dtypes are converted to float32
+    once. torch bfloat16 / float8 tensors (dtypes NumPy lacks) are read as float32 and
+    their values come back as float32. rows_per_span, when given, must be >= 1; x and
+    pre_rope must be finite (kvbudget.Error otherwise)."""
     pre = None if pre_rope is None else _as_numpy(pre_rope)
-    return _core.quantize(_as_numpy(x), format, kind, rows_per_span or 0, seed, pre, rope_theta)
+    return _core.quantize(_as_numpy(x), format, kind, rows_per_span, seed, pre, rope_theta)
 
 
 # ggml's block structs (ggml-common.h), little-endian: what q.codes holds for the ggml
@@ -174,34 +189,54 @@ def load_recording(path, layout="heads,tokens,head_dim", query="layers.{layer}.q
     return _core.load_recording(_bundled(path), layout, query, key, value, list(layers), max_tokens, rope_theta)
 
 
+# The tensor names recording_from_arrays passes to the recording loader: per layer
+# query, key, value (required), key_pre_rope and attn_output (optional); input_ids.
+_LAYER_PARTS = ("query", "key", "value", "key_pre_rope", "attn_output")
+_ARRAY_NAME = re.compile(r"layers\.(0|[1-9][0-9]*)\.(" + "|".join(_LAYER_PARTS) + r")")
+_ACCEPTED_NAMES = ("layers.<i>.query, layers.<i>.key, layers.<i>.value, layers.<i>.key_pre_rope, "
+                   "layers.<i>.attn_output, input_ids")
+
+
 def recording_from_arrays(arrays, layout="heads,tokens,head_dim", name="arrays", rope_theta=None, max_tokens=0):
     """A recording from arrays (NumPy, torch, anything DLPack): either a dict of tensor
     names to arrays, named as in a recording file ("layers.0.query", "layers.0.key",
-    "layers.0.value", optionally "layers.0.key_pre_rope", "input_ids"), or a list with
-    one dict {"query", "key", "value"} per layer. `layout` names the arrays' axes
-    ("heads,tokens,head_dim", "batch,tokens,heads,head_dim", ...) as data.layout does;
-    the recording loader's checks apply (shapes, GQA, finite values). To run a config
-    on it, save it (rec.save("x.safetensors")) and point data.path there."""
+    "layers.0.value", optionally "layers.0.key_pre_rope", "layers.0.attn_output"
+    [tokens, heads * head_dim], and "input_ids", the token ids [tokens] as integers), or
+    a list with one dict {"query", "key", "value", optionally "key_pre_rope",
+    "attn_output"} per layer. Any other name is refused (ConfigError). `layout` names the
+    q/k/v arrays' axes ("heads,tokens,head_dim", "batch,tokens,heads,head_dim", ...) as
+    data.layout does; the recording loader's checks apply (shapes, GQA, finite values),
+    and its errors name "recording_from_arrays". To run a config on it, save it
+    (rec.save("x.safetensors")) and point data.path there."""
     import numpy as np
 
     if isinstance(arrays, (list, tuple)):
         named = {}
         for i, layer in enumerate(arrays):
             for part, value in layer.items():
+                if part not in _LAYER_PARTS:
+                    raise ConfigError(f"recording_from_arrays: layer {i} has a tensor {part!r}; expected "
+                                      f"{', '.join(_LAYER_PARTS)}")
                 named[f"layers.{i}.{part}"] = value
         arrays = named
     tensors = {}
     for tensor_name, value in arrays.items():
+        if not isinstance(tensor_name, str) or not (tensor_name == "input_ids" or _ARRAY_NAME.fullmatch(tensor_name)):
+            raise ConfigError(f"recording_from_arrays: tensor name {tensor_name!r} is not one the recording loader "
+                              f"reads; accepted: {_ACCEPTED_NAMES}")
         a = _as_numpy(value)
         if tensor_name == "input_ids":
-            raise ConfigError("recording_from_arrays: input_ids are not supported here; save a recording with "
-                              "`kvbudget record` to keep token ids")
-        tensors[tensor_name] = np.asarray(a, dtype=np.float32)
+            a = np.asarray(a)
+            if a.dtype.kind not in "iu":
+                raise ConfigError(f"recording_from_arrays: input_ids has dtype {a.dtype}; expected integer token ids")
+            tensors[tensor_name] = np.ascontiguousarray(a, dtype=np.int64)
+        else:
+            tensors[tensor_name] = np.asarray(a, dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="kvbudget-") as tmp:
         path = Path(tmp) / f"{name}.safetensors"
         _core.write_safetensors(str(path), tensors, {})
         return _core.load_recording(str(path), layout, "layers.{layer}.query", "layers.{layer}.key",
-                                    "layers.{layer}.value", [], max_tokens, rope_theta)
+                                    "layers.{layer}.value", [], max_tokens, rope_theta, "recording_from_arrays")
 
 
 def record(checkpoint, text=None, tokens=None, tokenizer="bytes", bos=None, max_tokens=512):
@@ -227,7 +262,8 @@ def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, v
     its window computed it), exact_nll (the scored positions), plan; with a plan also bpe,
     plan_formats, metrics and standard_errors (the metric table's model metrics: ppl,
     ppl_ratio, next_token_kl_*, same_top_rate, Δp, and with continuations > 0 the greedy
-    continuations' token_match and bleu4), logits, nll (the positions the metrics use).
+    continuations' gen_token_match and gen_bleu4; a task's answer_accuracy and flips_*
+    are not computed here and left out, as `kvbudget eval --json` leaves them out), logits, nll (the positions the metrics use).
     exact_logits and logits are None when the exact logits (T × vocab × 4 bytes) exceed
     base_memory_mib MiB (`eval --base-memory`; default 1024): such a run is compared a
     window at a time, the exact logits kept in a temporary file in $TMPDIR (else /tmp),
@@ -252,19 +288,51 @@ def evaluate(checkpoint, text=None, tokens=None, format=None, key_format=None, v
                           base_memory_mib)
 
 
+def _config_file(path):
+    """_find for a config file; a missing one given without .toml whose .toml exists
+    says so."""
+    try:
+        return os.fspath(_find(path, "config file"))
+    except ConfigError as e:
+        with_toml = os.fspath(path) + ".toml"
+        if not os.fspath(path).endswith(".toml"):
+            try:
+                _find(with_toml, "config file")
+            except ConfigError:
+                raise e from None
+            raise ConfigError(f"{e}; did you mean '{with_toml}'?") from None
+        raise
+
+
 def _config_argument(config):
     """(text or path, is_text) for run(): a dict becomes TOML text; a str naming an
-    existing file or ending in .toml, or any os.PathLike, is a path (relative ones
-    looked up from the working directory, then source_dir()); another str is TOML text."""
+    existing file, ending in .toml, or of one line without '=' (no TOML text has a key
+    without one), or any os.PathLike, is a path (relative ones looked up from the
+    working directory, then source_dir()); another str is TOML text."""
     if isinstance(config, dict):
         return _toml_dumps(config), True
     if isinstance(config, os.PathLike):
-        return os.fspath(_find(config, "config file")), False
+        return _config_file(config), False
     if isinstance(config, str):
-        if "\n" not in config and (os.path.exists(config) or config.endswith(".toml")):
-            return os.fspath(_find(config, "config file")), False
+        if "\n" not in config and (os.path.exists(config) or config.endswith(".toml") or "=" not in config):
+            return _config_file(config), False
         return config, True
     raise TypeError(f"config must be a path, a TOML string or a dict, got {type(config).__name__}")
+
+
+# run() holds it while a run is in progress: the runner installs process-wide state (the
+# crash marker's signal handlers, SIGINT), so one run at a time per process.
+_run_lock = threading.Lock()
+
+
+def _as_list(values, what):
+    """overrides / budgets as a list: one str is one item (not its characters)."""
+    if isinstance(values, (str, bytes)):
+        return [values.decode() if isinstance(values, bytes) else values]
+    try:
+        return list(values)
+    except TypeError:
+        raise TypeError(f"{what} must be a str or a list of str, got {type(values).__name__}") from None
 
 
 def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None, plots=None, quiet=False, shard=None,
@@ -274,14 +342,22 @@ def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None
     config: a config file's path (relative: from the working directory, else from
     source_dir(), so "configs/quickstart.toml" runs from anywhere), a TOML string or a
     dict (the TOML's tables).
-    overrides: ["data.max_tokens=128", ...] as --set; budgets: queries as --budget;
+    overrides: ["data.max_tokens=128", ...] as --set; budgets: queries as --budget (a
+    single str is one override / query);
     threads, out, backend ("cpu", "cuda", "auto"), precision ("fp32", "tf32": the CUDA
     simulator's plan-dependent products), plots (False = --no-plots), quiet, shard
     ("I/N"), resume (a results folder) as the options of the same names.
     Writes the same results folder as the CLI (Result.dir). A run whose points failed
     or whose files could not be written raises kvbudget.Error after writing what it
     could (the message names the folder); Ctrl-C raises KeyboardInterrupt after
-    writing the finished points."""
+    writing the finished points.
+
+    One run at a time per process: a run() called while another is in progress (from
+    another thread) raises kvbudget.Error at once, before anything is written (the
+    runner's signal handlers are process-wide); run runs side by side in separate
+    processes, or split one sweep with shard="I/N"."""
+    overrides = _as_list(overrides, "overrides")
+    budgets = _as_list(budgets, "budgets")
     if config is None:  # resume=DIR alone: DIR/config.toml
         if resume is None:
             raise TypeError("run() needs a config (or resume=DIR)")
@@ -290,9 +366,17 @@ def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None
         text, is_text = _config_argument(config)
     command = ["kvbudget.run(" + (repr(text) if not is_text else "<config>")]
     command += [f"--set {o}" for o in overrides] + [f"--budget {b!r}" for b in budgets]
-    outcome = _core.run(text, is_text, list(overrides), list(budgets), int(threads), os.fspath(out) if out else "",
-                        backend or "", plots, bool(quiet), shard or "", os.fspath(resume) if resume else "",
-                        " ".join(command) + ")", precision or "")
+    # Not a blocking wait: a waiting run would start after a Ctrl-C meant to stop the
+    # one in progress (whose SIGINT handler the runner holds).
+    if not _run_lock.acquire(blocking=False):
+        raise Error("kvbudget.run: another run is in progress in this process; one kvbudget.run at a time per "
+                    "process: use processes, or shard= to split a sweep")
+    try:
+        outcome = _core.run(text, is_text, overrides, budgets, int(threads), os.fspath(out) if out else "",
+                            backend or "", plots, bool(quiet), shard or "", os.fspath(resume) if resume else "",
+                            " ".join(command) + ")", precision or "")
+    finally:
+        _run_lock.release()
     result = Result(outcome["dir"], outcome)
     if outcome["interrupted"]:
         raise KeyboardInterrupt(f"kvbudget.run interrupted: {outcome['measured'] + outcome['failed']} of "
@@ -312,8 +396,30 @@ def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None
 
 
 def open_results(path):
-    """The Result of a results folder written earlier (by the CLI or run())."""
-    return Result(path)
+    """The Result of a results folder written earlier (by the CLI or run()): a folder
+    with a manifest.json (results/<name>/<timestamp> or results/<name>/latest).
+    ConfigError for a missing path or a folder without manifest.json, naming the runs
+    found under it."""
+    folder = Path(path)
+    if (folder / "manifest.json").is_file():
+        return Result(folder)
+    if not folder.exists():
+        raise ConfigError(f"open_results: '{path}' does not exist")
+    if not folder.is_dir():
+        raise ConfigError(f"open_results: '{path}' is not a folder (give a results folder with a manifest.json)")
+    runs = sorted(p.name for p in folder.iterdir() if p.is_dir() and (p / "manifest.json").is_file())
+    message = f"open_results: '{path}' has no manifest.json: not a results folder"
+    if runs:
+        pick = "latest" if "latest" in runs else runs[-1]
+        shown = runs if len(runs) <= 5 else runs[:2] + ["..."] + runs[-2:]
+        message += f"; it holds the runs {', '.join(shown)}: give {folder / pick}"
+    else:
+        named = sorted(p.name for p in folder.iterdir()
+                       if p.is_dir() and any((q / "manifest.json").is_file() for q in p.iterdir() if q.is_dir()))
+        if named:
+            message += (f"; it holds the results of {', '.join(named)}: give one run, e.g. "
+                        f"{folder / named[0] / 'latest'}")
+    raise ConfigError(message)
 
 
 class Result:

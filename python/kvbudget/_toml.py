@@ -1,11 +1,35 @@
 """A TOML writer for run()'s dict configs (Python's tomllib only reads): tables,
-arrays of tables ([[strategy]]), strings, numbers, booleans and arrays of them."""
+arrays of tables ([[strategy]]), strings, numbers, booleans and arrays of them; NumPy
+scalars and arrays, other numbers.Integral / numbers.Real and os.PathLike paths are
+written as the Python values they stand for."""
 
 import json
 import math
+import numbers
+import os
+
+
+def _plain(v):
+    """v as a Python value TOML can write: NumPy scalars (and 0-d arrays, torch scalars)
+    through .item(), arrays through .tolist(), other numbers.Integral / numbers.Real as
+    int / float, os.PathLike as its path string; anything else as it is."""
+    if isinstance(v, (bool, int, float, str, list, tuple, dict)):
+        return v
+    if hasattr(v, "item") and getattr(v, "shape", None) == ():  # np.generic, a 0-d array
+        return v.item()
+    if hasattr(v, "tolist") and hasattr(v, "dtype"):  # an array: a TOML array
+        return v.tolist()
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    return v
 
 
 def _value(v, where):
+    v = _plain(v)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -36,6 +60,7 @@ def _is_table_array(v):
 
 def _table(d, path, out):
     # Plain keys first, then sub-tables and arrays of tables (TOML's order).
+    d = {k: _plain(v) for k, v in d.items()}
     for k, v in d.items():
         if not isinstance(v, dict) and not _is_table_array(v):
             out.append(f"{_key(k)} = {_value(v, path + str(k))}")
