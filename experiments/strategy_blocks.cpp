@@ -127,6 +127,9 @@ StrategyBlock parse_strategy(const ConfigTable& t, size_t index) {
     t.fail("type", "preset '" + preset->name + "' is a '" + preset->type + "' strategy, not '" + b.type + "'");
   b.label = t.string("name", preset ? preset->name : b.type);
   b.named = t.has("name");
+  if (b.named && b.label.find_first_not_of(" \t") == std::string::npos)
+    t.fail("name", "an empty name would leave the strategy and label columns, the plots' legends and the budget "
+                   "answers blank; give a name or leave the key out");
   const std::vector<ParamDef> defs = type.all_params();
 
   std::vector<std::string> var_names;

@@ -203,13 +203,18 @@ int64_t print_recording(const Recording& rec, int64_t max_positions, bool check_
                             {"layers", rec.layer_ids},
                             {"token_ids", rec.token_ids.size()},
                             {"entropy_positions", positions.size()},
-                            {"entropy", heads},
+                            {"entropy", positions.empty() ? Json(nullptr) : heads},  // null: no position to average
                             {"output_check", nullptr}};
     jrec = &(*json)["recording"];
   }
-  if (!json) std::printf("\nattention entropy, bits (mean over %zu query positions in [1, %lld]; GQA group %lld):\n",
-              positions.size(), static_cast<long long>(rec.tokens - 1), static_cast<long long>(rec.group_size()));
-  if (!json) {
+  if (!json && positions.empty())  // one token: its query attends to itself alone (H = 0 by definition, not measured)
+    std::printf("\nattention entropy: not defined, the recording has %lld token(s) and no query position attends to "
+                "more than one key\n",
+                static_cast<long long>(rec.tokens));
+  else if (!json)
+    std::printf("\nattention entropy, bits (mean over %zu query positions in [1, %lld]; GQA group %lld):\n",
+                positions.size(), static_cast<long long>(rec.tokens - 1), static_cast<long long>(rec.group_size()));
+  if (!json && !positions.empty()) {
     std::printf(" Shannon H = -sum p log2 p\n");
     print_entropy_table(rec, entropy, false);
     std::printf(" Renyi-2 H2 = -log2 sum p^2\n");

@@ -135,4 +135,13 @@ expect "$tmp/noslice.out" "layer 1 is missing: the key pattern 'layers.{layer}.k
 [ $? -eq 2 ] || fail "--layers 0,x: expected exit 2"
 expect "$tmp/badlayers.out" "--layers 0,x: 'x' is not a layer index" "--layers 0,x"
 
+# One token: no query position attends to more than one key, so there is no entropy to
+# report (not a table of zeros).
+"$kvb" inspect "$slice" --layers 0,5 --max-tokens 1 >"$tmp/one.out" 2>&1 || fail "inspect --max-tokens 1 exited $?"
+expect "$tmp/one.out" "attention entropy: not defined, the recording has 1 token(s)" "inspect of one token"
+grep -q "Shannon H" "$tmp/one.out" && fail "inspect of one token printed an entropy table"
+"$kvb" inspect "$slice" --layers 0,5 --max-tokens 1 --json >"$tmp/one.json" 2>&1 || fail "inspect --max-tokens 1 --json exited $?"
+/usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['recording']; sys.exit(0 if r['entropy'] is None and r['entropy_positions']==0 else 1)" "$tmp/one.json" \
+  || fail "inspect --json of one token: expected entropy null"
+
 exit $status

@@ -643,6 +643,8 @@ TEST_CASE("non-finite reals, malformed budget numbers and unsafe names are refus
   CHECK_THROWS_WITH_AS(parse_budget_query("attn_kl_mean <= 1..2", "cli"), doctest::Contains("is not a finite number"),
                        ConfigError);
   CHECK(error_of("name = \"..\"\n" + kData + strat).find("not '.' or '..'") != std::string::npos);
+  // A strategy block's empty name would leave its points' labels blank.
+  CHECK(error_of(kData + strat + "name = \" \"\n").find("strategy[0].name: an empty name") != std::string::npos);
 }
 
 TEST_CASE("synthetic specs are validated at parse time, located at their key") {
