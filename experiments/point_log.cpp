@@ -69,12 +69,11 @@ std::vector<const AdditiveError*> attributed_errors_from(const json& ja) {
   return errors;
 }
 
-}  // namespace
-
-std::string point_result_json(const PointResult& r, const std::string& key) {
+// A result as JSON, without its key; `sequences` (an aggregate's per-sequence results,
+// which have none of their own) nested.
+json result_json(const PointResult& r) {
   json j;
   j["id"] = r.id;
-  j["key"] = key;
   j["ok"] = r.ok;
   j["error"] = r.error;
   j["bpe"] = number(r.bpe);
@@ -127,6 +126,97 @@ std::string point_result_json(const PointResult& r, const std::string& key) {
                         {"total", sums_json(a.total)}, {"head", heads}, {"regions", regions}};
   }
   j["seconds"] = number(r.seconds);
+  if (!r.sequences.empty()) {
+    json sequences = json::array();
+    for (const PointResult& on_sequence : r.sequences) sequences.push_back(result_json(on_sequence));
+    j["sequences"] = std::move(sequences);
+  }
+  return j;
+}
+
+// The inverse of result_json; throws json::exception or kvb::Error.
+PointResult result_from_json(const json& j) {
+  PointResult r;
+  if (!j.is_object()) throw Error("not a JSON object");
+  r.id = j.at("id").get<size_t>();
+  r.ok = j.at("ok").get<bool>();
+  r.error = j.at("error").get<std::string>();
+  r.bpe = number_from(j.at("bpe"), "bpe");
+  r.bpe_target = number_from(j.at("bpe_target"), "bpe_target");
+  r.bytes = number_from(j.at("bytes"), "bytes");
+  r.bytes_target = number_from(j.at("bytes_target"), "bytes_target");
+  r.measured_tokens = j.at("measured_tokens").get<int64_t>();
+  r.sized_for_tokens = j.at("sized_for_tokens").get<int64_t>();
+  r.target_extrapolated = j.at("target_extrapolated").get<bool>();
+  r.plan = j.at("plan").get<std::string>();
+  for (const json& a : j.at("annotations")) {
+    Annotation note;
+    note.name = a.at("name").get<std::string>();
+    const json& v = a.at("value");
+    if (v.is_object())
+      note.value = v.at("text").get<std::string>();
+    else
+      note.value = number_from(v, "annotation " + note.name);
+    r.annotations.push_back(std::move(note));
+  }
+  for (const json& m : j.at("metrics")) r.metrics.push_back(number_from(m, "a metric"));
+  for (const json& m : j.at("standard_errors")) r.standard_errors.push_back(number_from(m, "a standard error"));
+  for (const json& m : j.at("intervals"))
+    r.intervals.push_back(Interval{number_from(m.at(0), "an interval"), number_from(m.at(1), "an interval")});
+  if (j.contains("block_sums")) {  // absent in results of older builds: no paired comparisons
+    for (const json& b : j.at("block_sums")) {
+      BlockSums sums;
+      if (!b.empty()) {
+        for (const json& v : b.at(0)) sums.num.push_back(number_from(v, "a block sum"));
+        for (const json& v : b.at(1)) sums.den.push_back(number_from(v, "a block sum"));
+        if (sums.num.size() != sums.den.size()) throw Error("block_sums: numerators and denominators differ in length");
+        if (b.size() > 2) {
+          size_t total = 0;
+          for (const json& n : b.at(2)) {
+            sums.sequence_blocks.push_back(n.get<uint32_t>());
+            total += sums.sequence_blocks.back();
+          }
+          if (total != sums.num.size()) throw Error("block_sums: the sequences' block counts do not add up");
+        }
+      }
+      r.block_sums.push_back(std::move(sums));
+    }
+  }
+  if (j.contains("attribution")) {
+    const json& ja = j["attribution"];
+    Attribution a;
+    a.errors = attributed_errors_from(ja);
+    a.layers = ja.at("layers").get<int64_t>();
+    a.q_heads = ja.at("q_heads").get<int64_t>();
+    a.total = sums_from(ja.at("total"), a.errors, "attribution total");
+    for (const json& h : ja.at("head")) a.head.push_back(sums_from(h, a.errors, "attribution head"));
+    if (static_cast<int64_t>(a.head.size()) != a.layers * a.q_heads)
+      throw Error("attribution has " + std::to_string(a.head.size()) +
+                  " head entries, not layers x q_heads = " + std::to_string(a.layers * a.q_heads));
+    for (const json& g : ja.at("regions")) {
+      Attribution::Region region{g.at("partition").get<std::string>(), g.at("name").get<std::string>(), {}};
+      for (const AdditiveError* e : a.errors)
+        region.error.push_back(number_from(g.at(e->name), std::string("region ") + e->name));
+      a.regions.push_back(std::move(region));
+    }
+    r.attribution = std::move(a);
+  }
+  r.seconds = number_from(j.at("seconds"), "seconds");
+  // Absent in results of older builds (and with one sequence): the per-sequence
+  // results are then unknown.
+  if (j.contains("sequences"))
+    for (const json& on_sequence : j.at("sequences")) {
+      r.sequences.push_back(result_from_json(on_sequence));
+      if (r.sequences.back().id != r.id) throw Error("sequences: a per-sequence result of another point");
+    }
+  return r;
+}
+
+}  // namespace
+
+std::string point_result_json(const PointResult& r, const std::string& key) {
+  json j = result_json(r);
+  j["key"] = key;
   return j.dump();
 }
 
@@ -134,72 +224,8 @@ PointResult point_result_from_json(const std::string& line, const std::string& w
   PointResult r;
   try {
     const json j = json::parse(line);
-    if (!j.is_object()) throw Error("not a JSON object");
-    r.id = j.at("id").get<size_t>();
+    r = result_from_json(j);
     if (key) *key = j.at("key").get<std::string>();
-    r.ok = j.at("ok").get<bool>();
-    r.error = j.at("error").get<std::string>();
-    r.bpe = number_from(j.at("bpe"), "bpe");
-    r.bpe_target = number_from(j.at("bpe_target"), "bpe_target");
-    r.bytes = number_from(j.at("bytes"), "bytes");
-    r.bytes_target = number_from(j.at("bytes_target"), "bytes_target");
-    r.measured_tokens = j.at("measured_tokens").get<int64_t>();
-    r.sized_for_tokens = j.at("sized_for_tokens").get<int64_t>();
-    r.target_extrapolated = j.at("target_extrapolated").get<bool>();
-    r.plan = j.at("plan").get<std::string>();
-    for (const json& a : j.at("annotations")) {
-      Annotation note;
-      note.name = a.at("name").get<std::string>();
-      const json& v = a.at("value");
-      if (v.is_object())
-        note.value = v.at("text").get<std::string>();
-      else
-        note.value = number_from(v, "annotation " + note.name);
-      r.annotations.push_back(std::move(note));
-    }
-    for (const json& m : j.at("metrics")) r.metrics.push_back(number_from(m, "a metric"));
-    for (const json& m : j.at("standard_errors")) r.standard_errors.push_back(number_from(m, "a standard error"));
-    for (const json& m : j.at("intervals"))
-      r.intervals.push_back(Interval{number_from(m.at(0), "an interval"), number_from(m.at(1), "an interval")});
-    if (j.contains("block_sums")) {  // absent in results of older builds: no paired comparisons
-      for (const json& b : j.at("block_sums")) {
-        BlockSums sums;
-        if (!b.empty()) {
-          for (const json& v : b.at(0)) sums.num.push_back(number_from(v, "a block sum"));
-          for (const json& v : b.at(1)) sums.den.push_back(number_from(v, "a block sum"));
-          if (sums.num.size() != sums.den.size()) throw Error("block_sums: numerators and denominators differ in length");
-          if (b.size() > 2) {
-            size_t total = 0;
-            for (const json& n : b.at(2)) {
-              sums.sequence_blocks.push_back(n.get<uint32_t>());
-              total += sums.sequence_blocks.back();
-            }
-            if (total != sums.num.size()) throw Error("block_sums: the sequences' block counts do not add up");
-          }
-        }
-        r.block_sums.push_back(std::move(sums));
-      }
-    }
-    if (j.contains("attribution")) {
-      const json& ja = j["attribution"];
-      Attribution a;
-      a.errors = attributed_errors_from(ja);
-      a.layers = ja.at("layers").get<int64_t>();
-      a.q_heads = ja.at("q_heads").get<int64_t>();
-      a.total = sums_from(ja.at("total"), a.errors, "attribution total");
-      for (const json& h : ja.at("head")) a.head.push_back(sums_from(h, a.errors, "attribution head"));
-      if (static_cast<int64_t>(a.head.size()) != a.layers * a.q_heads)
-        throw Error("attribution has " + std::to_string(a.head.size()) +
-                    " head entries, not layers x q_heads = " + std::to_string(a.layers * a.q_heads));
-      for (const json& g : ja.at("regions")) {
-        Attribution::Region region{g.at("partition").get<std::string>(), g.at("name").get<std::string>(), {}};
-        for (const AdditiveError* e : a.errors)
-          region.error.push_back(number_from(g.at(e->name), std::string("region ") + e->name));
-        a.regions.push_back(std::move(region));
-      }
-      r.attribution = std::move(a);
-    }
-    r.seconds = number_from(j.at("seconds"), "seconds");
   } catch (const json::exception& e) {
     throw Error(where + ": not a point result: " + e.what());
   } catch (Error& e) {

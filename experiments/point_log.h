@@ -7,7 +7,10 @@
 // "bytes_target", "plan", "annotations": [{"name", "value": number or {"text"}}], "metrics": [...]
 // (aligned with manifest.json's metrics_reported), "attribution": {"layers",
 // "q_heads", "total": [kl, out_err2], "head": [[kl, out_err2], ...], "regions":
-// [{"partition", "name", "kl", "out_err2"}]} (when computed), "seconds"}. Numbers
+// [{"partition", "name", "kl", "out_err2"}]} (when computed), "seconds",
+// "sequences": [one such object per sequence, without "key", "block_sums" and
+// "attribution"] (an aggregate over several sequences: its rows of
+// points_by_sequence.csv, which is rebuilt from this file)}. Numbers
 // are written with enough digits to read back bit for bit; a non-finite one is the
 // string "nan", "inf" or "-inf".
 //

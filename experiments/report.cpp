@@ -335,11 +335,8 @@ void check_plot_columns(const ExperimentSpec& spec, const std::vector<SweepPoint
 
 std::vector<std::string> Report::coord_columns() const { return coordinate_names(points_); }
 
-std::string Report::points_csv(const std::vector<PointResult>& results) const {
+std::vector<std::string> Report::annotation_columns(const std::vector<PointResult>& results) const {
   const std::vector<std::string> coords = coord_columns();
-  // Annotation columns: every name any point reported, in order of first appearance,
-  // except those a sweep coordinate already names (budget_bpe as a sweep axis): one
-  // column, the coordinate's value where the point has it, else the annotation's.
   std::vector<std::string> notes;
   for (const PointResult& r : results)
     if (r.ok)
@@ -347,6 +344,15 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
         if (std::find(notes.begin(), notes.end(), a.name) == notes.end() &&
             std::find(coords.begin(), coords.end(), a.name) == coords.end())
           notes.push_back(a.name);
+  return notes;
+}
+
+std::string Report::points_csv(const std::vector<PointResult>& results) const {
+  return points_csv(results, annotation_columns(results));
+}
+
+std::string Report::points_csv(const std::vector<PointResult>& results, const std::vector<std::string>& notes) const {
+  const std::vector<std::string> coords = coord_columns();
   auto annotation_text = [](const Annotation& a) {
     if (const double* d = std::get_if<double>(&a.value)) return num(*d);
     return csv_field(std::get<std::string>(a.value));
@@ -393,23 +399,31 @@ std::string Report::points_csv(const std::vector<PointResult>& results) const {
   return os.str();
 }
 
-void Report::write_points_by_sequence(const std::vector<std::string>& sources,
-                                      const std::vector<std::vector<PointResult>>& results_by_sequence) const {
+std::vector<size_t> Report::write_points_by_sequence(const std::vector<std::string>& sources,
+                                                     const std::vector<PointResult>& results) const {
+  std::vector<const PointResult*> sorted;
+  for (const PointResult& r : results) sorted.push_back(&r);
+  std::sort(sorted.begin(), sorted.end(), [](const PointResult* a, const PointResult* b) { return a->id < b->id; });
+  std::vector<std::vector<PointResult>> rows(sources.size());  // [sequence][point], by id
+  std::vector<PointResult> every_row;                           // for one set of columns
+  std::vector<size_t> unknown;
+  for (const PointResult* r : sorted) {
+    if (r->sequences.size() != sources.size()) {
+      if (r->ok) unknown.push_back(r->id);  // a failed point has no row in points.csv either
+      continue;
+    }
+    for (size_t s = 0; s < sources.size(); ++s) {
+      rows[s].push_back(r->sequences[s]);
+      every_row.push_back(r->sequences[s]);
+    }
+  }
+  // The annotation columns of every point on every sequence (points.csv's rule), so
+  // that points of different strategy blocks share one header.
+  const std::vector<std::string> notes = annotation_columns(every_row);
   std::vector<std::string> texts;
-  for (std::vector<PointResult> rows : results_by_sequence) {
-    std::sort(rows.begin(), rows.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
-    texts.push_back(points_csv(rows));
-  }
-  std::string text = points_by_sequence_csv(sources, texts);
-  // A resumed folder: the kept points' rows stay (they are not measured again).
-  const std::filesystem::path file = dir_ / "points_by_sequence.csv";
-  if (std::filesystem::exists(file)) {
-    std::ifstream in(file);
-    std::stringstream before;
-    before << in.rdbuf();
-    text = merge_points_by_sequence(before.str(), text);
-  }
-  write_file_atomic(file, text);
+  for (const std::vector<PointResult>& on_sequence : rows) texts.push_back(points_csv(on_sequence, notes));
+  write_file_atomic(dir_ / "points_by_sequence.csv", points_by_sequence_csv(sources, texts));
+  return unknown;
 }
 
 void Report::write_point_log(const std::vector<PointResult>& results) const {

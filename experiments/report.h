@@ -14,7 +14,9 @@
 //                   over them (experiments/sequences.h)
 //   errors.csv      points that failed, with the reason (only when some failed)
 //   points_by_sequence.csv   with several sequences (data.recordings, ...): points.csv's
-//                   rows on each sequence, with `sequence` and `source` columns first
+//                   rows on each sequence, with `sequence` and `source` columns first;
+//                   rebuilt from results.jsonl (each point's per-sequence results), so a
+//                   resumed or merged folder has the rows of every point
 //   attribution.csv, concentration.csv   error-budget attribution of the selected
 //                   points (experiments/attribution.h)
 //   pareto.csv      the non-dominated points for each Pareto metric (strategy, label),
@@ -104,10 +106,14 @@ class Report {
   std::string manifest_text(const RunInfo& info) const;
   // points.csv (and errors.csv) for the results so far; safe to call repeatedly.
   void write_points(const std::vector<PointResult>& results) const;
-  // points_by_sequence.csv (several sequences): points.csv's rows on each sequence,
-  // `results_by_sequence[s]` being sequence s's (experiments/sequences.h).
-  void write_points_by_sequence(const std::vector<std::string>& sources,
-                                const std::vector<std::vector<PointResult>>& results_by_sequence) const;
+  // points_by_sequence.csv (several sequences, `sources` naming each): points.csv's rows
+  // on each sequence, from each aggregate's PointResult::sequences, rebuilt whole from
+  // `results` (a run's, with a resumed folder's kept points; a merge's), with the
+  // annotation columns of all of them. Returns the ids of measured points whose
+  // per-sequence results are unknown (read from a results.jsonl of an older build):
+  // they have no rows, and the caller says so.
+  std::vector<size_t> write_points_by_sequence(const std::vector<std::string>& sources,
+                                               const std::vector<PointResult>& results) const;
   // results.jsonl in id order (experiments/point_log.h), replacing what was appended.
   void write_point_log(const std::vector<PointResult>& results) const;
   // attribution.csv and concentration.csv (when any point has an attribution).
@@ -131,6 +137,11 @@ class Report {
 
  private:
   std::vector<std::string> coord_columns() const;
+  // Annotation columns: every name any measured point reported, in order of first
+  // appearance, except those a sweep coordinate already names (budget_bpe as a sweep
+  // axis): one column, the coordinate's value where the point has it, else the annotation's.
+  std::vector<std::string> annotation_columns(const std::vector<PointResult>& results) const;
+  std::string points_csv(const std::vector<PointResult>& results, const std::vector<std::string>& notes) const;
   FrontierInput frontier_input(const std::vector<const PointResult*>& ok) const;
 
   const ExperimentSpec& spec_;

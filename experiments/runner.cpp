@@ -273,6 +273,13 @@ RunOutcome run_experiment(const RunRequest& request) {
   // write; it is an error of the run only if the final write fails too.
   size_t failed_intermediate_writes = 0;
   std::string first_intermediate_error;
+  // points.csv, and with several sequences points_by_sequence.csv, rebuilt whole from
+  // `results` (kept and new points: the file always derives from results.jsonl's
+  // content). Returns the measured points without per-sequence rows (older logs).
+  auto write_points_files = [&](const std::vector<PointResult>& results) {
+    report.write_points(results);
+    return S > 1 ? report.write_points_by_sequence(sources, results) : std::vector<size_t>{};
+  };
   auto on_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t total) {
     done_results.push_back(r);
     progress.update(progress_offset + done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
@@ -280,7 +287,7 @@ RunOutcome run_experiment(const RunRequest& request) {
     if (std::chrono::duration<double>(now - last_write).count() >= 1.0) {
       last_write = now;
       try {
-        report.write_points(done_results);
+        write_points_files(done_results);
       } catch (const std::exception& e) {
         if (failed_intermediate_writes++ == 0) first_intermediate_error = e.what();
       }
@@ -360,7 +367,7 @@ RunOutcome run_experiment(const RunRequest& request) {
     crash_marker.reset();
     info.status = "failed";
     try {
-      report.write_points(done_results);
+      write_points_files(done_results);
       report.write_manifest(info);
     } catch (...) {  // the error below is the run's
     }
@@ -368,15 +375,6 @@ RunOutcome run_experiment(const RunRequest& request) {
       std::fprintf(stderr, "kvbudget: the run stopped with the error below; %s says \"failed\"\n",
                    report.manifest_path().string().c_str());
     throw;
-  }
-  if (S > 1) {
-    std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
-    // Per-sequence rows (points_by_sequence.csv), for the points finished on every sequence.
-    std::vector<std::vector<PointResult>> rows(S);
-    for (const PointResult& agg : results)
-      for (size_t s = 0; s < S; ++s)
-        if (const auto it = by_sequence[s].find(agg.id); it != by_sequence[s].end()) rows[s].push_back(it->second);
-    attempt("points_by_sequence.csv", [&] { report.write_points_by_sequence(sources, rows); });
   }
   if (resumed) {
     results.insert(results.end(), resumed->kept.begin(), resumed->kept.end());
@@ -393,6 +391,14 @@ RunOutcome run_experiment(const RunRequest& request) {
   const size_t errors_before_final_write = run_errors.size();
   attempt("points.csv / errors.csv", [&] { report.write_points(results); });
   out.points_lost = run_errors.size() > errors_before_final_write;
+  if (S > 1)  // every point's rows, the kept ones' included (from their results.jsonl lines)
+    attempt("points_by_sequence.csv", [&] {
+      if (const std::vector<size_t> unknown = report.write_points_by_sequence(sources, results); !unknown.empty()) {
+        const std::string note = unknown_sequence_rows_note(unknown);
+        std::fprintf(stderr, "kvbudget run: warning: %s\n", note.c_str());
+        info.warnings.push_back(note);
+      }
+    });
   attempt("results.jsonl", [&] { report.write_point_log(results); });
   if (failed_intermediate_writes > 0) {
     const std::string what = std::to_string(failed_intermediate_writes) +

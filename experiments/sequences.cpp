@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 
+#include "experiments/merge.h"
 #include "experiments/report.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
@@ -72,6 +73,14 @@ PointResult aggregate_sequences(const ExperimentSpec& spec, const std::vector<co
   for (size_t s = 0; s < S; ++s) {
     out.seconds += per_sequence[s]->seconds;
     if (per_sequence[s]->id != out.id) throw Error("aggregate_sequences: results of different points");
+  }
+  for (const PointResult* r : per_sequence) {  // points_by_sequence.csv's rows, kept in results.jsonl
+    PointResult row = *r;
+    row.block_sums.clear();
+    row.resamples.clear();
+    row.attribution.reset();
+    row.sequences.clear();
+    out.sequences.push_back(std::move(row));
   }
   for (size_t s = 0; s < S; ++s)
     if (!per_sequence[s]->ok) {
@@ -201,42 +210,11 @@ std::string points_by_sequence_csv(const std::vector<std::string>& sources,
   return os.str();
 }
 
-namespace {
-
-// (sequence, id) of a points_by_sequence.csv row: its first field, and the third after a
-// possibly quoted source.
-std::pair<long long, long long> row_order(const std::string& line) {
-  size_t at = line.find(',');
-  const long long sequence = std::stoll(line.substr(0, at));
-  ++at;
-  if (at < line.size() && line[at] == '"') {  // a quoted source: "" is a quote inside
-    for (++at; at < line.size(); ++at)
-      if (line[at] == '"') {
-        if (at + 1 < line.size() && line[at + 1] == '"') ++at;
-        else break;
-      }
-  }
-  at = line.find(',', at) + 1;
-  return {sequence, std::stoll(line.substr(at, line.find(',', at) - at))};
-}
-
-}  // namespace
-
-std::string merge_points_by_sequence(const std::string& before, const std::string& now) {
-  std::vector<std::string> a = split(before, '\n'), b = split(now, '\n');
-  if (b.empty() || b.front().empty()) return before;
-  if (a.empty() || a.front().empty()) return now;
-  if (a.front() != b.front())
-    throw Error("points_by_sequence.csv: the kept points' file has other columns than this run's (" + a.front() +
-                " against " + b.front() + ")");
-  std::vector<std::pair<std::pair<long long, long long>, std::string>> rows;
-  for (const std::vector<std::string>* lines : {&a, &b})
-    for (size_t l = 1; l < lines->size(); ++l)
-      if (!(*lines)[l].empty()) rows.push_back({row_order((*lines)[l]), (*lines)[l]});
-  std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-  std::string out = b.front() + "\n";
-  for (const auto& [order, line] : rows) out += line + "\n";
-  return out;
+std::string unknown_sequence_rows_note(const std::vector<size_t>& ids) {
+  return "points_by_sequence.csv has no rows for " + std::to_string(ids.size()) + " measured point(s) (ids " +
+         id_ranges(ids) +
+         "): their results.jsonl lines, written by an older kvbudget, hold no per-sequence results; their rows are "
+         "unavailable (points.csv has their aggregate); run them again in a fresh run to get them";
 }
 
 }  // namespace kvb

@@ -16,7 +16,9 @@
 //  - memory (bpe, bytes, ...): the same on every sequence (refused before anything is
 //    measured otherwise: plan_memory_mismatches), so taken from sequence 0; the plan
 //    text and annotations are sequence 0's (every sequence's are in
-//    points_by_sequence.csv); attribution sums add up over sequences; seconds add up.
+//    points_by_sequence.csv); attribution sums add up over sequences; seconds add up;
+//  - PointResult::sequences: each sequence's result (its row in points_by_sequence.csv),
+//    also when the aggregate failed.
 // With one sequence the aggregate is that sequence's result, bit for bit.
 #pragma once
 #include <string>
@@ -58,9 +60,9 @@ void check_sequences_alike(const std::vector<const Recording*>& recordings, cons
 std::string points_by_sequence_csv(const std::vector<std::string>& sources,
                                    const std::vector<std::string>& points_csv_of_sequence);
 
-// A resumed run's points_by_sequence.csv: the rows of `before` (the folder's file, for
-// the points kept) and of `now` (this run's points), ordered by sequence, then point id.
-// Throws kvb::Error when their headers differ (the file is then left as it was).
-std::string merge_points_by_sequence(const std::string& before, const std::string& now);
+// What a run or merge says when points_by_sequence.csv lacks the rows of measured
+// points `ids` (Report::write_points_by_sequence: their per-sequence results were not
+// logged by the build that measured them).
+std::string unknown_sequence_rows_note(const std::vector<size_t>& ids);
 
 }  // namespace kvb

@@ -88,6 +88,12 @@ struct PointResult {
   std::vector<std::vector<double>> resamples;
   std::optional<Attribution> attribution;  // when [attribution] selects the point
   double seconds = 0;                      // CPU seconds spent on the point (cuda: wall seconds on the device)
+  // An aggregate over several sequences (experiments/sequences.h): the point's result on
+  // each sequence, in sequence order, without block sums, resamples, attribution or
+  // sequences of their own (what points_by_sequence.csv shows; results.jsonl carries
+  // them). Empty with one sequence, and for a point read from a results.jsonl written
+  // before they were logged (its per-sequence rows are then unavailable).
+  std::vector<PointResult> sequences;
 };
 
 // Whether a point's memory on `memory` (one of memory_columns()) is taken at a longer

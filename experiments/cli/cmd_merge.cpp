@@ -114,19 +114,17 @@ int cmd_merge(const Args& args) {
   attempt("points.csv / errors.csv", [&] { report.write_points(in.results); });
   attempt("results.jsonl", [&] { report.write_point_log(in.results); });
   attempt("attribution.csv / concentration.csv", [&] { report.write_attribution(in.results); });
-  // Several sequences: each shard's per-sequence rows, together (experiments/sequences.h).
-  attempt("points_by_sequence.csv", [&] {
-    std::string merged;
-    for (const ShardFolder& s : in.shards) {
-      const std::filesystem::path file = s.dir / "points_by_sequence.csv";
-      if (!std::filesystem::exists(file)) continue;
-      std::ifstream stream(file);
-      std::stringstream text;
-      text << stream.rdbuf();
-      merged = merged.empty() ? text.str() : merge_points_by_sequence(merged, text.str());
-    }
-    if (!merged.empty()) write_file_atomic(report.dir() / "points_by_sequence.csv", merged);
-  });
+  // Several sequences: every point's per-sequence rows, rebuilt from the shards'
+  // results.jsonl (experiments/sequences.h), with the columns of all of them.
+  if (first.manifest.contains("sequences"))
+    attempt("points_by_sequence.csv", [&] {
+      const std::vector<std::string> sources = first.manifest.at("sequences").get<std::vector<std::string>>();
+      if (const std::vector<size_t> unknown = report.write_points_by_sequence(sources, in.results); !unknown.empty()) {
+        const std::string note = unknown_sequence_rows_note(unknown);
+        std::fprintf(stderr, "kvbudget merge: warning: %s\n", note.c_str());
+        manifest["warnings"].push_back(note);
+      }
+    });
   std::string frontier;
   attempt("pareto.csv / budgets.json", [&] {
     std::string write_error;

@@ -4,6 +4,7 @@
 // reproduces the single form bit for bit, and a run over two.
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "experiments/config.h"
@@ -277,12 +278,71 @@ TEST_CASE("a run over one listed seed reproduces the single form; two seeds aggr
   CHECK(has(read_text(two.dir / "comparisons.csv"), "id,strategy,"));
 }
 
-TEST_CASE("a resumed run keeps the kept points' per-sequence rows") {
-  const std::string header = "sequence,source,id,key\n";
-  const std::string before = header + "0,\"a,\"\"b\"\".bin\",0,k0\n0,\"a,\"\"b\"\".bin\",2,k2\n1,b.bin,0,k0\n1,b.bin,2,k2\n";
-  const std::string now = header + "0,\"a,\"\"b\"\".bin\",1,k1\n1,b.bin,1,k1\n";
-  CHECK(merge_points_by_sequence(before, now) ==
-        header + "0,\"a,\"\"b\"\".bin\",0,k0\n0,\"a,\"\"b\"\".bin\",1,k1\n0,\"a,\"\"b\"\".bin\",2,k2\n" +
-            "1,b.bin,0,k0\n1,b.bin,1,k1\n1,b.bin,2,k2\n");
-  CHECK_THROWS_AS(merge_points_by_sequence(before, "sequence,source,id,other\n1,b.bin,1,x\n"), Error);
+TEST_CASE("an aggregate's per-sequence results survive results.jsonl") {
+  PointResult a = result_with(0.2, 0.01, {0.1}), b = result_with(0.4, 0.02, {0.3});
+  a.annotations = {{"budget_bpe", 4.0}};
+  b.annotations = {{"budget_bpe", 4.0}};
+  const ExperimentSpec spec = parse("[data]\npath = " + record("gpt2-bytes") + "\n" + kUniform +
+                                    "[metrics]\nreport = [\"attn_kl_mean\"]\npareto = [\"attn_kl_mean\"]\n");
+  const PointResult agg = aggregate_sequences(spec, {&a, &b}, {"a", "b"});
+  REQUIRE(agg.sequences.size() == 2);
+  CHECK(agg.sequences[1].metrics == b.metrics);
+  CHECK(agg.sequences[1].block_sums.empty());  // the aggregate holds them, joined
+  const PointResult back = point_result_from_json(point_result_json(agg, "k"), "t");
+  REQUIRE(back.sequences.size() == 2);
+  CHECK(back.sequences[0].metrics == a.metrics);
+  CHECK(back.sequences[1].intervals[0].hi == b.intervals[0].hi);
+  CHECK(back.sequences[1].annotations.size() == 1);
+  // A line of an older build (no "sequences"): read, with the per-sequence results unknown.
+  nlohmann::json old = nlohmann::json::parse(point_result_json(agg, "k"));
+  old.erase("sequences");
+  CHECK(point_result_from_json(old.dump(), "t").sequences.empty());
+}
+
+TEST_CASE("a resumed run rebuilds every point's per-sequence rows from results.jsonl") {
+  const fs::path tmp = test::scratch_dir("sequences_resume");
+  const std::string config = synthetic_config("seeds = [5, 6]", tmp);
+  const RunOutcome whole = run(config);
+  REQUIRE(whole.status == "complete");
+  const std::vector<std::string> expected = lines_without(read_text(whole.dir / "points_by_sequence.csv"), "seconds");
+  REQUIRE(expected.size() == 1 + 2 * whole.results.size());
+
+  // What a kill -9 after two points leaves: their results.jsonl lines, no
+  // points_by_sequence.csv (it was written only at the end).
+  auto killed_after_two = [&](bool old_lines) {
+    std::istringstream log(read_text(whole.dir / kPointLogFile));
+    std::string kept;
+    std::string line;
+    for (int i = 0; i < 2 && std::getline(log, line); ++i) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (old_lines) j.erase("sequences");
+      kept += j.dump() + "\n";
+    }
+    std::ofstream(whole.dir / kPointLogFile) << kept;
+    fs::remove(whole.dir / "points_by_sequence.csv");
+    nlohmann::json manifest = nlohmann::json::parse(read_text(whole.dir / "manifest.json"));
+    manifest["status"] = "interrupted";
+    std::ofstream(whole.dir / "manifest.json") << manifest.dump(2);
+  };
+  auto resume = [&] {
+    RunRequest request;
+    auto doc = ConfigDoc::parse(config, "test.toml");
+    request.spec = parse_experiment(doc);
+    request.resume_dir = whole.dir;
+    request.quiet = true;
+    return run_experiment(request);
+  };
+  killed_after_two(false);
+  const RunOutcome resumed = resume();
+  REQUIRE(resumed.status == "complete");
+  CHECK(lines_without(read_text(whole.dir / "points_by_sequence.csv"), "seconds") == expected);
+
+  // Kept lines of an older build: their rows are said to be unavailable, not dropped silently.
+  killed_after_two(true);
+  const RunOutcome from_old = resume();
+  const std::string by_sequence = read_text(whole.dir / "points_by_sequence.csv");
+  CHECK(lines_without(by_sequence, "seconds").size() == 1 + 2 * (whole.results.size() - 2));
+  CHECK(has(read_text(whole.dir / "manifest.json"),
+            "points_by_sequence.csv has no rows for 2 measured point(s) (ids 0-1)"));
+  CHECK(from_old.results.size() == whole.results.size());
 }
