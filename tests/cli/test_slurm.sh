@@ -63,12 +63,12 @@ array_env() { env SLURM_ARRAY_TASK_ID="$1" SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TA
   KVBUDGET="$kvb" "${@:2}"; }
 out="$tmp/env"
 for i in 0 2 3; do
-  array_env "$i" bash "$src/scripts/slurm/sweep.sbatch" "$cfg" "$out" "${small[@]}" >"$tmp/env_$i.out" 2>&1 \
+  array_env "$i" bash "$src/scripts/slurm/sweep.sbatch" -n 4 "$cfg" "$out" "${small[@]}" >"$tmp/env_$i.out" 2>&1 \
     || { fail "shard $i exited $?"; cat "$tmp/env_$i.out" >&2; }
 done
 # (A simple command, so that $! is the process: env and sweep.sbatch exec kvbudget.)
 env SLURM_ARRAY_TASK_ID=1 SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TASK_MAX=3 SLURM_ARRAY_TASK_COUNT=4 SLURM_CPUS_PER_TASK=1 \
-  KVBUDGET="$kvb" bash "$src/scripts/slurm/sweep.sbatch" "$cfg" "$out" "${small[@]}" >"$tmp/env_1.out" 2>&1 &
+  KVBUDGET="$kvb" bash "$src/scripts/slurm/sweep.sbatch" -n 4 "$cfg" "$out" "${small[@]}" >"$tmp/env_1.out" 2>&1 &
 victim=$!
 killed=""
 for _ in $(seq 1 6000); do  # up to a minute
@@ -108,7 +108,7 @@ else
   expect "$tmp/merge_early.out" "point(s) in no folder" "merge with an unfinished shard"
   [ ! -e "$tmp/too_early" ] || fail "a refused merge wrote its folder"
   # The task runs again (a requeue): sweep.sbatch finds the folder and resumes it.
-  array_env 1 bash "$src/scripts/slurm/sweep.sbatch" "$cfg" "$out" "${small[@]}" >"$tmp/env_1b.out" 2>&1 \
+  array_env 1 bash "$src/scripts/slurm/sweep.sbatch" -n 4 "$cfg" "$out" "${small[@]}" >"$tmp/env_1b.out" 2>&1 \
     || { fail "resumed shard 1 exited $?"; cat "$tmp/env_1b.out" >&2; }
   expect "$tmp/env_1b.out" "resuming $shard1" "the requeued task"
   expect "$shard1/manifest.json" '"status": "complete"' "the resumed shard's manifest"

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# scripts/slurm/ without a Slurm cluster (quick; test_slurm.sh runs them on a real one):
+# sweep.sbatch run by hand with the variables an array task gets, and submit.sh with a
+# stand-in sbatch that records its arguments.
+#   - A rerun of one shard by hand (`sbatch --array=2 ... sweep.sbatch -n 4`, a one-task
+#     array) runs shard 2 of 4, not the whole sweep; without -n it is refused.
+#   - A finished shard folder is resumed (nothing to run), not skipped on its status; a
+#     folder of another config name is not taken for this shard's; a different config of
+#     the same name is refused by --resume.
+#   - A plot failure on the compute node does not fail the shard (--no-plots: the merge
+#     draws the plots).
+#   - submit.sh passes the shard count to sweep.sbatch and says what to do when a shard
+#     ends in TIMEOUT or FAILED (the merge job is cancelled).
+# $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
+kvb="$1"
+src="$2"
+source "$(dirname "$0")/lib.sh"
+sweep="$src/scripts/slurm/sweep.sbatch"
+
+config() {  # config FILE NAME: 14 points on small synthetic data, plots on
+  cat >"$1" <<TOML
+name = "$2"
+[data.synthetic]
+layers = 1
+q_heads = 2
+head_dim = 32
+tokens = 64
+[[strategy]]
+type = "uniform"
+format = "int{bits}-{mode}-g32"
+[strategy.vars]
+bits = "2..8"
+mode = ["sym", "asym"]
+[output]
+plots = true
+TOML
+}
+config "$tmp/sw.toml" sw
+config "$tmp/other.toml" other
+# An interpreter that cannot plot: a plot step on the compute node would fail the shard.
+export KVB_PYTHON=/bin/false
+# array_task ID MIN MAX COUNT command...: with the variables Slurm sets for an array task.
+array_task() { env SLURM_ARRAY_TASK_ID="$1" SLURM_ARRAY_TASK_MIN="$2" SLURM_ARRAY_TASK_MAX="$3" \
+  SLURM_ARRAY_TASK_COUNT="$4" KVBUDGET="$kvb" "${@:5}"; }
+out="$tmp/out"
+
+# A rerun of shard 2 by hand: a one-task array (--array=2) that is shard 2 of 4.
+array_task 2 2 2 1 bash "$sweep" -n 4 "$tmp/sw.toml" "$out" --quiet >"$tmp/one.out" 2>&1 \
+  || fail "shard 2/4 in a one-task array exited $?: $(cat "$tmp/one.out")"
+shard2=$(ls -d "$out"/shards/sw/*-shard2of4 2>/dev/null)
+[ -n "$shard2" ] || fail "no shard 2 of 4 folder: $(ls -R "$out" 2>&1 | head)"
+[ "$(ls "$out"/shards/sw | grep -v '^latest$' | grep -vc -- '-shard2of4$')" -eq 0 ] \
+  || fail "the one-task array ran something else than shard 2 of 4: $(ls "$out"/shards/sw)"
+rows=$(($(wc -l <"$shard2/points.csv") - 1))
+[ "$rows" -ge 3 ] && [ "$rows" -le 4 ] || fail "shard 2 of 4 of 14 points has $rows points"
+expect "$shard2/manifest.json" '"status": "complete"' "shard 2's manifest (the plots are the merge's)"
+[ ! -d "$shard2/plots" ] || fail "the shard drew plots"
+# Without -n: refused (the count cannot come from a one-task array).
+array_task 2 2 2 1 bash "$sweep" "$tmp/sw.toml" "$out" --quiet >"$tmp/no_n.out" 2>&1
+[ $? -eq 2 ] || fail "sweep.sbatch without -n: expected exit 2"
+expect "$tmp/no_n.out" "-n wants the sweep's number of shards" "sweep.sbatch without -n"
+array_task 5 0 7 8 bash "$sweep" -n 4 "$tmp/sw.toml" "$out" --quiet >"$tmp/big.out" 2>&1
+[ $? -eq 2 ] || fail "array task 5 of -n 4: expected exit 2"
+expect "$tmp/big.out" "array task 5 is not a shard of 4" "array task beyond -n"
+
+# The same task again: its finished folder is resumed (nothing runs), not made anew.
+cp "$shard2/points.csv" "$tmp/points2.csv"
+array_task 2 0 3 4 bash "$sweep" -n 4 "$tmp/sw.toml" "$out" --quiet >"$tmp/again.out" 2>&1 \
+  || fail "shard 2 again exited $?: $(cat "$tmp/again.out")"
+expect "$tmp/again.out" "resuming $shard2" "a finished shard's task run again"
+expect "$shard2/manifest.json" "\"points_resumed\": $rows" "the resumed finished shard"
+[ "$(ls -d "$out"/shards/sw/*-shard2of4* | wc -l)" -eq 1 ] || fail "a finished shard's rerun made a new folder"
+[ "$(numbers "$tmp/points2.csv")" = "$(numbers "$shard2/points.csv")" ] || fail "resuming a finished shard changed it"
+# Another config's shard 2 of 4 in the same OUT: a folder of its own, not this one resumed.
+array_task 2 0 3 4 bash "$sweep" -n 4 "$tmp/other.toml" "$out" --quiet >"$tmp/other.out" 2>&1 \
+  || fail "another config's shard 2 exited $?: $(cat "$tmp/other.out")"
+[ -n "$(ls -d "$out"/shards/other/*-shard2of4 2>/dev/null)" ] || fail "another config's shard resumed this one's folder"
+if grep -q "resuming" "$tmp/other.out"; then fail "another config's shard resumed a folder: $(cat "$tmp/other.out")"; fi
+# The same name with another seed: --resume refuses (a different sweep), exit 2.
+array_task 2 0 3 4 bash "$sweep" -n 4 "$tmp/sw.toml" "$out" --quiet --set seed=7 >"$tmp/seed.out" 2>&1
+[ $? -eq 2 ] || fail "a different config of the same name: expected exit 2"
+expect "$tmp/seed.out" "not the same sweep" "a different config of the same name"
+# --set name=... picks that name's folders.
+array_task 2 0 3 4 bash "$sweep" -n 4 "$tmp/sw.toml" "$out" --quiet --set name=renamed >"$tmp/renamed.out" 2>&1 \
+  || fail "a renamed shard exited $?: $(cat "$tmp/renamed.out")"
+[ -n "$(ls -d "$out"/shards/renamed/*-shard2of4 2>/dev/null)" ] || fail "--set name=renamed: no folder of its own"
+if grep -q "resuming" "$tmp/renamed.out"; then fail "--set name=renamed resumed another name's folder"; fi
+
+# submit.sh with a stand-in sbatch: it records its arguments and prints a job id.
+mkdir -p "$tmp/bin"
+cat >"$tmp/bin/sbatch" <<'SH'
+#!/usr/bin/env bash
+printf '%s\n' "$*" >>"$SBATCH_LOG"
+n=$(wc -l <"$SBATCH_LOG")
+echo "$((100 + n))"
+SH
+chmod +x "$tmp/bin/sbatch"
+PATH="$tmp/bin:$PATH" SBATCH_LOG="$tmp/sbatch.log" KVBUDGET="$kvb" \
+  bash "$src/scripts/slurm/submit.sh" -n 4 "$tmp/sw.toml" "$tmp/sub" --quiet >"$tmp/submit.out" 2>"$tmp/submit.err" \
+  || fail "submit.sh exited $?: $(cat "$tmp/submit.err")"
+[ "$(cat "$tmp/submit.out")" = "101 102" ] || fail "submit.sh printed '$(cat "$tmp/submit.out")', not the two job ids"
+expect "$tmp/sbatch.log" "--array=0-3" "the array job's sbatch"
+expect "$tmp/sbatch.log" "sweep.sbatch -n 4 $tmp/sw.toml $tmp/sub --quiet" "the shard count passed to sweep.sbatch"
+expect "$tmp/sbatch.log" "--dependency=afterok:101" "the merge job's sbatch"
+expect "$tmp/submit.err" "TIMEOUT or FAILED" "submit.sh's message"
+expect "$tmp/submit.err" "cancels merge job 102 (afterok)" "submit.sh's message"
+expect "$tmp/submit.err" "sbatch --array=<i> " "submit.sh's message"
+expect "$tmp/submit.err" "sweep.sbatch -n 4 $tmp/sw.toml $tmp/sub --quiet" "submit.sh's message"
+expect "$tmp/submit.err" "merge.sbatch $tmp/sub" "submit.sh's message"
+
+exit $status
