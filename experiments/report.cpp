@@ -186,6 +186,7 @@ std::string Report::manifest_text(const RunInfo& info) const {
   j["command"] = info.command_line;
   j["status"] = info.status;
   if (!info.signal.empty()) j["signal"] = info.signal;
+  if (!info.error.empty()) j["error"] = info.error;
   j["started"] = info.started_iso;
   j["wall_seconds"] = info.wall_seconds;
   if (!info.phase_seconds.empty()) {

@@ -67,6 +67,9 @@ struct RunInfo {
   std::string command_line;
   std::string status;  // "running", "complete", "interrupted", "failed", "crashed"
   std::string signal;  // the fatal signal of a "crashed" run (experiments/crash_marker.h)
+  // A "failed" run's errors outside any point (the sweep's exception, files not written,
+  // plots), joined by "; "; `kvbudget status` prints it. Empty otherwise.
+  std::string error;
   std::string started_iso;
   double wall_seconds = 0;
   // Wall seconds of the run's phases, in order (manifest.json's `phase_seconds`; README.md):

@@ -75,15 +75,91 @@ Heartbeat::~Heartbeat() {
   thread_.join();
 }
 
+namespace {
+
+// What a manifest key kvbudget reads back must hold.
+enum class ManifestKind { Text, Number, Count, Object, TextList };
+
+struct ManifestKey {
+  const char* key;  // "shard.index": "index" inside "shard"
+  ManifestKind kind;
+};
+
+constexpr ManifestKey kManifestKeysRead[] = {
+    {"status", ManifestKind::Text},
+    {"error", ManifestKind::Text},
+    {"config", ManifestKind::Text},
+    {"config_hash", ManifestKind::Text},
+    {"host", ManifestKind::Text},
+    {"backend", ManifestKind::Text},
+    {"points_total", ManifestKind::Count},
+    {"sweep_points_total", ManifestKind::Count},
+    {"points_resumed", ManifestKind::Count},
+    {"pid", ManifestKind::Number},
+    {"heartbeat_unix", ManifestKind::Number},
+    {"heartbeat_interval_s", ManifestKind::Number},
+    {"wall_seconds", ManifestKind::Number},
+    {"shard", ManifestKind::Object},
+    {"shard.index", ManifestKind::Count},
+    {"shard.count", ManifestKind::Count},
+    {"sequences", ManifestKind::TextList},
+};
+
+// "" when `v` is of `kind`, else what was expected.
+std::string kind_mismatch(const nlohmann::json& v, ManifestKind kind) {
+  switch (kind) {
+    case ManifestKind::Text:
+      return v.is_string() ? "" : "expected a text";
+    case ManifestKind::Number:
+      return v.is_number() ? "" : "expected a number";
+    case ManifestKind::Count:
+      if (!v.is_number()) return "expected a number";
+      return v.is_number_unsigned() ? "" : "expected a whole number, at least 0";
+    case ManifestKind::Object:
+      return v.is_object() ? "" : "expected an object";
+    case ManifestKind::TextList:
+      if (v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& e) { return e.is_string(); }))
+        return "";
+      return "expected a list of texts";
+  }
+  return "";
+}
+
+// Throws kvb::Error naming the file and key when a key kvbudget reads back has another
+// type (a hand-edited or foreign manifest), so that no later read fails with a bare
+// JSON library error.
+void check_manifest_keys(const nlohmann::json& m, const std::filesystem::path& file) {
+  if (!m.is_object()) throw Error(file.string() + ": expected a JSON object, not " + std::string(m.type_name()));
+  for (const ManifestKey& k : kManifestKeysRead) {
+    const std::string key = k.key;
+    const size_t dot = key.find('.');
+    const nlohmann::json* v = &m;
+    if (dot != std::string::npos) {
+      const std::string outer = key.substr(0, dot);
+      if (!m.contains(outer) || !m[outer].is_object()) continue;  // its own entry reports it
+      v = &m[outer];
+    }
+    const std::string inner = dot == std::string::npos ? key : key.substr(dot + 1);
+    if (!v->contains(inner) || (*v)[inner].is_null()) continue;
+    if (const std::string why = kind_mismatch((*v)[inner], k.kind); !why.empty())
+      throw Error(file.string() + ": key '" + key + "': " + why + ", not " + (*v)[inner].dump());
+  }
+}
+
+}  // namespace
+
 nlohmann::json read_manifest(const std::filesystem::path& dir) {
   const std::filesystem::path file = dir / "manifest.json";
   std::ifstream in(file);
   if (!in) throw Error(file.string() + ": missing: " + dir.string() + " is not a kvbudget results folder");
+  nlohmann::json m;
   try {
-    return nlohmann::json::parse(in);
+    m = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw Error(file.string() + ": not JSON: " + e.what());
   }
+  check_manifest_keys(m, file);
+  return m;
 }
 
 Shard manifest_shard(const nlohmann::json& manifest) {
@@ -99,6 +175,7 @@ RunStatus read_run_status(const std::filesystem::path& dir) {
   const nlohmann::json m = read_manifest(dir);
   RunStatus s;
   s.status = m.value("status", std::string("unknown"));
+  s.error = m.value("error", std::string());
   s.running = s.status == "running";
   s.total = m.value("points_total", size_t{0});
   s.sweep_total = m.value("sweep_points_total", s.total);
@@ -145,7 +222,9 @@ std::string describe_run_status(const std::filesystem::path& dir, const RunStatu
     os << "  the run died without a chance to write (kill -9, the out-of-memory killer, a lost node); continue it "
           "with: kvbudget run --resume "
        << dir.string() << "\n";
-  else if (!s.running && s.done < s.total)
+  if (!s.error.empty())  // a failure outside any point: resuming would not help until it is fixed
+    os << "  error: " << s.error << "\n";
+  else if (!s.stale && !s.running && s.done < s.total)
     os << "  unfinished; continue it with: kvbudget run --resume " << dir.string() << "\n";
   return os.str();
 }

@@ -49,7 +49,8 @@ class Heartbeat {
 };
 
 // manifest.json of a results folder; throws kvb::Error naming the file when it is
-// missing or not JSON.
+// missing or not JSON, and naming the key when one kvbudget reads back has another type
+// ("DIR/manifest.json: key 'points_total': expected a number, not \"2\"").
 nlohmann::json read_manifest(const std::filesystem::path& dir);
 
 // The shard a manifest records ("shard": {"index", "count"}; a run without one is 0/1).
@@ -64,6 +65,9 @@ struct RunStatus {
   size_t failed = 0;
   Shard shard;
   size_t sweep_total = 0;  // points of the whole sweep
+  // A failed run's error outside any point (manifest.json's `error`): a file that could
+  // not be written, the data, a device; empty otherwise.
+  std::string error;
 };
 RunStatus read_run_status(const std::filesystem::path& dir);
 // The lines `kvbudget status` prints.

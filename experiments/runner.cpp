@@ -367,6 +367,13 @@ RunOutcome run_experiment(const RunRequest& request) {
     crash_marker.reset();
     info.status = "failed";
     try {
+      throw;
+    } catch (const std::exception& e) {
+      info.error = e.what();
+    } catch (...) {
+      info.error = "an unknown error";
+    }
+    try {
       write_points_files(done_results);
       report.write_manifest(info);
     } catch (...) {  // the error below is the run's
@@ -449,6 +456,9 @@ RunOutcome run_experiment(const RunRequest& request) {
   info.status = out.interrupted ? "interrupted"
                                 : ((failed || !run_errors.empty() || !out.plot_error.empty()) ? "failed" : "complete");
   out.status = info.status;
+  std::vector<std::string> outside_points = run_errors;
+  if (!out.plot_error.empty()) outside_points.push_back("plots not written: " + out.plot_error);
+  if (info.status == "failed") info.error = join(outside_points, "; ");
   attempt("manifest.json", [&] { report.write_manifest(info); });
   if (out.points_lost) {  // the measurements must not be lost with the disk: the caller prints them
     std::vector<PointResult> by_id = results;

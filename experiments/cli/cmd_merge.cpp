@@ -143,6 +143,8 @@ int cmd_merge(const Args& args) {
   if (!plot_error.empty()) errors.push_back("plots not written: " + plot_error);
   manifest["wall_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   manifest["status"] = (failed || !errors.empty()) ? "failed" : "complete";
+  manifest.erase("error");  // a shard's; the merge's own, when any, below
+  if (!errors.empty()) manifest["error"] = join(errors, "; ");
   attempt("manifest.json", [&] { write_file_atomic(report.manifest_path(), manifest.dump(2) + "\n"); });
 
   if (vm.count("json")) {
@@ -206,6 +208,7 @@ int cmd_status(const Args& args) {
                            {"points_failed", s.failed},
                            {"shard", {{"index", s.shard.index}, {"count", s.shard.count}}},
                            {"sweep_points", s.sweep_total},
+                           {"run_error", s.error.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(s.error)},
                            {"error", nullptr}});
       else
         std::printf("%s", describe_run_status(dir, s).c_str());

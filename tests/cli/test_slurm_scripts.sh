@@ -8,7 +8,7 @@
 #     folder of another config name is not taken for this shard's; a different config of
 #     the same name is refused by --resume.
 #   - A plot failure on the compute node does not fail the shard (--no-plots: the merge
-#     draws the plots).
+#     draws the plots); where it does fail a run, the manifest's `error` and `status` say why.
 #   - submit.sh passes the shard count to sweep.sbatch and says what to do when a shard
 #     ends in TIMEOUT or FAILED (the merge job is cancelled).
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
@@ -85,6 +85,16 @@ array_task 2 0 3 4 bash "$sweep" -n 4 "$tmp/sw.toml" "$out" --quiet --set name=r
   || fail "a renamed shard exited $?: $(cat "$tmp/renamed.out")"
 [ -n "$(ls -d "$out"/shards/renamed/*-shard2of4 2>/dev/null)" ] || fail "--set name=renamed: no folder of its own"
 if grep -q "resuming" "$tmp/renamed.out"; then fail "--set name=renamed resumed another name's folder"; fi
+
+# What --no-plots spares a shard: a run that cannot plot fails, and says why (the
+# manifest's `error`, printed by status instead of a resume hint).
+"$kvb" run "$tmp/sw.toml" --quiet --out "$tmp/plotting" >"$tmp/plotting.out" 2>&1
+[ $? -eq 1 ] || fail "a run whose plots fail: expected exit 1"
+plotting=$(ls -d "$tmp"/plotting/sw/2*)
+expect "$plotting/manifest.json" '"error": "plots not written: ' "the failed run's manifest"
+"$kvb" status "$plotting" >"$tmp/plotting_status.out" 2>&1
+expect "$tmp/plotting_status.out" "error: plots not written: " "status of a run whose plots failed"
+if grep -q -- "--resume" "$tmp/plotting_status.out"; then fail "status suggests --resume for a failed plot step"; fi
 
 # submit.sh with a stand-in sbatch: it records its arguments and prints a job id.
 mkdir -p "$tmp/bin"

@@ -335,3 +335,41 @@ TEST_CASE("status: a running manifest whose process is gone is stale; one on ano
   CHECK(s.done == 0);
   CHECK(s.total == 3);
 }
+
+TEST_CASE("manifest.json: a key of the wrong type is an error naming the file and the key") {
+  const std::filesystem::path dir = test::scratch_dir("manifest_types");
+  const std::string file = (dir / "manifest.json").string();
+  auto error_with = [&](const nlohmann::json& m) -> std::string {
+    std::ofstream(dir / "manifest.json") << m.dump(2);
+    try {
+      read_run_status(dir);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(error_with({{"status", "complete"}, {"points_total", "2"}}) ==
+        file + ": key 'points_total': expected a number, not \"2\"");
+  CHECK(error_with({{"status", "complete"}, {"points_total", -1}}) ==
+        file + ": key 'points_total': expected a whole number, at least 0, not -1");
+  CHECK(error_with({{"status", 3}}) == file + ": key 'status': expected a text, not 3");
+  CHECK(error_with({{"shard", {{"index", "1"}, {"count", 4}}}}) ==
+        file + ": key 'shard.index': expected a number, not \"1\"");
+  CHECK(error_with({{"shard", 2}}) == file + ": key 'shard': expected an object, not 2");
+  CHECK(error_with(nlohmann::json::array()) == file + ": expected a JSON object, not array");
+  CHECK(error_with({{"status", "complete"}, {"points_total", 2}}).empty());
+}
+
+TEST_CASE("status: a run that failed outside any point shows its error, not a resume hint") {
+  const std::filesystem::path dir = test::scratch_dir("failed_status");
+  std::ofstream(dir / "manifest.json")
+      << nlohmann::json{{"status", "failed"}, {"points_total", 3}, {"error", "points.csv: cannot be written"}}.dump();
+  const RunStatus s = read_run_status(dir);
+  CHECK(s.error == "points.csv: cannot be written");
+  const std::string text = describe_run_status(dir, s);
+  CHECK(text.find("  error: points.csv: cannot be written\n") != std::string::npos);
+  CHECK(text.find("--resume") == std::string::npos);
+  // Interrupted (no error): the resume hint stays.
+  std::ofstream(dir / "manifest.json") << nlohmann::json{{"status", "interrupted"}, {"points_total", 3}}.dump();
+  CHECK(describe_run_status(dir, read_run_status(dir)).find("kvbudget run --resume") != std::string::npos);
+}
