@@ -214,6 +214,7 @@ std::string Report::manifest_text(const RunInfo& info) const {
   j["sweep_points_total"] = info.sweep_points_total ? info.sweep_points_total : info.points_total;
   j["shard"] = {{"index", info.shard.index}, {"count", info.shard.count}};
   j["points_resumed"] = info.points_resumed;
+  j["plots_in_config"] = info.plots_in_config;
   if (!info.config_hash.empty()) j["config_hash"] = info.config_hash;
   if (!info.data_identity.empty()) j["data_identity"] = info.data_identity;
   j["recording"] = info.recording_summary;

@@ -94,6 +94,7 @@ struct RunInfo {
   // empty for one sequence.
   std::vector<std::string> sequences;
   double heartbeat_interval_s = 0;
+  bool plots_in_config = false;  // RunRequest::plots_in_config
 };
 
 class Report {

@@ -78,7 +78,7 @@ Heartbeat::~Heartbeat() {
 namespace {
 
 // What a manifest key kvbudget reads back must hold.
-enum class ManifestKind { Text, Number, Count, Object, TextList };
+enum class ManifestKind { Text, Number, Count, Bool, Object, TextList };
 
 struct ManifestKey {
   const char* key;  // "shard.index": "index" inside "shard"
@@ -99,6 +99,7 @@ constexpr ManifestKey kManifestKeysRead[] = {
     {"heartbeat_unix", ManifestKind::Number},
     {"heartbeat_interval_s", ManifestKind::Number},
     {"wall_seconds", ManifestKind::Number},
+    {"plots_in_config", ManifestKind::Bool},
     {"shard", ManifestKind::Object},
     {"shard.index", ManifestKind::Count},
     {"shard.count", ManifestKind::Count},
@@ -115,6 +116,8 @@ std::string kind_mismatch(const nlohmann::json& v, ManifestKind kind) {
     case ManifestKind::Count:
       if (!v.is_number()) return "expected a number";
       return v.is_number_unsigned() ? "" : "expected a whole number, at least 0";
+    case ManifestKind::Bool:
+      return v.is_boolean() ? "" : "expected true or false";
     case ManifestKind::Object:
       return v.is_object() ? "" : "expected an object";
     case ManifestKind::TextList:

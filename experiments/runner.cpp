@@ -225,6 +225,10 @@ RunOutcome run_experiment(const RunRequest& request) {
   info.config_hash = config_hash;
   info.data_identity = data_identity;  // in one pass empty (not in the manifest) until every layer was loaded
   info.heartbeat_interval_s = heartbeat_interval_seconds();
+  // A resumed folder keeps its config's wish (its config.toml has --no-plots folded in).
+  info.plots_in_config = resumed && resumed->manifest.contains("plots_in_config")
+                             ? resumed->manifest["plots_in_config"].get<bool>()
+                             : request.plots_in_config.value_or(spec.output.plots);
   // A fatal signal from here on leaves the manifest "crashed" rather than "running"
   // (its texts rendered from `info` as it is now: made again when `info` changes).
   auto make_crash_marker = [&] {

@@ -37,6 +37,10 @@ struct RunRequest {
   std::optional<Shard> shard;        // one part of the points (--shard); nullopt = all or the resumed folder's
   std::filesystem::path resume_dir;  // continue this results folder (--resume); empty = a new folder
   bool quiet = false;                // no progress or status lines on stderr
+  // The config's own output.plots, before --no-plots (manifest.json's `plots_in_config`:
+  // merge draws the plots of shards run with --no-plots when their config asks for
+  // them); nullopt = spec.output.plots.
+  std::optional<bool> plots_in_config;
   // Becomes true (a signal handler, KeyboardInterrupt) to stop the sweep: points not
   // yet started are skipped and everything finished is written.
   const std::atomic<bool>* stop = nullptr;

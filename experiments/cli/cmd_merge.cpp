@@ -62,7 +62,10 @@ int cmd_merge(const Args& args) {
   // The shards' config, as they ran it (after --set and run's options).
   ExperimentSpec spec = load_experiment(first.dir / "config.toml", {});
   if (first.manifest.contains("config")) spec.config_path = first.manifest["config"].get<std::string>();
+  // Shards run with --no-plots (scripts/slurm/sweep.sbatch) leave the plots to the merge
+  // when their config asks for them.
   if (vm.count("no-plots")) spec.output.plots = false;
+  else if (first.manifest.value("plots_in_config", false)) spec.output.plots = true;
   const std::vector<SweepPoint> points = expand_sweep(spec);
   check_point_keys(in, points);
 

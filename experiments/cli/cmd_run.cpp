@@ -102,11 +102,13 @@ int cmd_run(const Args& args) {
   if (!precision.empty()) spec.precision = parse_matmul_precision(precision, "--precision");
   if (!backend.empty() || !precision.empty())
     check_precision_backend(spec.precision, spec.backend, precision.empty() ? "--backend" : "--precision");
+  const bool plots_in_config = spec.output.plots;
   if (vm.count("no-plots")) spec.output.plots = false;
   record_run_options(spec, RunOptionsInConfig{threads, out_dir, backend, vm.count("no-plots") != 0, budgets, precision});
 
   RunRequest request;
   request.spec = std::move(spec);
+  request.plots_in_config = plots_in_config;
   request.command_line = "kvbudget run " + join(args, " ");
   request.shard = shard_option;
   request.resume_dir = resume_dir;

@@ -8,7 +8,8 @@
 #     folder of another config name is not taken for this shard's; a different config of
 #     the same name is refused by --resume.
 #   - A plot failure on the compute node does not fail the shard (--no-plots: the merge
-#     draws the plots); where it does fail a run, the manifest's `error` and `status` say why.
+#     draws the plots the config asks for); where a plot failure does fail a run, the
+#     manifest's `error` and `status` say why.
 #   - submit.sh passes the shard count to sweep.sbatch and says what to do when a shard
 #     ends in TIMEOUT or FAILED (the merge job is cancelled).
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
@@ -85,6 +86,18 @@ array_task 2 0 3 4 bash "$sweep" -n 4 "$tmp/sw.toml" "$out" --quiet --set name=r
   || fail "a renamed shard exited $?: $(cat "$tmp/renamed.out")"
 [ -n "$(ls -d "$out"/shards/renamed/*-shard2of4 2>/dev/null)" ] || fail "--set name=renamed: no folder of its own"
 if grep -q "resuming" "$tmp/renamed.out"; then fail "--set name=renamed resumed another name's folder"; fi
+
+# The other shards, then the merge: it draws the plots the config asks for, which the
+# shards (--no-plots) left to it.
+# (An OUT of its own: merge.sbatch merges every shard folder under OUT/shards.)
+for i in 0 1 2 3; do
+  array_task "$i" 0 3 4 bash "$sweep" -n 4 "$tmp/sw.toml" "$tmp/whole" --quiet >"$tmp/shard$i.out" 2>&1 \
+    || fail "shard $i/4 exited $?: $(cat "$tmp/shard$i.out")"
+done
+env -u KVB_PYTHON KVBUDGET="$kvb" bash "$src/scripts/slurm/merge.sbatch" "$tmp/whole" >"$tmp/merge.out" 2>&1 \
+  || fail "merge.sbatch exited $?: $(cat "$tmp/merge.out")"
+[ -s "$tmp/whole/merged/plots/attn_kl_mean.png" ] || fail "the merge drew no plots for shards run with --no-plots"
+expect "$tmp/whole/merged/manifest.json" '"status": "complete"' "the merged manifest"
 
 # What --no-plots spares a shard: a run that cannot plot fails, and says why (the
 # manifest's `error`, printed by status instead of a resume hint).
