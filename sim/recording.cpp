@@ -9,6 +9,8 @@
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/formats/prerope_format.h"
+#include "sim/reconstruction.h"
 
 namespace kvb {
 
@@ -116,6 +118,25 @@ TensorScan scan_tensor(const Tensor& t) {
 }
 }  // namespace
 
+namespace {
+// validate_layer's RoPE check of layer i's pre-RoPE keys, every KV head; `where` names
+// the layer.
+void check_layer_pre_rope_keys(const Recording& rec, int64_t i, const std::string& where) {
+  const LayerTensors& L = rec.layers[static_cast<size_t>(i)];
+  std::vector<ConstMatView> keys;
+  std::vector<SpanInfo> spans;
+  for (int64_t h = 0; h < rec.kv_heads; ++h) {
+    keys.push_back(ConstMatView{L.key.slice(h), rec.tokens, rec.head_dim, rec.head_dim});
+    spans.push_back(unit_span(rec, i, h, Kind::Key, 0));
+  }
+  check_pre_rope_keys(keys, spans, where, "KV head",
+                      "a wrong RoPE base (the file's metadata rope_theta, else 10000; a config's [data] rope_theta "
+                      "overrides it and the file's scaled rope_inv_freq: give the model's, or leave it out), RoPE "
+                      "scaling without its rope_inv_freq metadata, or key and key_pre_rope not recorded together at "
+                      "positions 0..T-1 (the pre-RoPE keys of other tokens or another layer)");
+}
+}  // namespace
+
 int64_t Recording::full_causal_queries() const {
   int64_t n = tokens;
   for (int64_t w : attention_windows)
@@ -201,7 +222,10 @@ void Recording::validate_layer(int64_t i) const {
   if (score_bound > 1e36)
     throw Error(lw + ": max|query| · max|key| · √head_dim = " + format_double(score_bound) +
                 ": attention scores q·k/√d could overflow fp32 (values this large are not activations)");
+  // An odd head_dim has no rotate-half RoPE (the prerope: formats refuse it): nothing to check.
+  if (rope.applied && !L.key_pre_rope.empty() && head_dim % 2 == 0) check_layer_pre_rope_keys(*this, i, lw);
 }
+
 
 namespace {
 // Keeps the first n rows of dimension 1 of a [H, T, d] tensor.

@@ -96,12 +96,15 @@ struct Recording {
   // Number of K and V elements: 2 * L * kv_heads * T * head_dim.
   int64_t kv_elements() const { return 2 * num_layers() * kv_heads * tokens * head_dim; }
 
-  // Shapes agree across layers, GQA divides, positions/token ids have length T, and
-  // every value is finite. Throws kvb::Error naming the tensor (and index) otherwise.
+  // Shapes agree across layers, GQA divides, positions/token ids have length T, every
+  // value is finite, and RoPE of the pre-RoPE keys gives the keys. Throws kvb::Error
+  // naming the tensor (and index) otherwise.
   void validate() const;
   // validate() in two parts, for a recording whose layers are streamed
   // (sim/layer_stream.h): everything but the layers' tensors, and layer i's tensors
-  // (shapes, finite values, score bound) while it is held.
+  // (shapes, finite values, score bound; for a post-RoPE layer with pre-RoPE keys, that
+  // RoPE with `rope` at `positions` turns key_pre_rope into key in every KV head:
+  // check_pre_rope_keys, sim/formats/prerope_format.h) while it is held.
   void validate_except_layer_tensors() const;
   void validate_layer(int64_t i) const;
   // Keeps the first n tokens (n <= T), e.g. for a quick run on a prefix.

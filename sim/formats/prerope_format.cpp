@@ -1,6 +1,8 @@
 #include "sim/formats/prerope_format.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "sim/core/error.h"
@@ -48,14 +50,100 @@ int64_t PreRopeFormat::roundtrip_grown(ConstMatView x, int64_t m, MatView out, c
   return first;
 }
 
-void PreRopeFormat::reapply_rope(const SpanInfo& span, int64_t r0, int64_t r1, MatView out) const {
+RopeTable span_rope_table(const SpanInfo& span, int64_t r0, int64_t r1, int64_t head_dim) {
   // Exactly as the recording's keys were rotated (sim/core/rope.h, Hugging Face's fp32
   // arithmetic); each row's angles from its own position only.
   std::vector<int64_t> positions(static_cast<size_t>(r1 - r0));
   for (int64_t r = r0; r < r1; ++r) positions[r - r0] = span.positions ? span.positions[r] : span.first_token + r;
-  const RopeTable table = span.rope_inv_freq ? make_rope_table(r1 - r0, positions.data(), *span.rope_inv_freq)
-                                             : make_rope_table(r1 - r0, out.cols, positions.data(), span.rope_theta);
+  return span.rope_inv_freq ? make_rope_table(r1 - r0, positions.data(), *span.rope_inv_freq)
+                            : make_rope_table(r1 - r0, head_dim, positions.data(), span.rope_theta);
+}
+
+void PreRopeFormat::reapply_rope(const SpanInfo& span, int64_t r0, int64_t r1, MatView out) const {
+  const RopeTable table = span_rope_table(span, r0, r1, out.cols);
   for (int64_t r = r0; r < r1; ++r) apply_rope_row(out.row(r), table, r - r0);
+}
+
+namespace {
+
+// ||RoPE(pre) − key||₂ / ||key||₂ over the span's rows (table: span_rope_table of them);
+// 0 when both are zero, infinite when only the keys are.
+double pre_rope_key_error(ConstMatView key, const SpanInfo& span, const RopeTable& table) {
+  std::vector<float> rotated(static_cast<size_t>(key.cols));
+  double diff2 = 0, norm2 = 0;
+  for (int64_t r = 0; r < key.rows; ++r) {
+    const float* pre = span.key_pre_rope + r * span.key_pre_rope_stride;
+    std::copy(pre, pre + key.cols, rotated.begin());
+    apply_rope_row(rotated.data(), table, r);
+    const float* k = key.row(r);
+    for (int64_t c = 0; c < key.cols; ++c) {
+      const double e = static_cast<double>(rotated[static_cast<size_t>(c)]) - k[c];
+      diff2 += e * e;
+      norm2 += static_cast<double>(k[c]) * k[c];
+    }
+  }
+  if (norm2 > 0) return std::sqrt(diff2 / norm2);
+  return diff2 > 0 ? INFINITY : 0.0;
+}
+
+// printf's %g with `digits` significant digits: 500000, 1e+10, 1.04, 0.000296.
+std::string format_g(double v, int digits) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
+
+// "theta 500000", or with the scaled inverse frequencies the recording carries.
+std::string rope_description(const SpanInfo& span) {
+  return "theta " + format_g(span.rope_theta, 9) +
+         (span.rope_inv_freq ? " with the recording's scaled inverse frequencies (rope_inv_freq: RoPE scaling)" : "");
+}
+
+std::string positions_description(const SpanInfo& span, int64_t rows) {
+  const int64_t first = span.positions ? span.positions[0] : span.first_token;
+  const int64_t last = span.positions ? span.positions[rows - 1] : span.first_token + rows - 1;
+  return std::to_string(first) + ".." + std::to_string(last);
+}
+
+}  // namespace
+
+void check_pre_rope_keys(const std::vector<ConstMatView>& keys, const std::vector<SpanInfo>& spans,
+                         const std::string& where, const std::string& unit, const std::string& causes) {
+  if (keys.size() != spans.size()) throw Error("internal: check_pre_rope_keys: keys and spans differ in number");
+  double worst = -1;
+  size_t worst_span = 0;
+  RopeTable table;
+  const SpanInfo* table_of = nullptr;  // the span whose rows and positions `table` holds
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const ConstMatView& key = keys[i];
+    const SpanInfo& span = spans[i];
+    if (key.rows == 0) continue;
+    if (!span.key_pre_rope) throw Error("internal: check_pre_rope_keys: a span without pre-RoPE keys");
+    if (key.cols % 2 != 0)
+      throw Error(where + ": has pre-RoPE keys but an odd head_dim (" + std::to_string(key.cols) +
+                  "): RoPE (rotate_half) pairs channel i with i + head_dim/2, so these keys cannot be the pre-RoPE "
+                  "versions of post-RoPE keys");
+    const bool same_rotation = table_of && table.tokens == key.rows && table_of->positions == span.positions &&
+                               (span.positions || table_of->first_token == span.first_token) &&
+                               table_of->rope_theta == span.rope_theta && table_of->rope_inv_freq == span.rope_inv_freq;
+    if (!same_rotation) {
+      table = span_rope_table(span, 0, key.rows, key.cols);
+      table_of = &span;
+    }
+    const double error = pre_rope_key_error(key, span, table);
+    if (!(error <= worst)) {  // NaN cannot arise (finite inputs), infinity can
+      worst = error;
+      worst_span = i;
+    }
+  }
+  if (!(worst > kPreRopeKeyTolerance)) return;
+  const SpanInfo& span = spans[worst_span];
+  throw Error(where + ": RoPE (" + rope_description(span) + ", positions " +
+              positions_description(span, keys[worst_span].rows) +
+              ") of the pre-RoPE keys does not give the post-RoPE keys: relative L2 error " + format_g(worst, 3) +
+              " at " + unit + " " + std::to_string(span.kv_head) + " (the worst of " + std::to_string(keys.size()) +
+              "; fp16/bf16 rounding stays below " + format_g(kPreRopeKeyTolerance, 3) +
+              "), so prerope: formats would re-apply another rotation than the model's. Likely: " + causes);
 }
 
 void PreRopeFormat::encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const {

@@ -12,7 +12,9 @@
 // no pre-RoPE keys or its keys are not post-RoPE.
 #pragma once
 #include <string>
+#include <vector>
 
+#include "sim/core/rope.h"
 #include "sim/formats/format.h"
 
 namespace kvb {
@@ -20,6 +22,31 @@ namespace kvb {
 // RoPE of one head_dim row x at an integer position, in place (sim/core/rope.h:
 // rotate_half pairs (i, i + d/2), Hugging Face's fp32 arithmetic).
 void rope_rotate_row(float* x, int64_t d, double position, double theta);
+
+// The rotation reapply_rope gives rows [r0, r1) of `span`: each row at its position
+// (span.positions[r], else span.first_token + r), with the span's scaled inverse
+// frequencies when it has them, else theta^(-2i/head_dim).
+RopeTable span_rope_table(const SpanInfo& span, int64_t r0, int64_t r1, int64_t head_dim);
+
+// The largest relative L2 error ||RoPE(key_pre_rope) − key||₂ / ||key||₂ of one span (one
+// layer's KV head in a recording) that check_pre_rope_keys accepts. Rounding alone stays
+// well below it: the committed recordings (F16, fp32 RoPE) give at most 3.1e-4; a model
+// computing RoPE in bf16 (cos, sin and the products rounded) stored as BF16 gives
+// ~2.5e-3. A wrong theta or keys from other positions give ~0.1 to 1.4 (500000 read as
+// 10000: 1.2; spans that restart at position 0 mid-sequence: 0.7). TorchRecorder checks
+// its captures with the same bound.
+inline constexpr double kPreRopeKeyTolerance = 2e-2;
+
+// Checks that RoPE as the prerope: formats re-apply it (span_rope_table: the span's
+// positions, theta or scaled frequencies) turns each span's pre-RoPE keys
+// (spans[i].key_pre_rope, keys[i].rows x keys[i].cols) into its post-RoPE keys keys[i].
+// Throws kvb::Error when a span's relative L2 error exceeds kPreRopeKeyTolerance, or the
+// head_dim is odd (rotate-half RoPE pairs channels i and i + head_dim/2): the message
+// names `where`, the worst span (`unit` and its kv_head, e.g. "KV head 1"), the theta (and
+// the scaling), the error, and `causes` (what to check, in the caller's terms). Spans with
+// the same rows, positions and frequencies share one cos/sin table.
+void check_pre_rope_keys(const std::vector<ConstMatView>& keys, const std::vector<SpanInfo>& spans,
+                         const std::string& where, const std::string& unit, const std::string& causes);
 
 class PreRopeFormat final : public Format {
  public:

@@ -476,7 +476,7 @@ RecordingFileLayers::RecordingFileLayers(const RecordingSpec& spec) : state_(std
   rec.metadata = s.file.store->metadata();
   // The dimensions, from the first layer (read once here, then dropped), and what every
   // layer holds (load_recording requires the same tensors of each).
-  const LayerTensors first = read_layer(s.file, spec, s.file.layers.front(), rec);
+  LayerTensors first = read_layer(s.file, spec, s.file.layers.front(), rec);
   rec.streamed_extras = Recording::HeldExtras{!first.key_pre_rope.empty(), !first.attn_output.empty()};
   for (int l : s.file.layers) {
     rec.layers.emplace_back();
@@ -496,6 +496,18 @@ RecordingFileLayers::RecordingFileLayers(const RecordingSpec& spec) : state_(std
     rec.tokens = spec.max_tokens;
   }
   rec.validate_except_layer_tensors();
+  // The first layer's values too, while it is here (Recording::validate_layer: finite,
+  // the score bound, RoPE of the pre-RoPE keys against the keys), so that a wrong
+  // rope_theta is refused before a streamed run writes anything (the other layers are
+  // checked when held).
+  Recording one = s.shapes;
+  one.name = rec.name;
+  one.source = rec.source;
+  one.rope = rec.rope;
+  one.layers[0] = std::move(first);
+  if (spec.max_tokens > 0) one.truncate_tokens(spec.max_tokens);
+  one.positions = rec.positions;
+  one.validate_layer(0);
 }
 
 RecordingFileLayers::~RecordingFileLayers() = default;

@@ -192,3 +192,56 @@ TEST_CASE("prerope: a recording without pre-RoPE keys is an error naming the for
   CHECK_THROWS_WITH_AS(make_format("outliers1%:prerope:int4-asym-g32"),
                        doctest::Contains("put prerope: outermost, e.g. prerope:outliers1%:int4-asym-g32"), ConfigError);
 }
+
+TEST_CASE("check_pre_rope_keys: RoPE of the pre-RoPE keys must give the keys, else an error names the span") {
+  const int64_t T = 40, d = 32;
+  const Recording rec = rope_recording(T, d, true);  // theta 500000, positions 3, 5, ..
+  const ConstMatView key{rec.layers[0].key.ptr(), T, d, d};
+  SpanInfo span = unit_span(rec, 0, 0, Kind::Key, 0);
+  CHECK_NOTHROW(check_pre_rope_keys({key}, {span}, "rec", "KV head", "causes"));
+  // fp16 rounding of the keys stays far inside the tolerance.
+  std::vector<float> rounded(rec.layers[0].key.data.begin(), rec.layers[0].key.data.begin() + T * d);
+  for (float& x : rounded) x = round_to_f16(x);
+  CHECK_NOTHROW(check_pre_rope_keys({ConstMatView{rounded.data(), T, d, d}}, {span}, "rec", "KV head", "causes"));
+
+  auto error = [&](const SpanInfo& s, ConstMatView k = {}) {
+    try {
+      check_pre_rope_keys({k.data ? k : key}, {s}, "rec 'x' layer 3", "KV head", "the causes");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  SpanInfo wrong_theta = span;
+  wrong_theta.rope_theta = 10000.0;
+  const std::string msg = error(wrong_theta);
+  CHECK(doctest::String(msg.c_str()) ==
+        doctest::Contains("rec 'x' layer 3: RoPE (theta 10000, positions 3..81) of the pre-RoPE keys does not give "
+                          "the post-RoPE keys: relative L2 error "));
+  CHECK(doctest::String(msg.c_str()) == doctest::Contains("at KV head 0 (the worst of 1"));
+  CHECK(doctest::String(msg.c_str()) == doctest::Contains("Likely: the causes"));
+  // Rows at other positions (first_token.. when the span has no positions).
+  CHECK(error(span_from(span, 0)).empty());
+  SpanInfo shifted = span;
+  shifted.positions = nullptr;
+  shifted.first_token = 5;
+  CHECK(doctest::String(error(shifted).c_str()) == doctest::Contains("positions 5..44"));
+
+  // Scaled inverse frequencies (RoPE scaling) are the rotation when the span has them.
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i)  // the faster half slowed 8x, as linear scaling would
+    inv_freq[static_cast<size_t>(i)] = rope_inv_freq(i, d, 500000.0) / (i < d / 4 ? 8.0f : 1.0f);
+  std::vector<float> scaled(rec.layers[0].key_pre_rope.ptr(), rec.layers[0].key_pre_rope.ptr() + T * d);
+  apply_rope(scaled.data(), make_rope_table(T, rec.positions.data(), inv_freq));
+  const ConstMatView scaled_key{scaled.data(), T, d, d};
+  SpanInfo with_scaling = span;
+  with_scaling.rope_inv_freq = &inv_freq;
+  CHECK(error(with_scaling, scaled_key).empty());
+  CHECK(doctest::String(error(span, scaled_key).c_str()) == doctest::Contains("RoPE (theta 500000, positions"));
+  CHECK(doctest::String(error(with_scaling).c_str()) ==
+        doctest::Contains("theta 500000 with the recording's scaled inverse frequencies"));
+
+  // An odd head_dim has no rotate-half RoPE.
+  CHECK(doctest::String(error(span, ConstMatView{key.data, T, d - 1, d}).c_str()) ==
+        doctest::Contains("odd head_dim (31)"));
+}

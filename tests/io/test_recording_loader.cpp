@@ -1,10 +1,12 @@
 // load_recording: the bundled Hugging Face recordings (including the check that
 // attention recomputed from their query/key/value reproduces the attn_output Hugging
 // Face wrote), layouts, formats, RoPE marking, token ids, and every error case.
+#include <algorithm>
 #include <cmath>
 
 #include "io_test_files.h"
 #include "sim/core/error.h"
+#include "sim/core/rope.h"
 #include "sim/metrics/attention.h"
 #include "sim/recording.h"
 
@@ -309,6 +311,80 @@ TEST_CASE("fixture: recomputed attention matches Hugging Face's attn_output with
     // Negative control: query head 1 against the wrong KV head is far outside the tolerance.
     const int64_t wrong = rec.kv_heads == rec.q_heads ? 2 : rec.kv_head_of(1) + 1;
     CHECK(head_error(rec.layers[0], 1, wrong, nullptr) > 100 * kRelTol);
+  }
+}
+
+// ---- pre-RoPE keys against post-RoPE keys ---------------------------------------------
+
+namespace {
+// One layer, 4 query / 2 KV heads, 16 tokens, head_dim 8: key = RoPE(key_pre_rope) at
+// positions first_position.. with theta (sim/core/rope.h, the prerope: formats' rotation).
+std::vector<RawTensor> rope_recording(double theta, int64_t first_position = 0) {
+  const int64_t Hq = 4, Hkv = 2, T = 16, d = 8;
+  const std::vector<float> pre = random_normal(static_cast<size_t>(Hkv * T * d), 31);
+  std::vector<float> key = pre;
+  std::vector<int64_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = first_position + t;
+  for (int64_t h = 0; h < Hkv; ++h) apply_rope(key.data() + h * T * d, T, d, positions.data(), theta);
+  return {f32_tensor("layers.0.query", {Hq, T, d}, random_normal(static_cast<size_t>(Hq * T * d), 32)),
+          f32_tensor("layers.0.key", {Hkv, T, d}, key),
+          f32_tensor("layers.0.value", {Hkv, T, d}, random_normal(static_cast<size_t>(Hkv * T * d), 33)),
+          f32_tensor("layers.0.key_pre_rope", {Hkv, T, d}, pre)};
+}
+}  // namespace
+
+TEST_CASE("pre-RoPE keys: RoPE of key_pre_rope at the recording's theta and positions must give key") {
+  const fs::path dir = scratch_dir("rec_rope_check");
+  const std::vector<RawTensor> ts = rope_recording(500000.0);
+  // The file's theta agrees: it loads.
+  CHECK(load_recording(spec_for(write_tiny(dir, "right.safetensors", ts, {{"rope_theta", "500000"}}))).rope.theta ==
+        500000.0);
+  // No theta in the metadata: the default 10000 is wrong for these keys.
+  const fs::path no_theta = write_tiny(dir, "no_theta.safetensors", ts);
+  std::string msg = error_of([&] { load_recording(spec_for(no_theta)); });
+  CHECK(has(msg, "no_theta.safetensors"));
+  CHECK(has(msg, "layer 0: RoPE (theta 10000, positions 0..15) of the pre-RoPE keys does not give the post-RoPE keys"));
+  CHECK(has(msg, "relative L2 error "));
+  CHECK(has(msg, "at KV head "));
+  CHECK(has(msg, "a wrong RoPE base (the file's metadata rope_theta, else 10000; a config's [data] rope_theta"));
+  CHECK(has(msg, "not recorded together at positions 0..T-1"));
+  // [data] rope_theta names the right base: it loads; a wrong one is refused.
+  RecordingSpec given = spec_for(no_theta);
+  given.rope_theta = 500000.0;
+  CHECK(load_recording(given).rope.theta == 500000.0);
+  given.rope_theta = 1e6;
+  CHECK(has(error_of([&] { load_recording(given); }), "RoPE (theta 1000000, positions 0..15)"));
+  // The right theta, but keys rotated at positions 3..18 (not the recording's 0..15).
+  const std::map<std::string, std::string> theta = {{"rope_theta", "500000"}};
+  const fs::path shifted = write_tiny(dir, "shifted.safetensors", rope_recording(500000.0, 3), theta);
+  msg = error_of([&] { load_recording(spec_for(shifted)); });
+  CHECK(has(msg, "shifted.safetensors"));
+  CHECK(has(msg, "does not give the post-RoPE keys"));
+  // Keys from another layer's or head's pre-RoPE keys: the other KV head's swapped in.
+  std::vector<RawTensor> swapped = rope_recording(500000.0);
+  RawTensor& pre = *find(swapped, "layers.0.key_pre_rope");
+  const size_t head_bytes = pre.bytes.size() / 2;
+  std::rotate(pre.bytes.begin(), pre.bytes.begin() + static_cast<std::ptrdiff_t>(head_bytes), pre.bytes.end());
+  CHECK(has(error_of([&] { load_recording(spec_for(write_tiny(dir, "swapped.safetensors", swapped, theta))); }),
+            "does not give the post-RoPE keys"));
+}
+
+TEST_CASE("pre-RoPE keys: the bundled recordings pass the check, a wrong theta is refused") {
+  // Their keys are F16: RoPE of key_pre_rope gives key to ~3e-4 (kPreRopeKeyTolerance 2e-2).
+  for (const std::string model : {"llama-bytes", "reasoning-bytes"}) {
+    CAPTURE(model);
+    RecordingSpec s = slice_spec(model);
+    CHECK(load_recording(s).has_pre_rope_keys());
+    s.rope_theta = 500000.0;  // the reviewers' repro: the slice with a wrong base
+    const std::string msg = error_of([&] { load_recording(s); });
+    CHECK(has(msg, model + "-record-slice.safetensors"));
+    CHECK(has(msg, "layer 0: RoPE (theta 500000, positions 0..127)"));
+  }
+  for (const std::string model : {"llama-bytes", "reasoning-bytes"}) {
+    const fs::path p = data_dir() / "records" / (model + "-record.safetensors");
+    CAPTURE(p);
+    if (!fs::exists(p)) continue;  // made by the build (data/CMakeLists.txt)
+    CHECK(load_recording(spec_for(p)).has_pre_rope_keys());
   }
 }
 

@@ -541,9 +541,12 @@ TEST_CASE("prerope formats rotate back with the model's own (scaled) RoPE freque
     CHECK(find_metric("k_rel_mse")->compute(stats) < 1e-12);
     CHECK(find_metric("attn_kl_max")->compute(stats) < 1e-9);
   }
-  // A theta given by the config means unscaled RoPE: the file's frequencies are not used.
+  // A theta given by the config means unscaled RoPE: the file's frequencies are not used,
+  // so the keys (rotated with the scaled ones) are refused, naming that cause.
   spec.rope_theta = 10000.0;
-  CHECK(load_recording(spec).rope.inv_freq.empty());
+  const std::string unscaled = error_of([&] { load_recording(spec); });
+  CHECK(has(unscaled, "layer 0: RoPE (theta 10000, positions 0..39) of the pre-RoPE keys does not give"));
+  CHECK(has(unscaled, "[data] rope_theta overrides it and the file's scaled rope_inv_freq"));
   // A malformed rope_inv_freq is named.
   write_recording(file, rec, DType::F32, {{"rope_inv_freq", "0.5,x"}});
   spec.rope_theta.reset();
