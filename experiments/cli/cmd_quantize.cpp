@@ -19,6 +19,7 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,7 @@
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/core/tensor.h"
+#include "sim/formats/prerope_format.h"
 #include "sim/formats/registry.h"
 #include "sim/io/tensor_store.h"
 #include "sim/io/tensor_writer.h"
@@ -74,6 +76,25 @@ std::string kind_of_tensor_name(const std::string& name) {
   const size_t cut = name.find_last_of("./");
   const std::string last = cut == std::string::npos ? name : name.substr(cut + 1);
   return last.ends_with("value") || last.ends_with("values") ? "value" : "key";
+}
+
+// Each span of rows_per_span rows (positions 0..R-1, see quantize_tensor) of the
+// pre-RoPE keys must turn into x's rows under RoPE with --rope-theta (or the file's
+// RoPE): else a prerope: format re-applies another rotation than the keys had.
+void check_tensor_pre_rope_keys(const Tensor& x, const Tensor& pre_rope, int64_t rows_per_span,
+                                const SpanSource& source, const std::string& pre_rope_name) {
+  const int64_t d = x.shape.back(), rows = x.numel() / d;
+  std::vector<ConstMatView> keys;
+  std::vector<SpanInfo> spans;
+  for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
+    keys.push_back(ConstMatView{x.ptr() + r0 * d, std::min(rows_per_span, rows - r0), d, d});
+    spans.push_back(unit_span(source, 0, s, Kind::Key, 0, pre_rope.ptr() + r0 * d, d));
+  }
+  check_pre_rope_keys(keys, spans, std::string(source.name) + " with --pre-rope " + pre_rope_name, "span",
+                      "a wrong --rope-theta (default: the file's rope_theta metadata, else 10000; give the model's), "
+                      "or spans whose rows are not positions 0.." + std::to_string(rows_per_span - 1) +
+                      " (--rows-per-span " + std::to_string(rows_per_span) +
+                      ": each span restarts at position 0; give the tensor's tokens per head, the default)");
 }
 
 }  // namespace
@@ -198,6 +219,8 @@ int cmd_quantize(const Args& args) {
     throw ConfigError("--rope-theta needs --pre-rope (the tensor of pre-RoPE keys)");
   }
   if (rows_per_span <= 0) rows_per_span = rows;
+  if (!pre_rope_tensor.empty() && kind == "key")
+    check_tensor_pre_rope_keys(x, pre_rope, rows_per_span, source, pre_rope_tensor);
   const TensorQuantization r = quantize_tensor(x, *f, rows_per_span, kind == "key" ? Kind::Key : Kind::Value, seed,
                                                source, pre_rope_tensor.empty() ? nullptr : &pre_rope);
 

@@ -106,6 +106,21 @@ check "layers.0.key is keys" "[ $? -eq 0 ] && grep -q \"kind          key (from 
 "$KVB" quantize "$REC" -t layers.0.key -f prerope:int4-asym-g32 --pre-rope layers.0.key_pre_rope --rope-theta=-5 \
   > /dev/null 2> "$DIR/err.txt"
 check "a non-positive --rope-theta is refused" "[ $? -eq 2 ] && grep -q 'rope-theta must be a finite number > 0' '$DIR/err.txt'"
+# The pre-RoPE keys must rotate into the keys (check_pre_rope_keys): a wrong theta, or
+# spans that restart at position 0 mid-sequence, are refused instead of giving a wrong error.
+"$KVB" quantize "$REC" -t layers.0.key -f prerope:int8-asym-g32 --pre-rope layers.0.key_pre_rope --rope-theta 500000 \
+  > /dev/null 2> "$DIR/err.txt"
+check "a wrong --rope-theta is refused, naming theta, error and causes" \
+  "[ $? -eq 1 ] && grep -q 'RoPE (theta 500000, positions 0..511) of the pre-RoPE keys does not give the post-RoPE keys' \
+    '$DIR/err.txt' && grep -q 'a wrong --rope-theta' '$DIR/err.txt'"
+"$KVB" quantize "$REC" -t layers.0.key -f prerope:int8-asym-g32 --pre-rope layers.0.key_pre_rope --rows-per-span 64 \
+  > /dev/null 2> "$DIR/err.txt"
+check "--rows-per-span that restarts positions mid-sequence is refused" \
+  "[ $? -eq 1 ] && grep -q 'positions 0..63) of the pre-RoPE keys' '$DIR/err.txt' \
+    && grep -q -- '--rows-per-span 64' '$DIR/err.txt'"
+"$KVB" quantize "$REC" -t layers.0.key -f prerope:int8-asym-g32 --pre-rope layers.0.key_pre_rope --rope-theta 10000 \
+  > /dev/null 2> "$DIR/err.txt"
+check "the right --rope-theta passes" "[ $? -eq 0 ]"
 
 # Seeds follow the config's rule (`--set seed=-1` is refused): -1 is not 2^64 - 1.
 "$KVB" quantize "$DIR/k.npy" -f turboquant-3 --seed -1 > /dev/null 2> "$DIR/err.txt"

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import kvbudget
+from kvbudget.torch_recorder import rope_rotate
 
 SOURCE = Path(__file__).resolve().parents[2]
 KVB = os.environ.get("KVB_BINARY", str(SOURCE / "build" / "kvbudget"))
@@ -59,12 +60,21 @@ def test_formats_is_the_cli_table():
     assert table.loc[table["name"] == "q4_0", "bpe"].item() == pytest.approx(4.5)
 
 
+def rope_of_rows(x, theta=10000.0):
+    """RoPE of x's rows (the last axis) as one span: positions 0..rows-1, what quantize
+    re-applies for pre_rope= (float32, x's shape)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    return rope_rotate(x.reshape(1, -1, d), inv_freq).reshape(x.shape)
+
+
 def test_every_format_round_trips_through_quantize():
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((2, 64, 64)).astype(np.float32)
+    pre = rng.standard_normal((2, 64, 64)).astype(np.float32)
+    post = rope_of_rows(pre)  # the keys whose pre-RoPE keys are `pre` (one span of 128 rows)
     table = kvbudget.formats(head_dim=64, tokens=128)
     for row in table.itertuples():
-        pre_rope = x if row.canonical.startswith("prerope:") else None
+        x, pre_rope = (post, pre) if row.canonical.startswith("prerope:") else (pre, None)
         q = kvbudget.quantize(x, row.name, rows_per_span=128, pre_rope=pre_rope)
         assert q.values.shape == x.shape and q.values.dtype == x.dtype, row.name
         assert np.isfinite(q.values).all(), row.name
@@ -75,6 +85,20 @@ def test_every_format_round_trips_through_quantize():
         assert q.codes.dtype == np.uint8 and q.codes.size == (q.code_bits + 7) // 8 > 0, row.name
         again = kvbudget.quantize(x, row.name, rows_per_span=128, pre_rope=pre_rope)
         assert np.array_equal(again.values, q.values) and np.array_equal(again.codes, q.codes), row.name
+
+
+def test_quantize_refuses_pre_rope_keys_that_do_not_rotate_into_the_keys():
+    rng = np.random.default_rng(5)
+    pre = rng.standard_normal((1, 128, 64)).astype(np.float32)
+    post = rope_of_rows(pre, theta=500000.0)
+    q = kvbudget.quantize(post, "prerope:keep-fp32", pre_rope=pre, rope_theta=500000.0)
+    assert q.relative_mse < 1e-10
+    with pytest.raises(kvbudget.Error, match=r"RoPE \(theta 10000, positions 0..127\) .* relative L2 error"):
+        kvbudget.quantize(post, "prerope:int8-asym-g32", pre_rope=pre)  # the default rope_theta
+    with pytest.raises(kvbudget.Error, match=r"positions 0..63\) .*rows_per_span=64"):
+        kvbudget.quantize(post, "prerope:int8-asym-g32", pre_rope=pre, rope_theta=500000.0, rows_per_span=64)
+    # Values are not rotated: no check.
+    kvbudget.quantize(post, "prerope:int8-asym-g32", kind="value", pre_rope=pre)
 
 
 def test_quantize_keeps_dtype_and_matches_the_cli(tmp_path):
