@@ -18,6 +18,7 @@
 #include "sim/core/background_queue.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
+#include "sim/formats/prerope_format.h"
 #include "sim/layer_stream.h"
 #include "sim/measurer.h"
 #include "sim/model/layer_selection.h"
@@ -216,8 +217,46 @@ std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
 
 namespace {
 
-// A point's plan on `rec`, checked (Plan::check, the declared columns); throws what
-// a point that cannot run throws. `measurer_for`: the planning backend's measurers.
+// Whether the recording's layers carry pre-RoPE keys, also for a streamed recording
+// whose layers are not held (its skeleton says what they hold).
+bool records_pre_rope_keys(const Recording& rec) {
+  return rec.streamed_extras ? rec.streamed_extras->key_pre_rope : rec.has_pre_rope_keys();
+}
+
+// Why the plan cannot run on `rec` because a key format (segment or window) quantizes
+// the pre-RoPE keys (prerope:) and `rec` has none, or no RoPE; empty when it can. The
+// format would throw the same while the point runs, after other points ran.
+std::string pre_rope_keys_missing(const Plan& plan, const Recording& rec) {
+  const bool has_keys = records_pre_rope_keys(rec);
+  if (rec.rope.applied && has_keys) return {};
+  auto reason = [&](const Format& f, const char* where) -> std::string {
+    if (!f.reads_pre_rope_keys()) return {};
+    const auto* prerope = dynamic_cast<const PreRopeFormat*>(&f);
+    const std::string inner = prerope ? prerope->inner()->name() : "";
+    const std::string head =
+        std::string(where) + " format " + f.name() + " quantizes keys before RoPE, but recording '" + rec.name + "' ";
+    if (!rec.rope.applied)
+      return head + "has no RoPE (its keys are not rotated), so there is nothing to quantize before RoPE" +
+             (prerope ? "; use '" + inner + "'" : "");
+    return head + "has no pre-RoPE keys (key_pre_rope); record them (kvbudget record keeps them)" +
+           (prerope ? ", or use '" + inner + "' on the post-RoPE keys" : "");
+  };
+  for (int64_t l = 0; l < plan.layers(); ++l)
+    for (int64_t g = 0; g < plan.kv_heads(); ++g) {
+      const UnitPlan& u = plan.unit(l, g, Kind::Key);
+      for (const Segment& s : u.segments)
+        if (s.format)
+          if (std::string bad = reason(*s.format, "key"); !bad.empty())
+            return "layer " + std::to_string(l) + " kv_head " + std::to_string(g) + ": " + bad;
+      if (u.window.active() && u.window.format)
+        if (std::string bad = reason(*u.window.format, "key window"); !bad.empty())
+          return "layer " + std::to_string(l) + " kv_head " + std::to_string(g) + ": " + bad;
+    }
+  return {};
+}
+
+// A point's plan on `rec`, checked (Plan::check, pre-RoPE keys for prerope: formats, the
+// declared columns); throws what a point that cannot run throws. `measurer_for`: the planning backend's measurers.
 Plan build_point_plan(const ExperimentSpec& spec, const Recording& rec, const SweepPoint& point,
                       const Strategy& strategy, RecordingStats& stats, const MeasurerFor* measurer_for) {
   const CalibrationResolver calibration = calibration_resolver(spec, rec);
@@ -234,6 +273,7 @@ Plan build_point_plan(const ExperimentSpec& spec, const Recording& rec, const Sw
   }
   const std::string bad = plan.check();
   if (!bad.empty()) throw Error(bad);
+  if (const std::string missing = pre_rope_keys_missing(plan, rec); !missing.empty()) throw Error(missing);
   require_declared_columns(plan, point.type);
   return plan;
 }

@@ -208,6 +208,37 @@ TEST_CASE("check_plans: an allocation that gives every unit one width is a warni
   CHECK(check.warnings[0].find("K:int2-asym-g32 V:int2-asym-g32") != std::string::npos);
 }
 
+TEST_CASE("check_plans: a prerope: format on a recording without pre-RoPE keys refuses the run up front") {
+  const fs::path out = test::scratch_dir("runner_prerope");
+  const std::vector<std::string> prerope = {"strategy.0.format=prerope:int{bits}-{mode}-g{group}",
+                                            "output.plots=false"};
+  // gpt2-bytes has no RoPE: every point fails the check, as a group that does not divide.
+  RunRequest request = quickstart_request(out, prerope);
+  const std::vector<SweepPoint> points = expand_sweep(request.spec);
+  PlanCheck check = check_plans(request.spec, build_recording(request.spec.data), points);
+  REQUIRE(check.errors.size() == points.size());
+  CHECK(check.errors[0].find("format prerope:int3-") != std::string::npos);
+  CHECK(check.errors[0].find("recording 'gpt2-bytes-record' has no RoPE") != std::string::npos);
+  CHECK(check.errors[0].find("nothing to quantize before RoPE; use 'int3-") != std::string::npos);
+  // Marked post-RoPE ([data] rope_theta) it has RoPE but still no pre-RoPE keys.
+  std::vector<std::string> with_theta = prerope;
+  with_theta.push_back("data.rope_theta=10000");
+  request = quickstart_request(out, with_theta);
+  check = check_plans(request.spec, build_recording(request.spec.data), points);
+  REQUIRE(check.errors.size() == points.size());
+  CHECK(check.errors[0].find("has no pre-RoPE keys (key_pre_rope)") != std::string::npos);
+  // The run is refused up front: no results folder.
+  std::string message;
+  try {
+    run_experiment(quickstart_request(out, prerope));
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("8 of 8 points cannot run on this data") != std::string::npos);
+  CHECK(message.find("quantizes keys before RoPE") != std::string::npos);
+  CHECK_FALSE(fs::exists(out / "quickstart"));
+}
+
 TEST_CASE("run_experiment: a stop during the sweep writes the finished points, interrupted") {
   const fs::path out = test::scratch_dir("runner_stop");
   std::atomic<bool> stop{false};
