@@ -13,6 +13,7 @@
 #include "sim/core/strings.h"
 #include "sim/formats/registry.h"
 #include "sim/metrics/metric_table.h"
+#include "sim/plan.h"
 #include "sim/strategies/budget.h"
 #include "sim/strategies/presets.h"
 #include "sim/strategies/protections.h"
@@ -63,12 +64,29 @@ nlohmann::ordered_json params_json(const std::vector<ParamDef>& params) {
 
 }  // namespace
 
+namespace {
+
+// Bits per element of a causal cache of `tokens` tokens x `head_dim` stored in `f`
+// (methods.md §3, "groups along tokens"): a group along tokens still open at the last
+// token (ch<G>: up to G tokens; ch: the whole span, which never closes) is held at the
+// residual precision, as a run's bpe counts it. f.bpe() for formats that quantize each
+// token on its own.
+double causal_cache_bpe(const Format& f, int64_t tokens, int64_t head_dim) {
+  const int64_t closed = open_group_begin(f.tokens_per_group(), 0, tokens - 1);
+  const double bits = (closed > 0 ? static_cast<double>(f.storage_bits(closed, head_dim)) : 0.0) +
+                      static_cast<double>(kResidualBitsWithoutWindow * (tokens - closed) * head_dim);
+  return bits / static_cast<double>(tokens * head_dim);
+}
+
+}  // namespace
+
 int cmd_formats(const Args& args) {
   po::options_description opts("kvbudget formats [--head-dim D] [--tokens T] [--json]");
   int64_t head_dim = 128, tokens = 4096;
   opts.add_options()("help,h", "show this help")("json", "print the table as JSON (README \"Command line conventions\")")("head-dim", po::value(&head_dim), "head_dim of the span (default 128)")(
       "tokens", po::value(&tokens), "tokens of the span (default 4096): per-channel and calibrated formats' "
-                                    "metadata is spread over them, as in a points.csv at that context");
+                                    "metadata is spread over them; formats with groups along tokens (ch<G>, ch) "
+                                    "also show a causal cache's bpe at that context, as points.csv counts it");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(opts).positional(po::positional_options_description()).run(),
@@ -93,9 +111,12 @@ int cmd_formats(const Args& args) {
       for (const FormatExample& ex : f.examples) {
         FormatPtr p = make_format(ex.name);
         const std::string bad = p->check_shape(tokens, head_dim);
-        examples.push_back({{"name", ex.name},
-                            {"bpe", bad.empty() ? nlohmann::ordered_json(p->bpe(tokens, head_dim)) : nullptr},
-                            {"shape_error", bad.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(bad)}});
+        nlohmann::ordered_json e = {
+            {"name", ex.name},
+            {"bpe", bad.empty() ? nlohmann::ordered_json(p->bpe(tokens, head_dim)) : nullptr},
+            {"shape_error", bad.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(bad)}};
+        if (bad.empty() && p->tokens_per_group() != 1) e["cache_bpe"] = causal_cache_bpe(*p, tokens, head_dim);
+        examples.push_back(e);
       }
       families.push_back({{"family", f.name},
                           {"syntax", f.syntax},
@@ -110,8 +131,9 @@ int cmd_formats(const Args& args) {
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
   }
-  std::printf("Format families (bits per element at head_dim %lld, %lld tokens, all metadata counted;\n"
-              "[cuda]: has a CUDA twin, runs under backend = \"cuda\"):\n\n",
+  std::printf("Format families (bits per element of one span of head_dim %lld, %lld tokens, all metadata counted;\n"
+              "[cuda]: has a CUDA twin, runs under backend = \"cuda\"; groups along tokens also give a causal\n"
+              "cache's bpe, whose open group stays in fp16: docs/methods.md §3):\n\n",
               static_cast<long long>(head_dim), static_cast<long long>(tokens));
   for (const FormatFamily& f : format_families()) {
     std::printf("%s: %s\n  syntax: %s\n", f.name.c_str(), f.description.c_str(), f.syntax.c_str());
@@ -119,7 +141,11 @@ int cmd_formats(const Args& args) {
       FormatPtr p = make_format(ex.name);
       const std::string bad = p->check_shape(tokens, head_dim);
       const char* cuda = f.cuda_twin ? "  [cuda]" : "";
-      if (bad.empty())
+      if (bad.empty() && p->tokens_per_group() != 1)
+        std::printf("    %-34s %7.4f bpe%s; in a causal cache of %lld tokens %.4f bpe\n", ex.name.c_str(),
+                    p->bpe(tokens, head_dim), cuda, static_cast<long long>(tokens),
+                    causal_cache_bpe(*p, tokens, head_dim));
+      else if (bad.empty())
         std::printf("    %-34s %7.4f bpe%s\n", ex.name.c_str(), p->bpe(tokens, head_dim), cuda);
       else
         std::printf("    %-34s (%s)%s\n", ex.name.c_str(), bad.c_str(), cuda);
