@@ -96,7 +96,7 @@ RowResult fast_row(const ExactRow& ex, const float* p, const int32_t* topk_p, Sc
     h.phat.resize(static_cast<size_t>(n));
     out.kl = row_attention_reference(scores(), ds, n, h);
     for (int64_t j = 0; j < n; ++j) {
-      dp[j] = static_cast<float>(h.phat[j]) - p[j];
+      dp[j] = static_cast<float>(h.dp[j]);  // p̂ - p in fp64, then rounded (as the reference and the CUDA twin)
       phat[j] = static_cast<float>(h.phat[j]);
     }
     out.topk_overlap = detail::topk_overlap(h.p.data(), h.phat.data(), n, k, h.ia, h.ib);

@@ -145,6 +145,41 @@ TEST_CASE("fast path: where p̂ falls orders below p, its top-k ranks p̂'s own 
   CHECK(large > 10);
 }
 
+TEST_CASE("fast path: large-shift rows where p̂ stays p take p̂ - p as the reference's fp64 difference") {
+  // Queries' channel 0 = -12 and one outlier key (token 10, channel 0 = 10017): p ≈ 0
+  // on it, and keep-bf16 stores it 31 off (bf16's spacing there is 64), a Δs of 46.5
+  // nats. Its rows take the large-shift form while p̂ stays p within ~1e-6 (KL ~1e-6):
+  // p̂ - p must be the fp64 difference, rounded once (as the reference and the CUDA
+  // twin); float(p̂) - float(p) is rounding noise of p's size, which moved such rows'
+  // out_err2 by up to 3e-4 relative.
+  const int64_t T = 64, d = 64;
+  Recording rec = test::random_recording(4, 2, T, d, 5, 2.0f);
+  for (LayerTensors& L : rec.layers) {
+    for (int64_t h = 0; h < rec.q_heads; ++h)
+      for (int64_t t = 0; t < T; ++t) L.query.data[static_cast<size_t>((h * T + t) * d)] = -12.0f;
+    for (int64_t g = 0; g < rec.kv_heads; ++g) L.key.data[static_cast<size_t>((g * T + 10) * d)] = 10017.0f;
+  }
+  const Plan plan = uniform_plan(rec, "keep-bf16", "keep-fp32");
+  SimOptions opt;
+  opt.topk = 8;
+  check_against_reference(rec, plan, opt);
+  opt.reference = true;
+  const ErrorStats ref = simulate(rec, plan, opt);
+  opt.reference = false;
+  const ErrorStats fast = simulate(rec, plan, opt);
+  REQUIRE(fast.rows.size() == ref.rows.size());
+  int64_t large = 0;
+  for (size_t i = 0; i < ref.rows.size(); ++i) {
+    const AttentionRow &a = ref.rows[i], &b = fast.rows[i];
+    if (!attn_large_shift(a.logit_err_max)) continue;
+    INFO("row " << i << ": layer " << a.layer << " head " << a.q_head << " t " << a.position);
+    ++large;
+    CHECK(a.kl < 1e-4);  // p̂ ≈ p: the case where float(p̂) - float(p) is noise
+    CHECK(b.out_err2 == doctest::Approx(a.out_err2).epsilon(1e-6));
+  }
+  CHECK(large == 2 * 4 * (T - 10));  // every row that sees token 10, both layers
+}
+
 TEST_CASE("fast path: estimated logits (QJL keys), sink heads and attribution regions") {
   const Recording rec = test::random_recording(4, 2, 96, 64, 21);
   check_against_reference(rec, uniform_plan(rec, "qjl-m128", "int4-asym-g32"), SimOptions{});
