@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "kernels/cuda_check.h"
+#include "sim/core/hd_math.h"
 #include "sim/metrics/attention_shift.h"
 
 namespace kvb::cuda {
@@ -228,15 +229,16 @@ __device__ int common_count(IndexP index_p, const Cand* top_phat, int k) {
   return common;
 }
 
-// Adds a partial fp32 sum of kPartialTerms terms at most to an fp64 total, as the CPU's
-// fast path sums its positive terms (sim/attention_error_fast.cpp, kPartialSumKeys).
+// Adds a partial fp32 sum of kPartialTerms products at most to an fp64 total, as the
+// CPU's fast path sums its positive terms (sim/attention_error_fast.cpp, kPartialSumKeys):
+// each product a·b added by one fmaf, as the CPU's fma(a, b, partial).
 constexpr int kPartialTerms = 8;
 struct PartialSum {
   float part = 0.0f;
   double total = 0.0;
   int terms = 0;
-  __device__ void add(float v) {
-    part += v;
+  __device__ void add_product(float a, float b) {
+    part = fmaf(a, b, part);
     if (++terms == kPartialTerms) {
       total += part;
       part = 0.0f;
@@ -451,8 +453,8 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
   for (int64_t j = tt; j < n; j += kTeamThreads) {
     const float d = v.ds(j);
     amax = fmaxf(amax, fabsf(d));
-    err2.add(d * d);
-    r0 += p_at(j) * d;
+    err2.add_product(d, d);     // the CPU's fma(d, d, e2)
+    r0 = fmaf(p_at(j), d, r0);  // the CPU's fma(pj, d, r0)
   }
   AttentionRow out;
   out.logit_err2 = static_cast<float>(team_sum<W>(err2.sum(), sh.scratch));
@@ -471,20 +473,23 @@ __global__ void __launch_bounds__(kRowThreads) attention_rows_kernel(RowBlockArg
     float rs = 0.0f;
     for (int64_t j = tt; j < n; j += kTeamThreads) {
       const float c = v.ds(j) - shift, p = p_at(j);
-      rs += p * c;
-      b.add(p * attn_expm1_minus_x(c));
+      rs = fmaf(p, c, rs);                      // the CPU's fma(pj, c, rs)
+      b.add_product(p, attn_expm1_minus_x(c));  // the CPU's fma(pj, phi, b)
     }
     const double R = team_sum<W>(static_cast<double>(rs), sh.scratch);
     const double A = (R + team_sum<W>(b.sum(), sh.scratch)) / ex.mass;
     out.kl = static_cast<float>(fmax(0.0, log1p(A) - R / ex.mass));
-    // Pass 3: p̂ - p = p (expm1(c) - A) / (1 + A); the top-k of p̂ (fp32).
+    // Pass 3: p̂ - p = p (expm1(c) - A) / (1 + A); the top-k of p̂ (fp32). Each add and
+    // product rounded on its own (add_rn, mul_rn), as the CPU (-ffp-contract=off)
+    // rounds them: nvcc or ptxas would otherwise fuse c + φ, p + dp or p·e^c·inv.
     const float af = static_cast<float>(A), inv = static_cast<float>(1.0 / (1.0 + A));
     const bool by_exp = attn_phat_by_exp(max_abs);  // p̂ from its own exp (uniform over the team)
     FastTopK<kRegList> top;
     for (int64_t j = tt; j < n; j += kTeamThreads) {
       const float c = v.ds(j) - shift, p = p_at(j);
-      const float e = c + attn_expm1_minus_x(c);
-      const float dp = p * (e - af) * inv, phat = by_exp ? p * attn_exp_f32(c) * inv : p + dp;
+      const float e = add_rn(c, attn_expm1_minus_x(c));
+      const float dp = mul_rn(mul_rn(p, e - af), inv);
+      const float phat = by_exp ? mul_rn(mul_rn(p, attn_exp_f32(c)), inv) : add_rn(p, dp);
       store_probs(a, v, at.row_off, j, dp, phat);
       top.offer(phat, static_cast<int>(j), k);
     }

@@ -46,9 +46,12 @@ KVB_HD double attn_kl_large_shift(double zhat, double max_shat, double z, double
 // kernels (kernels/attention_rows.cu) use these; sim/attention_error_fast.cpp computes
 // the same operations kLanes (8 or 16) at a time (sim/metrics/row_simd.h: exp,
 // expm1_minus_x; exact_row's weights), and tests/metrics/test_attention_shift.cpp
-// checks that the two agree lane for lane. Products that the lanes fuse are fmaf here
-// (one rounding, on the host and on the device alike), so nvcc's contraction of
-// a * b + c cannot make the device's values differ from the host's.
+// checks that the two agree lane for lane. The host builds with -ffp-contract=off; on
+// the device nvcc (and ptxas after it) would fuse a * b + c by default. So every
+// product-then-add is written out: fmaf where the lanes fuse (one rounding, host and
+// device alike), mul_rn / add_rn (sim/core/hd_math.h) where a product or sum that an
+// add may follow must round on its own. The kernels do the same in their own
+// arithmetic (attention_rows.cu); their values do not depend on -fmad.
 // ---------------------------------------------------------------------------
 
 // e^x in fp32 (Cody-Waite reduction and a degree-6 polynomial): 0 below -87.34,
@@ -70,7 +73,7 @@ KVB_HD float attn_exp_f32(float x) {
   const int32_t ni = static_cast<int32_t>(n), half = ni >> 1;
   const float s1 = bits_float(static_cast<uint32_t>(half + 127) << 23);
   const float s2 = bits_float(static_cast<uint32_t>(ni - half + 127) << 23);
-  const float e = (p * s1) * s2;
+  const float e = mul_rn(mul_rn(p, s1), s2);  // rounded here: expm1_minus_x subtracts 1 from it
   if (x < lo) return 0.0f;
   if (x > hi) return bits_float(0x7f800000u);
   return e;
