@@ -86,6 +86,7 @@ struct LocalTopK {
   int count = 0;
 
   __device__ void offer(Cand x, int k) {
+    if (x.v != x.v) return;  // NaN never enters (as RegTopK and the CPU's TopK), full list or not
     if (k <= 0 || (count == k && !better(x, last))) return;  // k <= 0: overlap is 1, as on the CPU
     int at = count < k ? count++ : k - 1;
     while (at > 0 && better(x, c[at - 1])) {
