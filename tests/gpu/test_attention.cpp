@@ -14,6 +14,7 @@
 #include "gpu_test_util.h"
 #include "kernels/cuda_simulator.h"
 #include "sim/formats/registry.h"
+#include "sim/metrics/attention_shift.h"
 #include "sim/simulator.h"
 #include "sim/strategies/uniform.h"
 #include "strategy_test_util.h"
@@ -75,7 +76,9 @@ void set_sinks(Plan& plan, int64_t sinks, const std::string& sink_format, const 
 double worst = 0;
 std::string worst_case;
 
-void compare(const Recording& rec, const Plan& plan, const SimOptions& opt, const std::string& label) {
+// Compares the GPU's rows with the CPU's fast path; returns the CPU's stats (for the
+// caller's checks of which forms its rows took).
+ErrorStats compare(const Recording& rec, const Plan& plan, const SimOptions& opt, const std::string& label) {
   REQUIRE(plan.check().empty());
   REQUIRE(cuda::unsupported_reason(plan, opt).empty());
   // The GPU kernels follow the CPU's fast path (sim/attention_error_fast.cpp: fp32 rows
@@ -90,6 +93,27 @@ void compare(const Recording& rec, const Plan& plan, const SimOptions& opt, cons
     worst = a.worst_rel;
     worst_case = label + ": " + a.worst_metric;
   }
+  return cpu;
+}
+
+// How many rows take each form of the row kernels (sim/metrics/attention_shift.h), in
+// all rows and in rows of more than 4096 keys (the block-per-row kernels).
+struct FormCounts {
+  int64_t large = 0, by_exp = 0, large_long = 0, by_exp_long = 0;
+};
+
+FormCounts form_counts(const ErrorStats& s) {
+  FormCounts c;
+  for (const AttentionRow& r : s.rows) {
+    const bool large = attn_large_shift(r.logit_err_max) || !std::isfinite(r.logit_err_max);
+    const bool by_exp = !large && attn_phat_by_exp(r.logit_err_max);
+    const bool long_row = r.position + 1 > 4096;
+    c.large += large;
+    c.by_exp += by_exp;
+    c.large_long += large && long_row;
+    c.by_exp_long += by_exp && long_row;
+  }
+  return c;
 }
 
 SimOptions options(int64_t topk, std::vector<int64_t> positions = {}) {
@@ -210,9 +234,41 @@ TEST_CASE("large logit shifts use the max-shifted softmax on both sides") {
   // Large keys quantized to 1 bit: |Δs| reaches hundreds of nats.
   const Recording rec = random_recording(1, 4, 2, 200, 64, 31, 1.0f, 12.0f);
   const Plan p = uniform_plan(rec, "int1-asym-g64", "int2-asym-g64");
-  const ErrorStats cpu = simulate(rec, p, options(8));
+  const ErrorStats cpu = compare(rec, p, options(8), "large logit shifts");
   CHECK(find_metric("logit_err_max")->compute(cpu) > 30.0);
-  compare(rec, p, options(8), "large logit shifts");
+  // Both forms of such rows: the fp64 large-shift form (774 of 800 rows) and p̂ by its
+  // own exp (26 rows with 4 <= max|Δs| < 30).
+  const FormCounts forms = form_counts(cpu);
+  CHECK(forms.large > 100);
+  CHECK(forms.by_exp > 10);
+}
+
+TEST_CASE("large-shift and by-exp rows of more than 4096 keys (a block per row) match the CPU") {
+  // Keys scaled by 12: every row's max|Δs| >= 30 (the fp64 large-shift form); by 3:
+  // every row's 4 <= max|Δs| < 30 (p̂ by its own exp). Positions on both sides of 4096
+  // keys (kWarpRowKeys: row blocks of more keys take a block per row); top-8 in
+  // registers, top-16 in local memory: all four block-per-row kernels. The CPU's rows
+  // are checked to take the form the case is about, so that it keeps covering it.
+  const std::vector<int64_t> positions = {100, 4095, 4096, 4097, 4200, 4300, 4400, 4499};
+  for (const float key_scale : {12.0f, 3.0f}) {
+    const Recording rec = random_recording(1, 4, 2, 4500, 32, 43, 1.0f, key_scale);
+    const Plan p = uniform_plan(rec, "int1-asym-g32", "int2-asym-g32");
+    for (const int64_t topk : {8, 16}) {
+      const std::string label = "4500 keys, key scale " + std::to_string(static_cast<int>(key_scale)) + ", top-" +
+                                std::to_string(topk);
+      const ErrorStats cpu = compare(rec, p, options(topk, positions), label);
+      INFO(label);
+      REQUIRE(cpu.rows.size() == 32u);  // 4 query heads x 8 positions; 24 rows of more than 4096 keys
+      const FormCounts forms = form_counts(cpu);
+      if (key_scale == 12.0f) {
+        CHECK(forms.large == 32);
+        CHECK(forms.large_long == 24);
+      } else {
+        CHECK(forms.by_exp == 32);
+        CHECK(forms.by_exp_long == 24);
+      }
+    }
+  }
 }
 
 TEST_CASE("rows of more than 4096 keys (a block per row) and a few positions match the CPU") {
