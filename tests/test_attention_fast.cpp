@@ -22,13 +22,18 @@ using namespace kvb::test;
 
 namespace {
 
+struct ReferenceAndFast {
+  ErrorStats ref, fast;
+};
+
 // Every metric of every row within 1e-5 relative of the reference (tiny values within
 // an absolute floor), top-k overlaps equal but for rows with near-tied probabilities.
-void check_against_reference(const Recording& rec, const Plan& plan, SimOptions opt) {
+// Returns both results, for a caller's own row checks.
+ReferenceAndFast check_against_reference(const Recording& rec, const Plan& plan, SimOptions opt) {
   opt.reference = true;
-  const ErrorStats ref = simulate(rec, plan, opt);
+  ErrorStats ref = simulate(rec, plan, opt);
   opt.reference = false;
-  const ErrorStats fast = simulate(rec, plan, opt);
+  ErrorStats fast = simulate(rec, plan, opt);
   REQUIRE(fast.rows.size() == ref.rows.size());
   CHECK(fast.k_err2 == ref.k_err2);
   CHECK(fast.v_err2 == ref.v_err2);
@@ -52,6 +57,7 @@ void check_against_reference(const Recording& rec, const Plan& plan, SimOptions 
   }
   CHECK(topk_differ <= static_cast<int64_t>(ref.rows.size()) / 1000);
   CHECK(topk_sum_fast == doctest::Approx(topk_sum_ref).epsilon(1e-4));
+  return {std::move(ref), std::move(fast)};
 }
 
 // The fast path with and without the exact-pass cache: bit for bit the same rows.
@@ -129,11 +135,7 @@ TEST_CASE("fast path: where p̂ falls orders below p, its top-k ranks p̂'s own 
   const Plan plan = uniform_plan(rec, "int1-asym-g64", "int2-asym-g64");
   SimOptions opt;
   opt.topk = 8;
-  check_against_reference(rec, plan, opt);
-  opt.reference = true;
-  const ErrorStats ref = simulate(rec, plan, opt);
-  opt.reference = false;
-  const ErrorStats fast = simulate(rec, plan, opt);
+  const auto [ref, fast] = check_against_reference(rec, plan, opt);
   int64_t by_exp = 0, large = 0;
   for (size_t i = 0; i < ref.rows.size(); ++i) {
     INFO("row " << i << ": head " << ref.rows[i].q_head << " t " << ref.rows[i].position);
@@ -162,11 +164,7 @@ TEST_CASE("fast path: large-shift rows where p̂ stays p take p̂ - p as the ref
   const Plan plan = uniform_plan(rec, "keep-bf16", "keep-fp32");
   SimOptions opt;
   opt.topk = 8;
-  check_against_reference(rec, plan, opt);
-  opt.reference = true;
-  const ErrorStats ref = simulate(rec, plan, opt);
-  opt.reference = false;
-  const ErrorStats fast = simulate(rec, plan, opt);
+  const auto [ref, fast] = check_against_reference(rec, plan, opt);
   REQUIRE(fast.rows.size() == ref.rows.size());
   int64_t large = 0;
   for (size_t i = 0; i < ref.rows.size(); ++i) {

@@ -66,16 +66,15 @@ nlohmann::ordered_json params_json(const std::vector<ParamDef>& params) {
 
 namespace {
 
-// Bits per element of a causal cache of `tokens` tokens x `head_dim` stored in `f`
-// (methods.md §3, "groups along tokens"): a group along tokens still open at the last
-// token (ch<G>: up to G tokens; ch: the whole span, which never closes) is held at the
-// residual precision, as a run's bpe counts it. f.bpe() for formats that quantize each
-// token on its own.
-double causal_cache_bpe(const Format& f, int64_t tokens, int64_t head_dim) {
-  const int64_t closed = open_group_begin(f.tokens_per_group(), 0, tokens - 1);
-  const double bits = (closed > 0 ? static_cast<double>(f.storage_bits(closed, head_dim)) : 0.0) +
-                      static_cast<double>(kResidualBitsWithoutWindow * (tokens - closed) * head_dim);
-  return bits / static_cast<double>(tokens * head_dim);
+// Bits per element of a causal cache of `tokens` tokens x `head_dim` stored in `f`, as a
+// run's bpe counts it: a one-unit plan's (Plan::storage_bits_at: a group along tokens
+// still open at the last token, up to G tokens for ch<G> and the whole span for ch,
+// which never closes, is held at the residual precision; methods.md §3).
+double causal_cache_bpe(const FormatPtr& f, int64_t tokens, int64_t head_dim) {
+  Plan plan(1, 1, tokens, head_dim);
+  plan.assign_all(Kind::Key, f);
+  plan.assign_all(Kind::Value, f);
+  return plan.bpe();
 }
 
 }  // namespace
@@ -115,7 +114,7 @@ int cmd_formats(const Args& args) {
             {"name", ex.name},
             {"bpe", bad.empty() ? nlohmann::ordered_json(p->bpe(tokens, head_dim)) : nullptr},
             {"shape_error", bad.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(bad)}};
-        if (bad.empty() && p->tokens_per_group() != 1) e["cache_bpe"] = causal_cache_bpe(*p, tokens, head_dim);
+        if (bad.empty() && p->tokens_per_group() != 1) e["cache_bpe"] = causal_cache_bpe(p, tokens, head_dim);
         examples.push_back(e);
       }
       families.push_back({{"family", f.name},
@@ -144,7 +143,7 @@ int cmd_formats(const Args& args) {
       if (bad.empty() && p->tokens_per_group() != 1)
         std::printf("    %-34s %7.4f bpe%s; in a causal cache of %lld tokens %.4f bpe\n", ex.name.c_str(),
                     p->bpe(tokens, head_dim), cuda, static_cast<long long>(tokens),
-                    causal_cache_bpe(*p, tokens, head_dim));
+                    causal_cache_bpe(p, tokens, head_dim));
       else if (bad.empty())
         std::printf("    %-34s %7.4f bpe%s\n", ex.name.c_str(), p->bpe(tokens, head_dim), cuda);
       else

@@ -103,6 +103,16 @@ d = json.load(open(sys.argv[1]))
 ex = {e["name"]: e for f in d["families"] for e in f["examples"]}
 sys.exit(not (abs(ex["int4-asym-g32"]["bpe"] - 5.0) < 1e-12 and {"name", "format", "reproduces"} <= set(d["presets"][0])))' \
   "$tmp/formats.json" || fail "formats --json: int4-asym-g32 is not 5 bpe, or presets lack keys"
+# Groups along tokens: a causal cache holds its open group in fp16 (methods.md §3). At 512
+# tokens, int2-asym-ch32 keeps its last 32 tokens at 16 bits (3 + 13/16 bpe); int3-asym-ch's
+# one group never closes (16 bpe); formats quantizing token by token have no cache_bpe.
+"$kvb" formats --json --head-dim 64 --tokens 512 >"$tmp/formats512.json" || fail "formats --json --tokens 512 exited $?"
+/usr/bin/python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+ex = {e["name"]: e for f in d["families"] for e in f["examples"]}
+sys.exit(not (ex["int2-asym-ch32"]["cache_bpe"] == 3.8125 and ex["int3-asym-ch"]["cache_bpe"] == 16.0
+              and "cache_bpe" not in ex["int4-asym-g32"]))' \
+  "$tmp/formats512.json" || fail "formats --json: cache_bpe of groups along tokens"
 "$kvb" metrics --json >"$tmp/metrics.json" || fail "metrics --json exited $?"
 keys "$tmp/metrics.json" name level better uncertainty unit description || fail "metrics --json keys"
 "$kvb" strategies --json >"$tmp/strategies.json" || fail "strategies --json exited $?"

@@ -245,3 +245,28 @@ TEST_CASE("check_pre_rope_keys: RoPE of the pre-RoPE keys must give the keys, el
   CHECK(doctest::String(error(span, ConstMatView{key.data, T, d - 1, d}).c_str()) ==
         doctest::Contains("odd head_dim (31)"));
 }
+
+TEST_CASE("check_pre_rope_keys: a long span is checked on a spread sample of its rows, which still finds a restart") {
+  // 9000 rows (more than the 4096 compared): keys rotated at positions 0..8999 pass; keys
+  // whose positions restart at 0 from row 6000 (two sequences run together) are refused.
+  const int64_t T = 9000, d = 8;
+  std::vector<float> pre(static_cast<size_t>(T * d));
+  for (size_t i = 0; i < pre.size(); ++i) pre[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) + 0.5);
+  std::vector<int64_t> positions(static_cast<size_t>(T)), restarted(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    positions[static_cast<size_t>(t)] = t;
+    restarted[static_cast<size_t>(t)] = t < 6000 ? t : t - 6000;
+  }
+  std::vector<float> key = pre, key_restarted = pre;
+  apply_rope(key.data(), T, d, positions.data(), 10000.0);
+  apply_rope(key_restarted.data(), T, d, restarted.data(), 10000.0);
+  SpanInfo span;
+  span.is_key = true;
+  span.key_pre_rope = pre.data();
+  span.key_pre_rope_stride = d;
+  span.rope_theta = 10000.0;
+  CHECK_NOTHROW(check_pre_rope_keys({ConstMatView{key.data(), T, d, d}}, {span}, "long", "KV head", "causes"));
+  CHECK_THROWS_WITH_AS(
+      check_pre_rope_keys({ConstMatView{key_restarted.data(), T, d, d}}, {span}, "long", "KV head", "causes"),
+      doctest::Contains("long: RoPE (theta 10000, positions 0..8999)"), Error);
+}
