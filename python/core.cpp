@@ -721,6 +721,9 @@ PYBIND11_MODULE(_core, m) {
   // The source tree this module was built from (configs/, data/): where kvbudget.source_dir()
   // and a config's relative data paths look last, as the CLI's do.
   m.attr("source_dir") = std::string(KVB_SOURCE_DIR);
+  // The relative L2 error RoPE(key_pre_rope) vs key that recordings may carry (the
+  // loader's check_pre_rope_keys; TorchRecorder checks its captures against the same bound).
+  m.attr("PRE_ROPE_KEY_TOLERANCE") = kPreRopeKeyTolerance;
   static py::exception<ConfigError> config_error(m, "ConfigError", PyExc_ValueError);
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {

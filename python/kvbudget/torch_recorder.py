@@ -538,7 +538,7 @@ class TorchRecorder:
         again = rope_rotate(key_pre_rope, inv_freq)
         scale = float(np.linalg.norm(key)) or 1.0
         error = float(np.linalg.norm(again - key)) / scale
-        if error > 2e-2:  # bf16 models round cos/sin and the products: ~1e-2 at most; a wrong pairing: ~1
+        if error > _core.PRE_ROPE_KEY_TOLERANCE:  # the loader's bound: bf16 rounding ~2.5e-3; a wrong pairing ~1
             raise Error(f"TorchRecorder: layer {index} ({layer.name}): RoPE with theta/inv_freq of the model applied "
                         f"to the pre-RoPE keys differs from the post-RoPE keys by {error:.3g} (relative L2): the "
                         "model's RoPE is not the rotate-half RoPE at positions 0..T-1 a recording describes "
