@@ -387,10 +387,10 @@ RunOutcome run_experiment(const RunRequest& request) {
                    report.manifest_path().string().c_str());
     throw;
   }
-  if (resumed) {
-    results.insert(results.end(), resumed->kept.begin(), resumed->kept.end());
-    std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
-  }
+  if (resumed) results.insert(results.end(), resumed->kept.begin(), resumed->kept.end());
+  // By id: several sequences' aggregates arrive in the order their points finish (any,
+  // with threads), and a resumed run's kept points come after the new ones.
+  std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
   const double sweep_wall_seconds = phase_end();
   for (const std::string& e : sweep_errors) run_errors.push_back("while the sweep ran, " + e);
   info.backend_decided = true;
