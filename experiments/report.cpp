@@ -206,6 +206,7 @@ std::string Report::manifest_text(const RunInfo& info) const {
     if (!info.backend.device.empty()) j["cuda_device"] = info.backend.device;
     if (info.backend.used == Backend::Cuda) j["precision"] = matmul_precision_name(spec_.precision);
   }
+  if (!info.point_backends.empty()) j["point_backends"] = info.point_backends;
   j["cpu"] = cpu_model();
   j["cpu_cores_online"] = static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN));
   j["threads"] = spec_.threads > 0 ? spec_.threads : omp_get_max_threads();

@@ -81,7 +81,10 @@ struct RunInfo {
   std::string recording_summary;
   std::vector<std::string> warnings;  // about the data (targets the synthetic generator clamped)
   BackendChoice backend;  // requested, used and why (used/reason empty until the sweep decided)
-  bool backend_decided = false;
+  bool backend_decided = false;  // `backend` is this run's choice (made before its first point finished)
+  // The backends that measured the folder's points: a resumed folder's earlier ones
+  // (manifest_point_backends), then this run's once its first point finishes.
+  std::vector<std::string> point_backends;
   QueryPositions positions;  // calibration and evaluated query positions
   // Sharded and resumed runs (experiments/shard.h, run_state.h); points_total above
   // counts the shard's points.

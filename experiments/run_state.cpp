@@ -92,6 +92,7 @@ constexpr ManifestKey kManifestKeysRead[] = {
     {"config_hash", ManifestKind::Text},
     {"host", ManifestKind::Text},
     {"backend", ManifestKind::Text},
+    {"point_backends", ManifestKind::TextList},
     {"points_total", ManifestKind::Count},
     {"sweep_points_total", ManifestKind::Count},
     {"points_resumed", ManifestKind::Count},
@@ -172,6 +173,24 @@ Shard manifest_shard(const nlohmann::json& manifest) {
     s.count = manifest["shard"].value("count", size_t{1});
   }
   return s;
+}
+
+std::vector<std::string> manifest_point_backends(const nlohmann::json& manifest) {
+  if (manifest.contains("point_backends") && manifest["point_backends"].is_array())
+    return manifest["point_backends"].get<std::vector<std::string>>();
+  if (manifest.contains("backend") && manifest["backend"].is_string())  // older manifests
+    return {manifest["backend"].get<std::string>()};
+  return {};
+}
+
+void add_point_backend(std::vector<std::string>& backends, const std::string& backend) {
+  if (std::find(backends.begin(), backends.end(), backend) == backends.end()) backends.push_back(backend);
+}
+
+std::string mixed_backends_note(const std::vector<std::string>& backends) {
+  return "this folder's points were measured on backends " + join(backends, " and ") +
+         " (a --resume or a shard on another machine): their metrics agree to about 1e-5 relative "
+         "(tests/gpu), their `seconds` do not compare";
 }
 
 RunStatus read_run_status(const std::filesystem::path& dir) {

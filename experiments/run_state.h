@@ -56,6 +56,14 @@ nlohmann::json read_manifest(const std::filesystem::path& dir);
 // The shard a manifest records ("shard": {"index", "count"}; a run without one is 0/1).
 Shard manifest_shard(const nlohmann::json& manifest);
 
+// The backends that measured a folder's points, in the order they first did
+// (manifest `point_backends`; an older manifest's `backend`; empty when none is recorded).
+std::vector<std::string> manifest_point_backends(const nlohmann::json& manifest);
+// Appends `backend` to `backends` unless it is there.
+void add_point_backend(std::vector<std::string>& backends, const std::string& backend);
+// The manifest's warning when a folder's points come from more than one backend.
+std::string mixed_backends_note(const std::vector<std::string>& backends);
+
 struct RunStatus {
   std::string status;          // the manifest's: running, complete, interrupted, failed, crashed
   bool running = false;        // status is "running"

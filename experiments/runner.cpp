@@ -70,7 +70,8 @@ RunOutcome run_experiment(const RunRequest& request) {
   else require_writable_dir(spec.output.dir / spec.name, spec.output.dir_where);
   if (spec.backend == BackendRequest::Cuda) {  // fail before any data is loaded or written
     std::string why;
-    if (cuda_device(&why).empty()) throw Error("backend = \"cuda\": " + why);
+    if (cuda_device(&why).empty())  // exit 2, as eval's and generate's --backend cuda
+      throw ConfigError("backend = \"cuda\": " + why + "; use backend = \"cpu\" or \"auto\"");
   }
   enter(RunPhase::Loading);
   const auto t_start = std::chrono::steady_clock::now();
@@ -222,6 +223,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   info.shard = shard;
   info.sweep_points_total = all_points.size();
   info.points_resumed = resumed ? resumed->kept.size() : 0;
+  if (resumed && !resumed->kept.empty()) info.point_backends = manifest_point_backends(resumed->manifest);
   info.config_hash = config_hash;
   info.data_identity = data_identity;  // in one pass empty (not in the manifest) until every layer was loaded
   info.heartbeat_interval_s = heartbeat_interval_seconds();
@@ -284,7 +286,24 @@ RunOutcome run_experiment(const RunRequest& request) {
     report.write_points(results);
     return S > 1 ? report.write_points_by_sequence(sources, results) : std::vector<size_t>{};
   };
+  // As the first point finishes (the sweep chose its backend before running any), the
+  // manifest gets the backend, so that a run killed later says what measured the
+  // points its results.jsonl keeps, and a --resume elsewhere can say they mix.
+  auto record_backend = [&] {
+    if (info.backend_decided) return;
+    info.backend_decided = true;
+    const size_t before = info.point_backends.size();
+    add_point_backend(info.point_backends, backend_name(info.backend.used));
+    if (info.point_backends.size() > 1 && before < info.point_backends.size())
+      info.warnings.push_back(mixed_backends_note(info.point_backends));  // printed as the sweep ends
+    heartbeat.reset();
+    crash_marker.reset();
+    crash_marker = make_crash_marker();
+    attempt("manifest.json (with the backend, as the first point finished)", [&] { report.write_manifest(info); });
+    heartbeat = make_heartbeat();
+  };
   auto on_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t total) {
+    record_backend();
     done_results.push_back(r);
     progress.update(progress_offset + done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
     const auto now = std::chrono::steady_clock::now();
@@ -330,6 +349,7 @@ RunOutcome run_experiment(const RunRequest& request) {
       PointCallback on_sequence_point = on_point;
       if (!last) {
         on_sequence_point = [&](const SweepPoint& p, const PointResult& r, size_t done, size_t) {
+          record_backend();
           progress.update(progress_offset + done, r.ok ? p.display_label : r.error, r.ok, r.seconds);
         };
       } else if (S > 1) {
@@ -395,9 +415,12 @@ RunOutcome run_experiment(const RunRequest& request) {
   for (const std::string& e : sweep_errors) run_errors.push_back("while the sweep ran, " + e);
   info.backend_decided = true;
   progress.finish();
-  if (!quiet)
+  if (!quiet) {
     std::fprintf(stderr, "kvbudget: backend %s (%s)%s%s\n", backend_name(info.backend.used), info.backend.reason.c_str(),
                  info.backend.device.empty() ? "" : ": ", info.backend.device.c_str());
+    if (info.point_backends.size() > 1)
+      std::fprintf(stderr, "kvbudget run: warning: %s\n", mixed_backends_note(info.point_backends).c_str());
+  }
 
   const size_t errors_before_final_write = run_errors.size();
   attempt("points.csv / errors.csv", [&] { report.write_points(results); });

@@ -11,6 +11,7 @@
 
 #include "sim/io/atomic_file.h"
 #include "experiments/cli/commands.h"
+#include "experiments/run_state.h"
 #include "experiments/machine_info.h"
 #include "experiments/merge.h"
 #include "experiments/report.h"
@@ -86,7 +87,10 @@ int cmd_merge(const Args& args) {
 
   // The merged manifest: the shards' (identical in what kMergeKeys compares), as one run.
   nlohmann::json manifest = first.manifest;
-  for (const char* key : {"pid", "heartbeat", "heartbeat_unix", "heartbeat_interval_s", "points_resumed", "signal"})
+  // A shard's own timing and process keys say nothing of the merged folder: each shard's
+  // phase_seconds and backend are under merged_from.
+  for (const char* key :
+       {"pid", "heartbeat", "heartbeat_unix", "heartbeat_interval_s", "points_resumed", "signal", "phase_seconds"})
     manifest.erase(key);
   manifest["command"] = "kvbudget merge " + join(args, " ");
   manifest["started"] = started;
@@ -94,16 +98,26 @@ int cmd_merge(const Args& args) {
   manifest["points_total"] = in.sweep_points;
   nlohmann::json shards = nlohmann::json::array();
   double shard_seconds = 0;
+  std::vector<std::string> point_backends;  // every shard's, in shard order
   for (const ShardFolder& s : in.shards) {
     shards.push_back({{"dir", std::filesystem::absolute(s.dir).string()},
                       {"shard", s.manifest.value("shard", nlohmann::json())},
                       {"status", s.manifest.value("status", std::string())},
                       {"host", s.manifest.value("host", std::string())},
-                      {"wall_seconds", s.manifest.value("wall_seconds", 0.0)}});
+                      {"backend", s.manifest.value("backend", std::string())},
+                      {"wall_seconds", s.manifest.value("wall_seconds", 0.0)},
+                      {"phase_seconds", s.manifest.value("phase_seconds", nlohmann::json::object())}});
     shard_seconds += s.manifest.value("wall_seconds", 0.0);
+    for (const std::string& b : manifest_point_backends(s.manifest)) add_point_backend(point_backends, b);
   }
   manifest["merged_from"] = shards;
   manifest["shards_wall_seconds"] = shard_seconds;
+  if (!point_backends.empty()) manifest["point_backends"] = point_backends;
+  if (point_backends.size() > 1) {
+    const std::string note = mixed_backends_note(point_backends);
+    std::fprintf(stderr, "kvbudget merge: warning: %s\n", note.c_str());
+    manifest["warnings"].push_back(note);
+  }
 
   std::vector<std::string> errors;
   auto attempt = [&](const std::string& what, const std::function<void()>& write) {

@@ -285,10 +285,72 @@ if grep -q '"backend": "cuda"' "$d7/manifest.json"; then  # a device is present
 elif grep -q "built without CUDA" "$tmp/c.out"; then
   [ $rc -eq 2 ] || fail "backend cuda in a build without CUDA: expected exit 2, got $rc"
 else
-  [ $rc -eq 1 ] || fail "backend cuda without a device: expected exit 1, got $rc"
+  [ $rc -eq 2 ] || fail "backend cuda without a device: expected exit 2 (as eval's), got $rc"
   expect "$tmp/c.out" 'backend = "cuda": no usable CUDA device' "backend cuda without a device"
   [ ! -e "$tmp/r8" ] || fail "backend cuda without a device created results"
 fi
+# Which backends measured a folder's points (manifest `point_backends`): the run's own,
+# recorded as its first point finishes. A --resume where `auto` chose another backend
+# (another machine) keeps both and warns that they mix, and so does a merge of such a
+# shard (shards whose last runs used different backends are refused, below); here the
+# other backend is written into the manifests by hand.
+used7=$(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["backend"])' "$d7/manifest.json")
+other7=$([ "$used7" = cpu ] && echo cuda || echo cpu)
+# as_if_measured_on DIR "BACKEND..." [KEEP]: DIR's manifest says those backends measured
+# its points, the last one in its last run; with KEEP, results.jsonl keeps its first
+# KEEP points (the rest to be resumed).
+as_if_measured_on() {
+  /usr/bin/python3 - "$@" <<'PY' || fail "as_if_measured_on $*"
+import json, sys
+d, backends = sys.argv[1], sys.argv[2].split()
+m = json.load(open(d + "/manifest.json"))
+m["point_backends"], m["backend"] = backends, backends[-1]
+json.dump(m, open(d + "/manifest.json", "w"), indent=2)
+if len(sys.argv) > 3:
+    lines = open(d + "/results.jsonl").read().splitlines()[: int(sys.argv[3])]
+    open(d + "/results.jsonl", "w").write("\n".join(lines) + "\n")
+PY
+}
+# manifest_backends DIR EXPECTED WHAT: point_backends is EXPECTED (space-separated) and a
+# warning about mixed backends is in the manifest exactly when there are several.
+manifest_backends() {
+  /usr/bin/python3 - "$1/manifest.json" "$2" <<'PY' || fail "$3: the manifest's point_backends"
+import json, sys
+m = json.load(open(sys.argv[1]))
+want = sys.argv[2].split()
+assert m.get("point_backends") == want, (m.get("point_backends"), want)
+mixed = [w for w in m.get("warnings", []) if "points were measured on backends" in w]
+assert bool(mixed) == (len(want) > 1), m.get("warnings")
+PY
+}
+manifest_backends "$d7" "$used7" "an auto run"
+cp -r "$d7" "$tmp/r7mix"
+as_if_measured_on "$tmp/r7mix" "$other7" 3
+"$kvb" run --resume "$tmp/r7mix" >"$tmp/mix.out" 2>&1 || fail "--resume of points measured on another backend exited $?"
+expect "$tmp/mix.out" "points were measured on backends $other7 and $used7" "--resume onto another backend"
+manifest_backends "$tmp/r7mix" "$other7 $used7" "--resume onto another backend"
+same_numbers() { diff <(numbers "$1") <(numbers "$2") >/dev/null || fail "$3: points.csv differs"; }
+same_numbers "$d7/points.csv" "$tmp/r7mix/points.csv" "--resume onto another backend"
+for i in 0 1; do
+  "$kvb" run "$src/configs/quickstart.toml" "${small[@]}" --backend auto --shard "$i/2" --out "$tmp/r7sh" \
+    || fail "shard $i/2 exited $?"
+done
+sh0=$(ls -d "$tmp"/r7sh/quickstart/*-shard0of2) sh1=$(ls -d "$tmp"/r7sh/quickstart/*-shard1of2)
+manifest_backends "$sh1" "$used7" "shard 1/2"
+as_if_measured_on "$sh1" "$other7 $used7"  # resumed on another machine
+"$kvb" merge "$sh0" "$sh1" --merged-dir "$tmp/r7merged" --quiet >"$tmp/merge_mix.out" 2>&1 \
+  || fail "merging shards measured on two backends exited $?"
+expect "$tmp/merge_mix.out" "points were measured on backends $used7 and $other7" "merge of shards on two backends"
+manifest_backends "$tmp/r7merged" "$used7 $other7" "merge of shards on two backends"
+/usr/bin/python3 -c 'import json, sys
+m = json.load(open(sys.argv[1]))
+assert "phase_seconds" not in m, "the merged manifest copies a shard'"'"'s phase_seconds"
+assert all("phase_seconds" in s and s["backend"] for s in m["merged_from"]), m["merged_from"]' \
+  "$tmp/r7merged/manifest.json" || fail "the merged manifest's per-shard phase_seconds and backend"
+as_if_measured_on "$sh1" "$other7"
+"$kvb" merge "$sh0" "$sh1" --merged-dir "$tmp/r7merged2" --quiet >"$tmp/merge_other.out" 2>&1
+[ $? -eq 1 ] || fail "merging shards whose runs used different backends: expected exit 1"
+expect "$tmp/merge_other.out" "backend differs (measured by different backends" "merge of shards on two backends"
 "$kvb" run "$src/configs/quickstart.toml" --backend gpu --out "$tmp/r9" >"$tmp/g.out" 2>&1
 [ $? -eq 2 ] || fail "unknown backend: expected exit 2"
 expect "$tmp/g.out" '--backend: backend must be "cpu", "cuda" or "auto", got "gpu"' "unknown backend"
