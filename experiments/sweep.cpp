@@ -16,6 +16,7 @@
 #include "experiments/calibration_data.h"
 #include "experiments/query_positions.h"
 #include "sim/core/background_queue.h"
+#include "sim/core/buffer_pool.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/formats/prerope_format.h"
@@ -434,7 +435,7 @@ class SweepRun {
   void merge_point(size_t i);
   // Variant v's stats of point i from its tasks, merged as layer tasks merge: each
   // layer's KV-head tasks first, in order (the sums a layer task adds), then the layers.
-  ErrorStats merged_variant(size_t i, size_t v) const;
+  ErrorStats merged_variant(size_t i, size_t v);  // its rows in memory from merged_rows_
 
   const ExperimentSpec& spec_;
   const Recording& rec_;
@@ -464,6 +465,11 @@ class SweepRun {
   size_t unit_tasks_ = 1;
   std::vector<size_t> first_task_, layer_tasks_, point_tasks_;
   std::vector<ErrorStats> stats_of_;  // per task, released once its point is finalized
+  // The memory of finalized points' merged rows and bootstrap buffers, reused by the
+  // next (fresh, 75 MB of rows and about 100 MB of buffers a point at the Llama-3-8B
+  // shape were mostly page faults: experiments/bench/bench_finalize).
+  ScratchPool<std::vector<AttentionRow>> merged_rows_;
+  ScratchPool<BootstrapScratch> bootstrap_scratch_;
   std::vector<double> task_seconds_;
   std::vector<std::string> task_error_;
   std::vector<std::atomic<size_t>> remaining_;  // per point, tasks not yet done
@@ -650,11 +656,11 @@ void SweepRun::run_task(Measurer& measurer, size_t k) {
   else finalize(i);
 }
 
-ErrorStats SweepRun::merged_variant(size_t i, size_t v) const {
+ErrorStats SweepRun::merged_variant(size_t i, size_t v) {
   const ErrorStats* first = stats_of_.data() + first_task_[i] + v * layers_ * unit_tasks_;
-  if (unit_tasks_ == 1) return ErrorStats::merged(first, layers_);
+  if (unit_tasks_ == 1) return ErrorStats::merged(first, layers_, merged_rows_.take());
   // (layer, KV head) tasks, in task order (layer, q head, position): the same bits.
-  return ErrorStats::merged_in_groups(first, layers_, unit_tasks_);
+  return ErrorStats::merged_in_groups(first, layers_, unit_tasks_, merged_rows_.take());
 }
 
 // The point's results from its tasks' (in task order): the first task error fails it,
@@ -677,8 +683,10 @@ void SweepRun::merge_point(size_t i) {
       r.standard_errors.push_back(m->standard_error ? m->standard_error(merged[0]) : std::nan(""));
     }
     // Over several sequences the resamples feed the aggregate's interval.
+    BootstrapScratch scratch = bootstrap_scratch_.take();
     r.intervals = bootstrap_intervals(merged[0], metrics_, bootstrap_settings(spec_),
-                                      spec_.data.sequence_count() > 1 ? &r.resamples : nullptr);
+                                      spec_.data.sequence_count() > 1 ? &r.resamples : nullptr, &scratch);
+    bootstrap_scratch_.give_back(std::move(scratch));
     for (size_t k = 0; k < metrics_.size(); ++k)  // closed-form intervals (answer_accuracy)
       if (metrics_[k]->interval) r.intervals[k] = metrics_[k]->interval(merged[0]);
     r.block_sums = metric_block_sums(metrics_, merged[0]);
@@ -686,6 +694,7 @@ void SweepRun::merge_point(size_t i) {
       r.attribution = attribute(merged[0], regions_[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
                                 rec_.num_layers(), rec_.q_heads, spec_.attribution.attributed_errors());
     r.ok = true;
+    for (ErrorStats& m : merged) merged_rows_.give_back(std::move(m.rows));
   }
   for (size_t t = t0; t < t0 + point_tasks_[i]; ++t) {
     r.seconds += task_seconds_[t];

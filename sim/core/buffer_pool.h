@@ -59,4 +59,37 @@ class FloatBufferPool {
   std::vector<std::unique_ptr<float[]>> idle_;
 };
 
+// A thread-safe free list of scratch objects (vectors, structs of vectors): take() hands
+// out one an earlier user grew (its memory's pages already faulted in), or a new one;
+// give_back() keeps at most `keep` of them. For scratch of one size used many times: a
+// sweep point's merged attention rows (75 MB at the Llama-3-8B shape, 2048 positions)
+// and its bootstrap's buffers. Whatever a taker finds in the object is stale: it
+// clears or overwrites it.
+template <class T>
+class ScratchPool {
+ public:
+  explicit ScratchPool(size_t keep = 2) : keep_(keep) {}
+
+  T take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (idle_.empty()) return T{};
+    T t = std::move(idle_.back());
+    idle_.pop_back();
+    return t;
+  }
+  void give_back(T t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (idle_.size() < keep_) idle_.push_back(std::move(t));
+  }
+  size_t idle() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return idle_.size();
+  }
+
+ private:
+  size_t keep_;
+  mutable std::mutex mutex_;
+  std::vector<T> idle_;
+};
+
 }  // namespace kvb

@@ -59,17 +59,17 @@ void resample_quantiles_gathered(const std::vector<double>& values, const std::v
 }
 
 void resample_quantiles(const std::vector<double>& values, const std::vector<size_t>& start, double q,
-                        const std::vector<uint32_t>& draws, std::vector<double>& resampled) {
+                        const std::vector<uint32_t>& draws, std::vector<double>& resampled,
+                        std::vector<TailEntry>* tail_memory) {
   const size_t blocks = start.size() - 1, rows = values.size(), resamples = resampled.size();
   // Each block's NaN (a resample drawing it is NaN), and the tail list: the non-NaN
   // rows nearest the tail q points into, as (value, block), in walk order (descending
   // for q >= 1/2, else ascending), at most `kept` of them.
-  struct Entry {
-    double value;
-    uint32_t block;
-  };
+  using Entry = TailEntry;
   std::vector<char> block_nan(blocks, 0);
-  std::vector<Entry> tail;
+  std::vector<Entry> local;
+  std::vector<Entry>& tail = tail_memory ? *tail_memory : local;
+  tail.clear();
   tail.reserve(rows);
   for (size_t b = 0; b < blocks; ++b)
     for (size_t j = start[b]; j < start[b + 1]; ++j) {
@@ -129,12 +129,11 @@ void resample_quantiles(const std::vector<double>& values, const std::vector<siz
 
 }  // namespace detail
 
-RowBlocks group_rows_into_blocks(const std::vector<AttentionRow>& rows) {
-  // Block of each row: the rank of its position among the distinct positions, over
-  // the block length. The ranks come from a table over [min, max] of the positions (a
-  // point's rows repeat a few thousand positions over every layer and head: a pass over
-  // them, not a sort).
-  if (rows.empty()) return RowBlocks{{0}, {}};
+PositionBlocks position_blocks(const std::vector<AttentionRow>& rows) {
+  // A point's rows repeat a few thousand positions over every layer and head: a table
+  // over [min, max] of the positions, not a sort.
+  PositionBlocks pb;
+  if (rows.empty()) return pb;
   int32_t lowest = rows.front().position, highest = lowest;
   for (const AttentionRow& r : rows) {
     lowest = std::min(lowest, r.position);
@@ -145,17 +144,24 @@ RowBlocks group_rows_into_blocks(const std::vector<AttentionRow>& rows) {
   int64_t distinct = 0;
   for (int64_t& rank : rank_of) rank = rank ? distinct++ : -1;
   const int64_t per_block = bootstrap_block_positions(distinct);
-  const size_t blocks = static_cast<size_t>(bootstrap_blocks(distinct));
-  std::vector<uint32_t> block_of(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i)
-    block_of[i] = static_cast<uint32_t>(rank_of[static_cast<size_t>(rows[i].position - lowest)] / per_block);
+  pb.lowest = lowest;
+  pb.blocks = static_cast<size_t>(bootstrap_blocks(distinct));
+  pb.block_of.resize(rank_of.size());
+  for (size_t p = 0; p < rank_of.size(); ++p)
+    pb.block_of[p] = rank_of[p] < 0 ? 0 : static_cast<uint32_t>(rank_of[p] / per_block);
+  return pb;
+}
+
+RowBlocks group_rows_into_blocks(const std::vector<AttentionRow>& rows) {
+  if (rows.empty()) return RowBlocks{{0}, {}};
+  const PositionBlocks block_of = position_blocks(rows);
   RowBlocks g;
-  g.start.assign(blocks + 1, 0);
-  for (uint32_t b : block_of) ++g.start[b + 1];
+  g.start.assign(block_of.blocks + 1, 0);
+  for (const AttentionRow& r : rows) ++g.start[block_of(r) + 1];
   std::partial_sum(g.start.begin(), g.start.end(), g.start.begin());
   g.order.resize(rows.size());
   std::vector<size_t> next(g.start.begin(), g.start.end() - 1);
-  for (size_t i = 0; i < rows.size(); ++i) g.order[next[block_of[i]]++] = i;
+  for (size_t i = 0; i < rows.size(); ++i) g.order[next[block_of(rows[i])]++] = i;
   return g;
 }
 
@@ -200,7 +206,8 @@ double reduce_rows(const RowReduction& reduction, const std::vector<AttentionRow
 
 std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::vector<const MetricDef*>& metrics,
                                           const BootstrapSettings& settings,
-                                          std::vector<std::vector<double>>* resamples_out) {
+                                          std::vector<std::vector<double>>* resamples_out,
+                                          BootstrapScratch* scratch) {
   if (resamples_out) resamples_out->assign(metrics.size(), {});
   if (settings.resamples < 1) throw Error("bootstrap: resamples must be >= 1");
   if (!(settings.level > 0 && settings.level < 1)) throw Error("bootstrap: level must be in (0, 1)");
@@ -208,34 +215,34 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
   const std::vector<AttentionRow>& rows = stats.rows;
   if (rows.empty()) return out;
 
-  const RowBlocks grouped = group_rows_into_blocks(rows);
-  const std::vector<size_t>& start = grouped.start;
-  const std::vector<size_t>& order = grouped.order;
-  const size_t blocks = grouped.blocks();
+  // Block sums and maxima add each row to its block in row order; a quantile's values
+  // are listed by block, each block's in row order (as group_rows_into_blocks lists
+  // them), from the blocks' starts counted once.
+  const PositionBlocks block_of = position_blocks(rows);
+  std::vector<size_t> start;  // block b's values: [start[b], start[b + 1])
+  const size_t blocks = block_of.blocks;
   const size_t resamples = static_cast<size_t>(settings.resamples);
   const std::vector<uint32_t> draws = bootstrap_draws(settings, blocks, kIntervalTag);
 
   const double tail = (1 - settings.level) / 2;
-  std::vector<double> resampled(resamples), block_num(blocks), block_den(blocks), values;
+  std::vector<double> resampled(resamples), block_num(blocks), block_den(blocks), local_values;
+  std::vector<double>& values = scratch ? scratch->values : local_values;
   for (size_t m = 0; m < metrics.size(); ++m) {
     const RowReduction& red = metrics[m]->rows;
     if (red.kind == RowReduction::Kind::None) continue;
     if (red.kind == RowReduction::Kind::RatioOfSums || red.q >= 1) {
       // Per-block sums (ratio) or maxima (q = 1): a resample is O(blocks).
       const bool ratio = red.kind == RowReduction::Kind::RatioOfSums;
-      for (size_t b = 0; b < blocks; ++b) {
-        double num = ratio ? 0.0 : -std::numeric_limits<double>::infinity(), den = 0;
-        for (size_t j = start[b]; j < start[b + 1]; ++j) {
-          const AttentionRow& row = rows[order[j]];
-          if (ratio) {
-            num += red.numerator(row);
-            den += red.denominator(row);
-          } else {
-            num = nan_max(num, red.numerator(row));
-          }
+      std::fill(block_num.begin(), block_num.end(), ratio ? 0.0 : -std::numeric_limits<double>::infinity());
+      std::fill(block_den.begin(), block_den.end(), 0.0);
+      for (const AttentionRow& row : rows) {
+        const uint32_t b = block_of(row);
+        if (ratio) {
+          block_num[b] += red.numerator(row);
+          block_den[b] += red.denominator(row);
+        } else {
+          block_num[b] = nan_max(block_num[b], red.numerator(row));
         }
-        block_num[b] = num;
-        block_den[b] = den;
       }
       for (size_t r = 0; r < resamples; ++r) {
         const uint32_t* pick = draws.data() + r * blocks;
@@ -252,9 +259,15 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
       }
     } else {
       // A quantile below 1: each resample walks the values sorted once from the tail.
+      if (start.empty()) {
+        start.assign(blocks + 1, 0);
+        for (const AttentionRow& row : rows) ++start[block_of(row) + 1];
+        std::partial_sum(start.begin(), start.end(), start.begin());
+      }
       values.resize(rows.size());
-      for (size_t j = 0; j < rows.size(); ++j) values[j] = red.numerator(rows[order[j]]);
-      detail::resample_quantiles(values, start, red.q, draws, resampled);
+      std::vector<size_t> next(start.begin(), start.end() - 1);
+      for (const AttentionRow& row : rows) values[next[block_of(row)]++] = red.numerator(row);
+      detail::resample_quantiles(values, start, red.q, draws, resampled, scratch ? &scratch->tail : nullptr);
     }
     if (resamples_out) (*resamples_out)[m] = resampled;
     out[m].lo = quantile(resampled, tail);

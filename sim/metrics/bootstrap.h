@@ -32,6 +32,18 @@ int64_t bootstrap_block_positions(int64_t positions);
 // Number of blocks of that length.
 int64_t bootstrap_blocks(int64_t positions);
 
+// The block of each row's position (the rank of the position among the distinct
+// positions, over the block length), from a table over [lowest, highest] of the
+// positions: what a pass over the rows in their own order needs to add each row to its
+// block (bootstrap_intervals' block sums and maxima, metric_block_sums).
+struct PositionBlocks {
+  int32_t lowest = 0;
+  std::vector<uint32_t> block_of;  // [position - lowest]; positions absent: unused
+  size_t blocks = 0;
+  uint32_t operator()(const AttentionRow& r) const { return block_of[static_cast<size_t>(r.position - lowest)]; }
+};
+PositionBlocks position_blocks(const std::vector<AttentionRow>& rows);
+
 // Rows grouped into the blocks above (by the rank of their position among the
 // distinct positions): block b holds rows order[start[b] .. start[b + 1]), in row order.
 struct RowBlocks {
@@ -59,14 +71,28 @@ namespace detail {
 // of gathering and selecting among all rows (11 s a point for two p99 metrics over the
 // 2.1 million rows of a Llama-3-8B-shaped recording at 2048 positions). A resample whose
 // ranks lie beyond the kept list is gathered.
+// `tail_memory`: where the tail list is built (reused between calls), or nullptr.
+struct TailEntry {
+  double value;
+  uint32_t block;
+};
 void resample_quantiles(const std::vector<double>& values, const std::vector<size_t>& start, double q,
-                        const std::vector<uint32_t>& draws, std::vector<double>& resampled);
+                        const std::vector<uint32_t>& draws, std::vector<double>& resampled,
+                        std::vector<TailEntry>* tail_memory = nullptr);
 // The plain reference it is tested against: resamples [first, first + count) gathered
 // and quantile_in_place'd.
 void resample_quantiles_gathered(const std::vector<double>& values, const std::vector<size_t>& start, double q,
                                  const std::vector<uint32_t>& draws, size_t first, size_t count,
                                  std::vector<double>& resampled);
 }  // namespace detail
+
+// Memory bootstrap_intervals may reuse from one call to the next (a sweep's points,
+// 2.1 million rows each at the Llama-3-8B shape): without it each call allocates and
+// faults in its row-sized buffers again. Nothing in it changes a result.
+struct BootstrapScratch {
+  std::vector<double> values;            // a quantile metric's rows' values, by block
+  std::vector<detail::TailEntry> tail;   // detail::resample_quantiles' tail list
+};
 
 // One interval per metric, aligned with `metrics`; {NaN, NaN} for a metric whose
 // RowReduction is Kind::None, or when `stats` has no rows. Rows may come in any order
@@ -76,7 +102,8 @@ void resample_quantiles_gathered(const std::vector<double>& values, const std::v
 // several sequences draws from (pooled_sequence_resamples).
 std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::vector<const MetricDef*>& metrics,
                                           const BootstrapSettings& settings,
-                                          std::vector<std::vector<double>>* resamples = nullptr);
+                                          std::vector<std::vector<double>>* resamples = nullptr,
+                                          BootstrapScratch* scratch = nullptr);
 
 // The percentile interval of `resamples` at `level`: its (1 − level)/2 and
 // (1 + level)/2 quantiles; {NaN, NaN} when empty.

@@ -16,19 +16,24 @@ void ErrorStats::merge_sums(const ErrorStats& o) {
   model.merge(o.model);
 }
 
-ErrorStats ErrorStats::merged(const ErrorStats* parts, size_t count) {
+ErrorStats ErrorStats::merged(const ErrorStats* parts, size_t count, std::vector<AttentionRow> storage) {
   size_t rows = 0;
   for (size_t i = 0; i < count; ++i) rows += parts[i].rows.size();
   ErrorStats all;
+  all.rows = std::move(storage);
+  all.rows.clear();
   all.rows.reserve(rows);
   for (size_t i = 0; i < count; ++i) all.merge(parts[i]);
   return all;
 }
 
-ErrorStats ErrorStats::merged_in_groups(const ErrorStats* parts, size_t groups, size_t per_group) {
+ErrorStats ErrorStats::merged_in_groups(const ErrorStats* parts, size_t groups, size_t per_group,
+                                        std::vector<AttentionRow> storage) {
   size_t rows = 0;
   for (size_t i = 0; i < groups * per_group; ++i) rows += parts[i].rows.size();
   ErrorStats all;
+  all.rows = std::move(storage);
+  all.rows.clear();
   all.rows.reserve(rows);
   for (size_t g = 0; g < groups; ++g) {
     ErrorStats group;

@@ -78,11 +78,14 @@ struct ErrorStats {
   // (a point's rows are many: merging them one by one regrows and refaults the vector).
   // `parts` points to `count` results (a pointer, not std::span: nvcc compiles this
   // header as C++17).
-  static ErrorStats merged(const ErrorStats* parts, size_t count);
+  // `storage`: a vector whose memory the rows may reuse (cleared first; a caller that
+  // merges many points keeps its pages faulted in: ScratchPool, sim/core/buffer_pool.h).
+  static ErrorStats merged(const ErrorStats* parts, size_t count, std::vector<AttentionRow> storage = {});
   // `groups` x `per_group` partial results in their order (a point's (layer, KV head)
   // results, layer-major): the sums added per group, then over the groups, so the bits
   // are those of merged() over the groups' own merged results; the rows copied once.
-  static ErrorStats merged_in_groups(const ErrorStats* parts, size_t groups, size_t per_group);
+  static ErrorStats merged_in_groups(const ErrorStats* parts, size_t groups, size_t per_group,
+                                     std::vector<AttentionRow> storage = {});
 };
 
 }  // namespace kvb

@@ -25,17 +25,19 @@ size_t sample_count(const SampleReduction& s, const ModelStats& m) {
   return s.unit == SampleReduction::Unit::Problems ? m.answers_correct.size() : m.nll.size();
 }
 
-// `g`: the rows grouped into blocks (group_rows_into_blocks).
-BlockSums attention_block_sums(const RowReduction& red, const std::vector<AttentionRow>& rows, const RowBlocks& g) {
+// `block_of`: position_blocks(rows). Each row is added to its block in row order (a
+// block's rows in the order group_rows_into_blocks lists them).
+BlockSums attention_block_sums(const RowReduction& red, const std::vector<AttentionRow>& rows,
+                               const PositionBlocks& block_of) {
   BlockSums out;
   if (rows.empty()) return out;
-  out.num.assign(g.blocks(), 0.0);
-  out.den.assign(g.blocks(), 0.0);
-  for (size_t b = 0; b < g.blocks(); ++b)
-    for (size_t j = g.start[b]; j < g.start[b + 1]; ++j) {
-      out.num[b] += red.numerator(rows[g.order[j]]);
-      out.den[b] += red.denominator(rows[g.order[j]]);
-    }
+  out.num.assign(block_of.blocks, 0.0);
+  out.den.assign(block_of.blocks, 0.0);
+  for (const AttentionRow& r : rows) {
+    const uint32_t b = block_of(r);
+    out.num[b] += red.numerator(r);
+    out.den[b] += red.denominator(r);
+  }
   return out;
 }
 
@@ -63,10 +65,10 @@ bool sums_attention_rows(const MetricDef& metric) {
   return metric.level == MetricLevel::Attention && metric.rows.kind == RowReduction::Kind::RatioOfSums;
 }
 
-// metric_block_sums with the rows grouped into blocks (`grouped`: group_rows_into_blocks
-// of stats.rows, read only when the metric sums attention rows and there are some).
-BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats, const RowBlocks& grouped) {
-  if (sums_attention_rows(metric)) return attention_block_sums(metric.rows, stats.rows, grouped);
+// metric_block_sums with the rows' blocks (`block_of`: position_blocks of stats.rows,
+// read only when the metric sums attention rows and there are some).
+BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats, const PositionBlocks& block_of) {
+  if (sums_attention_rows(metric)) return attention_block_sums(metric.rows, stats.rows, block_of);
   if (metric.level == MetricLevel::Model && metric.samples.value) return sample_block_sums(metric.samples, stats.model);
   return {};
 }
@@ -75,17 +77,17 @@ BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats, co
 
 BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats) {
   const bool need_rows = sums_attention_rows(metric) && !stats.rows.empty();
-  return metric_block_sums(metric, stats, need_rows ? group_rows_into_blocks(stats.rows) : RowBlocks{});
+  return metric_block_sums(metric, stats, need_rows ? position_blocks(stats.rows) : PositionBlocks{});
 }
 
 std::vector<BlockSums> metric_block_sums(const std::vector<const MetricDef*>& metrics, const ErrorStats& stats) {
   const bool need_rows = !stats.rows.empty() && std::any_of(metrics.begin(), metrics.end(), [](const MetricDef* m) {
     return sums_attention_rows(*m);
   });
-  const RowBlocks grouped = need_rows ? group_rows_into_blocks(stats.rows) : RowBlocks{};
+  const PositionBlocks block_of = need_rows ? position_blocks(stats.rows) : PositionBlocks{};
   std::vector<BlockSums> out;
   out.reserve(metrics.size());
-  for (const MetricDef* m : metrics) out.push_back(metric_block_sums(*m, stats, grouped));
+  for (const MetricDef* m : metrics) out.push_back(metric_block_sums(*m, stats, block_of));
   return out;
 }
 

@@ -1,6 +1,6 @@
 // FloatBufferPool (sim/core/buffer_pool.h): a lease's buffer comes back to the pool when
 // the lease ends and is handed out again; at most `keep` idle buffers are kept; leases
-// taken at once never share a buffer.
+// taken at once never share a buffer. ScratchPool: objects given back are taken again.
 #include <algorithm>
 #include <mutex>
 #include <set>
@@ -63,4 +63,18 @@ TEST_CASE("FloatBufferPool: leases held at once on several threads never share a
     });
   for (std::thread& th : threads) th.join();
   CHECK(bad.empty());
+}
+
+TEST_CASE("ScratchPool: what is given back is taken again, memory and all, at most `keep` kept") {
+  kvb::ScratchPool<std::vector<double>> pool(1);
+  CHECK(pool.take().capacity() == 0);  // empty pool: a new one
+  std::vector<double> a(1000, 1.0), b(10, 2.0);
+  const double* memory = a.data();
+  pool.give_back(std::move(a));
+  pool.give_back(std::move(b));  // beyond keep: freed
+  CHECK(pool.idle() == 1);
+  std::vector<double> again = pool.take();
+  CHECK(again.data() == memory);
+  CHECK(again.capacity() >= 1000);
+  CHECK(pool.idle() == 0);
 }

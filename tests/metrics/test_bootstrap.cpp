@@ -168,6 +168,41 @@ TEST_CASE("bootstrap: the same resamples on any thread count, inside a parallel 
   }
 }
 
+TEST_CASE("bootstrap: a scratch reused from call to call, across sizes, changes no bit") {
+  // What a sweep does from point to point (BootstrapScratch from a pool): the intervals
+  // and resamples with the scratch equal those without, whatever it held before.
+  const std::vector<const MetricDef*> metrics = attention_metrics();
+  const ErrorStats big = stats_of(synthetic_rows(5, 0.3, 3, 4, 400)), small = stats_of(synthetic_rows(6, 0.1, 1, 2, 37));
+  BootstrapSettings settings;
+  settings.seed = 3;
+  BootstrapScratch scratch;
+  for (const ErrorStats* s : {&big, &small, &big}) {
+    std::vector<std::vector<double>> plain, reused;
+    const std::vector<Interval> a = bootstrap_intervals(*s, metrics, settings, &plain);
+    const std::vector<Interval> b = bootstrap_intervals(*s, metrics, settings, &reused, &scratch);
+    REQUIRE(a.size() == b.size());
+    for (size_t m = 0; m < a.size(); ++m) {
+      CHECK(std::memcmp(&a[m], &b[m], sizeof(Interval)) == 0);
+      CHECK(plain[m] == reused[m]);  // NaN-free here (the NaN case: the test above)
+    }
+  }
+}
+
+TEST_CASE("bootstrap: position_blocks puts each row in the block group_rows_into_blocks lists it in") {
+  std::vector<AttentionRow> rows = synthetic_rows(8, 0.2, 2, 3, 90, 3);  // positions 0, 3, ..., 267
+  std::shuffle(rows.begin(), rows.end(), std::mt19937_64(2));
+  const PositionBlocks block_of = position_blocks(rows);
+  const RowBlocks grouped = group_rows_into_blocks(rows);
+  REQUIRE(block_of.blocks == grouped.blocks());
+  CHECK(block_of.blocks == static_cast<size_t>(bootstrap_blocks(90)));
+  for (size_t b = 0; b < grouped.blocks(); ++b)
+    for (size_t j = grouped.start[b]; j < grouped.start[b + 1]; ++j) {
+      CHECK(block_of(rows[grouped.order[j]]) == b);
+      if (j > grouped.start[b]) CHECK(grouped.order[j] > grouped.order[j - 1]);  // row order within a block
+    }
+  CHECK(position_blocks({}).blocks == 0);
+}
+
 TEST_CASE("bootstrap: the 95 % interval of attn_kl_mean covers the known mean about 95 % of the time") {
   const std::vector<const MetricDef*> metric = {find_metric("attn_kl_mean")};
   constexpr double kMean = 0.25;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,6 +63,15 @@ TEST_CASE("merged() is the partial results merged one by one, in order") {
     CHECK(all.rows[i].kl == one_by_one.rows[i].kl);
   }
   CHECK(ErrorStats::merged(nullptr, 0).rows.empty());
+  // Into the memory of an earlier result (a sweep's pool): that result's rows are gone,
+  // its capacity kept, the merge the same.
+  std::vector<AttentionRow> storage(50, AttentionRow{});
+  const AttentionRow* memory = storage.data();
+  const ErrorStats reused = ErrorStats::merged(parts.data(), parts.size(), std::move(storage));
+  CHECK(reused.rows.data() == memory);
+  REQUIRE(reused.rows.size() == all.rows.size());
+  for (size_t i = 0; i < all.rows.size(); ++i) CHECK(std::memcmp(&reused.rows[i], &all.rows[i], sizeof(AttentionRow)) == 0);
+  CHECK(reused.k_err2 == all.k_err2);
 
   // merge_sums() is merge() without the rows.
   ErrorStats sums;
@@ -100,6 +110,11 @@ TEST_CASE("merged_in_groups() has the bits of merged() over each group's merged 
   CHECK(flat.k_err2 == plain.k_err2);
   CHECK(flat.rows.size() == plain.rows.size());
   CHECK(ErrorStats::merged_in_groups(nullptr, 0, 4).rows.empty());
+  std::vector<AttentionRow> storage(2, AttentionRow{});  // too small: grown, the same rows
+  const ErrorStats reused = ErrorStats::merged_in_groups(parts.data(), 2, 3, std::move(storage));
+  REQUIRE(reused.rows.size() == 6);
+  for (size_t i = 0; i < reused.rows.size(); ++i) CHECK(reused.rows[i].q_head == static_cast<int32_t>(i % 3));
+  CHECK(reused.k_err2 == expected.k_err2);
 }
 
 }  // namespace kvb
