@@ -1,10 +1,13 @@
 #include "experiments/merge.h"
 
 #include <algorithm>
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include "experiments/point_log.h"
 #include "experiments/run_state.h"
+#include "experiments/shard.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 
@@ -20,6 +23,24 @@ std::string id_ranges(const std::vector<size_t>& ids) {
   }
   return join(parts, ", ");
 }
+
+namespace {
+
+std::string file_text(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  return text.str();
+}
+
+// "; the configs differ in seed (0 there, 1 now) (...)" ("there": `first`'s
+// config.toml, "now": `other`'s); "" when none is found.
+std::string changed_keys(const std::filesystem::path& first, const std::filesystem::path& other) {
+  const std::string keys = config_differences_text(file_text(first / "config.toml"), file_text(other / "config.toml"));
+  return keys.empty() ? "" : "; the configs differ in " + keys + " (\"there\": " + first.string() + ")";
+}
+
+}  // namespace
 
 MergeInput read_shards(const std::vector<std::filesystem::path>& dirs) {
   if (dirs.empty()) throw Error("no shard folders given");
@@ -47,7 +68,8 @@ MergeInput read_shards(const std::vector<std::filesystem::path>& dirs) {
                            b = in.shards[s].manifest.value(k.key, nlohmann::json());
       if (a != b)
         problems.push_back(std::string(k.key) + " differs (" + k.meaning + "): " + b.dump() + " in " +
-                           in.shards[s].dir.string() + ", " + a.dump() + " in " + first.dir.string());
+                           in.shards[s].dir.string() + ", " + a.dump() + " in " + first.dir.string() +
+                           (std::string(k.key) == "config_hash" ? changed_keys(first.dir, in.shards[s].dir) : ""));
     }
     const Shard sa = manifest_shard(first.manifest), sb = manifest_shard(in.shards[s].manifest);
     if (sa.count != sb.count)

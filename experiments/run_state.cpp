@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "experiments/shard.h"
 #include "kvb/build_config.h"
 #include "kvb/git_info.h"
 #include "sim/core/error.h"
@@ -258,6 +259,20 @@ std::vector<SweepPoint> points_not_in(const std::vector<SweepPoint>& points, con
   return out;
 }
 
+namespace {
+
+// ": seed (0 there, 1 now); ..." for a resumed folder whose config.toml differs from
+// this command's config in keys the hash reads; "" when none is found.
+std::string changed_keys(const std::filesystem::path& dir, const ExperimentSpec& spec) {
+  std::ifstream in(dir / "config.toml");
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  const std::string keys = in ? config_differences_text(text.str(), spec.resolved_toml) : "";
+  return keys.empty() ? "" : ": " + keys;
+}
+
+}  // namespace
+
 ResumeState prepare_resume(const std::filesystem::path& dir, const ExperimentSpec& spec, const std::string& config_hash,
                            const std::optional<Shard>& shard, const std::vector<SweepPoint>& points) {
   ResumeState st;
@@ -277,7 +292,7 @@ ResumeState prepare_resume(const std::filesystem::path& dir, const ExperimentSpe
     const std::string then = json_text(m, key);
     if (then != now) differences.push_back(std::string(key) + " " + then + " there, " + now + " now (" + why + ")");
   };
-  differ("config_hash", config_hash, "a different config, --set, --budget or --backend");
+  differ("config_hash", config_hash, "a different config, --set, --budget or --backend" + changed_keys(dir, spec));
   differ("git_commit", KVB_GIT_COMMIT, "another program version");
   differ("kvbudget_version", KVB_VERSION, "another program version");
   if (!differences.empty())

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "sim/core/error.h"
+#include "sim/core/strings.h"
 #include "sim/metrics/metric_table.h"
 
 namespace kvb {
@@ -139,14 +140,77 @@ std::vector<SweepPoint> shard_points(const ExperimentSpec& spec, const std::vect
   return out;
 }
 
-std::string sweep_config_hash(const ExperimentSpec& spec) {
-  toml::table root = toml::parse(std::string_view(spec.resolved_toml));
+namespace {
+
+// A resolved config's table without the keys that do not change results (threads,
+// output.dir, output.plots): what sweep_config_hash hashes.
+toml::table hashed_config(const std::string& resolved_toml) {
+  toml::table root = toml::parse(std::string_view(resolved_toml));
   root.erase("threads");
   if (toml::table* output = root["output"].as_table()) {
     output->erase("dir");
     output->erase("plots");
     if (output->empty()) root.erase("output");  // as if it had never been given
   }
+  return root;
+}
+
+// A node as TOML text on one line ("[2, 3]", "'int4'"); "absent" for none.
+std::string node_text(const toml::node* n) {
+  if (!n) return "absent";
+  std::ostringstream os;
+  n->visit([&](const auto& v) { os << toml::toml_formatter(v, toml::format_flags::none); });
+  std::string text = os.str();
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  return text;
+}
+
+// node_text shortened past 60 characters, for a message.
+std::string shown(const std::string& text) { return text.size() > 60 ? text.substr(0, 57) + "..." : text; }
+
+void collect_differences(const toml::node* then, const toml::node* now, const std::string& key,
+                         std::vector<std::string>& out) {
+  if (then && now && then->is_table() && now->is_table()) {
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : *then->as_table()) keys.emplace_back(k.str());
+    for (const auto& [k, v] : *now->as_table())
+      if (!then->as_table()->contains(k.str())) keys.emplace_back(k.str());
+    for (const std::string& k : keys)
+      collect_differences(then->as_table()->get(k), now->as_table()->get(k), key.empty() ? k : key + "." + k, out);
+    return;
+  }
+  if (then && now && then->is_array() && now->is_array() && then->as_array()->size() == now->as_array()->size()) {
+    for (size_t i = 0; i < then->as_array()->size(); ++i)
+      collect_differences(then->as_array()->get(i), now->as_array()->get(i), key + "[" + std::to_string(i) + "]", out);
+    return;
+  }
+  const std::string a = node_text(then), b = node_text(now);
+  if (a != b || (!then) != (!now)) out.push_back(key + " (" + shown(a) + " there, " + shown(b) + " now)");
+}
+
+}  // namespace
+
+std::vector<std::string> config_differences(const std::string& then_toml, const std::string& now_toml) {
+  std::vector<std::string> out;
+  try {
+    const toml::table then = hashed_config(then_toml), now = hashed_config(now_toml);
+    collect_differences(&then, &now, "", out);
+  } catch (const toml::parse_error&) {
+    return {};  // a hand-edited config.toml: the hashes still tell that they differ
+  }
+  return out;
+}
+
+std::string config_differences_text(const std::string& then_toml, const std::string& now_toml) {
+  const std::vector<std::string> keys = config_differences(then_toml, now_toml);
+  constexpr size_t kShown = 5;
+  std::vector<std::string> shown(keys.begin(), keys.begin() + static_cast<long>(std::min(keys.size(), kShown)));
+  if (keys.size() > kShown) shown.push_back("and " + std::to_string(keys.size() - kShown) + " more");
+  return join(shown, "; ");
+}
+
+std::string sweep_config_hash(const ExperimentSpec& spec) {
+  const toml::table root = hashed_config(spec.resolved_toml);
   std::ostringstream os;
   os << toml::toml_formatter(root);
   uint64_t h = kFnvOffset;

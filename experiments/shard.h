@@ -53,6 +53,12 @@ std::vector<SweepPoint> shard_points(const ExperimentSpec& spec, const std::vect
 // do not change results: threads, output.dir and output.plots. --set overrides,
 // --budget queries and --backend are part of it.
 std::string sweep_config_hash(const ExperimentSpec& spec);
+// The keys in which two resolved configs (config.toml texts) differ among those the hash
+// reads, each as "strategy[0].vars.bits ([2, 3] there, [2, 4] now)", in the first one's
+// key order (then the second's new keys); empty when they agree or one is not TOML.
+std::vector<std::string> config_differences(const std::string& then_toml, const std::string& now_toml);
+// The first 5 of them joined by "; " (", and N more"); "" when there are none.
+std::string config_differences_text(const std::string& then_toml, const std::string& now_toml);
 // The data's identity: a hash (FNV-1a 64 over 8-byte words, hex) of everything the
 // points see: every layer's tensors, token ids, positions, the RoPE and the phase
 // boundary, with the shapes; for a model source, the exact model's recording.

@@ -136,6 +136,7 @@ expect "$tmp/merge_dup.out" "4 point(s) in more than one folder" "merge of a sha
 [ $? -eq 1 ] || fail "merging shards of different seeds: expected exit 1"
 expect "$tmp/merge_mixed.out" "config_hash differs" "merge of different configs"
 expect "$tmp/merge_mixed.out" "seed differs (different seeds): 1 in" "merge of different seeds"
+expect "$tmp/merge_mixed.out" "the configs differ in seed (0 there, 1 now)" "merge of different configs names the key"
 [ ! -e "$tmp/dup" ] && [ ! -e "$tmp/mixed" ] || fail "a refused merge wrote its folder"
 # --resume of a finished shard, CONFIG left out (its config.toml): nothing to run, the same results.
 cp -r "$s3" "$tmp/s3_copy"
@@ -147,6 +148,7 @@ same_results "$tmp/s3_copy" "$s3" "a finished shard resumed"
 "$kvb" run "$cfg" "${small[@]}" --set seed=1 --resume "$s3" >"$tmp/resume_other.out" 2>&1
 [ $? -eq 2 ] || fail "resuming with another config: expected exit 2"
 expect "$tmp/resume_other.out" "not the same sweep" "--resume with another config"
+expect "$tmp/resume_other.out" "--backend: seed (0 there, 1 now))" "--resume with another config names the key"
 
 # 3. A real Slurm cluster on this machine.
 slurm_why=""

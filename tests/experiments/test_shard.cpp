@@ -142,6 +142,35 @@ TEST_CASE("config hash: --out, --threads and plots aside, any change of the swee
   CHECK(sweep_config_hash(a) != sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "cuda", false, {}, ""})));
 }
 
+TEST_CASE("config differences: the keys the hash reads that differ, named with both values") {
+  auto run_spec = [](const std::string& text, const RunOptionsInConfig& o) {
+    ExperimentSpec e = parse(text);
+    record_run_options(e, o);
+    return e;
+  };
+  const ExperimentSpec a = run_spec(kSweep, {});
+  // --out, --threads, --no-plots: not differences (the hash does not read them).
+  CHECK(config_differences(a.resolved_toml, run_spec(kSweep, RunOptionsInConfig{3, "/x", "", true, {}, ""}).resolved_toml)
+            .empty());
+  const std::vector<std::string> seed = config_differences(a.resolved_toml, run_spec("seed = 1\n" + kSweep, {}).resolved_toml);
+  REQUIRE(seed.size() == 1);
+  CHECK(seed[0] == "seed (absent there, 1 now)");
+  const std::vector<std::string> backend =
+      config_differences(a.resolved_toml, run_spec(kSweep, RunOptionsInConfig{0, "", "cuda", false, {}, ""}).resolved_toml);
+  REQUIRE(backend.size() == 1);
+  CHECK(backend[0].rfind("backend (", 0) == 0);
+  // Inside arrays of tables: the element and key.
+  std::string other = kSweep;
+  const size_t at = other.find("bits = \"2..8\"");
+  REQUIRE(at != std::string::npos);
+  const std::vector<std::string> in_strategy =
+      config_differences(a.resolved_toml, run_spec(other.replace(at, 13, "bits = [2, 3]"), {}).resolved_toml);
+  REQUIRE(in_strategy.size() == 1);
+  CHECK(in_strategy[0] == "strategy[0].vars.bits (\"2..8\" there, [ 2, 3 ] now)");
+  CHECK(config_differences("not = [toml", a.resolved_toml).empty());
+  CHECK(config_differences_text(a.resolved_toml, a.resolved_toml).empty());
+}
+
 TEST_CASE("results.jsonl: a point result reads back bit for bit, non-finite numbers and text included") {
   PointResult r;
   r.id = 17;
