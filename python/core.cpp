@@ -161,22 +161,14 @@ Quantized quantize(const py::array& x_in, const std::string& format, const std::
   if (pre_rope_in && kind == "key") {
     // RoPE at positions 0..rows_per_span-1 of each span must give x from pre_rope:
     // else a prerope: format re-applies another rotation than the keys had.
-    std::vector<ConstMatView> keys;
-    std::vector<SpanInfo> spans;
-    for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
-      keys.push_back(ConstMatView{xp + r0 * d, std::min(rows_per_span, rows - r0), d, d});
-      SpanInfo span{0, s, true, 0, seed};
-      span.rope_applied = true;
-      span.rope_theta = rope_theta;
-      span.key_pre_rope = pre_rope.data() + r0 * d;
-      span.key_pre_rope_stride = d;
-      spans.push_back(span);
-    }
-    check_pre_rope_keys(keys, spans, "kvbudget.quantize(pre_rope=)", "span",
-                        "a wrong rope_theta= (give the model's; a model with RoPE scaling cannot be checked here: "
-                        "quantize its recording with kvbudget run), or spans whose rows are not positions 0.." +
-                            std::to_string(rows_per_span - 1) + " (rows_per_span=" + std::to_string(rows_per_span) +
-                            ": each span restarts at position 0; give the tokens per head, the default)");
+    SpanInfo base{0, 0, true, 0, seed};
+    base.rope_applied = true;
+    base.rope_theta = rope_theta;
+    check_pre_rope_key_rows(xp, pre_rope.data(), rows, d, rows_per_span, base, "kvbudget.quantize(pre_rope=)",
+                            "a wrong rope_theta= (give the model's; a model with RoPE scaling cannot be checked here: "
+                            "quantize its recording with kvbudget run), or spans whose rows are not positions 0.." +
+                                std::to_string(rows_per_span - 1) + " (rows_per_span=" + std::to_string(rows_per_span) +
+                                ": each span restarts at position 0; give the tokens per head, the default)");
   }
 
   std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());

@@ -84,17 +84,13 @@ std::string kind_of_tensor_name(const std::string& name) {
 void check_tensor_pre_rope_keys(const Tensor& x, const Tensor& pre_rope, int64_t rows_per_span,
                                 const SpanSource& source, const std::string& pre_rope_name) {
   const int64_t d = x.shape.back(), rows = x.numel() / d;
-  std::vector<ConstMatView> keys;
-  std::vector<SpanInfo> spans;
-  for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
-    keys.push_back(ConstMatView{x.ptr() + r0 * d, std::min(rows_per_span, rows - r0), d, d});
-    spans.push_back(unit_span(source, 0, s, Kind::Key, 0, pre_rope.ptr() + r0 * d, d));
-  }
-  check_pre_rope_keys(keys, spans, std::string(source.name) + " with --pre-rope " + pre_rope_name, "span",
-                      "a wrong --rope-theta (default: the file's rope_theta metadata, else 10000; give the model's), "
-                      "or spans whose rows are not positions 0.." + std::to_string(rows_per_span - 1) +
-                      " (--rows-per-span " + std::to_string(rows_per_span) +
-                      ": each span restarts at position 0; give the tensor's tokens per head, the default)");
+  check_pre_rope_key_rows(x.ptr(), pre_rope.ptr(), rows, d, rows_per_span,
+                          unit_span(source, 0, 0, Kind::Key, 0, pre_rope.ptr(), d),
+                          std::string(source.name) + " with --pre-rope " + pre_rope_name,
+                          "a wrong --rope-theta (default: the file's rope_theta metadata, else 10000; give the model's), "
+                          "or spans whose rows are not positions 0.." + std::to_string(rows_per_span - 1) +
+                              " (--rows-per-span " + std::to_string(rows_per_span) +
+                              ": each span restarts at position 0; give the tensor's tokens per head, the default)");
 }
 
 }  // namespace

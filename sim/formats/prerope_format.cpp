@@ -147,6 +147,22 @@ void check_pre_rope_keys(const std::vector<ConstMatView>& keys, const std::vecto
               "), so prerope: formats would re-apply another rotation than the model's. Likely: " + causes);
 }
 
+void check_pre_rope_key_rows(const float* keys, const float* pre_rope, int64_t rows, int64_t head_dim,
+                             int64_t rows_per_span, const SpanInfo& base, const std::string& where,
+                             const std::string& causes) {
+  std::vector<ConstMatView> views;
+  std::vector<SpanInfo> spans;
+  for (int64_t s = 0, r0 = 0; r0 < rows; ++s, r0 += rows_per_span) {
+    views.push_back(ConstMatView{keys + r0 * head_dim, std::min(rows_per_span, rows - r0), head_dim, head_dim});
+    SpanInfo span = base;
+    span.kv_head = s;
+    span.key_pre_rope = pre_rope + r0 * head_dim;
+    span.key_pre_rope_stride = head_dim;
+    spans.push_back(span);
+  }
+  check_pre_rope_keys(views, spans, where, "span", causes);
+}
+
 void PreRopeFormat::encode(ConstMatView x, const SpanInfo& span, BitWriter& out) const {
   inner_->encode(span.is_key ? pre_rope_keys(x, span) : x, span, out);
 }

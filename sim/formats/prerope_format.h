@@ -48,6 +48,13 @@ inline constexpr double kPreRopeKeyTolerance = 2e-2;
 // on every row), so a 128K-token layer costs what a 4K-token one does.
 void check_pre_rope_keys(const std::vector<ConstMatView>& keys, const std::vector<SpanInfo>& spans,
                          const std::string& where, const std::string& unit, const std::string& causes);
+// check_pre_rope_keys on a flat tensor of `rows` x `head_dim` post-RoPE keys and its
+// pre-RoPE twin, cut into spans of `rows_per_span` rows, each at positions 0.. (what
+// `kvbudget quantize --pre-rope` and the Python quantize(pre_rope=) quantize): span s is
+// `base` with kv_head s and its rows of `pre_rope`.
+void check_pre_rope_key_rows(const float* keys, const float* pre_rope, int64_t rows, int64_t head_dim,
+                             int64_t rows_per_span, const SpanInfo& base, const std::string& where,
+                             const std::string& causes);
 
 class PreRopeFormat final : public Format {
  public:
