@@ -1,6 +1,9 @@
 // Crash-safe file writes: content goes to a temporary file in the same directory,
 // is flushed to disk, then renamed over the target. A reader (or a crash, or Ctrl-C)
 // sees either the old complete file or the new complete file, never a truncated one.
+// A process that a signal ends leaves its temporary files (NAME.tmp.<pid>) unless its
+// handler calls remove_unfinished_atomic_files() (the commands' interrupt handler does:
+// experiments/cli/interrupt.h).
 #pragma once
 #include <cstddef>
 #include <filesystem>
@@ -28,6 +31,13 @@ class AtomicFileWriter {
  private:
   std::filesystem::path path_, tmp_;
   int fd_ = -1;
+  int tracked_slot_ = -1;  // this writer's slot for remove_unfinished_atomic_files(); -1: none
 };
+
+// Unlinks the temporary file of every AtomicFileWriter alive in the process (neither
+// committed nor destroyed): for a signal handler that ends the process. Async-signal-safe
+// (it reads fixed slots and calls unlink only). The 16 writers alive first are tracked;
+// one beyond them is still written atomically, but an interrupt leaves its temporary file.
+void remove_unfinished_atomic_files() noexcept;
 
 }  // namespace kvb
