@@ -18,6 +18,7 @@
 #include <set>
 
 #include "experiments/cli/commands.h"
+#include "experiments/cli/interrupt.h"
 #include "experiments/cli/model_input.h"
 #include "experiments/cli/plan_options.h"
 #include "experiments/experiment.h"
@@ -109,6 +110,48 @@ void warn_nonfinite_positions(const ModelStats& m) {
 // A JSON number, null when not finite.
 nlohmann::json json_number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
+// Throws kvb::ConfigError when two of the output files (option name, path; empty paths
+// skipped) are one file: the one written last would replace the other (--out over a
+// --kl-base it was read from, say). Paths are compared resolved (symbolic links, "..").
+void refuse_shared_output_files(const std::vector<std::pair<const char*, std::string>>& outputs) {
+  namespace fs = std::filesystem;
+  // The path with symbolic links and ".." resolved as far as it exists; lexically past that.
+  const auto resolved = [](const std::string& path) {
+    std::error_code error;
+    const fs::path p = fs::weakly_canonical(path, error);
+    return error ? fs::absolute(path).lexically_normal() : p;
+  };
+  for (size_t i = 0; i < outputs.size(); ++i)
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      const std::string &a = outputs[i].second, &b = outputs[j].second;
+      if (a.empty() || b.empty()) continue;
+      std::error_code error;  // equivalent(): false when either is absent (hard links of one file: true)
+      if (resolved(a) == resolved(b) || fs::equivalent(a, b, error))
+        throw ConfigError(std::string(outputs[i].first) + " " + a + " and " + outputs[j].first + " " + b +
+                          " are the same file: the one written last would replace the other; give another path");
+    }
+}
+
+// Throws kvb::ConfigError when a window is longer than a GPT-2 model's learned position
+// table (the forward pass could not run it), with the --ctx that fits.
+void check_windows_fit_positions(const ModelConfig& cfg, const std::vector<TokenWindow>& windows) {
+  if (cfg.family != ModelFamily::Gpt2) return;
+  int64_t longest = 0;
+  for (const TokenWindow& w : windows) longest = std::max(longest, w.length);
+  if (longest <= cfg.max_positions) return;
+  throw ConfigError(cfg.dir.string() + ": a window of " + std::to_string(longest) +
+                    " tokens exceeds the learned position table (n_positions " + std::to_string(cfg.max_positions) +
+                    " in config.json); evaluate in windows of at most " + std::to_string(cfg.max_positions) +
+                    " tokens: --ctx " + std::to_string(cfg.max_positions));
+}
+
+// [positions] values of an I32 tensor: 1 at the sequence positions in `compared` (ascending), 0 elsewhere.
+std::vector<int64_t> position_mask(int64_t positions, const std::vector<int64_t>& compared) {
+  std::vector<int64_t> mask(static_cast<size_t>(positions), 0);
+  for (int64_t t : compared) mask[static_cast<size_t>(t)] = 1;
+  return mask;
+}
+
 }  // namespace
 
 int cmd_eval(const Args& args) {
@@ -144,8 +187,9 @@ int cmd_eval(const Args& args) {
       "continuation-prompt", po::value(&cont.prompt)->default_value(64), "shortest continuation prompt, tokens")(
       "continuation-tokens", po::value(&cont.tokens)->default_value(20), "tokens generated per continuation")(
       "out,o", po::value(&out),
-      ".safetensors: logits [T, vocab], nll [T-1], input_ids (and logits_exact, nll_exact when quantized); "
-      ".npy: the logits")("nll", po::value(&nll_out), "write the per-position NLL [T-1] (nats) to this .npy")(
+      ".safetensors: logits [T, vocab], nll [T-1], input_ids [T], scored [T-1] (1 at the positions the PPL "
+      "averages), and logits_exact, nll_exact when quantized; metadata n_ctx and score. .npy: the logits")(
+      "nll", po::value(&nll_out), "write the per-position NLL [T-1] (nats) to this .npy (every position: see below)")(
       "task", po::value(&task_file), "an answer task (.npz or .jsonl, configs/README.md [task]): answer_accuracy")(
       "answer-regex", po::value(&answer_regex), "with --task: the regex that finds the answer (group 1, else the match)")(
       "answer-after", po::value(&answer_after)->default_value(-1),
@@ -177,7 +221,13 @@ int cmd_eval(const Args& args) {
   if (!in.parse(args, opts, "eval", vm)) return kExitUsage;
   if (vm.count("help")) {
     std::cout << opts
-              << "\nnll[t] is -log p(token t+1 | tokens 0..t) in nats for t = 0..T-2; PPL = exp(mean nll).\n"
+              << "\nnll[t] is -log p(token t+1 | the tokens of t's window up to t) in nats, t = 0..T-2: each window\n"
+                 "(--ctx tokens, from an empty cache, its first token replaced by BOS when the text starts with it)\n"
+                 "conditions on its own tokens only. nll[t] is NaN where t ends a window (token t+1 starts the next).\n"
+                 "PPL = exp(mean nll[t] over the scored t): --out's `scored` tensor marks them. With --score all\n"
+                 "they are the finite values (one window: every t); with --score second_half, the t with\n"
+                 "t mod ctx >= ctx/2, whose first halves are still written, finite. With a strategy that\n"
+                 "calibrates, its calibration positions (window-local t = 7, 15, ...) are left out as well.\n"
                  "With --format, --key-format/--value-format or --strategy, the exact run is recorded first\n"
                  "(what strategies build their plan from) and the quantized run is compared with it.\n";
     return kExitOk;
@@ -228,6 +278,9 @@ int cmd_eval(const Args& args) {
   if (!kl_base.empty() && !std::filesystem::exists(kl_base)) require_writable_output(kl_base, "--kl-base");
   if (!out.empty()) require_writable_output(out, "--out");
   if (!nll_out.empty()) require_writable_output(nll_out, "--nll");
+  refuse_shared_output_files({{"--out", out}, {"--kl-base", kl_base}, {"--nll", nll_out}});
+  // From here on an interrupt removes the unfinished files (--kl-base, --out, --nll) and exits 128 + signal.
+  const ExitOnInterrupt exit_on_interrupt("eval");
   // The layer selection is checked against config.json before the weights load.
   std::vector<int64_t> quantized_layers;
   if (!layers_text.empty())
@@ -241,6 +294,7 @@ int cmd_eval(const Args& args) {
   const std::shared_ptr<const Transformer> model = in.load_model();
   const ModelConfig& cfg = model->config();
   const std::vector<int64_t> tokens = in.load_tokens(cfg, n_ctx);
+  if (tokens.size() >= 2) check_windows_fit_positions(cfg, token_windows(static_cast<int64_t>(tokens.size()), n_ctx));
   const ModelBackend backend = make_model_backend(model, backend_request, "--backend", precision);
   say(json, "model: %s (%.1f MiB of weights in memory, 16-bit weights kept 16-bit)\n  %s\ntokens: %zu from %s\n", cfg.dir.string().c_str(),
               static_cast<double>(model->weights().bytes()) / (1024.0 * 1024.0), cfg.summary().c_str(), tokens.size(),
@@ -326,14 +380,18 @@ int cmd_eval(const Args& args) {
   const auto open_out_file = [&](const std::string& plan_name) {
     std::vector<TensorLayout> layout = {{"logits", {T, V}, DType::F32},
                                         {"nll", {T - 1}, DType::F32},
-                                        {"input_ids", {T}, DType::I32}};
+                                        {"input_ids", {T}, DType::I32},
+                                        {"scored", {T - 1}, DType::I32}};
     if (strat) {
       layout.push_back({"logits_exact", {T, V}, DType::F32});
       layout.push_back({"nll_exact", {T - 1}, DType::F32});
     }
     if (out_npy) layout.resize(1);
-    out_file = std::make_unique<TensorFileStream>(
-        out, std::move(layout), std::map<std::string, std::string>{{"model", cfg.dir.string()}, {"plan", plan_name}});
+    out_file = std::make_unique<TensorFileStream>(out, std::move(layout),
+                                                  std::map<std::string, std::string>{{"model", cfg.dir.string()},
+                                                                                     {"plan", plan_name},
+                                                                                     {"n_ctx", std::to_string(n_ctx)},
+                                                                                     {"score", score_rule_name(score)}});
   };
   // The exact logits into out_file, a window of rows at a time; rows no window holds are zeros.
   const auto append_exact_logits = [&] {
@@ -347,6 +405,8 @@ int cmd_eval(const Args& args) {
     out_file->append_zeros((T - done) * V);
   };
   std::vector<double> quant_nll;  // [T - 1], with a plan and a file asked for
+  // The sequence positions the report's PPL and comparisons average over (--out's `scored`).
+  std::vector<int64_t> compared = evaluator.scored_positions();
   ErrorStats stats;
   double plan_bpe = std::nan("");
   std::string plan_text = "exact";
@@ -369,6 +429,7 @@ int cmd_eval(const Args& args) {
     plan_bpe = plan.bpe();
     plan_text = plan.describe();
     const bool calibrated = built.calibrated;
+    compared = evaluator.compared_positions(calibrated ? &positions.evaluation : nullptr);
     pass = "quantized";
     QuantizedRunOutput run_output;
     if (!out.empty() || !nll_out.empty()) run_output.nll = &quant_nll;
@@ -486,6 +547,7 @@ int cmd_eval(const Args& args) {
     if (!out_npy) {
       out_file->append_floats(nll.data(), T - 1);
       out_file->append_ints(tokens.data(), T);
+      out_file->append_ints(position_mask(T - 1, compared).data(), T - 1);
       if (strat) {
         append_exact_logits();
         out_file->append_floats(nll_exact.data(), T - 1);

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "experiments/cli/commands.h"
+#include "experiments/cli/interrupt.h"
 #include "experiments/cli/model_input.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
@@ -40,6 +41,8 @@ int cmd_record(const Args& args) {
     throw ConfigError("--out " + out + ": a recording is written as .safetensors");
   const DType dtype = parse_float_dtype(dtype_text, "--dtype");
   require_writable_output(out, "--out");
+  // From here on an interrupt removes the unfinished --out file and exits 128 + signal.
+  const ExitOnInterrupt exit_on_interrupt("record");
 
   const auto t0 = std::chrono::steady_clock::now();
   const std::shared_ptr<const Transformer> model = in.load_model();

@@ -574,6 +574,21 @@ std::vector<double> ModelEvaluator::base_scored_nll() const {
   return nll;
 }
 
+std::vector<int64_t> ModelEvaluator::scored_in_window(const TokenWindow& window,
+                                                      const std::vector<int64_t>* positions) const {
+  std::vector<int64_t> scored;
+  for (int64_t local = options_.windows.first_scored(); local + 1 < window.length; ++local)
+    if (!positions || std::binary_search(positions->begin(), positions->end(), local)) scored.push_back(local);
+  return scored;
+}
+
+std::vector<int64_t> ModelEvaluator::compared_positions(const std::vector<int64_t>* positions) const {
+  std::vector<int64_t> compared;
+  for (const TokenWindow& w : windows_)
+    for (int64_t local : scored_in_window(w, positions)) compared.push_back(w.start + local);
+  return compared;
+}
+
 ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* logits_out,
                                     const std::vector<int64_t>* positions, const QuantizedRunOutput* output) const {
   const CacheQuantization cache{&plan, seed};
@@ -599,9 +614,7 @@ ModelStats ModelEvaluator::evaluate(const Plan& plan, uint64_t seed, RowMatrix* 
       base = base_window->data();
     }
     // The scored positions of this window, in order; each compared on its own, in parallel.
-    scored.clear();
-    for (int64_t local = options_.windows.first_scored(); local + 1 < win.length; ++local)
-      if (!positions || std::binary_search(positions->begin(), positions->end(), local)) scored.push_back(local);
+    scored = scored_in_window(win, positions);
     const size_t offset = s.nll.size(), n = scored.size();
     s.nll.resize(offset + n);
     s.nll_base.resize(offset + n);

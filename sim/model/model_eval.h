@@ -236,6 +236,9 @@ class ModelEvaluator {
   const std::vector<double>& base_nll() const { return base_nll_; }
   // The sequence positions t scored (WindowSpec), ascending, and the exact NLL there.
   const std::vector<int64_t>& scored_positions() const { return scored_; }
+  // The sequence positions evaluate(plan, seed, logits, positions) compares, ascending:
+  // scored_positions() restricted to `positions` (window-local, sorted) when given.
+  std::vector<int64_t> compared_positions(const std::vector<int64_t>* positions) const;
   std::vector<double> base_scored_nll() const;
   const std::vector<TokenWindow>& windows() const { return windows_; }
   const WindowSpec& window_spec() const { return options_.windows; }
@@ -266,6 +269,9 @@ class ModelEvaluator {
   std::vector<double> next_token_nll_of(const RowMatrix& logits) const;
 
  private:
+  // The window-local query positions of `window` compared: first_scored() .. length - 2,
+  // those in `positions` (window-local, sorted) when given.
+  std::vector<int64_t> scored_in_window(const TokenWindow& window, const std::vector<int64_t>* positions) const;
   // The tokens window w runs on (BOS replacement applied).
   std::vector<int64_t> window_tokens(size_t w) const;
   // Teacher forcing and greedy continuations, on options_.backend when set.

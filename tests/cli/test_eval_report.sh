@@ -2,7 +2,9 @@
 # `kvbudget eval`'s llama.cpp-style report (issue 21 items 3 and 7): a text evaluated in
 # windows of --ctx tokens with a progress bar, --json with llama.cpp's statistics, the
 # exact logits kept with --kl-base and reused (a mismatched one refused), the warning
-# past max_position_embeddings, and data.n_ctx in a model-level config.
+# past max_position_embeddings, and data.n_ctx in a model-level config; --out's scored
+# positions and window metadata, output paths that name one file refused, GPT-2's
+# position table with the --ctx that fits, and Ctrl-C/SIGTERM leaving no temporary file.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -129,4 +131,101 @@ done
   >/dev/null 2>"$tmp/n1.err"
 [ $? -eq 2 ] || fail "data.n_ctx = 1 should exit 2"
 expect "$tmp/n1.err" "n_ctx" "data.n_ctx = 1"
+# --out says which positions the PPL averages: `scored` [T-1] and metadata n_ctx, score;
+# nll is NaN at each window's end and finite (unscored) in the first halves.
+"$kvb" eval "$llama" --text "$text" --max-tokens 300 --ctx 128 --score second_half --format int4-asym-g32 --json \
+  --out "$tmp/sc.safetensors" --nll "$tmp/sc.npy" >"$tmp/sc.json" 2>"$tmp/sc.err" || fail "eval --out second_half: $(cat "$tmp/sc.err")"
+"$kvb" eval "$llama" --text "$text" --max-tokens 300 --ctx 128 --json --out "$tmp/sa.safetensors" >"$tmp/sa.json" \
+  2>"$tmp/sa.err" || fail "eval --out exact: $(cat "$tmp/sa.err")"
+/usr/bin/python3 -c 'import json, struct, sys, numpy as np
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    kinds = {"F32": np.float32, "I32": np.int32, "I64": np.int64}
+    tensors = {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], kinds[v["dtype"]])
+               for k, v in header.items()}
+    return tensors, meta
+def close(a, b): return abs(a - b) <= 1e-5 * b
+t, meta = read_safetensors(sys.argv[1])
+j = json.load(open(sys.argv[2]))
+assert meta["n_ctx"] == "128" and meta["score"] == "second_half", meta
+scored = t["scored"].astype(bool)
+assert scored.shape == (299,) and scored.sum() == j["positions"] == 63 + 63, scored.sum()
+assert scored[64:127].all() and not scored[:64].any() and not scored[127] and scored[192:255].all() and scored[256:].sum() == 0
+assert np.isnan(t["nll"][[127, 255]]).all() and np.isfinite(t["nll"][:127]).all()
+assert close(np.exp(t["nll"][scored].mean()), j["ppl"]), (np.exp(t["nll"][scored].mean()), j["ppl"])
+assert close(np.exp(t["nll_exact"][scored].mean()), j["ppl_base"])
+nll = np.load(sys.argv[3])
+assert np.array_equal(nll, t["nll"], equal_nan=True)
+mod = np.arange(299) % 128
+assert np.array_equal(scored, (mod >= 64) & np.isfinite(nll)), "--help rule for --nll users"
+a, meta = read_safetensors(sys.argv[4])
+ja = json.load(open(sys.argv[5]))
+assert meta["n_ctx"] == "128" and meta["score"] == "all" and "nll_exact" not in a
+assert np.array_equal(a["scored"].astype(bool), np.isfinite(a["nll"])) and a["scored"].sum() == ja["positions"] == 127 + 127 + 43
+assert close(np.exp(a["nll"][a["scored"] == 1].mean()), ja["ppl"])
+' "$tmp/sc.safetensors" "$tmp/sc.json" "$tmp/sc.npy" "$tmp/sa.safetensors" "$tmp/sa.json" \
+  || fail "eval --out: scored positions or metadata do not give the reported PPL back"
+
+# Two outputs naming one file are refused before any work (the --out would replace the kl-base).
+mkdir -p "$tmp/sub"
+"$kvb" eval "$llama" --text "$text" --max-tokens 300 --ctx 128 --format int4-asym-g32 --out "$tmp/same.safetensors" \
+  --kl-base "$tmp/sub/../same.safetensors" >/dev/null 2>"$tmp/same.err"
+[ $? -eq 2 ] || fail "--out and --kl-base naming one file should exit 2"
+expect "$tmp/same.err" "--out $tmp/same.safetensors and --kl-base $tmp/sub/../same.safetensors are the same file" \
+  "--out = --kl-base"
+[ ! -e "$tmp/same.safetensors" ] || fail "--out = --kl-base wrote a file"
+"$kvb" eval "$llama" --text "$text" --max-tokens 300 --out "$tmp/same.npy" --nll "$tmp/same.npy" >/dev/null 2>"$tmp/same2.err"
+[ $? -eq 2 ] || fail "--out and --nll naming one file should exit 2"
+expect "$tmp/same2.err" "are the same file" "--out = --nll"
+
+# GPT-2's learned position table (1024): a longer window is refused with the --ctx that fits.
+gpt2="$src/data/models/gpt2-bytes"
+"$kvb" eval "$gpt2" --text "$text" --max-tokens 1100 --ctx 0 >/dev/null 2>"$tmp/pos.err"
+[ $? -eq 2 ] || fail "gpt2 past n_positions should exit 2"
+expect "$tmp/pos.err" "a window of 1100 tokens exceeds the learned position table (n_positions 1024 in config.json); evaluate in windows of at most 1024 tokens: --ctx 1024" \
+  "gpt2 past n_positions"
+"$kvb" eval "$gpt2" --text "$text" --max-tokens 1100 --ctx 1024 >/dev/null 2>"$tmp/pos_ok.err" \
+  || fail "gpt2 in windows of 1024 exited $?: $(cat "$tmp/pos_ok.err")"
+
+# Interrupts (a background job starts with SIGINT ignored; eval handles it anyway): the
+# file being written is removed, no FILE.tmp.<pid> stays, exit 128 + signal.
+# interrupt_eval NAME SIGNAL WAIT_FOR ARGS...: starts eval, waits for the temporary file
+# $tmp/WAIT_FOR.tmp.<pid>, sends SIGNAL, sets rc.
+interrupt_eval() {
+  local name="$1" sig="$2" wait_for="$3"
+  shift 3
+  "$kvb" eval "$llama" --text "$text" --max-tokens 16384 --ctx 128 --format int4-asym-g32 "$@" \
+    >"$tmp/$name.out" 2>"$tmp/$name.err" &
+  local pid=$!
+  for _ in $(seq 2400); do
+    ls "$tmp/$wait_for".tmp.* >/dev/null 2>&1 && break
+    sleep 0.05
+  done
+  ls "$tmp/$wait_for".tmp.* >/dev/null 2>&1 || fail "$name: $wait_for.tmp.* never appeared"
+  kill -"$sig" $pid
+  wait $pid
+  rc=$?
+}
+interrupt_eval int INT ib.safetensors --kl-base "$tmp/ib.safetensors"
+[ $rc -eq 130 ] || fail "eval interrupted while writing --kl-base: expected exit 130, got $rc"
+expect "$tmp/int.err" "kvbudget eval: interrupted by SIGINT; unfinished output files were removed" "eval Ctrl-C"
+[ ! -e "$tmp/ib.safetensors" ] || fail "eval Ctrl-C: an unfinished --kl-base was left"
+interrupt_eval term TERM to.safetensors --out "$tmp/to.safetensors" --nll "$tmp/to.npy"
+[ $rc -eq 143 ] || fail "eval sent SIGTERM while writing --out: expected exit 143, got $rc"
+expect "$tmp/term.err" "kvbudget eval: interrupted by SIGTERM" "eval SIGTERM"
+[ ! -e "$tmp/to.safetensors" ] && [ ! -e "$tmp/to.npy" ] || fail "eval SIGTERM: an unfinished output was left"
+ls "$tmp" | grep -q '\.tmp\.' && fail "interrupted eval left temporary files: $(ls "$tmp" | grep '\.tmp\.')"
+# record: a hangup while the model runs ends it at once, nothing written.
+"$kvb" record "$llama" --text "$text" --max-tokens 0 --out "$tmp/rh.safetensors" >/dev/null 2>"$tmp/rh.err" &
+pid=$!
+sleep 1
+kill -HUP $pid
+wait $pid
+rc=$?
+[ $rc -eq 129 ] || fail "record sent SIGHUP: expected exit 129, got $rc"
+expect "$tmp/rh.err" "kvbudget record: interrupted by SIGHUP" "record SIGHUP"
+ls "$tmp" | grep -q '^rh\.safetensors' && fail "record SIGHUP left $(ls "$tmp" | grep '^rh\.safetensors')"
 exit $status
