@@ -189,10 +189,13 @@ RunOutcome run_experiment(const RunRequest& request) {
     if (mismatches.size() > kShown) msg += "\n  ... and " + std::to_string(mismatches.size() - kShown) + " more";
     throw ConfigError(msg);
   }
+  // The plans' warnings (check_plans), printed now and kept in manifest.json's warnings.
+  std::vector<std::string> plan_warnings;
   for (size_t s = 0; s < S; ++s)
-    for (const std::string& w : plan_checks[s].warnings)
-      std::fprintf(stderr, "kvbudget run: warning: %s%s\n",
-                   S > 1 ? ("sequence " + std::to_string(s) + ": ").c_str() : "", w.c_str());
+    for (const std::string& w : plan_checks[s].warnings) {
+      plan_warnings.push_back((S > 1 ? "sequence " + std::to_string(s) + ": " : std::string()) + w);
+      std::fprintf(stderr, "kvbudget run: warning: %s\n", plan_warnings.back().c_str());
+    }
   const double check_plans_seconds = phase_end();
   const std::string shard_suffix =
       shard.whole() ? "" : "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count);
@@ -217,6 +220,7 @@ RunOutcome run_experiment(const RunRequest& request) {
     const std::string on = S > 1 ? "sequence " + std::to_string(s) + ": " : "";
     for (const std::string& w : data_warnings(*recs[s])) info.warnings.push_back(on + w);
   }
+  info.warnings.insert(info.warnings.end(), plan_warnings.begin(), plan_warnings.end());
   if (S > 1) info.sequences = sources;
   info.backend.requested = spec.backend;
   info.positions = positions;
@@ -332,7 +336,8 @@ RunOutcome run_experiment(const RunRequest& request) {
       heartbeat.reset();
       crash_marker.reset();
       info.data_identity = identity;
-      info.warnings = data_warnings(rec);  // printed now, not before the sweep
+      const std::vector<std::string> data = data_warnings(rec);  // printed now, not before the sweep
+      info.warnings.insert(info.warnings.begin(), data.begin(), data.end());  // before the plans' warnings
       crash_marker = make_crash_marker();
       attempt("manifest.json (with the data identity, once every layer was loaded)",
               [&] { report.write_manifest(info); });

@@ -258,10 +258,12 @@ std::string pre_rope_keys_missing(const Plan& plan, const Recording& rec) {
 
 // A point's plan on `rec`, checked (Plan::check, pre-RoPE keys for prerope: formats, the
 // declared columns); throws what a point that cannot run throws. `measurer_for`: the planning backend's measurers.
+// `warnings` (when given) receives what the strategy said about the plan (StrategyInput::warnings).
 Plan build_point_plan(const ExperimentSpec& spec, const Recording& rec, const SweepPoint& point,
-                      const Strategy& strategy, RecordingStats& stats, const MeasurerFor* measurer_for) {
+                      const Strategy& strategy, RecordingStats& stats, const MeasurerFor* measurer_for,
+                      std::vector<std::string>* warnings = nullptr) {
   const CalibrationResolver calibration = calibration_resolver(spec, rec);
-  Plan plan = strategy.build(StrategyInput{rec, spec.seed, &stats, &calibration, measurer_for});
+  Plan plan = strategy.build(StrategyInput{rec, spec.seed, &stats, &calibration, measurer_for, warnings});
   const ModelDataSpec& model = spec.data.model;
   if (spec.data.source == DataSpec::Source::Model && !model.quantize_layers.empty()) {
     // A budget is met over every layer: storing some layers at another format afterwards would break it.
@@ -316,7 +318,8 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
   if (!computed_stats) own_stats.emplace(rec, positions.calibration);
   RecordingStats& stats = computed_stats ? *computed_stats : *own_stats;
   std::vector<std::unique_ptr<Strategy>> strategies(n);
-  std::vector<std::string> errors(n), warnings(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::vector<std::string>> warnings(n);  // per point, each "KEY: ..."
   PlanCheck check;
   check.plans.resize(n);
   check.plan_seconds.assign(n, 0.0);
@@ -335,12 +338,14 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
     if (!strategies[i] || stopped()) continue;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      Plan plan = build_point_plan(spec, rec, points[i], *strategies[i], stats, &measurer_for);
+      std::vector<std::string> said;  // the strategy's own warnings
+      Plan plan = build_point_plan(spec, rec, points[i], *strategies[i], stats, &measurer_for, &said);
+      for (const std::string& w : said) warnings[i].push_back(points[i].key + ": " + w);
       if (allocates(points[i]))
         if (const std::string one = uniform_allocation(plan); !one.empty())
-          warnings[i] = points[i].key + ": the allocation is uniform, " + one +
-                        " in every unit (at this budget the family's widths leave no room to allocate: the point is "
-                        "uniform quantization; give other widths or budgets)";
+          warnings[i].push_back(points[i].key + ": the allocation is uniform, " + one +
+                                " in every unit (at this budget the family's widths leave no room to allocate: the "
+                                "point is uniform quantization; give other widths or budgets)");
       check.plans[i] = std::move(plan);
     } catch (const std::exception& e) {
       errors[i] = points[i].key + ": " + e.what();
@@ -349,7 +354,7 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
   }
   for (size_t i = 0; i < n; ++i) {
     if (!errors[i].empty()) check.errors.push_back(errors[i]);
-    if (!warnings[i].empty()) check.warnings.push_back(warnings[i]);
+    check.warnings.insert(check.warnings.end(), warnings[i].begin(), warnings[i].end());
   }
   return check;
 }

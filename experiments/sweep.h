@@ -122,10 +122,12 @@ struct PlanCheck {
   // group size does not divide head_dim, a budget below the cheapest or above the
   // dearest allocation, ... (the message run_sweep would put in errors.csv).
   std::vector<std::string> errors;
-  // "KEY: ..." for each point of an allocating strategy (a budget_bpe over a family)
-  // whose allocation gave every unit the same width: the point is uniform quantization
-  // (entropy at budget_bpe 3 with the default widths is uniform int2), see
-  // uniform_allocation().
+  // "KEY: ..." for what a point's plan says that its user must hear though it can run,
+  // in point order: the strategy's own (StrategyInput::warnings: the optimal allocator
+  // leaving its budget unspent), then, for a point of an allocating strategy (a
+  // budget_bpe over a family) whose allocation gave every unit the same width: the
+  // point is uniform quantization (entropy at budget_bpe 3 with the default widths is
+  // uniform int2), see uniform_allocation().
   std::vector<std::string> warnings;
   // Aligned with the points: the plans built (none where the plan failed or a stop came
   // first), and the seconds each took; run_sweep takes them instead of building again.

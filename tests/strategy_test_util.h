@@ -83,11 +83,14 @@ inline Params params_of(const std::string& type, const std::map<std::string, Par
   return Params(all);
 }
 
+// The plan of strategy `type` with `values` on rec; *warnings (when given) receives
+// what the strategy said about it (StrategyInput::warnings).
 inline Plan build_plan(const std::string& type, const std::map<std::string, ParamValue>& values, const Recording& rec,
-                       RecordingStats& stats, uint64_t seed = 0) {
+                       RecordingStats& stats, uint64_t seed = 0, std::vector<std::string>* warnings = nullptr) {
   const StrategyType& t = require_strategy_type(type, "test");
   const std::unique_ptr<Strategy> s = t.make(params_of(type, values));
   StrategyInput in{rec, seed, &stats};
+  in.warnings = warnings;
   Plan plan = s->build(in);
   // Every column a plan adds is declared in the strategy table (the sweep refuses others).
   for (const Annotation& a : plan.annotations()) {

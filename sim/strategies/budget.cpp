@@ -320,7 +320,7 @@ void BudgetedAllocation::apply(Plan& plan, const std::vector<size_t>& choice) co
     for (size_t i = 0; i < c.size(); ++i)
       if (c[i] + 1 < g.problem.cost[i].size())
         step = std::min(step, g.problem.cost[i][c[i] + 1] - g.problem.cost[i][c[i]]);
-    const std::string prefix = g.kind_name.empty() ? "" : g.kind_name + "_";
+    const std::string prefix = column_prefix(gi);
     plan.annotate(prefix + "budget_bpe", g.budget_bpe);
     plan.annotate(prefix + "budget_slack_bpe",
                   (g.budget_bpe * g.elements - static_cast<double>(g.fixed_bits + spent)) / g.elements);

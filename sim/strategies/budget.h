@@ -128,6 +128,16 @@ class BudgetedAllocation {
   const std::vector<size_t>& group_units(size_t g) const { return groups_[g].units; }
   // The group's problem; its unit indices are positions in group_units(g).
   const BudgetProblem& problem(size_t g) const { return groups_[g].problem; }
+  // The group's column prefix: "" for a joint budget, "key_" / "value_" for separate ones
+  // (its budget is the parameter prefix + "budget_bpe").
+  std::string column_prefix(size_t g) const { return groups_[g].kind_name.empty() ? "" : groups_[g].kind_name + "_"; }
+  double budget_bpe(size_t g) const { return groups_[g].budget_bpe; }
+  // Bits per element the group reaches with `spent` bits over its units (the fixed cells added).
+  double reached_bpe(size_t g, uint64_t spent) const {
+    return static_cast<double>(groups_[g].fixed_bits + spent) / groups_[g].elements;
+  }
+  // Bits per element of `bits` over the group's elements.
+  double group_bpe(size_t g, uint64_t bits) const { return static_cast<double>(bits) / groups_[g].elements; }
   int64_t context() const { return context_; }
 
   // Sets every unit's open segments to its chosen candidate (choice over all units)

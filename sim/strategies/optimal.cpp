@@ -151,6 +151,58 @@ std::optional<Plan> allocated_part(const Plan& plan, const std::vector<AllocUnit
   return m;
 }
 
+// One budget group's allocation over its units' efficient candidates (efficient_choices).
+struct GroupOutcome {
+  uint64_t spent = 0;  // bits of the chosen candidates
+  // The smallest upgrade to a unit's next efficient candidate, in bits (none left: max).
+  uint64_t step = std::numeric_limits<uint64_t>::max();
+  // Bits are left that a dearer candidate would fit in, but no unit has an efficient
+  // upgrade left: nothing dearer lowers the objective, so the budget stays unspent.
+  bool unspent_without_gain = false;
+};
+
+// `efficient`: the group's problem over efficient candidates (efficient.cost[u] those of
+// unit u, by cost), `c` the choice in it; all_cost[u]: unit u's bits at every
+// candidate, pruned or not.
+GroupOutcome group_outcome(const BudgetProblem& efficient, const std::vector<size_t>& c,
+                           const std::vector<std::vector<uint64_t>>& all_cost) {
+  GroupOutcome out;
+  out.spent = efficient.total(c);
+  for (size_t u = 0; u < c.size(); ++u)
+    if (c[u] + 1 < efficient.cost[u].size())
+      out.step = std::min(out.step, efficient.cost[u][c[u] + 1] - efficient.cost[u][c[u]]);
+  if (out.step != std::numeric_limits<uint64_t>::max() || out.spent > efficient.budget) return out;
+  const uint64_t slack = efficient.budget - out.spent;
+  for (size_t u = 0; u < all_cost.size(); ++u) {
+    const uint64_t chosen = efficient.cost[u][c[u]];
+    for (uint64_t bits : all_cost[u])
+      if (bits > chosen && bits - chosen <= slack) out.unspent_without_gain = true;
+  }
+  return out;
+}
+
+// What an objective measures that value widths do not change ("the attention
+// weights"), or nullptr when it sees the values.
+const char* value_blind(const std::string& objective) {
+  if (objective == "attn_kl_mean") return "the attention weights";
+  if (objective == "logit_rmse") return "the attention logits";
+  return nullptr;
+}
+
+// The warning of a group whose budget stays unspent (GroupOutcome::unspent_without_gain):
+// `budget_name` ("budget_bpe", "value_budget_bpe"), the budget, the bpe reached and why.
+std::string unspent_budget_warning(const std::string& budget_name, double budget_bpe, double reached_bpe,
+                                   const std::string& objective, bool values_in_group) {
+  auto bpe = [](double x) { return format_double(std::round(x * 1e6) / 1e6); };
+  std::string why = "every unit holds the dearest of its candidates that measure a lower " + objective +
+                    " than every cheaper one";
+  if (const char* seen = value_blind(objective); seen && values_in_group)
+    why += "; value widths do not change " + std::string(seen) + ", so values keep their narrowest width";
+  return budget_name + " " + bpe(budget_bpe) + " is not spent: the allocation reaches " + bpe(reached_bpe) +
+         " bpe (" + bpe(budget_bpe - reached_bpe) + " bpe unspent), since no candidate that fits lowers " + objective +
+         " further (" + why + "); the point stands at the bpe it reached, not at its budget";
+}
+
 }  // namespace
 
 std::vector<size_t> solve_lagrangian(const BudgetProblem& prob, const std::vector<std::vector<double>>& D,
@@ -321,15 +373,47 @@ void OptimalStrategy::allocate(const StrategyInput& in, Plan& plan) const {
     }
   }
 
+  // Each unit's widths pruned to its efficient ones, as with the protections as choices:
+  // a wider width that measures no lower distortion is never bought.
   std::vector<size_t> choice(n, 0);
   double lambda = 0;
+  std::vector<GroupOutcome> outcomes;
   for (size_t g = 0; g < alloc.groups(); ++g) {
+    const std::vector<size_t>& members = alloc.group_units(g);
+    const BudgetProblem& every = alloc.problem(g);  // every width of each member
+    BudgetProblem prob;
+    prob.budget = every.budget;
     std::vector<std::vector<double>> Dg;
-    for (size_t u : alloc.group_units(g)) Dg.push_back(D[u]);
-    const std::vector<size_t> c = solve_lagrangian(alloc.problem(g), Dg, &lambda);
-    for (size_t i = 0; i < c.size(); ++i) choice[alloc.group_units(g)[i]] = c[i];
+    std::vector<std::vector<size_t>> efficient;  // [member] -> widths kept
+    for (size_t i = 0; i < members.size(); ++i) {
+      efficient.push_back(efficient_choices(every.cost[i], D[members[i]]));
+      std::vector<uint64_t> cost;
+      std::vector<double> d;
+      for (size_t w : efficient.back()) {
+        cost.push_back(every.cost[i][w]);
+        d.push_back(D[members[i]][w]);
+      }
+      prob.cost.push_back(std::move(cost));
+      Dg.push_back(std::move(d));
+    }
+    const std::vector<size_t> c = solve_lagrangian(prob, Dg, &lambda);
+    for (size_t i = 0; i < c.size(); ++i) choice[members[i]] = efficient[i][c[i]];
+    outcomes.push_back(group_outcome(prob, c, every.cost));
   }
   alloc.apply(plan, choice);
+  for (size_t g = 0; g < alloc.groups(); ++g) {
+    const GroupOutcome& o = outcomes[g];
+    // The smallest upgrade that would lower the objective (apply() counts every width).
+    plan.annotate(alloc.column_prefix(g) + "budget_step_bpe",
+                  o.step == std::numeric_limits<uint64_t>::max() ? std::nan("") : alloc.group_bpe(g, o.step));
+    if (!o.unspent_without_gain) continue;
+    const std::vector<size_t>& members = alloc.group_units(g);
+    const bool values =
+        std::any_of(members.begin(), members.end(), [&](size_t u) { return units[u].kind == Kind::Value; });
+    if (in.warnings)
+      in.warnings->push_back(unspent_budget_warning(alloc.column_prefix(g) + "budget_bpe", alloc.budget_bpe(g),
+                                                    alloc.reached_bpe(g, o.spent), objective_->metric->name, values));
+  }
 
   double predicted = 0;
   for (size_t u = 0; u < n; ++u) predicted += D[u][choice[u]];
@@ -581,12 +665,20 @@ void OptimalStrategy::allocate_choices(const StrategyInput& in, Plan& plan) cons
                   "lower the budget");
     prob.budget = budget_bits - rep.fixed_bits;
     const std::vector<size_t> c = solve_lagrangian(prob, D, &lambda);
-    rep.spent = prob.total(c);
-    if (rep.spent > prob.budget) throw Error("internal: allocation over budget");
+    std::vector<std::vector<uint64_t>> every_cost;  // [member] -> bits of each of its candidates
     for (size_t i = 0; i < c.size(); ++i) {
       choice[members[i]] = c[i];
-      if (c[i] + 1 < prob.cost[i].size()) rep.step = std::min(rep.step, prob.cost[i][c[i] + 1] - prob.cost[i][c[i]]);
+      every_cost.push_back(units[members[i]].cost);
     }
+    const GroupOutcome outcome = group_outcome(prob, c, every_cost);
+    rep.spent = outcome.spent;
+    rep.step = outcome.step;
+    if (rep.spent > prob.budget) throw Error("internal: allocation over budget");
+    if (outcome.unspent_without_gain && in.warnings)
+      in.warnings->push_back(unspent_budget_warning(
+          rep.prefix + "budget_bpe", rep.budget_bpe, static_cast<double>(rep.fixed_bits + rep.spent) / rep.elements,
+          objective_->metric->name,
+          std::any_of(members.begin(), members.end(), [&](size_t ui) { return units[ui].kind == Kind::Value; })));
     reports.push_back(rep);
   }
 

@@ -106,6 +106,10 @@ struct StrategyInput {
   // distortion tables, on the evaluated recording or its calibration data): the run's
   // planning backend (experiments/backend.h); nullptr = the CPU simulator.
   const MeasurerFor* measurer_for = nullptr;
+  // Where build() says what a user must hear about the plan though it is valid (the
+  // optimal allocator leaving budget unspent): one sentence each, without the point's
+  // key (check_plans prefixes it and reports them); nullptr = nowhere.
+  std::vector<std::string>* warnings = nullptr;
 };
 
 class Strategy {

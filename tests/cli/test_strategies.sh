@@ -3,7 +3,8 @@
 # budgeted and composed strategies meets every budget, reports its annotations, an
 # impossible budget refuses the run before the sweep with both numbers, attribution shares sum to 1, the
 # manifest records calibration and evaluated positions, results are identical for any
-# thread count; `kvbudget bounds --quick` writes its table.
+# thread count; an unspent optimal budget is a warning; `kvbudget bounds --quick` writes
+# its table.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -107,7 +108,35 @@ expect "$tmp/b.out" "{b} is reserved for the allocator's width" "reserved {b}"
 [ $? -eq 2 ] || fail "unknown preset: expected exit 2"
 expect "$tmp/p.out" "unknown preset 'kivi-3' (did you mean" "unknown preset"
 
-# 5. The bounds report.
+# 5. An optimal budget left unspent (value widths do not change attn_kl_mean; keys stop
+# at int8) is a warning, on stderr and in manifest.json's warnings.
+{
+  echo 'name = "w"'
+  echo '[data]'
+  echo "path = \"$src/data/records/gpt2-bytes-record.safetensors\""
+  echo 'max_tokens = 64'
+  echo '[[strategy]]'
+  echo 'type = "optimal"'
+  echo 'budget_bpe = 8.0'
+  echo 'family = "int{b}-asym-g32"'
+  echo 'candidate_windows = [8]'
+  echo '[attribution]'
+  echo 'points = "none"'
+} >"$tmp/w.toml"
+"$kvb" run "$tmp/w.toml" --out "$tmp/r4" --threads 2 --quiet --no-plots >"$tmp/w.out" 2>&1 ||
+  fail "the run with warnings exited $?"
+dw=$(ls -d "$tmp"/r4/w/2*)
+for f in "$tmp/w.out" "$dw/manifest.json"; do
+  expect "$f" "budget_bpe 8 is not spent: the allocation reaches" "the unspent budget's warning"
+  expect "$f" "since no candidate that fits lowers attn_kl_mean further" "the unspent budget's reason"
+  expect "$f" "value widths do not change the attention weights" "the unspent budget's reason"
+done
+/usr/bin/python3 -c 'import csv, math, sys
+row = [r for r in csv.DictReader(open(sys.argv[1])) if r["key"].startswith("optimal")][0]
+sys.exit(not (float(row["budget_slack_bpe"]) > 1.5 and row["budget_step_bpe"] in ("", "nan", "NaN")))' \
+  "$dw/points.csv" || fail "the optimal point does not report its unspent budget in points.csv"
+
+# 6. The bounds report.
 "$kvb" bounds --quick --out "$tmp/b" >"$tmp/bounds.out" 2>&1 || fail "kvbudget bounds exited $?"
 db=$(ls -d "$tmp"/b/bounds/2*)
 for f in bounds.csv bounds.md manifest.json; do [ -s "$db/$f" ] || fail "bounds results lack $f"; done

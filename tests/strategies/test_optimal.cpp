@@ -1,12 +1,14 @@
 // The optimal allocator (sim/strategies/optimal.*): the knapsack solver against brute
 // force, and, at the same bpe on the same data, never a worse objective than uniform or
-// entropy-adaptive allocation; the additivity check it reports.
+// entropy-adaptive allocation; the additivity check it reports; a budget it cannot
+// spend on anything that lowers its objective left unspent, with a warning.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <functional>
 
 #include "sim/core/error.h"
+#include "sim/core/strings.h"
 #include "sim/measurer.h"
 #include "sim/simulator.h"
 #include "sim/strategies/optimal.h"
@@ -518,4 +520,52 @@ TEST_CASE("optimal measures its tables and its additivity check with the run's m
   };
   RecordingStats fresh_eval(rec, calib);
   check_same_plan(calibrated, optimal_plan(cv, rec, fresh_eval, nullptr, &fresh_resolver));
+}
+
+TEST_CASE("optimal buys no candidate that does not lower its objective, and warns of the budget it leaves unspent") {
+  const Recording& rec = strategy_recording();
+  RecordingStats stats(rec, test::calibration_of(rec));
+  // Under attn_kl_mean value widths do not change the attention weights: values keep
+  // int2 (3 bpe with g32 metadata) and keys stop at int8 (9 bpe), 6 bpe in all.
+  for (const Values& space : {Values{}, Values{{"candidate_windows", IntList{8}}}}) {
+    Values v = space;
+    v["budget_bpe"] = 8.0;
+    v["family"] = std::string("int{b}-asym-g32");
+    std::vector<std::string> warnings;
+    const Plan plan = build_plan("optimal", v, rec, stats, 0, &warnings);
+    INFO("candidate windows " << space.size() << ": " << plan.describe());
+    for (int64_t l = 0; l < plan.layers(); ++l)
+      for (int64_t g = 0; g < plan.kv_heads(); ++g)
+        for (const Segment& s : plan.unit(l, g, Kind::Value).segments) CHECK(s.format->name() == "int2-asym-g32");
+    CHECK(plan.bpe() < 7.0);
+    CHECK(std::isnan(annotation(plan, "budget_step_bpe")));
+    CHECK(annotation(plan, "budget_slack_bpe") == doctest::Approx(8.0 - plan.bpe()).epsilon(1e-9));
+    REQUIRE(warnings.size() == 1);
+    const std::string& w = warnings[0];
+    CHECK(w.find("budget_bpe 8 is not spent: the allocation reaches " + format_double(std::round(plan.bpe() * 1e6) / 1e6) +
+                 " bpe") != std::string::npos);
+    CHECK(w.find("no candidate that fits lowers attn_kl_mean further") != std::string::npos);
+    CHECK(w.find("value widths do not change the attention weights") != std::string::npos);
+  }
+  // Separate budgets: the value budget is the one left unspent.
+  std::vector<std::string> warnings;
+  const Plan separate = build_plan(
+      "optimal", {{"key_budget_bpe", 5.5}, {"value_budget_bpe", 5.0}, {"family", std::string("int{b}-asym-g32")}}, rec,
+      stats, 0, &warnings);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("value_budget_bpe 5 is not spent: the allocation reaches 3 bpe (2 bpe unspent)") !=
+        std::string::npos);
+  CHECK(annotation(separate, "key_budget_slack_bpe") < annotation(separate, "key_budget_step_bpe"));
+  // A budget the objective can still use is spent within one step, without a word; so is
+  // any budget under an objective that sees the values.
+  for (const auto& [objective, budget] : {std::pair{"attn_kl_mean", 4.0}, std::pair{"attn_out_rel_fro", 8.0}}) {
+    warnings.clear();
+    const Plan plan = build_plan(
+        "optimal",
+        {{"budget_bpe", budget}, {"family", std::string("int{b}-asym-g32")}, {"objective", std::string(objective)}},
+        rec, stats, 0, &warnings);
+    INFO(objective << " at " << budget << ": " << plan.describe());
+    CHECK(warnings.empty());
+    CHECK(annotation(plan, "budget_slack_bpe") < annotation(plan, "budget_step_bpe"));
+  }
 }

@@ -119,14 +119,19 @@ TEST_CASE("every budgeted strategy meets its budget exactly across a sweep of bu
       Values v = extra;
       v["budget_bpe"] = b;
       v["family"] = kFamily;
-      const Plan plan = build_plan(type, v, rec, stats);
+      std::vector<std::string> warnings;
+      const Plan plan = build_plan(type, v, rec, stats, 0, &warnings);
       check_budget(plan, b, type);
       CHECK_NOTHROW(require_declared_columns(plan, type));
       if (type != "phase" && type != "taqg") {
-        // No single width upgrade would still fit.
+        // No single width upgrade would still fit, except where optimal finds none that
+        // lowers its objective (values under attn_kl_mean): it then says so.
         const double step = smallest_upgrade_bpe(plan, {2, 3, 4, 5, 6, 8});
-        if (!std::isnan(step)) CHECK(b - plan.bpe() < step);
+        const bool within_step = std::isnan(step) || b - plan.bpe() < step;
+        INFO(type << " at " << b << ": " << plan.describe() << ", bpe " << plan.bpe());
+        CHECK((within_step || (type == "optimal" && warnings.size() == 1)));
       }
+      if (type != "optimal") CHECK(warnings.empty());
     }
 }
 
@@ -162,13 +167,14 @@ TEST_CASE("separate key and value budgets are each met, and so is a budget at a 
   const Recording& rec = strategy_recording();
   RecordingStats stats(rec, test::calibration_of(rec));
   for (const std::string type : {"uniform", "entropy", "optimal"}) {
+    std::vector<std::string> warnings;
     const Plan plan = build_plan(type,
                                  {{"key_budget_bpe", 5.5},
                                   {"value_budget_bpe", 5.0},
                                   {"family", kFamily},
                                   {"value_family", std::string("int{b}-sym-g32")},
                                   {"sink_heads", int64_t{1}}},
-                                 rec, stats);
+                                 rec, stats, 0, &warnings);
     REQUIRE(plan.check().empty());
     // Bits per K element and per V element, each within one step of its budget.
     uint64_t kbits = 0, vbits = 0;
@@ -185,7 +191,12 @@ TEST_CASE("separate key and value budgets are each met, and so is a budget at a 
     CHECK(static_cast<double>(kbits) / per_kind <= 5.5);
     CHECK(static_cast<double>(vbits) / per_kind <= 5.0);
     CHECK(annotation(plan, "key_budget_slack_bpe") < annotation(plan, "key_budget_step_bpe"));
-    CHECK(annotation(plan, "value_budget_slack_bpe") < annotation(plan, "value_budget_step_bpe"));
+    if (type == "optimal") {  // value widths do not change its attn_kl_mean: their budget stays unspent, with a warning
+      REQUIRE(warnings.size() == 1);
+      CHECK(warnings[0].find("value_budget_bpe 5 is not spent") != std::string::npos);
+    } else {
+      CHECK(annotation(plan, "value_budget_slack_bpe") < annotation(plan, "value_budget_step_bpe"));
+    }
     CHECK(annotation(plan, "key_budget_slack_bpe") == doctest::Approx(5.5 - static_cast<double>(kbits) / per_kind));
   }
   // One kind budgeted, the other fixed: keys allocated at 3.5 bpe, values kept in fp16.
