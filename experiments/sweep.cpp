@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -306,6 +307,38 @@ std::string uniform_allocation(const Plan& plan) {
   return out;
 }
 
+std::string uniform_allocation_warning(const Plan& plan) {
+  const std::string one = uniform_allocation(plan);
+  if (one.empty()) return {};
+  const size_t space = one.find(' ');
+  const bool same = space != std::string::npos && one.substr(2, space - 2) == one.substr(space + 3);
+  return (same ? "the allocation is uniform, " + one + " in every unit: the point is uniform quantization"
+               : "the allocation gives one width per kind, " + one +
+                     " in every unit: the point is uniform quantization of keys and of values") +
+         " (the allocator spread no widths across units at this budget; give other widths or budgets)";
+}
+
+std::string whole_recording_windows(const Plan& plan) {
+  const int64_t T = plan.tokens(), prefill = plan.prefill();
+  std::map<std::string, int64_t> covering;  // "K:window=100 at keep-fp16" -> units
+  for (int64_t l = 0; l < plan.layers(); ++l)
+    for (int64_t g = 0; g < plan.kv_heads(); ++g)
+      for (Kind kind : {Kind::Key, Kind::Value})
+        if (const RecentWindow& w = plan.unit(l, g, kind).window; w.active() && w.size >= T - prefill)
+          ++covering[std::string(kind_name(kind)) + ":window=" + std::to_string(w.size) + " at " + w.format->name()];
+  if (covering.empty()) return {};
+  std::vector<std::string> parts;
+  for (const auto& [what, units] : covering)
+    parts.push_back(what + " in " + std::to_string(units) + " of " + std::to_string(plan.layers() * plan.kv_heads()) +
+                    " units");
+  const std::string stored = prefill == 0 ? "those units are stored entirely at the window's precision"
+                                          : "those units store every token after the " + std::to_string(prefill) +
+                                                "-token prompt at the window's precision";
+  return "a window covers all of the recording's " + std::to_string(T) + " tokens (" + join(parts, ", ") + "): " +
+         stored + ", so the point measures the window's format there, not the quantizer; give a window shorter than " +
+         "the recording, or more tokens";
+}
+
 PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const std::vector<SweepPoint>& points,
                       const std::atomic<bool>* stop, RecordingStats* computed_stats) {
   const size_t n = points.size();
@@ -342,10 +375,9 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
       Plan plan = build_point_plan(spec, rec, points[i], *strategies[i], stats, &measurer_for, &said);
       for (const std::string& w : said) warnings[i].push_back(points[i].key + ": " + w);
       if (allocates(points[i]))
-        if (const std::string one = uniform_allocation(plan); !one.empty())
-          warnings[i].push_back(points[i].key + ": the allocation is uniform, " + one +
-                                " in every unit (at this budget the family's widths leave no room to allocate: the "
-                                "point is uniform quantization; give other widths or budgets)");
+        if (const std::string w = uniform_allocation_warning(plan); !w.empty())
+          warnings[i].push_back(points[i].key + ": " + w);
+      if (const std::string w = whole_recording_windows(plan); !w.empty()) warnings[i].push_back(points[i].key + ": " + w);
       check.plans[i] = std::move(plan);
     } catch (const std::exception& e) {
       errors[i] = points[i].key + ": " + e.what();

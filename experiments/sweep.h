@@ -123,11 +123,11 @@ struct PlanCheck {
   // dearest allocation, ... (the message run_sweep would put in errors.csv).
   std::vector<std::string> errors;
   // "KEY: ..." for what a point's plan says that its user must hear though it can run,
-  // in point order: the strategy's own (StrategyInput::warnings: the optimal allocator
-  // leaving its budget unspent), then, for a point of an allocating strategy (a
-  // budget_bpe over a family) whose allocation gave every unit the same width: the
-  // point is uniform quantization (entropy at budget_bpe 3 with the default widths is
-  // uniform int2), see uniform_allocation().
+  // in point order: the strategy's own (StrategyInput::warnings: the optimal allocator leaving
+  // its budget unspent), an allocating strategy's (a budget_bpe over a family) that gave
+  // every unit one width per kind (uniform_allocation_warning: entropy at budget_bpe 3
+  // with the default widths is uniform int2), and a window covering the whole recording
+  // (whole_recording_windows).
   std::vector<std::string> warnings;
   // Aligned with the points: the plans built (none where the plan failed or a stop came
   // first), and the seconds each took; run_sweep takes them instead of building again.
@@ -148,6 +148,17 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
 // values, over more than one unit: that allocation, "K:int2-asym-g32 V:int2-asym-g32";
 // else "" (the allocator spread its widths, or nothing was allocated).
 std::string uniform_allocation(const Plan& plan);
+
+// The warning for such a plan ("" for none): "the allocation is uniform, K:int2-asym-g32
+// V:int2-asym-g32 in every unit: ..." when keys and values share one format, "the
+// allocation gives one width per kind, K:int4-asym-g32 V:int2-asym-g32 ..." when not.
+std::string uniform_allocation_warning(const Plan& plan);
+
+// The warning for a plan with a recent window of at least the recording's tokens after
+// its prefill ("" for none): the units holding one are stored entirely at the window's
+// format, so their quantizer is never measured. Names each kind's window size, format
+// and how many of the layers × KV heads units hold it.
+std::string whole_recording_windows(const Plan& plan);
 
 // Wall seconds of run_sweep's phases (manifest.json's `phase_seconds`, experiments/
 // runner.cpp), added to, so that a run's sweeps (one per sequence) sum up.

@@ -3,8 +3,8 @@
 # budgeted and composed strategies meets every budget, reports its annotations, an
 # impossible budget refuses the run before the sweep with both numbers, attribution shares sum to 1, the
 # manifest records calibration and evaluated positions, results are identical for any
-# thread count; an unspent optimal budget is a warning; `kvbudget bounds --quick` writes
-# its table.
+# thread count; an unspent optimal budget, one width per kind and a window over the whole
+# recording are warnings; `kvbudget bounds --quick` writes its table.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -108,8 +108,9 @@ expect "$tmp/b.out" "{b} is reserved for the allocator's width" "reserved {b}"
 [ $? -eq 2 ] || fail "unknown preset: expected exit 2"
 expect "$tmp/p.out" "unknown preset 'kivi-3' (did you mean" "unknown preset"
 
-# 5. An optimal budget left unspent (value widths do not change attn_kl_mean; keys stop
-# at int8) is a warning, on stderr and in manifest.json's warnings.
+# 5. What a plan that can run must say, on stderr and in manifest.json's warnings: an
+# optimal budget left unspent (value widths do not change attn_kl_mean; keys stop at
+# int8), one width per kind, and a window holding every token of the recording.
 {
   echo 'name = "w"'
   echo '[data]'
@@ -120,6 +121,10 @@ expect "$tmp/p.out" "unknown preset 'kivi-3' (did you mean" "unknown preset"
   echo 'budget_bpe = 8.0'
   echo 'family = "int{b}-asym-g32"'
   echo 'candidate_windows = [8]'
+  echo '[[strategy]]'
+  echo 'type = "uniform"'
+  echo 'format = "int4-asym-g32"'
+  echo 'window = 100'
   echo '[attribution]'
   echo 'points = "none"'
 } >"$tmp/w.toml"
@@ -130,7 +135,11 @@ for f in "$tmp/w.out" "$dw/manifest.json"; do
   expect "$f" "budget_bpe 8 is not spent: the allocation reaches" "the unspent budget's warning"
   expect "$f" "since no candidate that fits lowers attn_kl_mean further" "the unspent budget's reason"
   expect "$f" "value widths do not change the attention weights" "the unspent budget's reason"
+  expect "$f" "the allocation gives one width per kind, K:" "the one-width-per-kind warning"
+  expect "$f" "uniform(format=int4-asym-g32,window=100): a window covers all of the recording's 64 tokens" \
+    "the whole-recording window's warning"
 done
+grep -q "the allocation is uniform" "$tmp/w.out" && fail "K and V of different widths called uniform"
 /usr/bin/python3 -c 'import csv, math, sys
 row = [r for r in csv.DictReader(open(sys.argv[1])) if r["key"].startswith("optimal")][0]
 sys.exit(not (float(row["budget_slack_bpe"]) > 1.5 and row["budget_step_bpe"] in ("", "nan", "NaN")))' \

@@ -208,6 +208,48 @@ TEST_CASE("check_plans: an allocation that gives every unit one width is a warni
   CHECK(check.warnings[0].find("K:int2-asym-g32 V:int2-asym-g32") != std::string::npos);
 }
 
+// A config on gpt2-bytes' first 64 tokens with `blocks` (TOML text of [[strategy]] blocks).
+fs::path gpt2_config(const fs::path& dir, const std::string& blocks) {
+  fs::create_directories(dir);
+  const fs::path file = dir / "gpt2.toml";
+  std::ofstream(file) << "name = \"gpt2\"\n[data]\npath = \""
+                      << (test::source_dir() / "data/records/gpt2-bytes-record.safetensors").string()
+                      << "\"\nmax_tokens = 64\n" << blocks << "[output]\nplots = false\ndir = \""
+                      << (dir / "out").string() << "\"\n";
+  return file;
+}
+
+TEST_CASE("check_plans: one width per kind, an unspent optimal budget and a window over every token are warnings") {
+  const fs::path dir = test::scratch_dir("runner_plan_warnings");
+  const fs::path file = gpt2_config(
+      dir,
+      "[[strategy]]\ntype = \"optimal\"\nbudget_bpe = 8.0\nfamily = \"int{b}-asym-g32\"\n"
+      "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\nwindow = [32, 64, 100]\n"
+      "[[strategy]]\npreset = \"kivi-2\"\n");
+  const ExperimentSpec spec = load_experiment(file, {});
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  const PlanCheck check = check_plans(spec, build_recording(spec.data), points);
+  CHECK(check.errors.empty());
+  for (const std::string& w : check.warnings) MESSAGE(w);
+  REQUIRE(check.warnings.size() == 5);
+  // Optimal under attn_kl_mean: int8 keys, int2 values (value widths do not change the
+  // attention weights), 6 of the 8 bpe: said first by the strategy, then the one width per kind.
+  CHECK(check.warnings[0].rfind("optimal(budget_bpe=8,family=int{b}-asym-g32): budget_bpe 8 is not spent: the "
+                                "allocation reaches 6 bpe (2 bpe unspent)",
+                                0) == 0);
+  CHECK(check.warnings[1] ==
+        "optimal(budget_bpe=8,family=int{b}-asym-g32): the allocation gives one width per kind, K:int8-asym-g32 "
+        "V:int2-asym-g32 in every unit: the point is uniform quantization of keys and of values (the allocator spread "
+        "no widths across units at this budget; give other widths or budgets)");
+  // Windows of 64 and 100 tokens hold all 64: the quantizer is never measured; 32 is fine.
+  CHECK(check.warnings[2].rfind("uniform(format=int4-asym-g32,window=64): a window covers all of the recording's 64 "
+                                "tokens (K:window=64 at keep-fp16 in 36 of 36 units, V:window=64 at keep-fp16 in 36 "
+                                "of 36 units): those units are stored entirely at the window's precision",
+                                0) == 0);
+  CHECK(check.warnings[3].find("uniform(format=int4-asym-g32,window=100): a window covers") == 0);
+  CHECK(check.warnings[4].find("kivi-2(): a window covers all of the recording's 64 tokens (K:window=128") == 0);
+}
+
 TEST_CASE("check_plans: a prerope: format on a recording without pre-RoPE keys refuses the run up front") {
   const fs::path out = test::scratch_dir("runner_prerope");
   const std::vector<std::string> prerope = {"strategy.0.format=prerope:int{bits}-{mode}-g{group}",
