@@ -307,6 +307,12 @@ std::string uniform_allocation(const Plan& plan) {
   return out;
 }
 
+std::string point_location(const ExperimentSpec& spec, const SweepPoint& point) {
+  if (point.block >= spec.strategies.size()) return point.key + ": ";
+  const StrategyBlock& b = spec.strategies[point.block];
+  return b.where + (b.named ? " (name \"" + b.label + "\")" : std::string()) + ": point " + point.key + ": ";
+}
+
 std::string uniform_allocation_warning(const Plan& plan) {
   const std::string one = uniform_allocation(plan);
   if (one.empty()) return {};
@@ -362,7 +368,7 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
       strategies[i] = require_strategy_type(points[i].type, "strategy").make(points[i].params);
       need_stats |= strategies[i]->needs_statistics();
     } catch (const std::exception& e) {
-      errors[i] = points[i].key + ": " + e.what();
+      errors[i] = point_location(spec, points[i]) + e.what();
     }
   }
   if (need_stats && !stopped()) stats.warm_up();
@@ -380,7 +386,7 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
       if (const std::string w = whole_recording_windows(plan); !w.empty()) warnings[i].push_back(points[i].key + ": " + w);
       check.plans[i] = std::move(plan);
     } catch (const std::exception& e) {
-      errors[i] = points[i].key + ": " + e.what();
+      errors[i] = point_location(spec, points[i]) + e.what();
     }
     check.plan_seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

@@ -118,9 +118,10 @@ using PointCallback = std::function<void(const SweepPoint&, const PointResult&, 
 
 // What check_plans() finds before a sweep starts.
 struct PlanCheck {
-  // "KEY: why" for each point whose plan cannot be built on this data: a format whose
-  // group size does not divide head_dim, a budget below the cheapest or above the
-  // dearest allocation, ... (the message run_sweep would put in errors.csv).
+  // "FILE:LINE: [strategy[i]] (name \"N\"): point KEY: why" (point_location) for each
+  // point whose plan cannot be built on this data: a format whose group size does not
+  // divide head_dim, a budget below the cheapest or above the dearest allocation, ...
+  // (after the location, the message run_sweep would put in errors.csv).
   std::vector<std::string> errors;
   // "KEY: ..." for what a point's plan says that its user must hear though it can run,
   // in point order: the strategy's own (StrategyInput::warnings: the optimal allocator leaving
@@ -159,6 +160,11 @@ std::string uniform_allocation_warning(const Plan& plan);
 // format, so their quantizer is never measured. Names each kind's window size, format
 // and how many of the layers × KV heads units hold it.
 std::string whole_recording_windows(const Plan& plan);
+
+// Where a point comes from, as config errors name it, ending in ": ":
+// "bad.toml:10: [strategy[1]] (name \"b\"): point KEY: " (the name only where the block
+// has one); "KEY: " for a point of no block of `spec`.
+std::string point_location(const ExperimentSpec& spec, const SweepPoint& point);
 
 // Wall seconds of run_sweep's phases (manifest.json's `phase_seconds`, experiments/
 // runner.cpp), added to, so that a run's sweeps (one per sequence) sum up.

@@ -4,7 +4,8 @@
 # impossible budget refuses the run before the sweep with both numbers, attribution shares sum to 1, the
 # manifest records calibration and evaluated positions, results are identical for any
 # thread count; an unspent optimal budget, one width per kind and a window over the whole
-# recording are warnings; `kvbudget bounds --quick` writes its table.
+# recording are warnings; an error found on the data names its block; `kvbudget bounds
+# --quick` writes its table.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -145,7 +146,26 @@ row = [r for r in csv.DictReader(open(sys.argv[1])) if r["key"].startswith("opti
 sys.exit(not (float(row["budget_slack_bpe"]) > 1.5 and row["budget_step_bpe"] in ("", "nan", "NaN")))' \
   "$dw/points.csv" || fail "the optimal point does not report its unspent budget in points.csv"
 
-# 6. The bounds report.
+# 6. An error found once the data loads names the block's file, line and name.
+{
+  echo 'name = "e"'
+  echo '[data]'
+  echo "path = \"$src/data/records/gpt2-bytes-record.safetensors\""
+  echo 'max_tokens = 64'
+  echo '[[strategy]]'
+  echo 'name = "b"'
+  echo 'type = "entropy"'
+  echo 'budget_bpe = 4.0'
+  echo 'family = "int{b}-asym-g32"'
+  echo 'sink_tokens = 80'
+} >"$tmp/e.toml"
+"$kvb" run "$tmp/e.toml" --out "$tmp/r5" --quiet >"$tmp/e.out" 2>&1
+[ $? -eq 2 ] || fail "sink_tokens over the recording's tokens: expected exit 2"
+expect "$tmp/e.out" "$tmp/e.toml:5: [strategy[0]] (name \"b\"): point entropy(" "the plan error's location"
+expect "$tmp/e.out" "sink_tokens 80 exceeds the recording's 64 tokens" "the plan error"
+[ -e "$tmp/r5/e" ] && fail "a refused run wrote $tmp/r5/e"
+
+# 7. The bounds report.
 "$kvb" bounds --quick --out "$tmp/b" >"$tmp/bounds.out" 2>&1 || fail "kvbudget bounds exited $?"
 db=$(ls -d "$tmp"/b/bounds/2*)
 for f in bounds.csv bounds.md manifest.json; do [ -s "$db/$f" ] || fail "bounds results lack $f"; done

@@ -219,6 +219,20 @@ fs::path gpt2_config(const fs::path& dir, const std::string& blocks) {
   return file;
 }
 
+TEST_CASE("check_plans: an error found on the data names the block's file, line and name, as config errors do") {
+  const fs::path dir = test::scratch_dir("runner_plan_error_location");
+  const fs::path file = gpt2_config(dir,
+                                    "[[strategy]]\ntype = \"uniform\"\nformat = \"int4-asym-g32\"\n\n"  // lines 5-8
+                                    "[[strategy]]\nname = \"b\"\ntype = \"entropy\"\nbudget_bpe = 4.0\n"
+                                    "family = \"int{b}-asym-g32\"\nsink_tokens = 80\n");
+  const ExperimentSpec spec = load_experiment(file, {});
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  const PlanCheck check = check_plans(spec, build_recording(spec.data), points);
+  REQUIRE(check.errors.size() == 1);
+  CHECK(check.errors[0].rfind(file.string() + ":9: [strategy[1]] (name \"b\"): point entropy(", 0) == 0);
+  CHECK(check.errors[0].find("sink_tokens 80 exceeds the recording's 64 tokens") != std::string::npos);
+}
+
 TEST_CASE("check_plans: one width per kind, an unspent optimal budget and a window over every token are warnings") {
   const fs::path dir = test::scratch_dir("runner_plan_warnings");
   const fs::path file = gpt2_config(
