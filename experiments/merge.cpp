@@ -26,17 +26,13 @@ std::string id_ranges(const std::vector<size_t>& ids) {
 
 namespace {
 
-std::string file_text(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  return text.str();
-}
-
 // "; the configs differ in seed (0 there, 1 now) (...)" ("there": `first`'s
 // config.toml, "now": `other`'s); "" when none is found.
 std::string changed_keys(const std::filesystem::path& first, const std::filesystem::path& other) {
-  const std::string keys = config_differences_text(file_text(first / "config.toml"), file_text(other / "config.toml"));
+  std::ifstream in(other / "config.toml");
+  std::ostringstream now;
+  if (in) now << in.rdbuf();
+  const std::string keys = in ? folder_config_differences(first, now.str()) : "";
   return keys.empty() ? "" : "; the configs differ in " + keys + " (\"there\": " + first.string() + ")";
 }
 

@@ -23,6 +23,7 @@
 
 #include "sim/io/atomic_file.h"
 #include "experiments/point_log.h"
+#include "experiments/run_state.h"
 #include "experiments/sequences.h"
 #include "kvb/build_config.h"
 #include "kvb/git_info.h"
@@ -228,6 +229,9 @@ std::string Report::manifest_text(const RunInfo& info) const {
     if (task->answer_after) j["task"]["answer_after"] = *task->answer_after;
   }
   j["warnings"] = info.warnings;
+  // Derived from point_backends, so that a resumed run (which does not carry the
+  // earlier manifest's warnings) keeps it.
+  if (info.point_backends.size() > 1) j["warnings"].push_back(mixed_backends_note(info.point_backends));
   j["calibration"] = {{"rule", spec_.calibration.text},
                       {"overlap_allowed", spec_.calibration.overlap},
                       {"count", info.positions.calibration.size()},

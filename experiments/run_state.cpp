@@ -264,10 +264,7 @@ namespace {
 // ": seed (0 there, 1 now); ..." for a resumed folder whose config.toml differs from
 // this command's config in keys the hash reads; "" when none is found.
 std::string changed_keys(const std::filesystem::path& dir, const ExperimentSpec& spec) {
-  std::ifstream in(dir / "config.toml");
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  const std::string keys = in ? config_differences_text(text.str(), spec.resolved_toml) : "";
+  const std::string keys = folder_config_differences(dir, spec.resolved_toml);
   return keys.empty() ? "" : ": " + keys;
 }
 

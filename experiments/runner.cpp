@@ -296,10 +296,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   auto record_backend = [&] {
     if (info.backend_decided) return;
     info.backend_decided = true;
-    const size_t before = info.point_backends.size();
-    add_point_backend(info.point_backends, backend_name(info.backend.used));
-    if (info.point_backends.size() > 1 && before < info.point_backends.size())
-      info.warnings.push_back(mixed_backends_note(info.point_backends));  // printed as the sweep ends
+    add_point_backend(info.point_backends, backend_name(info.backend.used));  // the manifest derives the warning
     heartbeat.reset();
     crash_marker.reset();
     crash_marker = make_crash_marker();

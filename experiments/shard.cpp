@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <sstream>
 
@@ -185,7 +186,7 @@ void collect_differences(const toml::node* then, const toml::node* now, const st
     return;
   }
   const std::string a = node_text(then), b = node_text(now);
-  if (a != b || (!then) != (!now)) out.push_back(key + " (" + shown(a) + " there, " + shown(b) + " now)");
+  if (a != b) out.push_back(key + " (" + shown(a) + " there, " + shown(b) + " now)");
 }
 
 }  // namespace
@@ -207,6 +208,14 @@ std::string config_differences_text(const std::string& then_toml, const std::str
   std::vector<std::string> shown(keys.begin(), keys.begin() + static_cast<long>(std::min(keys.size(), kShown)));
   if (keys.size() > kShown) shown.push_back("and " + std::to_string(keys.size() - kShown) + " more");
   return join(shown, "; ");
+}
+
+std::string folder_config_differences(const std::filesystem::path& dir, const std::string& now_toml) {
+  std::ifstream in(dir / "config.toml");
+  if (!in) return "";
+  std::ostringstream text;
+  text << in.rdbuf();
+  return config_differences_text(text.str(), now_toml);
 }
 
 std::string sweep_config_hash(const ExperimentSpec& spec) {

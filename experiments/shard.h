@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,9 @@ std::string sweep_config_hash(const ExperimentSpec& spec);
 std::vector<std::string> config_differences(const std::string& then_toml, const std::string& now_toml);
 // The first 5 of them joined by "; " (", and N more"); "" when there are none.
 std::string config_differences_text(const std::string& then_toml, const std::string& now_toml);
+// config_differences_text of a results folder's config.toml ("there") against
+// `now_toml`; "" when the folder has none.
+std::string folder_config_differences(const std::filesystem::path& dir, const std::string& now_toml);
 // The data's identity: a hash (FNV-1a 64 over 8-byte words, hex) of everything the
 // points see: every layer's tensors, token ids, positions, the RoPE and the phase
 // boundary, with the shapes; for a model source, the exact model's recording.

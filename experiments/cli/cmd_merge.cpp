@@ -116,7 +116,13 @@ int cmd_merge(const Args& args) {
   if (point_backends.size() > 1) {
     const std::string note = mixed_backends_note(point_backends);
     std::fprintf(stderr, "kvbudget merge: warning: %s\n", note.c_str());
-    manifest["warnings"].push_back(note);
+    // Once: the warnings copied from shard 0 hold its own note when it was mixed.
+    nlohmann::json kept = nlohmann::json::array();
+    const std::vector<std::string> first_backends = manifest_point_backends(first.manifest);
+    for (const nlohmann::json& w : manifest.value("warnings", nlohmann::json::array()))
+      if (first_backends.size() < 2 || w != mixed_backends_note(first_backends)) kept.push_back(w);
+    kept.push_back(note);
+    manifest["warnings"] = kept;
   }
 
   std::vector<std::string> errors;
