@@ -726,13 +726,15 @@ void SweepRun::merge_point(size_t i) {
       r.standard_errors.push_back(m->standard_error ? m->standard_error(merged[0]) : std::nan(""));
     }
     // Over several sequences the resamples feed the aggregate's interval.
+    // The rows' blocks: one table for the intervals and the block sums.
+    const PositionBlocks blocks = position_blocks(merged[0].rows);
     BootstrapScratch scratch = bootstrap_scratch_.take();
     r.intervals = bootstrap_intervals(merged[0], metrics_, bootstrap_settings(spec_),
-                                      spec_.data.sequence_count() > 1 ? &r.resamples : nullptr, &scratch);
+                                      spec_.data.sequence_count() > 1 ? &r.resamples : nullptr, &scratch, &blocks);
     bootstrap_scratch_.give_back(std::move(scratch));
     for (size_t k = 0; k < metrics_.size(); ++k)  // closed-form intervals (answer_accuracy)
       if (metrics_[k]->interval) r.intervals[k] = metrics_[k]->interval(merged[0]);
-    r.block_sums = metric_block_sums(metrics_, merged[0]);
+    r.block_sums = metric_block_sums(metrics_, merged[0], &blocks);
     if (spec_.attribution.selects(points_[i].id) && variants > 0)
       r.attribution = attribute(merged[0], regions_[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
                                 rec_.num_layers(), rec_.q_heads, spec_.attribution.attributed_errors());

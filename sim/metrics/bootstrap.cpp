@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "sim/core/error.h"
@@ -207,7 +208,7 @@ double reduce_rows(const RowReduction& reduction, const std::vector<AttentionRow
 std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::vector<const MetricDef*>& metrics,
                                           const BootstrapSettings& settings,
                                           std::vector<std::vector<double>>* resamples_out,
-                                          BootstrapScratch* scratch) {
+                                          BootstrapScratch* scratch, const PositionBlocks* row_blocks) {
   if (resamples_out) resamples_out->assign(metrics.size(), {});
   if (settings.resamples < 1) throw Error("bootstrap: resamples must be >= 1");
   if (!(settings.level > 0 && settings.level < 1)) throw Error("bootstrap: level must be in (0, 1)");
@@ -218,7 +219,8 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
   // Block sums and maxima add each row to its block in row order; a quantile's values
   // are listed by block, each block's in row order (as group_rows_into_blocks lists
   // them), from the blocks' starts counted once.
-  const PositionBlocks block_of = position_blocks(rows);
+  std::optional<PositionBlocks> own_blocks;
+  const PositionBlocks& block_of = row_blocks ? *row_blocks : own_blocks.emplace(position_blocks(rows));
   std::vector<size_t> start;  // block b's values: [start[b], start[b + 1])
   const size_t blocks = block_of.blocks;
   const size_t resamples = static_cast<size_t>(settings.resamples);

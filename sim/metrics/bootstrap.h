@@ -99,11 +99,14 @@ struct BootstrapScratch {
 // (they are grouped by the rank of their position among the distinct positions).
 // `resamples` (optional) receives, aligned with `metrics`, each metric's resampled
 // values in resample order (empty where the interval is NaN): what a bootstrap over
-// several sequences draws from (pooled_sequence_resamples).
+// several sequences draws from (pooled_sequence_resamples). `row_blocks` (optional):
+// position_blocks(stats.rows), when the caller has it (a sweep point shares it with
+// metric_block_sums).
 std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::vector<const MetricDef*>& metrics,
                                           const BootstrapSettings& settings,
                                           std::vector<std::vector<double>>* resamples = nullptr,
-                                          BootstrapScratch* scratch = nullptr);
+                                          BootstrapScratch* scratch = nullptr,
+                                          const PositionBlocks* row_blocks = nullptr);
 
 // The percentile interval of `resamples` at `level`: its (1 − level)/2 and
 // (1 + level)/2 quantiles; {NaN, NaN} when empty.

@@ -80,14 +80,19 @@ BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats) {
   return metric_block_sums(metric, stats, need_rows ? position_blocks(stats.rows) : PositionBlocks{});
 }
 
-std::vector<BlockSums> metric_block_sums(const std::vector<const MetricDef*>& metrics, const ErrorStats& stats) {
+std::vector<BlockSums> metric_block_sums(const std::vector<const MetricDef*>& metrics, const ErrorStats& stats,
+                                         const PositionBlocks* blocks) {
   const bool need_rows = !stats.rows.empty() && std::any_of(metrics.begin(), metrics.end(), [](const MetricDef* m) {
     return sums_attention_rows(*m);
   });
-  const PositionBlocks block_of = need_rows ? position_blocks(stats.rows) : PositionBlocks{};
+  PositionBlocks own_blocks;
+  if (!blocks) {
+    if (need_rows) own_blocks = position_blocks(stats.rows);
+    blocks = &own_blocks;
+  }
   std::vector<BlockSums> out;
   out.reserve(metrics.size());
-  for (const MetricDef* m : metrics) out.push_back(metric_block_sums(*m, stats, block_of));
+  for (const MetricDef* m : metrics) out.push_back(metric_block_sums(*m, stats, *blocks));
   return out;
 }
 

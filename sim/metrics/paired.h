@@ -45,7 +45,9 @@ BlockSums join_sequences(const std::vector<BlockSums>& per_sequence);
 BlockSums metric_block_sums(const MetricDef& metric, const ErrorStats& stats);
 // metric_block_sums of each metric, aligned with `metrics`, the rows grouped into
 // blocks once for all of them (the grouping sorts every row's position).
-std::vector<BlockSums> metric_block_sums(const std::vector<const MetricDef*>& metrics, const ErrorStats& stats);
+// `blocks` (optional): position_blocks(stats.rows), when the caller has it.
+std::vector<BlockSums> metric_block_sums(const std::vector<const MetricDef*>& metrics, const ErrorStats& stats,
+                                         const PositionBlocks* blocks = nullptr);
 // finish(Σ num / Σ den) over all blocks: the metric's value up to summation order.
 // Over several sequences: the mean over sequences of that value on each sequence's
 // blocks (each sequence weighs the same).
