@@ -23,6 +23,7 @@
 #include "sim/formats/prerope_format.h"
 #include "sim/layer_stream.h"
 #include "sim/measurer.h"
+#include "sim/metrics/point_metrics.h"
 #include "sim/model/layer_selection.h"
 #include "sim/simulator.h"
 #include "sim/strategies/presets.h"
@@ -512,7 +513,7 @@ class SweepRun {
   // next (fresh, 75 MB of rows and about 100 MB of buffers a point at the Llama-3-8B
   // shape were mostly page faults: experiments/bench/bench_finalize).
   ScratchPool<std::vector<AttentionRow>> merged_rows_;
-  ScratchPool<BootstrapScratch> bootstrap_scratch_;
+  ScratchPool<std::vector<BootstrapScratch>> bootstrap_scratch_;  // one per metric
   std::vector<double> task_seconds_;
   std::vector<std::string> task_error_;
   std::vector<std::atomic<size_t>> remaining_;  // per point, tasks not yet done
@@ -524,9 +525,13 @@ class SweepRun {
   double finalize_seconds_ = 0;  // guarded by mu_
   // While a device's measurer works, one task at a time: where finished points go to be
   // finalized (merging a point's layers' rows, its metrics and their bootstrap
-  // intervals take about 0.1-1 s on the host for the 2.1 million rows of a
+  // intervals take about 0.2-0.4 s of one host thread for the 2.1 million rows of a
   // Llama-3-8B-shaped point at 2048 positions, overlapped with the next point's tasks).
   BackgroundQueue* background_ = nullptr;
+  // Threads a point's metrics may use (point_metrics): the run's, read where run_sweep
+  // has set them (a BackgroundQueue's thread starts with OpenMP's default count); one
+  // fewer while a finalize runs beside the thread that drives the device (run_tasks).
+  int finalize_threads_ = omp_get_max_threads();
 };
 
 void SweepRun::build_plans() {
@@ -721,23 +726,33 @@ void SweepRun::merge_point(size_t i) {
     // The CPU simulator refuses such a reconstruction itself (reconstruct_unit/
     // _window); this catches it on every backend (windows reach only the rows).
     require_finite_errors(merged[0], rec_);
-    for (const MetricDef* m : metrics_) {
-      r.metrics.push_back(m->compute(merged[0]));
-      r.standard_errors.push_back(m->standard_error ? m->standard_error(merged[0]) : std::nan(""));
-    }
+    // The metrics, their intervals and block sums, with the attribution shares beside
+    // them: one metric per thread (point_metrics), on the threads of a device's
+    // finalize (on the CPU, inside the task loop, on this thread alone).
+    PointMetricsOptions options;
+    options.bootstrap = bootstrap_settings(spec_);
     // Over several sequences the resamples feed the aggregate's interval.
-    // The rows' blocks: one table for the intervals and the block sums.
-    const PositionBlocks blocks = position_blocks(merged[0].rows);
-    BootstrapScratch scratch = bootstrap_scratch_.take();
-    r.intervals = bootstrap_intervals(merged[0], metrics_, bootstrap_settings(spec_),
-                                      spec_.data.sequence_count() > 1 ? &r.resamples : nullptr, &scratch, &blocks);
-    bootstrap_scratch_.give_back(std::move(scratch));
-    for (size_t k = 0; k < metrics_.size(); ++k)  // closed-form intervals (answer_accuracy)
-      if (metrics_[k]->interval) r.intervals[k] = metrics_[k]->interval(merged[0]);
-    r.block_sums = metric_block_sums(metrics_, merged[0], &blocks);
+    options.keep_resamples = spec_.data.sequence_count() > 1;
+    options.threads = finalize_threads_;
     if (spec_.attribution.selects(points_[i].id) && variants > 0)
-      r.attribution = attribute(merged[0], regions_[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
-                                rec_.num_layers(), rec_.q_heads, spec_.attribution.attributed_errors());
+      options.beside = [&] {
+        r.attribution = attribute(merged[0], regions_[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
+                                  rec_.num_layers(), rec_.q_heads, spec_.attribution.attributed_errors());
+      };
+    std::vector<BootstrapScratch> scratch = bootstrap_scratch_.take();
+    PointMetrics figures;
+    try {
+      figures = point_metrics(merged[0], metrics_, options, &scratch);
+    } catch (...) {
+      bootstrap_scratch_.give_back(std::move(scratch));
+      throw;
+    }
+    bootstrap_scratch_.give_back(std::move(scratch));
+    r.metrics = std::move(figures.values);
+    r.standard_errors = std::move(figures.standard_errors);
+    r.intervals = std::move(figures.intervals);
+    r.resamples = std::move(figures.resamples);
+    r.block_sums = std::move(figures.block_sums);
     r.ok = true;
     for (ErrorStats& m : merged) merged_rows_.give_back(std::move(m.rows));
   }
@@ -798,11 +813,14 @@ void SweepRun::run_tasks() {
   // As many tasks at once as the measurer runs: one OpenMP thread each on the CPU;
   // on CUDA one after another in task order (points one after another, each on the
   // whole device), outside any parallel region, a finished point being finalized on a
-  // host thread of its own while the device runs the next point's tasks (not on the
-  // CPU, whose thread count the user chose).
+  // host thread of its own, its metrics on the run's other threads, while the device
+  // runs the next point's tasks (not on the CPU, whose thread count the user chose).
   const bool parallel = measurer.concurrency() > 1;
   std::optional<BackgroundQueue> background;
-  if (!parallel && backend_.used != Backend::Cpu) background.emplace([this](size_t i) { finalize(i); });
+  if (!parallel && backend_.used != Backend::Cpu) {
+    background.emplace([this](size_t i) { finalize(i); });
+    finalize_threads_ = std::max(1, finalize_threads_ - 1);
+  }
   background_ = background ? &*background : nullptr;
   if (streamed_) {
     run_tasks_streamed(measurer, measurements_per_layer > 1, parallel);

@@ -12,7 +12,9 @@
 // the work does not depend on their values beyond the p99 tails' sizes. Prints each
 // part's best-of-N wall time (merging the layers' rows, the metrics, the bootstrap
 // intervals, the paired comparisons' block sums, the attribution's per-layer and
-// per-head shares), on the OpenMP threads given (default: all).
+// per-head shares) one after another, then all of them as the sweep runs them
+// (point_metrics, one metric per thread, the attribution beside) on 1 thread and on the
+// OpenMP threads given (default: all), and checks that both give the parts' numbers.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@
 #include "sim/metrics/error_stats.h"
 #include "sim/metrics/metric_table.h"
 #include "sim/metrics/paired.h"
+#include "sim/metrics/point_metrics.h"
 
 namespace {
 
@@ -162,6 +166,34 @@ int main(int argc, char** argv) {
   row("total", total);
   for (size_t k = 0; k < metrics.size(); ++k)
     std::printf("bootstrap interval of %s alone: %.1f ms\n", metrics[k]->name.c_str(), 1e3 * t_each[k]);
+
+  // As the sweep's finalize runs them: point_metrics with the attribution beside, on 1
+  // thread and on the threads given; the same bits as the parts above, or exit 1.
+  const int threads = omp_get_max_threads();
+  auto finalize_on = [&](int n, kvb::PointMetrics& out) {
+    std::vector<kvb::BootstrapScratch> buffers;  // reused from point to point
+    kvb::PointMetricsOptions options;
+    options.threads = n;
+    options.beside = [&] { attribution = kvb::attribute(merged, {}, {}, o.layers, o.q_heads); };
+    return best_seconds(o.repeats, [&] { out = kvb::point_metrics(merged, metrics, options, &buffers); });
+  };
+  kvb::PointMetrics on_one, on_all;
+  const double t_one = finalize_on(1, on_one);
+  const double t_all = finalize_on(threads, on_all);
+  std::printf("\n| point_metrics + attribution | ms |\n|---|---:|\n| 1 thread | %.1f |\n| %d threads | %.1f |\n"
+              "speed-up %.2fx; the sum of the parts above minus the merge: %.1f ms\n",
+              1e3 * t_one, threads, 1e3 * t_all, t_one / t_all, 1e3 * (total - t_merge));
+  auto same_bits = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  for (size_t k = 0; k < metrics.size(); ++k)
+    for (const kvb::PointMetrics* p : {&on_one, &on_all})
+      if (!same_bits(p->values[k], values[k]) || !same_bits(p->intervals[k].lo, intervals[k].lo) ||
+          !same_bits(p->intervals[k].hi, intervals[k].hi) || p->block_sums[k].num != sums[k].num ||
+          p->block_sums[k].den != sums[k].den) {
+        std::fprintf(stderr, "bench_finalize: point_metrics on %d threads differs from the parts in %s\n",
+                     p == &on_one ? 1 : threads, metrics[k]->name.c_str());
+        return 1;
+      }
+  std::printf("point_metrics on 1 and %d threads: the parts' numbers, bit for bit\n", threads);
   // The numbers, so that a faster version can be checked against this one's output.
   for (size_t k = 0; k < metrics.size(); ++k)
     std::printf("%s = %.17g [%.17g, %.17g]\n", metrics[k]->name.c_str(), values[k], intervals[k].lo, intervals[k].hi);
