@@ -720,6 +720,14 @@ void SweepRun::merge_point(size_t i) {
   for (size_t t = t0; t < t0 + point_tasks_[i] && r.error.empty(); ++t) r.error = task_error_[t];
   if (r.error.empty() && plans_[i]) {
     std::vector<ErrorStats> merged(variants);
+    // The merged rows' memory goes back to merged_rows_ however this ends.
+    struct GiveBack {
+      ScratchPool<std::vector<AttentionRow>>& pool;
+      std::vector<ErrorStats>& stats;
+      ~GiveBack() {
+        for (ErrorStats& m : stats) pool.give_back(std::move(m.rows));
+      }
+    } give_back{merged_rows_, merged};
     if (layer_tasks_[i])
       for (size_t v = 0; v < variants; ++v) merged[v] = merged_variant(i, v);
     if (point_tasks_[i] > layer_tasks_[i]) merged[0].merge(stats_of_[t0 + layer_tasks_[i]]);  // the model task
@@ -739,22 +747,14 @@ void SweepRun::merge_point(size_t i) {
         r.attribution = attribute(merged[0], regions_[i], std::vector<ErrorStats>(merged.begin() + 1, merged.end()),
                                   rec_.num_layers(), rec_.q_heads, spec_.attribution.attributed_errors());
       };
-    std::vector<BootstrapScratch> scratch = bootstrap_scratch_.take();
-    PointMetrics figures;
-    try {
-      figures = point_metrics(merged[0], metrics_, options, &scratch);
-    } catch (...) {
-      bootstrap_scratch_.give_back(std::move(scratch));
-      throw;
-    }
-    bootstrap_scratch_.give_back(std::move(scratch));
+    ScratchPool<std::vector<BootstrapScratch>>::Lease scratch(bootstrap_scratch_);
+    PointMetrics figures = point_metrics(merged[0], metrics_, options, &*scratch);
     r.metrics = std::move(figures.values);
     r.standard_errors = std::move(figures.standard_errors);
     r.intervals = std::move(figures.intervals);
     r.resamples = std::move(figures.resamples);
     r.block_sums = std::move(figures.block_sums);
     r.ok = true;
-    for (ErrorStats& m : merged) merged_rows_.give_back(std::move(m.rows));
   }
   for (size_t t = t0; t < t0 + point_tasks_[i]; ++t) {
     r.seconds += task_seconds_[t];

@@ -86,6 +86,21 @@ class ScratchPool {
     return idle_.size();
   }
 
+  // An object taken for a scope and given back when the lease ends, a throw included.
+  class Lease {
+   public:
+    explicit Lease(ScratchPool& pool) : pool_(pool), object_(pool.take()) {}
+    ~Lease() { pool_.give_back(std::move(object_)); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    T& operator*() { return object_; }
+    T* operator->() { return &object_; }
+
+   private:
+    ScratchPool& pool_;
+    T object_;
+  };
+
  private:
   size_t keep_;
   mutable std::mutex mutex_;

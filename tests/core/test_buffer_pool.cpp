@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -77,4 +78,24 @@ TEST_CASE("ScratchPool: what is given back is taken again, memory and all, at mo
   CHECK(again.data() == memory);
   CHECK(again.capacity() >= 1000);
   CHECK(pool.idle() == 0);
+}
+
+TEST_CASE("ScratchPool::Lease: the object goes back when the scope ends, by a throw too") {
+  kvb::ScratchPool<std::vector<double>> pool(2);
+  const double* memory = nullptr;
+  {
+    kvb::ScratchPool<std::vector<double>>::Lease lease(pool);
+    lease->assign(500, 3.0);
+    memory = lease->data();
+    CHECK(pool.idle() == 0);
+  }
+  REQUIRE(pool.idle() == 1);
+  try {
+    kvb::ScratchPool<std::vector<double>>::Lease lease(pool);
+    CHECK((*lease).data() == memory);  // the one given back, memory and all
+    throw std::runtime_error("a failing point");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(pool.idle() == 1);
+  CHECK(pool.take().data() == memory);
 }
