@@ -128,6 +128,9 @@ Quantized quantize(const py::array& x_in, const std::string& format, const std::
   if (dtype.kind() != 'f')
     throw ConfigError("quantize needs a float array (float16, float32 or float64), got dtype " +
                       py::cast<std::string>(dtype.attr("name")));
+  if (pre_rope_in && pre_rope_in->dtype().kind() != 'f')
+    throw ConfigError("quantize needs pre_rope as a float array (float16, float32 or float64), got dtype " +
+                      py::cast<std::string>(pre_rope_in->dtype().attr("name")));
   if (f->keys_only() && kind == "value")
     throw ConfigError("format '" + f->name() + "' stores keys only (a sketch for attention logits); it cannot " +
                       "quantize values (kind = 'value')");

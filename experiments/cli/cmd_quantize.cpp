@@ -31,6 +31,7 @@
 #include "sim/core/tensor.h"
 #include "sim/formats/prerope_format.h"
 #include "sim/formats/registry.h"
+#include "sim/io/dtype_convert.h"
 #include "sim/io/tensor_store.h"
 #include "sim/io/tensor_writer.h"
 #include "sim/reconstruction.h"
@@ -91,6 +92,16 @@ void check_tensor_pre_rope_keys(const Tensor& x, const Tensor& pre_rope, int64_t
                           "or spans whose rows are not positions 0.." + std::to_string(rows_per_span - 1) +
                               " (--rows-per-span " + std::to_string(rows_per_span) +
                               ": each span restarts at position 0; give the tensor's tokens per head, the default)");
+}
+
+// Keys and values are floating point: an integer tensor (token ids, a quantized cache's
+// codes) read as numbers would be quantized without a word.
+void require_float_tensor(const TensorStore& store, const std::string& name, const std::string& input) {
+  const DType stored = store.info(name).dtype;
+  if (!dtype_is_float(stored))
+    throw ConfigError(input + ": tensor '" + name + "' holds integers (" + dtype_name(stored) +
+                      "), not keys or values: quantize takes a floating-point tensor (F32, F16, BF16, F64); "
+                      "a quantized cache's codes must be dequantized first");
 }
 
 }  // namespace
@@ -167,6 +178,7 @@ int cmd_quantize(const Args& args) {
   }
   const std::unique_ptr<TensorStore> store = TensorStore::open(input);
   const std::string name = pick_tensor(*store, tensor);
+  require_float_tensor(*store, name, input);
   const bool kind_from_name = kind.empty();
   if (kind_from_name) kind = kind_of_tensor_name(name);
   const std::string kind_origin = kind_from_name ? " (from the tensor's name; --kind says otherwise)" : "";
@@ -191,7 +203,9 @@ int cmd_quantize(const Args& args) {
   RopeInfo rotation;  // theta, and scaled frequencies if the file has them
   Tensor pre_rope;
   if (!pre_rope_tensor.empty()) {
-    pre_rope = store->read_f32(pick_tensor(*store, pre_rope_tensor));
+    const std::string pre_rope_name = pick_tensor(*store, pre_rope_tensor);
+    require_float_tensor(*store, pre_rope_name, input);
+    pre_rope = store->read_f32(pre_rope_name);
     if (pre_rope.shape != x.shape)
       throw ConfigError("--pre-rope " + pre_rope_tensor + ": shape " + shape_str(pre_rope.shape) + " is not the shape " +
                         shape_str(x.shape) + " of '" + name + "'");

@@ -50,6 +50,10 @@ refused "--key-format naming a preset" "give --strategy kivi-4" \
 refused "quantize --format naming a preset" "'kivi-2' is a strategy preset, not a format" \
   "$kvb" quantize "$rec" -t layers.0.key --format kivi-2
 refused "a mistyped format" "did you mean 'q4_0'" "$kvb" quantize "$rec" -t layers.0.key --format q4_00
+/usr/bin/python3 -c 'import numpy as np, sys; np.save(sys.argv[1], np.arange(64, dtype=np.int32).reshape(2, 32))' \
+  "$tmp/ids.npy" || fail "writing an integer .npy"
+refused "quantize on an integer tensor" "holds integers (I32), not keys or values" \
+  "$kvb" quantize "$tmp/ids.npy" --format q4_0
 refused "a config format naming a preset" "select it with preset = \"kivi-2\"" \
   "$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.format="kivi-2"' --out "$tmp/x"
 refused "a config type naming a preset" "'kivi-2' is a preset: select it with preset = \"kivi-2\"" \

@@ -137,6 +137,8 @@ def test_quantize_errors_carry_the_cli_messages():
         kvbudget.quantize(x, "q4_O")
     with pytest.raises(kvbudget.ConfigError, match="float array"):
         kvbudget.quantize(np.zeros((4, 64), np.int32), "q4_0")
+    with pytest.raises(kvbudget.ConfigError, match="needs pre_rope as a float array .* got dtype int32"):
+        kvbudget.quantize(x, "prerope:int8-asym-g32", pre_rope=np.zeros((4, 64), np.int32))
     with pytest.raises(kvbudget.ConfigError, match="stores keys only"):
         kvbudget.quantize(x, "qjl-m256", kind="value")
 
