@@ -359,7 +359,7 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
   RecordingStats& stats = computed_stats ? *computed_stats : *own_stats;
   std::vector<std::unique_ptr<Strategy>> strategies(n);
   std::vector<std::string> errors(n);
-  std::vector<std::vector<std::string>> warnings(n);  // per point, each "KEY: ..."
+  std::vector<std::vector<std::string>> warnings(n);  // per point, each point_location + why
   PlanCheck check;
   check.plans.resize(n);
   check.plan_seconds.assign(n, 0.0);
@@ -380,11 +380,11 @@ PlanCheck check_plans(const ExperimentSpec& spec, const Recording& rec, const st
     try {
       std::vector<std::string> said;  // the strategy's own warnings
       Plan plan = build_point_plan(spec, rec, points[i], *strategies[i], stats, &measurer_for, &said);
-      for (const std::string& w : said) warnings[i].push_back(points[i].key + ": " + w);
+      const std::string where = point_location(spec, points[i]);
+      for (const std::string& w : said) warnings[i].push_back(where + w);
       if (allocates(points[i]))
-        if (const std::string w = uniform_allocation_warning(plan); !w.empty())
-          warnings[i].push_back(points[i].key + ": " + w);
-      if (const std::string w = whole_recording_windows(plan); !w.empty()) warnings[i].push_back(points[i].key + ": " + w);
+        if (const std::string w = uniform_allocation_warning(plan); !w.empty()) warnings[i].push_back(where + w);
+      if (const std::string w = whole_recording_windows(plan); !w.empty()) warnings[i].push_back(where + w);
       check.plans[i] = std::move(plan);
     } catch (const std::exception& e) {
       errors[i] = point_location(spec, points[i]) + e.what();

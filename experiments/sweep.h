@@ -123,7 +123,8 @@ struct PlanCheck {
   // divide head_dim, a budget below the cheapest or above the dearest allocation, ...
   // (after the location, the message run_sweep would put in errors.csv).
   std::vector<std::string> errors;
-  // "KEY: ..." for what a point's plan says that its user must hear though it can run,
+  // "FILE:LINE: [strategy[i]] (name \"N\"): point KEY: why" (point_location, as the
+  // errors) for what a point's plan says that its user must hear though it can run,
   // in point order: the strategy's own (StrategyInput::warnings: the optimal allocator leaving
   // its budget unspent), an allocating strategy's (a budget_bpe over a family) that gave
   // every unit one width per kind (uniform_allocation_warning: entropy at budget_bpe 3

@@ -96,8 +96,9 @@ refused "an impossible budget" "budget_bpe 1.5 is below the cheapest allocation,
 # 4. An allocation that degenerates to uniform is a warning (3 bpe = int2 everywhere).
 "$kvb" run "$tmp/alloc.toml" --out "$tmp/a" --quiet >"$tmp/alloc.out" 2>"$tmp/alloc.err" ||
   fail "the entropy sweep exited $?"
-expect "$tmp/alloc.err" "warning: entropy(budget_bpe=3,family=int{b}-asym-g32): the allocation is uniform, K:int2-asym-g32 V:int2-asym-g32" "the uniform warning"
+expect "$tmp/alloc.err" ": point entropy(budget_bpe=3,family=int{b}-asym-g32): the allocation is uniform, K:int2-asym-g32 V:int2-asym-g32" "the uniform warning"
 [ "$(grep -c "the allocation is uniform" "$tmp/alloc.err")" -eq 1 ] || fail "4.5 bpe is not a uniform allocation"
+expect "$tmp/alloc.err" "kvbudget run: warning: $tmp/alloc.toml:" "the uniform warning's location (the block's file:line)"
 
 # 5. --json on every command that prints results, with the documented keys.
 "$kvb" formats --json >"$tmp/formats.json" || fail "formats --json exited $?"

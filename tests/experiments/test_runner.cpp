@@ -246,22 +246,30 @@ TEST_CASE("check_plans: one width per kind, an unspent optimal budget and a wind
   CHECK(check.errors.empty());
   for (const std::string& w : check.warnings) MESSAGE(w);
   REQUIRE(check.warnings.size() == 5);
+  // Each names its block as the errors do: "FILE:LINE: [strategy[i]]: point KEY: why".
+  const std::string config = file.string();
+  CHECK(check.warnings[0].rfind(config + ":", 0) == 0);
+  CHECK(check.warnings[0].find(": [strategy[0]]: point optimal(") != std::string::npos);
+  CHECK(check.warnings[2].find(": [strategy[1]]: point uniform(") != std::string::npos);
+  CHECK(check.warnings[4].find(": [strategy[2]]: point kivi-2(): ") != std::string::npos);
+  // After the location, the warning itself.
+  auto after_point = [&](size_t k) { return check.warnings[k].substr(check.warnings[k].find(": point ") + 8); };
   // Optimal under attn_kl_mean: int8 keys, int2 values (value widths do not change the
   // attention weights), 6 of the 8 bpe: said first by the strategy, then the one width per kind.
-  CHECK(check.warnings[0].rfind("optimal(budget_bpe=8,family=int{b}-asym-g32): budget_bpe 8 is not spent: the "
+  CHECK(after_point(0).rfind("optimal(budget_bpe=8,family=int{b}-asym-g32): budget_bpe 8 is not spent: the "
                                 "allocation reaches 6 bpe (2 bpe unspent)",
                                 0) == 0);
-  CHECK(check.warnings[1] ==
+  CHECK(after_point(1) ==
         "optimal(budget_bpe=8,family=int{b}-asym-g32): the allocation gives one width per kind, K:int8-asym-g32 "
         "V:int2-asym-g32 in every unit: the point is uniform quantization of keys and of values (the allocator spread "
         "no widths across units at this budget; give other widths or budgets)");
   // Windows of 64 and 100 tokens hold all 64: the quantizer is never measured; 32 is fine.
-  CHECK(check.warnings[2].rfind("uniform(format=int4-asym-g32,window=64): a window covers all of the recording's 64 "
+  CHECK(after_point(2).rfind("uniform(format=int4-asym-g32,window=64): a window covers all of the recording's 64 "
                                 "tokens (K:window=64 at keep-fp16 in 36 of 36 units, V:window=64 at keep-fp16 in 36 "
                                 "of 36 units): those units are stored entirely at the window's precision",
                                 0) == 0);
-  CHECK(check.warnings[3].find("uniform(format=int4-asym-g32,window=100): a window covers") == 0);
-  CHECK(check.warnings[4].find("kivi-2(): a window covers all of the recording's 64 tokens (K:window=128") == 0);
+  CHECK(after_point(3).find("uniform(format=int4-asym-g32,window=100): a window covers") == 0);
+  CHECK(after_point(4).find("kivi-2(): a window covers all of the recording's 64 tokens (K:window=128") == 0);
 }
 
 TEST_CASE("check_plans: a prerope: format on a recording without pre-RoPE keys refuses the run up front") {
