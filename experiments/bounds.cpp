@@ -516,7 +516,7 @@ void first_order_rows(const BoundsOptions& opt, const Recording& rec, std::vecto
         row("first-order", std::string("value error ") + name + " renyi2",
             "E||do||^2 = 2^(-H2) sigma_e^2 (equal per-token error)", v.predicted_renyi2, v.measured,
             within_ratio(v.measured, v.predicted_renyi2, 0.8, 1.25), "measured/predicted in [0.8, 1.25]",
-            "sigma_e^2: the unit's mean per-token error"),
+            "sigma_e^2: the mean per-token error over the tokens each row reads"),
         ratio_interval(v.measured_at, v.predicted_renyi2_at, opt.seed, kTag), "measured/predicted", 0.8, 1.25,
         too_few("blocks of query positions")));
     const theory::FirstOrderCheck k = theory::key_error_first_order(rec, *f, pos, opt.seed);

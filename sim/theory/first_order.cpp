@@ -32,20 +32,24 @@ FirstOrderCheck value_error_first_order(const Recording& rec, const Format& form
   c.predicted_renyi2_at.assign(positions.size(), 0.0);
   std::vector<float> s(static_cast<size_t>(T));
   std::vector<double> p(static_cast<size_t>(T)), dout(static_cast<size_t>(d)), enorm2(static_cast<size_t>(T));
+  std::vector<double> prefix_enorm2(static_cast<size_t>(T));  // Σ_{j ≤ t} ‖e_j‖²
   for (int64_t l = 0; l < rec.num_layers(); ++l)
     for (int64_t g = 0; g < rec.kv_heads; ++g) {
       const std::vector<double> e = unit_error(rec, format, l, g, false, seed);
-      double sigma2 = 0;
+      double running = 0;
       for (int64_t j = 0; j < T; ++j) {
         double n2 = 0;
         for (int64_t c2 = 0; c2 < d; ++c2) n2 += e[j * d + c2] * e[j * d + c2];
         enorm2[static_cast<size_t>(j)] = n2;
-        sigma2 += n2 / static_cast<double>(T);
+        running += n2;
+        prefix_enorm2[static_cast<size_t>(j)] = running;
       }
       const LayerTensors& L = rec.layers[static_cast<size_t>(l)];
       for (int64_t h = g * rec.group_size(); h < (g + 1) * rec.group_size(); ++h)
         for (size_t at = 0; at < positions.size(); ++at) {
           const int64_t t = positions[at];
+          // σ_e² of the tokens this row reads (0..t), not of later ones.
+          const double sigma2 = prefix_enorm2[static_cast<size_t>(t)] / static_cast<double>(t + 1);
           attention_scores(L.query_row(h, t), L.key.slice(g), t + 1, d, 0, 1, s.data());
           softmax_row(s.data(), t + 1, p.data());
           std::fill(dout.begin(), dout.end(), 0.0);

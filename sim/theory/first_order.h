@@ -20,7 +20,9 @@ struct FirstOrderCheck {
   int64_t rows = 0;             // (layer, query head, position) rows measured
   double measured = 0;          // mean over rows of ‖Δo‖² (values) or KL in nats (keys)
   double predicted = 0;         // mean of Σ p_j² ‖e_j‖² (values) or ½·Var_p(Δs) (keys)
-  double predicted_renyi2 = 0;  // values: mean of 2^(−H₂(p))·σ_e², σ_e² = the unit's mean ‖e_j‖²
+  // values: mean of 2^(−H₂(p))·σ_e², σ_e² = the mean ‖e_j‖² over the tokens j ≤ t the
+  // row at t reads (its unit's)
+  double predicted_renyi2 = 0;
   // The same quantities summed over the rows of each query position, aligned with the
   // `positions` argument (for a bootstrap over blocks of positions).
   std::vector<double> measured_at, predicted_at, predicted_renyi2_at;

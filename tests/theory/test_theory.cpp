@@ -62,3 +62,21 @@ TEST_CASE("first-order attention-error predictions agree with the exact errors a
   CHECK(z.measured == 0);
   CHECK(z.predicted == 0);
 }
+
+TEST_CASE("first-order value prediction: σ_e² comes from the tokens a row reads, not later ones") {
+  SyntheticSpec s;
+  s.seed = 4;
+  s.layers = 1;
+  s.q_heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 32;
+  s.tokens = 48;
+  s.calibration_queries = 47;
+  const Recording rec = generate_synthetic(s);
+  // At position 0 the row reads token 0 alone (p_0 = 1): Δo = e_0, so the measured
+  // ‖Δo‖², the per-token prediction and the Rényi-2 one are all ‖e_0‖², per query head.
+  const FirstOrderCheck v = value_error_first_order(rec, *make_format("int3-asym-g32"), {0, 1, 47}, 0);
+  REQUIRE(v.measured_at[0] > 0);
+  CHECK(v.predicted_at[0] == doctest::Approx(v.measured_at[0]).epsilon(1e-12));
+  CHECK(v.predicted_renyi2_at[0] == doctest::Approx(v.measured_at[0]).epsilon(1e-12));
+}
