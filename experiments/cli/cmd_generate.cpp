@@ -383,7 +383,14 @@ int cmd_generate(const Args& args) {
     built = build_calibrated_plan(*strat, recording, sampling.seed, plan_source);
   }
   const int64_t plan_tokens = static_cast<int64_t>(plan_ids.size());
-  const std::string plan_text = built ? plan_source + " = " + built->plan.describe() : "exact";
+  // The plan as generation runs it: a plan with a prefill gets the prompt as its prefill
+  // (generate_with), so its memory and description are those of prefill P.
+  std::optional<Plan> as_run;
+  if (built) {
+    as_run = built->plan;
+    if (as_run->prefill() > 0) as_run->set_prefill(P);
+  }
+  const std::string plan_text = built ? plan_source + " = " + as_run->describe() : "exact";
 
   const std::vector<int64_t> eos = ignore_eos ? std::vector<int64_t>{} : cfg.eos_token_ids;
   const auto stop = [&](const std::vector<int64_t>& generated) {
@@ -418,12 +425,12 @@ int cmd_generate(const Args& args) {
   // BLEU-4 needs a 4-gram in both: undefined (not 0) for shorter continuations.
   const bool bleu_defined = std::min(exact.ids.size(), quant.ids.size()) >= 4;
   const double bleu = bleu_defined ? corpus_bleu4({quant.ids}, {exact.ids}) : std::nan("");
-  // The cache's bits per element after the prompt and at its longest (the prompt and
-  // every new token but the last, which is never fed back), and the prefill that ran:
-  // the prompt, whatever prefill the plan was built with (Transformer's generation).
-  const int64_t longest = P + static_cast<int64_t>(std::max(exact.ids.size(), quant.ids.size())) - 1;
-  const double bpe_prompt = built ? built->plan.bpe_at(P) : std::nan("");
-  const double bpe_longest = built ? built->plan.bpe_at(std::max<int64_t>(longest, P)) : std::nan("");
+  // The quantized cache's bits per element after the prompt and at its longest (the
+  // prompt and every new token of the quantized continuation but the last, which is never
+  // fed back), for the plan as it ran (its prefill the prompt).
+  const int64_t longest = P + static_cast<int64_t>(quant.ids.size()) - 1;
+  const double bpe_prompt = built ? as_run->bpe_at(P) : std::nan("");
+  const double bpe_longest = built ? as_run->bpe_at(std::max<int64_t>(longest, P)) : std::nan("");
   const bool prefill_replaced = built && built->plan.prefill() > 0 && built->plan.prefill() != P;
   // A phase plan switches where its marker is in the sequence (the prompt, else where it is
   // generated): the new-token index of that switch per continuation, if any.

@@ -80,6 +80,20 @@ assert j["cache_tokens"] == len(j["prompt_ids"]) + 199, j["cache_tokens"]'
 "$kvb" generate "$llama" --prompt "$prompt" -n 4 --strategy uniform --param format=int2-asym-g32 --param prompt=3 \
   >"$tmp/prefill.out" 2>&1 || fail "generate with a prefill: $(cat "$tmp/prefill.out")"
 expect "$tmp/prefill.out" "the prompt is the prefill" "generate: a plan's prefill replaced by the prompt"
+# The cache that ran is the same whatever prefill the plan was built with: so are its
+# reported bits per element and plan (prefill = the prompt).
+for p in 1 20; do
+  "$kvb" generate "$llama" --prompt "$prompt" -n 8 --strategy hf-quanto-int4 --param prompt=$p --json \
+    >"$tmp/prefill$p.json" 2>&1 || fail "generate hf-quanto-int4 prompt=$p: $(cat "$tmp/prefill$p.json")"
+done
+/usr/bin/python3 -c 'import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert (a["bpe"], a["bpe_prompt"]) == (b["bpe"], b["bpe_prompt"]), (a["bpe"], a["bpe_prompt"], b["bpe"], b["bpe_prompt"])
+n = len(a["prompt_ids"])
+assert a["plan"].endswith("prefill:%d" % n) and b["plan"].endswith("prefill:%d" % n), (a["plan"], b["plan"])
+# bpe at the quantized cache at its longest: the prompt and the quantized tokens but the last.
+assert a["cache_tokens"] == n + len(a["quantized"]["ids"]) - 1, a["cache_tokens"]' \
+  "$tmp/prefill1.json" "$tmp/prefill20.json" || fail "generate: the plan as it ran (prefill = the prompt)"
 
 # An aggressive 1-bit cache diverges; --out holds every field, the same as --json.
 "$kvb" generate "$llama" --prompt "$prompt" -n 32 --format int1-sym-g32 --out "$tmp/int1.json" \
