@@ -144,10 +144,12 @@ std::vector<SweepPoint> shard_points(const ExperimentSpec& spec, const std::vect
 namespace {
 
 // A resolved config's table without the keys that do not change results (threads,
-// output.dir, output.plots): what sweep_config_hash hashes.
+// output.dir, output.plots, data.stream_layers: a streamed run's results equal the held
+// run's bit for bit): what sweep_config_hash hashes.
 toml::table hashed_config(const std::string& resolved_toml) {
   toml::table root = toml::parse(std::string_view(resolved_toml));
   root.erase("threads");
+  if (toml::table* data = root["data"].as_table()) data->erase("stream_layers");
   if (toml::table* output = root["output"].as_table()) {
     output->erase("dir");
     output->erase("plots");

@@ -124,7 +124,7 @@ TEST_CASE("--shard: I/N, and auto from the Slurm job array's variables") {
         }).find("not consecutive") != std::string::npos);
 }
 
-TEST_CASE("config hash: --out, --threads and plots aside, any change of the sweep changes it") {
+TEST_CASE("config hash: --out, --threads, plots and stream_layers aside, any change of the sweep changes it") {
   // As kvbudget run records them: record_run_options always runs.
   auto run_spec = [](const std::string& text, const RunOptionsInConfig& o) {
     ExperimentSpec e = parse(text);
@@ -136,6 +136,10 @@ TEST_CASE("config hash: --out, --threads and plots aside, any change of the swee
   CHECK(sweep_config_hash(a) == sweep_config_hash(b));
   // The saved config.toml, loaded again (run --resume without CONFIG): the same hash.
   CHECK(sweep_config_hash(run_spec(b.resolved_toml, {})) == sweep_config_hash(a));
+  // Streamed layers give the held run's results bit for bit: a held run resumes streamed.
+  const std::string streamed = "[data]\nstream_layers = true\n" + kSweep.substr(std::string("[data]\n").size());
+  REQUIRE(parse(streamed).data.stream_layers == true);
+  CHECK(sweep_config_hash(run_spec(streamed, {})) == sweep_config_hash(a));
   CHECK(sweep_config_hash(a) != sweep_config_hash(run_spec("seed = 1\n" + kSweep, {})));
   CHECK(sweep_config_hash(a) !=
         sweep_config_hash(run_spec(kSweep, RunOptionsInConfig{0, "", "", false, {"bpe <= 4"}, ""})));
