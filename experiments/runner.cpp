@@ -205,6 +205,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   // From the results directory on, a stop is graceful: what finished is written.
   enter(RunPhase::Writing);
   RunOutcome out;
+  out.streamed = streamed.has_value();
   Report report(spec, all_points,
                 resumed ? std::filesystem::path(resume_dir) : make_run_dir(spec.output.dir, spec.name, shard_suffix));
   out.dir = report.dir();

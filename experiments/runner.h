@@ -57,6 +57,9 @@ struct RunOutcome {
   size_t points = 0;                 // the run's points (a shard's; with resume_dir, kept ones included)
   size_t failed = 0;                 // points whose measurement failed (errors.csv)
   bool interrupted = false;          // *stop became true
+  // The recording's layers were streamed: every point finishes with the last layer, so a
+  // run interrupted before then finished none of the points it was measuring.
+  bool streamed = false;
   // Failures outside any point (writing a file, a callback): "points.csv / errors.csv: ...".
   std::vector<std::string> run_errors;
   bool points_lost = false;      // the final points.csv / errors.csv write failed

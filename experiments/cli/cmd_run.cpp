@@ -160,8 +160,12 @@ int cmd_run(const Args& args) {
   }
   for (const std::string& e : run.run_errors) std::fprintf(stderr, "kvbudget run: error: %s\n", e.c_str());
   if (run.interrupted) {
-    std::fprintf(stderr, "kvbudget run: interrupted: %zu of %zu points were finished and written\n", run.results.size(),
-                 run.points);
+    std::fprintf(stderr, "kvbudget run: interrupted: %zu of %zu points were finished and written%s\n",
+                 run.results.size(), run.points,
+                 run.streamed && run.results.size() < run.points
+                     ? " (the layers were streamed: a point finishes with the last layer, so --resume measures the "
+                       "unfinished points from the first layer again)"
+                     : "");
     const int sig = g_stop_signal.load();
     return sig > 0 ? 128 + sig : kExitInterrupted;
   }

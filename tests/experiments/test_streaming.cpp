@@ -580,6 +580,8 @@ TEST_CASE("streaming: a run in one pass gives the held run's files and identity;
   first.on_point = [&](const SweepPoint&, const PointResult&, size_t, size_t) { stop.store(true); };
   const RunOutcome interrupted = run_experiment(first);
   REQUIRE(interrupted.status == "interrupted");
+  CHECK(interrupted.streamed);  // kvbudget run then says why --resume starts from the first layer
+  CHECK(!held.streamed);
   REQUIRE(interrupted.results.size() >= 1);
   REQUIRE(interrupted.results.size() < 4);
   CHECK(manifest_identity(interrupted.dir) == identity);
