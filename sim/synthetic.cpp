@@ -160,11 +160,13 @@ SyntheticChannels plan_channels(const SyntheticSpec& s) {
   return ch;
 }
 
-// Throws SyntheticSpecError at `tokens` when `layers` x (query_rows x q_heads + 3
+// Throws SyntheticSpecError at `tokens` when `layers` x (query_rows x q_heads + K
 // kv_heads x tokens) x head_dim fp32 values do not fit in this machine's memory: the
-// layers a run holds at once (all of them, or one when they stream).
-void check_fits_memory(const SyntheticSpec& s, int64_t query_rows, int64_t layers) {
-  const double kv_rows = 3.0 * static_cast<double>(s.kv_heads) * static_cast<double>(s.tokens);
+// layers a run holds at once (all of them, or one when they stream). K = 3 (keys,
+// pre-RoPE keys, values) when `pre_rope_keys`, else 2.
+void check_fits_memory(const SyntheticSpec& s, int64_t query_rows, int64_t layers, bool pre_rope_keys) {
+  const double per_token = pre_rope_keys ? 3.0 : 2.0;
+  const double kv_rows = per_token * static_cast<double>(s.kv_heads) * static_cast<double>(s.tokens);
   const double floats = static_cast<double>(layers) * static_cast<double>(s.head_dim) *
                         (static_cast<double>(s.q_heads) * static_cast<double>(query_rows) + kv_rows);
   const double bytes = 4 * floats;
@@ -173,15 +175,17 @@ void check_fits_memory(const SyntheticSpec& s, int64_t query_rows, int64_t layer
   char sizes[160];
   std::snprintf(sizes, sizeof sizes, "%.3g fp32 values (%.1f GiB) do not fit in this machine's %.1f GiB", floats,
                 bytes / (1 << 30), ram / (1 << 30));
-  const std::string per_layer = query_rows == 0 ? "3 kv_heads x tokens x head_dim (keys, pre-RoPE keys, values)"
-                                                : "(q_heads x " + std::to_string(query_rows) +
-                                                      " query positions + 3 kv_heads x tokens) x head_dim";
+  const std::string kv = pre_rope_keys ? "3 kv_heads x tokens" : "2 kv_heads x tokens";
+  const std::string held = pre_rope_keys ? "keys, pre-RoPE keys, values" : "keys, values";
+  const std::string per_layer = query_rows == 0 ? kv + " x head_dim (" + held + ")"
+                                                : "(q_heads x " + std::to_string(query_rows) + " query positions + " +
+                                                      kv + ") x head_dim (queries, " + held + ")";
   if (layers == 1)
     bad_field("tokens", "one layer's " + per_layer + " = " + std::string(sizes) +
                             " of memory; make the recording smaller");
   bad_field("tokens", "layers x " + per_layer + " = " + std::string(sizes) +
                           " of memory; make the recording smaller, or let its layers stream (data.stream_layers: "
-                          "one layer held at a time on the CPU backend, configs/README.md)");
+                          "one layer held at a time, configs/README.md)");
 }
 
 }  // namespace
@@ -203,7 +207,7 @@ void validate_synthetic_spec(const SyntheticSpec& s) {
   // One layer's fp32 keys, pre-RoPE keys and values must fit in memory (a streamed run
   // holds one layer at a time; generate_synthetic, which holds every layer, checks them
   // all with the kept queries).
-  check_fits_memory(s, 0, 1);
+  check_fits_memory(s, 0, 1, s.rope);
   require(std::isfinite(s.entropy_mean) && s.entropy_mean >= 0, "entropy_mean",
           "must be a finite number of bits >= 0, got " + num(s.entropy_mean));
   require(std::isfinite(s.entropy_spread) && s.entropy_spread >= 0, "entropy_spread",
@@ -1550,7 +1554,7 @@ Recording generate(const SyntheticSpec& spec, SyntheticReport* report, const Syn
                    bool reference) {
   const SyntheticKeep keep = checked_keep(spec, keep_asked);
   check_fits_memory(spec, keep.query_positions.empty() ? spec.tokens : static_cast<int64_t>(keep.query_positions.size()),
-                    spec.layers);
+                    spec.layers, spec.rope && keep.key_pre_rope);
   const Plan P = make_plan(spec);
 
   std::vector<LayerResult> layers(static_cast<size_t>(P.L));
@@ -1608,7 +1612,8 @@ struct SyntheticLayers::State {
 SyntheticLayers::SyntheticLayers(const SyntheticSpec& spec, const SyntheticKeep& keep) : state_(std::make_unique<State>()) {
   state_->keep = checked_keep(spec, keep);
   const std::vector<int64_t>& kept = state_->keep.query_positions;
-  check_fits_memory(spec, kept.empty() ? spec.tokens : static_cast<int64_t>(kept.size()), 1);  // one layer held
+  check_fits_memory(spec, kept.empty() ? spec.tokens : static_cast<int64_t>(kept.size()), 1,  // one layer held
+                    spec.rope && state_->keep.key_pre_rope);
   state_->plan = make_plan(spec);
   const Plan& P = state_->plan;
   state_->report.channels = P.ch;

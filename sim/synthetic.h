@@ -148,9 +148,9 @@ struct SyntheticKeep {
 };
 
 // Throws SyntheticSpecError naming the first bad field and why. The memory check counts
-// one layer's keys, values and pre-RoPE keys (what a streamed run holds);
-// generate_synthetic counts every layer's with the kept queries, SyntheticLayers one
-// layer's with them.
+// one layer's keys, values and (with rope) pre-RoPE keys (what a streamed run holds at
+// most); generate_synthetic counts every layer's with the kept queries and pre-RoPE keys
+// only when kept (SyntheticKeep), SyntheticLayers one layer's with them.
 void validate_synthetic_spec(const SyntheticSpec& spec);
 
 // Validates the spec and generates. When `report` is given it receives the calibration
