@@ -131,7 +131,9 @@ CalibratedPlan build_calibrated_plan(const Strategy& strategy, const Recording& 
   RecordingStats calibration(recording, out.positions.calibration);
   out.plan = strategy.build(StrategyInput{recording, seed, &calibration});
   const std::string bad = out.plan.check();
-  if (!bad.empty()) throw Error(source + ": invalid plan: " + bad);
+  // A plan the model's shape cannot hold (a group size that does not divide head_dim) is
+  // the user's to change, as `run` reports it: a ConfigError (exit 2).
+  if (!bad.empty()) throw ConfigError(source + ": invalid plan: " + bad);
   out.calibrated = strategy.needs_statistics();
   out.calibration_beyond_window = calibration.calibration_outside_window();
   return out;

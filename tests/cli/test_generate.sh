@@ -80,6 +80,11 @@ assert j["cache_tokens"] == len(j["prompt_ids"]) + 199, j["cache_tokens"]'
 "$kvb" generate "$llama" --prompt "$prompt" -n 4 --strategy uniform --param format=int2-asym-g32 --param prompt=3 \
   >"$tmp/prefill.out" 2>&1 || fail "generate with a prefill: $(cat "$tmp/prefill.out")"
 expect "$tmp/prefill.out" "the prompt is the prefill" "generate: a plan's prefill replaced by the prompt"
+# A format the model's head_dim cannot hold is the user's error (exit 2), as in run.
+"$kvb" generate "$llama" --prompt "$prompt" -n 2 --format int4-asym-g33 >"$tmp/g33.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "generate --format int4-asym-g33: expected exit 2, got $rc"
+expect "$tmp/g33.out" "group size 33 does not divide head_dim 64" "generate: a group size that does not divide head_dim"
 # The cache that ran is the same whatever prefill the plan was built with: so are its
 # reported bits per element and plan (prefill = the prompt).
 for p in 1 20; do
