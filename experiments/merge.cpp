@@ -62,10 +62,19 @@ MergeInput read_shards(const std::vector<std::filesystem::path>& dirs) {
     for (const MergeKey& k : kMergeKeys) {
       const nlohmann::json a = first.manifest.value(k.key, nlohmann::json()),
                            b = in.shards[s].manifest.value(k.key, nlohmann::json());
-      if (a != b)
-        problems.push_back(std::string(k.key) + " differs (" + k.meaning + "): " + b.dump() + " in " +
-                           in.shards[s].dir.string() + ", " + a.dump() + " in " + first.dir.string() +
-                           (std::string(k.key) == "config_hash" ? changed_keys(first.dir, in.shards[s].dir) : ""));
+      if (a == b) continue;
+      // A shard stopped before its data was identified holds no identity: unknown, not
+      // different; --resume on that folder identifies it.
+      if (std::string(k.key) == "data_identity" && (a.is_null() || b.is_null())) {
+        const ShardFolder& unknown = a.is_null() ? first : in.shards[s];
+        problems.push_back("data_identity unknown in " + unknown.dir.string() +
+                           " (the shard stopped before its data was identified): finish it with kvbudget run "
+                           "--resume " + unknown.dir.string() + ", then merge");
+        continue;
+      }
+      problems.push_back(std::string(k.key) + " differs (" + k.meaning + "): " + b.dump() + " in " +
+                         in.shards[s].dir.string() + ", " + a.dump() + " in " + first.dir.string() +
+                         (std::string(k.key) == "config_hash" ? changed_keys(first.dir, in.shards[s].dir) : ""));
     }
     const Shard sa = manifest_shard(first.manifest), sb = manifest_shard(in.shards[s].manifest);
     if (sa.count != sb.count)

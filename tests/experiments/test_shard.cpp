@@ -281,13 +281,13 @@ TEST_CASE("results.jsonl: appended lines, a line cut by a kill skipped, the last
 TEST_CASE("merge: refuses shards of different sweeps, lists missing and duplicated points") {
   const std::filesystem::path root = test::scratch_dir("merge_checks");
   auto shard = [&](const std::string& name, size_t index, const std::string& config_hash,
-                   const std::vector<size_t>& ids) {
+                   const std::vector<size_t>& ids, const nlohmann::json& identity = "d1") {
     const std::filesystem::path dir = root / name;
     std::filesystem::create_directories(dir);
     nlohmann::json m = {{"status", "complete"},
                         {"config_hash", config_hash},
                         {"seed", 0},
-                        {"data_identity", "d1"},
+                        {"data_identity", identity},
                         {"git_commit", "c1"},
                         {"kvbudget_version", "v"},
                         {"backend", "cpu"},
@@ -316,6 +316,13 @@ TEST_CASE("merge: refuses shards of different sweeps, lists missing and duplicat
   CHECK(gaps.find("point 2 in") != std::string::npos);  // duplicated, with both folders
   CHECK(gaps.find("ids 3, 5") != std::string::npos);    // missing
   CHECK(error_of([&] { read_shards({a}); }).find("ids 1, 3, 5") != std::string::npos);
+  // A shard stopped before its data was identified: unknown, not different data.
+  const std::string unknown = error_of([&] { read_shards({a, shard("e", 1, "h1", {1, 3, 5}, nullptr)}); });
+  CHECK(unknown.find("data_identity unknown in " + (root / "e").string()) != std::string::npos);
+  CHECK(unknown.find("--resume") != std::string::npos);
+  CHECK(unknown.find("different data") == std::string::npos);
+  CHECK(error_of([&] { read_shards({a, shard("f", 1, "h1", {1, 3, 5}, "d2")}); }).find("data_identity differs") !=
+        std::string::npos);
   CHECK(id_ranges({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8");
 }
 
