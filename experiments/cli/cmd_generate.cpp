@@ -380,7 +380,16 @@ int cmd_generate(const Args& args) {
     else model->forward(plan_ids, capture_options);
     const Recording recording =
         recording_from_capture(cfg, std::move(capture), plan_ids, "model " + in.checkpoint + " on " + plan_origin);
-    built = build_calibrated_plan(*strat, recording, sampling.seed, plan_source);
+    try {
+      built = build_calibrated_plan(*strat, recording, sampling.seed, plan_source);
+    } catch (const Error& e) {
+      // What the strategy reads (calibration queries, a phase marker) comes from the text
+      // the plan is built on: that text is the user's to change, not a config's.
+      throw ConfigError(std::string(e.what()) + " [generate builds the plan on " + plan_origin + ", " +
+                        std::to_string(plan_ids.size()) +
+                        " tokens: give a longer --prompt, or the text to build it on with --plan-text / "
+                        "--plan-tokens]");
+    }
   }
   const int64_t plan_tokens = static_cast<int64_t>(plan_ids.size());
   // The plan as generation runs it: a plan with a prefill gets the prompt as its prefill

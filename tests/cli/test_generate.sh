@@ -85,6 +85,13 @@ expect "$tmp/prefill.out" "the prompt is the prefill" "generate: a plan's prefil
 rc=$?
 [ $rc -eq 2 ] || fail "generate --format int4-asym-g33: expected exit 2, got $rc"
 expect "$tmp/g33.out" "group size 33 does not divide head_dim 64" "generate: a group size that does not divide head_dim"
+# What a strategy reads comes from the text its plan is built on: an error there names it.
+"$kvb" generate "$llama" --prompt "abcd" -n 2 --strategy entropy --param budget_bpe=4 --param 'family=int{b}-asym-g32' \
+  >"$tmp/short_plan.out" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "generate entropy on a 4-byte prompt: expected exit 2, got $rc"
+expect "$tmp/short_plan.out" "generate builds the plan on the prompt, 5 tokens: give a longer --prompt" \
+  "generate: a plan that cannot be built on the prompt"
 # The cache that ran is the same whatever prefill the plan was built with: so are its
 # reported bits per element and plan (prefill = the prompt).
 for p in 1 20; do
