@@ -424,6 +424,30 @@ def open_results(path):
     raise ConfigError(message)
 
 
+# How the runner writes a NaN in its CSV files (format_double; "-nan" from other writers).
+# pandas reads "inf" / "-inf" as numbers already; an empty cell is NaN.
+_NAN_CELLS = ("nan", "-nan")
+# points.csv's columns that name a point: text whatever their cells look like.
+_NAME_COLUMNS = ("strategy", "type", "key", "label", "plan")
+
+
+def _numbers_with_nan(frame):
+    """`frame` (as read with only "" as NA, so that text cells stay text) with each column
+    whose every cell is a number, empty, "nan" or "-nan" as float64 (NaN there): a metric
+    with a NaN cell (a standard error of one position, a correlation of constant values)
+    is a number column, not a column of strings."""
+    import pandas as pd
+
+    for column in frame.columns:
+        cells = frame[column]
+        if cells.dtype != object or column in _NAME_COLUMNS:
+            continue
+        numbers = pd.to_numeric(cells, errors="coerce")
+        if (numbers.notna() | cells.isna() | cells.isin(_NAN_CELLS)).all():
+            frame[column] = numbers.astype("float64")
+    return frame
+
+
 class Result:
     """A results folder: dir, manifest, config, points / pareto / attribution /
     errors (DataFrames, read from the folder's CSV files, each row with its strategy),
@@ -460,7 +484,7 @@ class Result:
 
         if name not in self._frames:
             p = self.dir / name
-            self._frames[name] = (pd.read_csv(p, keep_default_na=False, na_values=[""])
+            self._frames[name] = (_numbers_with_nan(pd.read_csv(p, keep_default_na=False, na_values=[""]))
                                   if p.exists() and p.stat().st_size > 0 else pd.DataFrame())
         return self._frames[name]
 

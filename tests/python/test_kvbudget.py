@@ -254,6 +254,40 @@ def test_open_results_refuses_a_folder_without_manifest(tmp_path, quickstart_run
         kvbudget.open_results(tmp_path)
 
 
+def write_results_folder(folder, points_csv, manifest=None, config_toml='name = "model"\n'):
+    """A results folder as the runner writes one: manifest.json, config.toml, points.csv."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").write_text(json.dumps(manifest or {"status": "complete"}))
+    (folder / "config.toml").write_text(config_toml)
+    (folder / "points.csv").write_text(points_csv)
+    return folder
+
+
+# A model run measured at one position: its standard errors and the NLL correlation are
+# NaN, which the runner writes as "nan".
+NAN_POINTS = """id,strategy,type,key,label,plan,bpe,bpe_target,bytes,bytes_target,compression,extrapolated,\
+ppl_ratio,ppl_ratio_se,ln_ppl_correlation,seconds
+0,uniform,uniform,uniform(format=q4_0),uniform(format=q4_0),K:q4_0 V:q4_0,4.5,4.5,100,1000,3.5,no,1.5,nan,nan,0.1
+1,uniform,uniform,uniform(format=q8_0),uniform(format=q8_0),K:q8_0 V:q8_0,8.5,8.5,200,2000,1.9,no,1.01,-nan,0.9,0.1
+"""
+
+
+def test_a_nan_cell_leaves_a_metric_column_numbers(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    r = kvbudget.open_results(write_results_folder(tmp_path / "run", NAN_POINTS,
+                                                   config_toml='name = "model"\n[metrics]\npareto = ["ppl_ratio"]\n'))
+    points = r.points
+    for column in ("ppl_ratio_se", "ln_ppl_correlation"):
+        assert points[column].dtype == np.float64, column
+    assert np.isnan(points["ppl_ratio_se"]).all() and points["ln_ppl_correlation"][1] == 0.9
+    assert points["extrapolated"].tolist() == ["no", "no"]  # text columns stay text
+    assert points["ln_ppl_correlation"].mean() == 0.9
+    assert list(r.budget("ln_ppl_correlation >= 0.5")["id"]) == [1]
+    assert r.plot("ppl_ratio").get_ylabel().startswith("perplexity ratio")
+
+
 TINY = {"name": "tiny", "seed": 0, "data": {"path": str(RECORD), "max_tokens": 64, "layers": [0]},
         "strategy": [{"type": "uniform", "format": "int4-asym-g32"}],
         "metrics": {"pareto": ["attn_kl_mean"]}}
