@@ -612,6 +612,9 @@ def record_torch(model, input_ids, path=None, dtype="F16", metadata=None, **reco
         if not path.endswith(".safetensors"):
             raise ConfigError(f"{path}: a recording is written as .safetensors")
     ids = input_ids if hasattr(input_ids, "dim") else torch.as_tensor(np.asarray(input_ids), dtype=torch.long)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ConfigError(f"record_torch: input_ids has dtype {ids.dtype}; expected integer token ids")
+    ids = ids.long()  # int32 / uint8 ids too: the NLL's gather below takes int64 indices only
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     device = next((p.device for p in model.parameters()), None)

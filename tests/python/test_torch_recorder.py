@@ -287,6 +287,19 @@ def test_recompute_rope_matches_the_rotary_function():
     assert float(wrapped.metadata["nll_mean"]) > 0
 
 
+def test_record_torch_takes_any_integer_ids():
+    model = tiny_model(seed=4)
+    ids = torch.arange(24) % 50
+    expected = kvbudget.record_torch(model, ids)
+    for narrow in (ids.int(), ids.to(torch.uint8), ids.numpy().astype(np.int32)):
+        rec = kvbudget.record_torch(model, narrow)  # the model takes them; so does the NLL
+        assert rec.token_ids == ids.tolist() and rec.metadata["nll_mean"] == expected.metadata["nll_mean"]
+        np.testing.assert_array_equal(rec.layer(1)["key"], expected.layer(1)["key"])
+    with pytest.raises(kvbudget.ConfigError, match="record_torch: input_ids has dtype torch.float32; expected "
+                                                   "integer token ids"):
+        kvbudget.record_torch(model, ids.float())
+
+
 def test_recorder_errors():
     model = tiny_model()
     ids = torch.arange(8)
