@@ -3,7 +3,6 @@ arrays of tables ([[strategy]]), strings, numbers, booleans and arrays of them; 
 scalars and arrays, other numbers.Integral / numbers.Real and os.PathLike paths are
 written as the Python values they stand for."""
 
-import json
 import math
 import numbers
 import os
@@ -28,6 +27,24 @@ def _plain(v):
     return v
 
 
+# TOML basic strings' short escapes; other control characters (U+0000-U+001F, U+007F)
+# are written as \uXXXX, every other character as itself (UTF-8).
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _string(s):
+    """s as a TOML basic string. Characters beyond U+FFFF are written as themselves (JSON
+    would write them as surrogate pairs, which TOML forbids)."""
+    def escaped(c):
+        if c in _SHORT_ESCAPES:
+            return _SHORT_ESCAPES[c]
+        if c < " " or c == "\x7f":
+            return f"\\u{ord(c):04x}"
+        return c
+
+    return '"' + "".join(escaped(c) for c in s) + '"'
+
+
 def _value(v, where):
     v = _plain(v)
     if isinstance(v, bool):
@@ -41,7 +58,7 @@ def _value(v, where):
             return "inf" if v > 0 else "-inf"
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # a TOML basic string: JSON's escapes are TOML's
+        return _string(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_value(x, where) for x in v) + "]"
     if isinstance(v, dict):
@@ -50,8 +67,9 @@ def _value(v, where):
 
 
 def _key(k):
+    """k as a TOML key: bare when ASCII letters, digits, - and _ (TOML's bare keys), else quoted."""
     k = str(k)
-    return k if k and all(c.isalnum() or c in "-_" for c in k) else json.dumps(k)
+    return k if k and all(c.isascii() and (c.isalnum() or c in "-_") for c in k) else _string(k)
 
 
 def _is_table_array(v):

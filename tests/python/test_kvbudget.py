@@ -314,6 +314,15 @@ def test_dict_configs_take_numpy_scalars_and_paths():
         kvbudget._toml.dumps({"x": object()})
 
 
+def test_dict_configs_take_any_unicode_text(tmp_path):
+    text = "\U0001d6fc=0.5 \u00e9 \"q\" \\ \t\n\x7f\x00 \U0001f600"  # beyond U+FFFF, quotes, controls
+    assert tomllib.loads(kvbudget._toml.dumps({"name": text, "\u03b1 key": 1, "k": [text]})) == {
+        "name": text, "\u03b1 key": 1, "k": [text]}
+    config = {**TINY, "strategy": [{"type": "uniform", "format": "int4-asym-g32", "name": "\U0001d6fc=0.5"}]}
+    r = kvbudget.run(config, out=tmp_path, plots=False, quiet=True)
+    assert r.points["strategy"].tolist() == ["\U0001d6fc=0.5"]
+
+
 def test_one_run_at_a_time_per_process(tmp_path):
     # A run in progress in another thread: a second run() is refused at once, before
     # anything is written (it failed deep in the runner, leaving an empty folder).
