@@ -418,6 +418,24 @@ def test_publish_drops_the_timing_column_and_repeats_byte_for_byte(tmp_path, qui
     assert path == dest / "figs" / "line.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_publish_marks_a_run_that_did_not_complete(tmp_path):
+    run = write_results_folder(tmp_path / "run", NAN_POINTS, {"status": "interrupted", "points_total": 28})
+    dest = tmp_path / "published"
+    with pytest.warns(UserWarning, match=r"status is 'interrupted': 2 of 28 points measured, 0 failed"):
+        written = kvbudget.publish(run, dest, ["points.csv"], prefix="m_")
+    assert written == [dest / "m_run_status.txt", dest / "m_points.csv"]
+    note = (dest / "m_run_status.txt").read_text()
+    assert note.startswith(f"published from {run}, a run that did not complete: its status is 'interrupted'")
+    # The same folder once complete: no note left behind.
+    (run / "manifest.json").write_text(json.dumps({"status": "complete", "points_total": 2}))
+    assert kvbudget.publish(run, dest, ["points.csv"], prefix="m_") == [dest / "m_points.csv"]
+    assert not (dest / "m_run_status.txt").exists()
+    (run / "manifest.json").write_text(json.dumps({"status": "complete", "points_total": 2,
+                                                   "shard": {"index": 1, "count": 4}, "sweep_points_total": 8}))
+    with pytest.warns(UserWarning, match=r"it is shard 2 of 4 of a sweep of 8 points"):
+        kvbudget.publish(run, dest, ["points.csv"], prefix="m_")
+
+
 def test_plot(quickstart_runs):
     import matplotlib
 
