@@ -302,6 +302,11 @@ std::string Report::manifest_text(const RunInfo& info) const {
          "the difference of the means over sequences"}};
   }
   j["primary_metric"] = spec_.metrics.primary;
+  // The settings budgets.json and the plots were made with, defaults resolved (config.toml
+  // holds only the keys the config wrote): what Python's Result.budget() and plot() read.
+  j["pareto_metrics"] = spec_.metrics.pareto;
+  j["memory_axis"] = spec_.output.x;
+  j["target_context"] = spec_.output.target_context;
   nlohmann::json budgets = nlohmann::json::array();
   for (const BudgetQuery& q : spec_.budgets) budgets.push_back(q.text);
   j["budget_queries"] = budgets;

@@ -488,6 +488,30 @@ class Result:
                                   if p.exists() and p.stat().st_size > 0 else pd.DataFrame())
         return self._frames[name]
 
+    def _pareto_metrics(self):
+        """The run's metrics.pareto with its default resolved, as budgets.json and the plots
+        used it: manifest.json's pareto_metrics; in a folder written before the manifest
+        held them, config.toml's metrics.pareto, else the runner's default (a model run's
+        ppl_ratio, next_token_kl_mean, whose points.csv then has ppl_ratio; otherwise
+        attn_kl_mean, attn_out_rel_err)."""
+        manifest = self.manifest
+        if "pareto_metrics" in manifest:
+            return list(manifest["pareto_metrics"])
+        metrics = self.config.get("metrics", {})
+        if "pareto" in metrics:
+            return list(metrics["pareto"])
+        if "ppl_ratio" in self.points.columns:
+            return ["ppl_ratio", "next_token_kl_mean"]
+        return ["attn_kl_mean", "attn_out_rel_err"]
+
+    def _output_setting(self, manifest_key, key, default):
+        """output.<key> with its default resolved: manifest.json's `manifest_key`, else
+        (older folders) config.toml's output.<key>, else the runner's default."""
+        manifest = self.manifest
+        if manifest_key in manifest:
+            return manifest[manifest_key]
+        return self.config.get("output", {}).get(key, default)
+
     def _with_strategy(self, frame):
         """`frame` with the strategy column of points.csv (by id) when it lacks one."""
         if frame.empty or "strategy" in frame.columns or "id" not in frame.columns:
@@ -532,9 +556,8 @@ class Result:
         import pandas as pd
 
         points = self.points
-        config = self.config
-        memory = config.get("output", {}).get("x", "bpe")
-        pareto = config.get("metrics", {}).get("pareto", [])
+        memory = self._output_setting("memory_axis", "x", "bpe")
+        pareto = self._pareto_metrics()
         columns = {}
         for c in points.columns:
             if c in ("id",) or points[c].dtype.kind not in "fi":
@@ -564,9 +587,12 @@ class Result:
         with captions)."""
         import matplotlib.pyplot as plt
 
-        config = self.config
-        x = x or config.get("output", {}).get("x", "bpe")
-        metric = metric or (config.get("metrics", {}).get("pareto") or ["attn_kl_mean"])[0]
+        x = x or self._output_setting("memory_axis", "x", "bpe")
+        if metric is None:
+            pareto = self._pareto_metrics()
+            if not pareto:
+                raise ConfigError("plot: the run has no Pareto metric (metrics.pareto = []): name the metric")
+            metric = pareto[0]
         points = self.points
         if metric not in points.columns:
             raise ConfigError(f"plot: points.csv has no column '{metric}'")
@@ -613,7 +639,8 @@ class Result:
             logy = len(values) > 0 and (values > 0).all() and values.max() > 100 * max(values.min(), 1e-300)
         if logy:
             ax.set_yscale("log")
-        at = f" at {config.get('output', {}).get('target_context', 32768)} tokens" if x.endswith("_target") else ""
+        target_context = self._output_setting("target_context", "target_context", 32768)
+        at = f" at {target_context} tokens" if x.endswith("_target") else ""
         ax.set_xlabel(("bits per element" if x.startswith("bpe") else "cache size (bytes)") + at)
         axis = _core.metric_axis(metric)
         ax.set_ylabel(axis[0] if axis else metric)

@@ -293,6 +293,34 @@ TINY = {"name": "tiny", "seed": 0, "data": {"path": str(RECORD), "max_tokens": 6
         "metrics": {"pareto": ["attn_kl_mean"]}}
 
 
+def test_budget_and_plot_use_the_default_pareto_metrics(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    config = {k: v for k, v in TINY.items() if k != "metrics"}  # metrics.pareto left at its default
+    r = kvbudget.run(config, budgets="bpe <= 8", out=tmp_path, plots=False, quiet=True)
+    assert r.manifest["pareto_metrics"] == ["attn_kl_mean", "attn_out_rel_err"]
+    assert r.manifest["memory_axis"] == "bpe" and r.manifest["target_context"] == 32768
+    saved = r.budgets[0]
+    assert [a["metric"] for a in saved["answers"]] == ["attn_kl_mean", "attn_out_rel_err"]
+
+    def answers(result):
+        answer = result.budget("bpe <= 8")
+        return list(zip(answer["budget_metric"], answer["id"]))
+
+    expected = [(a["metric"], a["id"]) for a in saved["answers"]]
+    assert answers(r) == expected
+    assert r.plot().get_ylabel().startswith("attention KL, mean")
+    # A folder written before the manifest held the resolved settings: the runner's default.
+    manifest = r.manifest
+    for key in ("pareto_metrics", "memory_axis", "target_context"):
+        del manifest[key]
+    (r.dir / "manifest.json").write_text(json.dumps(manifest))
+    assert answers(kvbudget.open_results(r.dir)) == expected
+    model = kvbudget.open_results(write_results_folder(tmp_path / "model", NAN_POINTS))  # a model run's points
+    assert model.plot().get_ylabel().startswith("perplexity ratio")
+
+
 def test_one_override_or_budget_as_a_str(tmp_path):
     r = kvbudget.run(TINY, overrides="data.max_tokens=32", budgets="bpe <= 8", out=tmp_path, plots=False, quiet=True)
     assert r.config["data"]["max_tokens"] == 32
