@@ -98,8 +98,9 @@ struct Quantized {
   uint64_t storage_bits = 0;  // all metadata counted
   double bpe = 0;
   double relative_mse = 0, snr_db = 0, max_abs_error = 0;
-  int64_t nonfinite = 0, clipped = 0;
+  int64_t nonfinite = 0, clipped = 0;  // nonfinite: of `values` as returned (after the cast to x's dtype)
   int64_t spans = 0, rows_per_span = 0;
+  std::vector<std::string> warnings;  // as `kvbudget quantize` prints them: non-finite values, and why
 };
 
 // A format by name, as `kvbudget quantize --format` reads it: a strategy preset given
@@ -112,6 +113,27 @@ FormatPtr quantize_format(const std::string& format) {
                                                                 "the preset's formats; kvbudget.evaluate(..., "
                                                                 "strategy=\"" + format + "\") applies it)"));
   }
+}
+
+// `values` (float32) as `dtype`, without NumPy's overflow warning (the caller counts and
+// reports what overflowed).
+py::array cast_values(const py::array_t<float>& values, const py::dtype& dtype) {
+  py::object quiet = py::module_::import("numpy").attr("errstate")(py::arg("over") = "ignore");
+  quiet.attr("__enter__")();
+  py::array cast = values.attr("astype")(dtype);
+  quiet.attr("__exit__")(py::none(), py::none(), py::none());
+  return cast;
+}
+
+// How many values are finite in `computed` (float32) but not in `returned` (the same
+// values cast to another dtype; same size).
+int64_t newly_nonfinite(const py::array_t<float>& computed, const py::array& returned) {
+  const auto back = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(returned);
+  const float* a = computed.data();
+  const double* b = back.data();
+  int64_t count = 0;
+  for (py::ssize_t i = 0; i < computed.size(); ++i) count += std::isfinite(a[i]) && !std::isfinite(b[i]);
+  return count;
 }
 
 // rows_per_span: std::nullopt = the default (all rows; with pre_rope, the second-to-last
@@ -225,9 +247,27 @@ Quantized quantize(const py::array& x_in, const std::string& format, const std::
   auto* owned = new BitWriter(std::move(codes));
   const py::capsule owner(owned, [](void* p) { delete static_cast<BitWriter*>(p); });
   q.codes = py::array_t<uint8_t>(static_cast<py::ssize_t>(owned->bytes().size()), owned->bytes().data(), owner);
+  if (q.nonfinite)
+    q.warnings.push_back(std::to_string(q.nonfinite) + " of " + std::to_string(x.size()) +
+                         " dequantized values are NaN or infinite: the input overflows " + f->name() +
+                         " (e.g. fp16 scales saturate beyond 65504)");
   // Same dtype as x: float32 is returned as computed, others converted back.
   const bool is_float32 = dtype.itemsize() == 4;
-  q.values = is_float32 ? py::array(out) : py::array(out.attr("astype")(dtype));
+  q.values = is_float32 ? py::array(out) : cast_values(out, dtype);
+  if (!is_float32) {
+    // A narrower dtype can overflow where float32 did not (float16 beyond 65504): the
+    // values returned are the ones counted.
+    const int64_t overflowed = newly_nonfinite(out, q.values);
+    if (overflowed) {
+      q.nonfinite += overflowed;
+      q.relative_mse = INFINITY;
+      q.snr_db = -INFINITY;
+      q.max_abs_error = INFINITY;
+      q.warnings.push_back(std::to_string(overflowed) + " of " + std::to_string(x.size()) +
+                           " dequantized values overflow " + py::cast<std::string>(dtype.attr("name")) +
+                           " (x's dtype) and come back infinite; pass x as float32 to keep them");
+    }
+  }
   return q;
 }
 
@@ -748,6 +788,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("clipped", &Quantized::clipped)
       .def_readonly("spans", &Quantized::spans)
       .def_readonly("rows_per_span", &Quantized::rows_per_span)
+      .def_readonly("warnings", &Quantized::warnings)
       .def("__repr__", [](const Quantized& q) {
         return "<Quantized " + q.format + ": " + format_double(q.bpe) + " bpe, relative_mse " +
                format_double(q.relative_mse) + ">";

@@ -36,6 +36,7 @@ import re
 import tempfile
 import threading
 import tomllib
+import warnings
 from pathlib import Path
 
 from . import _core
@@ -134,14 +135,19 @@ def quantize(x, format, kind="key", rows_per_span=None, seed=0, pre_rope=None, r
     Returns a Quantized: values (dequantized, x's shape and dtype), codes (uint8, the
     stored bit stream: codes with their scales, laid out as code_layout says;
     code_bits of it used), storage_bits, bpe (all metadata counted), relative_mse,
-    snr_db, max_abs_error, clipped, nonfinite; for the ggml formats also blocks (the
+    snr_db, max_abs_error, clipped, nonfinite (of values as returned: a float16 x's values
+    can overflow float16 where float32 did not), warnings (as `kvbudget quantize` prints
+    them, each also issued as a RuntimeWarning); for the ggml formats also blocks (the
     codes as ggml's block structs, no copy) and scales (their fp16 d). float32
     C-contiguous input is read in place; other float dtypes are converted to float32
     once. torch bfloat16 / float8 tensors (dtypes NumPy lacks) are read as float32 and
     their values come back as float32. rows_per_span, when given, must be >= 1; x and
     pre_rope must be finite (kvbudget.Error otherwise)."""
     pre = None if pre_rope is None else _as_numpy(pre_rope)
-    return _core.quantize(_as_numpy(x), format, kind, rows_per_span, seed, pre, rope_theta)
+    q = _core.quantize(_as_numpy(x), format, kind, rows_per_span, seed, pre, rope_theta)
+    for message in q.warnings:
+        warnings.warn(f"kvbudget.quantize: {message}", RuntimeWarning, stacklevel=2)
+    return q
 
 
 # ggml's block structs (ggml-common.h), little-endian: what q.codes holds for the ggml

@@ -118,6 +118,21 @@ def test_quantize_keeps_dtype_and_matches_the_cli(tmp_path):
     assert (tmp_path / "x.codes").read_bytes() == q32.codes.tobytes()
 
 
+def test_float16_values_that_overflow_are_counted_and_reported():
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1, 1, (8, 64)).astype(np.float16)
+    x[::2, 0], x[1::2, 7] = 65504, -65504  # float16's largest: a block's scale times its code can pass it
+    with pytest.warns(RuntimeWarning, match=r"dequantized values overflow float16 \(x's dtype\)"):
+        q = kvbudget.quantize(x, "q8_0")
+    overflowed = int((~np.isfinite(q.values)).sum())
+    assert overflowed > 0 and q.nonfinite == overflowed
+    assert q.relative_mse == np.inf and q.snr_db == -np.inf and q.max_abs_error == np.inf
+    assert q.warnings == [f"{overflowed} of {x.size} dequantized values overflow float16 (x's dtype) and come back "
+                          f"infinite; pass x as float32 to keep them"]
+    q32 = kvbudget.quantize(x.astype(np.float32), "q8_0")  # as computed: finite, no warning
+    assert q32.nonfinite == 0 and q32.warnings == [] and np.isfinite(q32.values).all()
+
+
 def test_ggml_codes_as_blocks():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((8, 64)).astype(np.float32)
