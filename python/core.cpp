@@ -289,10 +289,12 @@ py::object tensor_view(const RecordingPtr& rec, const Tensor& t) {
 }
 
 // `shown_as`, when given, stands for `path` in errors and as the recording's source
-// (recording_from_arrays: a temporary file the caller never sees).
+// (recording_from_arrays: a temporary file the caller never sees); `name`, when given,
+// is the recording's name (else the file's, as the loader names it).
 RecordingPtr load(const std::filesystem::path& path, const std::string& layout, const std::string& query,
                   const std::string& key, const std::string& value, const std::vector<int>& layers,
-                  int64_t max_tokens, std::optional<double> rope_theta, const std::string& shown_as) {
+                  int64_t max_tokens, std::optional<double> rope_theta, const std::string& shown_as,
+                  const std::string& name) {
   RecordingSpec spec;
   spec.path = path;
   spec.layout = layout;
@@ -304,7 +306,11 @@ RecordingPtr load(const std::filesystem::path& path, const std::string& layout, 
   spec.rope_theta = rope_theta;
   py::gil_scoped_release release;
   const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
-  if (shown_as.empty()) return std::make_shared<Recording>(load_recording(spec));
+  if (shown_as.empty()) {
+    auto rec = std::make_shared<Recording>(load_recording(spec));
+    if (!name.empty()) rec->name = name;
+    return rec;
+  }
   auto shown = [&](const std::string& message) {
     std::string out = message;
     const std::string hidden = path.string();
@@ -315,6 +321,7 @@ RecordingPtr load(const std::filesystem::path& path, const std::string& layout, 
   try {
     auto rec = std::make_shared<Recording>(load_recording(spec));
     rec->source = shown_as;
+    if (!name.empty()) rec->name = name;
     return rec;
   } catch (const ConfigError& e) {
     throw ConfigError(shown(e.what()));
@@ -844,7 +851,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("load_recording", &load, py::arg("path"), py::arg("layout") = "heads,tokens,head_dim",
         py::arg("query") = "layers.{layer}.query", py::arg("key") = "layers.{layer}.key",
         py::arg("value") = "layers.{layer}.value", py::arg("layers") = std::vector<int>{},
-        py::arg("max_tokens") = 0, py::arg("rope_theta") = py::none(), py::arg("shown_as") = "");
+        py::arg("max_tokens") = 0, py::arg("rope_theta") = py::none(), py::arg("shown_as") = "",
+        py::arg("name") = "");
   m.def("record", &record, py::arg("checkpoint"), py::arg("text") = "", py::arg("tokens") = "",
         py::arg("tokenizer") = "bytes", py::arg("bos") = py::none(), py::arg("max_tokens") = 512);
   m.def(

@@ -214,8 +214,9 @@ def recording_from_arrays(arrays, layout="heads,tokens,head_dim", name="arrays",
     "attn_output"} per layer. Any other name is refused (ConfigError). `layout` names the
     q/k/v arrays' axes ("heads,tokens,head_dim", "batch,tokens,heads,head_dim", ...) as
     data.layout does; the recording loader's checks apply (shapes, GQA, finite values),
-    and its errors name "recording_from_arrays". To run a config on it, save it
-    (rec.save("x.safetensors")) and point data.path there."""
+    and its errors name "recording_from_arrays". `name` is the recording's name
+    (rec.name; any text, never a file name). To run a
+    config on it, save it (rec.save("x.safetensors")) and point data.path there."""
     import numpy as np
 
     if isinstance(arrays, (list, tuple)):
@@ -241,10 +242,11 @@ def recording_from_arrays(arrays, layout="heads,tokens,head_dim", name="arrays",
         else:
             tensors[tensor_name] = np.asarray(a, dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="kvbudget-") as tmp:
-        path = Path(tmp) / f"{name}.safetensors"
+        path = Path(tmp) / "arrays.safetensors"  # a fixed file name: `name` names the recording only
         _core.write_safetensors(str(path), tensors, {})
         return _core.load_recording(str(path), layout, "layers.{layer}.query", "layers.{layer}.key",
-                                    "layers.{layer}.value", [], max_tokens, rope_theta, "recording_from_arrays")
+                                    "layers.{layer}.value", [], max_tokens, rope_theta, "recording_from_arrays",
+                                    str(name))
 
 
 def record(checkpoint, text=None, tokens=None, tokenizer="bytes", bos=None, max_tokens=512):

@@ -655,6 +655,18 @@ def test_recording_from_arrays_names():
         kvbudget.recording_from_arrays({**parts, "input_ids": np.arange(7)})
 
 
+def test_recording_from_arrays_name_is_no_file_name(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the arrays' file goes
+    (tmp_path / "tmp").mkdir()
+    parts = {f"layers.0.{p}": np.ones((2, 8, 4), np.float32) for p in ("query", "key", "value")}
+    for name in ("../escaped", "a/b", "x" * 300):
+        rec = kvbudget.recording_from_arrays(parts, name=name)
+        assert rec.name == name and rec.source == "recording_from_arrays"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["tmp"]  # nothing written beside or left behind
+
+
 # ---------------------------------------------------------------------------
 # Models: record and evaluate, as the CLI
 # ---------------------------------------------------------------------------
