@@ -295,6 +295,9 @@ RecordingPtr load(const std::filesystem::path& path, const std::string& layout, 
                   const std::string& key, const std::string& value, const std::vector<int>& layers,
                   int64_t max_tokens, std::optional<double> rope_theta, const std::string& shown_as,
                   const std::string& name) {
+  if (max_tokens < 0)
+    throw ConfigError((shown_as.empty() ? std::string("load_recording") : shown_as) +
+                      ": max_tokens must be >= 0 (0 keeps every token), got " + std::to_string(max_tokens));
   RecordingSpec spec;
   spec.path = path;
   spec.layout = layout;

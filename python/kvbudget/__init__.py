@@ -193,7 +193,9 @@ def load_recording(path, layout="heads,tokens,head_dim", query="layers.{layer}.q
     """Loads a recording file (safetensors, a sharded index or directory, .npz, a
     directory of .npy) as a config's [data] section does; the arguments are its keys.
     rec.layer(i) gives layer i's tensors as read-only float32 arrays
-    ([heads, tokens, head_dim]); rec.save(path) writes it as a recording file."""
+    ([heads, tokens, head_dim]); rec.save(path) writes it as a recording file.
+    max_tokens: the first max_tokens tokens, >= 0 (0 keeps every token; ConfigError
+    otherwise, as data.max_tokens)."""
     return _core.load_recording(_bundled(path), layout, query, key, value, list(layers), max_tokens, rope_theta)
 
 
@@ -215,7 +217,7 @@ def recording_from_arrays(arrays, layout="heads,tokens,head_dim", name="arrays",
     q/k/v arrays' axes ("heads,tokens,head_dim", "batch,tokens,heads,head_dim", ...) as
     data.layout does; the recording loader's checks apply (shapes, GQA, finite values),
     and its errors name "recording_from_arrays". `name` is the recording's name
-    (rec.name; any text, never a file name). To run a
+    (rec.name; any text, never a file name); max_tokens as load_recording's. To run a
     config on it, save it (rec.save("x.safetensors")) and point data.path there."""
     import numpy as np
 

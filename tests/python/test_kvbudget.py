@@ -667,6 +667,15 @@ def test_recording_from_arrays_name_is_no_file_name(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["tmp"]  # nothing written beside or left behind
 
 
+def test_negative_max_tokens_is_refused():
+    with pytest.raises(kvbudget.ConfigError, match=r"^load_recording: max_tokens must be >= 0 \(0 keeps every "
+                                                   r"token\), got -3$"):
+        kvbudget.load_recording(RECORD, max_tokens=-3)
+    parts = {f"layers.0.{p}": np.ones((2, 8, 4), np.float32) for p in ("query", "key", "value")}
+    with pytest.raises(kvbudget.ConfigError, match=r"^recording_from_arrays: max_tokens must be >= 0"):
+        kvbudget.recording_from_arrays(parts, max_tokens=-1)
+
+
 # ---------------------------------------------------------------------------
 # Models: record and evaluate, as the CLI
 # ---------------------------------------------------------------------------
