@@ -633,11 +633,28 @@ py::dict evaluate(const std::string& checkpoint, const std::string& text, const 
 // Experiments
 // ---------------------------------------------------------------------------
 
-// The stop flag of the run in progress: SIGINT sets it while run() runs (the previous
-// handler, Python's, is restored afterwards), and run() then raises KeyboardInterrupt
-// once everything finished is written.
+// The stop flag of the run in progress: SIGINT, SIGTERM and SIGHUP set it while run()
+// runs, as they stop `kvbudget run` (the previous handlers, Python's, are restored
+// afterwards), and g_stop_signal says which. Once everything finished is written, a
+// SIGINT raises KeyboardInterrupt; a SIGTERM or SIGHUP is raised again
+// (pass_on_stop_signal).
 std::atomic<bool> g_stop{false};
-extern "C" void on_interrupt(int) { g_stop.store(true); }
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_interrupt(int sig) {
+  g_stop_signal.store(sig);
+  g_stop.store(true);
+}
+
+// After a run stopped by SIGTERM or SIGHUP (its files written, the previous handlers
+// back): the signal again, so that what the process had for it happens: by default the
+// process ends as killed by it (Slurm's pre-emption, a shell's kill); a Python handler
+// runs, and an exception it raises propagates. SIGINT is left to run()'s
+// KeyboardInterrupt.
+void pass_on_stop_signal(int sig) {
+  if (sig != SIGTERM && sig != SIGHUP) return;
+  std::raise(sig);
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
 
 struct RunOptions {
   std::vector<std::string> overrides;  // "data.max_tokens=128", as --set
@@ -687,11 +704,16 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
   request.quiet = o.quiet;
   request.command_line = o.command_line;
   g_stop.store(false);
+  g_stop_signal.store(0);
   request.stop = &g_stop;
-  std::unique_ptr<ScopedSignalHandlers> interrupt;
+  // As `kvbudget run`: SIGINT and SIGTERM always stop the run; a SIGHUP that nohup set
+  // to be ignored stays ignored.
+  std::unique_ptr<ScopedSignalHandlers> interrupt, hangup;
   request.on_phase = [&](RunPhase phase) {
-    if (phase == RunPhase::Loading)
-      interrupt = std::make_unique<ScopedSignalHandlers>(std::vector<int>{SIGINT}, on_interrupt, false);
+    if (phase == RunPhase::Loading) {
+      interrupt = std::make_unique<ScopedSignalHandlers>(std::vector<int>{SIGINT, SIGTERM}, on_interrupt, false);
+      hangup = std::make_unique<ScopedSignalHandlers>(std::vector<int>{SIGHUP}, on_interrupt, true);
+    }
   };
   RunOutcome outcome;
   std::string interrupted_while_loading;
@@ -703,8 +725,10 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
     } catch (const RunInterrupted& e) {
       interrupted_while_loading = e.what();
     }
-    interrupt.reset();  // Python's own SIGINT handler again
+    interrupt.reset();  // Python's own handlers again
+    hangup.reset();
   }
+  pass_on_stop_signal(g_stop_signal.load());
   if (!interrupted_while_loading.empty()) {
     PyErr_SetString(PyExc_KeyboardInterrupt, ("kvbudget.run " + interrupted_while_loading).c_str());
     throw py::error_already_set();
@@ -720,6 +744,7 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
   out["measured"] = outcome.results.size() - outcome.failed;
   out["failed"] = outcome.failed;
   out["interrupted"] = outcome.interrupted;
+  out["signal"] = g_stop_signal.load();  // what stopped an interrupted run (SIGINT, or a handled SIGTERM / SIGHUP)
   out["run_errors"] = outcome.run_errors;
   out["point_errors"] = point_errors;
   out["plot_error"] = outcome.plot_error;

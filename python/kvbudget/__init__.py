@@ -27,12 +27,13 @@ run() writes the same results folder as `kvbudget run` (r.dir). Errors raise
 kvbudget.ConfigError (a ValueError: a bad config, option or input) or kvbudget.Error
 (a RuntimeError: bad data, a failed run) with the CLI's messages. Ctrl-C during run()
 stops the sweep, writes what finished (status "interrupted") and raises
-KeyboardInterrupt.
+KeyboardInterrupt; SIGTERM and SIGHUP stop it too, then take their course.
 """
 
 import json
 import os
 import re
+import signal
 import tempfile
 import threading
 import tomllib
@@ -362,7 +363,11 @@ def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None
     Writes the same results folder as the CLI (Result.dir). A run whose points failed
     or whose files could not be written raises kvbudget.Error after writing what it
     could (the message names the folder); Ctrl-C raises KeyboardInterrupt after
-    writing the finished points.
+    writing the finished points (status "interrupted"; the Result as .result).
+    SIGTERM and SIGHUP stop it as Ctrl-C does; once the finished points are written and
+    the previous handlers are back, the signal is raised again: by default the process
+    ends as killed by it; a Python handler of it runs (its exception propagates; when it
+    returns, KeyboardInterrupt is raised).
 
     One run at a time per process: a run() called while another is in progress (from
     another thread) raises kvbudget.Error at once, before anything is written (the
@@ -391,8 +396,11 @@ def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None
         _run_lock.release()
     result = Result(outcome["dir"], outcome)
     if outcome["interrupted"]:
-        raise KeyboardInterrupt(f"kvbudget.run interrupted: {outcome['measured'] + outcome['failed']} of "
-                                f"{outcome['points']} points were finished and written to {outcome['dir']}")
+        by = "" if outcome["signal"] in (0, signal.SIGINT) else f" by {signal.Signals(outcome['signal']).name}"
+        interrupted = KeyboardInterrupt(f"kvbudget.run interrupted{by}: {outcome['measured'] + outcome['failed']} of "
+                                        f"{outcome['points']} points were finished and written to {outcome['dir']}")
+        interrupted.result = result
+        raise interrupted
     problems = []
     if outcome["failed"]:
         problems.append(f"{outcome['failed']} point(s) failed (see {Path(outcome['dir']) / 'errors.csv'}): " +

@@ -563,6 +563,7 @@ def test_ctrl_c_stops_a_run_cleanly(tmp_path):
               f"                 out={str(tmp_path / 'r')!r}, plots=False, threads=1, quiet=True)\n"
               f"except KeyboardInterrupt as e:\n"
               f"    print('KeyboardInterrupt:', e)\n"
+              f"    print('result:', e.result.manifest['status'])\n"
               f"    raise SystemExit(130)\n")
     env = dict(os.environ)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -580,11 +581,47 @@ def test_ctrl_c_stops_a_run_cleanly(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out, err)
-    assert "KeyboardInterrupt: kvbudget.run interrupted" in out
+    assert "KeyboardInterrupt: kvbudget.run interrupted" in out and "result: interrupted" in out
     state = json.loads(manifest.read_text())
     assert state["status"] == "interrupted"
     finished = len(Path(manifest.parent / "points.csv").read_text().splitlines()) - 1
     assert 0 <= finished < 56
+
+
+def run_and_signal(out, sig, prelude=""):
+    """A quickstart run() in a child process (`prelude` before it), sent `sig` once its
+    manifest exists: (returncode, stdout, stderr, manifest path)."""
+    script = (f"import kvbudget, signal, sys\n{prelude}"
+              f"kvbudget.run({str(QUICKSTART)!r}, overrides=['strategy.0.vars.group=[8, 16, 32, 64]'],\n"
+              f"             out={str(out)!r}, plots=False, threads=1, quiet=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    manifest = None
+    while manifest is None and time.time() < deadline and proc.poll() is None:
+        found = list(Path(out).glob("quickstart/2*/manifest.json"))
+        if found:
+            manifest = found[0]
+        else:
+            time.sleep(0.2)
+    assert manifest is not None, proc.communicate()
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stdout, stderr, manifest
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_a_run_cleanly_then_take_their_course(tmp_path, sig):
+    # By default: the finished points written, then the process ends as killed by the signal.
+    rc, out, err, manifest = run_and_signal(tmp_path / "default", sig)
+    assert rc == -sig, (out, err)
+    assert json.loads(manifest.read_text())["status"] == "interrupted"
+    assert (manifest.parent / "points.csv").read_text().startswith("id,")
+    # A Python handler of the signal runs once the files are written; its exception propagates.
+    rc, out, err, manifest = run_and_signal(tmp_path / "handled", sig,
+                                            f"signal.signal({int(sig)}, lambda s, f: sys.exit(7))\n")
+    assert rc == 7, (out, err)
+    assert json.loads(manifest.read_text())["status"] == "interrupted"
 
 
 # ---------------------------------------------------------------------------
