@@ -30,6 +30,7 @@ stops the sweep, writes what finished (status "interrupted") and raises
 KeyboardInterrupt; SIGTERM and SIGHUP stop it too, then take their course.
 """
 
+import io
 import json
 import os
 import re
@@ -408,6 +409,8 @@ def run(config=None, overrides=(), budgets=(), threads=0, out=None, backend=None
     if outcome["plot_error"]:
         problems.append("plots not written: " + outcome["plot_error"])
     problems += outcome["run_errors"]
+    if outcome["lost_points_csv"]:
+        problems.append("the rows points.csv should hold are in error.result.points (as the CLI prints them)")
     if problems:
         error = Error(f"{outcome['dir']}: " + "\n".join(problems))
         error.result = result
@@ -541,7 +544,17 @@ class Result:
 
     @property
     def points(self):
-        return self._csv("points.csv")
+        """points.csv; for a run of this process whose points.csv could not be written (a
+        full disk), the rows it should hold (as the CLI prints them), from the outcome."""
+        import pandas as pd
+
+        lost = self.outcome.get("lost_points_csv") if self.outcome else None
+        if not lost:
+            return self._csv("points.csv")
+        if "lost points" not in self._frames:
+            self._frames["lost points"] = _numbers_with_nan(pd.read_csv(io.StringIO(lost), keep_default_na=False,
+                                                                        na_values=[""]))
+        return self._frames["lost points"]
 
     @property
     def errors(self):

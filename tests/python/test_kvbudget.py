@@ -556,6 +556,24 @@ def test_run_errors_carry_the_cli_messages(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+def test_points_a_full_disk_lost_are_in_the_result(tmp_path, monkeypatch):
+    """points.csv not written (a full disk): the rows the runner kept (lost_points_csv,
+    which the CLI prints) are error.result.points."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"status": "failed"}))
+    outcome = {"dir": str(folder), "status": "failed", "points": 2, "measured": 2, "failed": 0, "interrupted": False,
+               "signal": 0, "run_errors": ["points.csv / errors.csv: No space left on device"], "point_errors": [],
+               "plot_error": "", "plots_written": False, "frontier": "", "wall_seconds": 1.0,
+               "lost_points_csv": NAN_POINTS}
+    monkeypatch.setattr(kvbudget._core, "run", lambda *args: outcome)
+    with pytest.raises(kvbudget.Error, match="No space left on device\nthe rows points.csv should hold are in "
+                                             "error.result.points") as e:
+        kvbudget.run(TINY, out=tmp_path)
+    points = e.value.result.points
+    assert points["id"].tolist() == [0, 1] and points["ppl_ratio"].tolist() == [1.5, 1.01]
+
+
 def test_ctrl_c_stops_a_run_cleanly(tmp_path):
     script = (f"import kvbudget\n"
               f"try:\n"
