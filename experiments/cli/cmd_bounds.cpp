@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "sim/io/atomic_file.h"
 #include "experiments/bounds.h"
@@ -19,6 +21,30 @@
 namespace po = boost::program_options;
 
 namespace kvb::cli {
+
+namespace {
+
+// "--out DIR: cannot create PATH: why", for a run folder that cannot be made under --out.
+ConfigError out_dir_error(const std::string& out_dir, const std::filesystem::filesystem_error& e) {
+  return ConfigError("--out " + out_dir + ": cannot create " + e.path1().string() + ": " + e.code().message());
+}
+
+// Creates OUT/bounds/ and a probe folder in it (removed again), so that an --out where
+// make_run_dir cannot create the run folder (a file, a read-only or missing mount) fails
+// before the report's minutes of computing, not after them. Throws out_dir_error.
+void check_out_dir(const std::string& out_dir) {
+  const std::filesystem::path parent = std::filesystem::path(out_dir) / "bounds";
+  try {
+    std::filesystem::create_directories(parent);
+    const std::filesystem::path probe = parent / (".probe." + std::to_string(::getpid()));
+    std::filesystem::create_directory(probe);
+    std::filesystem::remove(probe);
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw out_dir_error(out_dir, e);
+  }
+}
+
+}  // namespace
 
 int cmd_bounds(const Args& args) {
   po::options_description opts("kvbudget bounds [options]");
@@ -66,11 +92,17 @@ int cmd_bounds(const Args& args) {
   }
   check_threads(threads, "--threads");
   if (threads > 0) omp_set_num_threads(threads);
+  check_out_dir(out_dir);
 
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<BoundRow> rows = bounds_report(b);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::filesystem::path dir = make_run_dir(out_dir, "bounds");
+  std::filesystem::path dir;
+  try {
+    dir = make_run_dir(out_dir, "bounds");
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw out_dir_error(out_dir, e);
+  }
   write_file_atomic(dir / "bounds.csv", bounds_csv(rows));
   const std::string md = bounds_markdown(rows);
   write_file_atomic(dir / "bounds.md", "# Bounds report (methods.md §5)\n\n" + md);

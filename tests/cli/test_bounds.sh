@@ -4,7 +4,8 @@
 # rows, whose bootstrap has fewer than 5 blocks, are "within uncertainty" with no
 # interval (not a firm verdict on a zero-width one); on a recording too short for the
 # report's fixed calibration rule (every 8th position from 7) the entropy-rule rows are
-# "not tested", saying why, and every other row is still written.
+# "not tested", saying why, and every other row is still written. An --out where no run
+# folder can be made is refused before the report is computed.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -16,6 +17,15 @@ rec="$src/data/records/gpt2-bytes-record.safetensors"
 rc=$?
 [ $rc -eq 2 ] || fail "bounds --samples 100: expected exit 2, got $rc"
 expect "$tmp/samples.err" "--samples must be >= 160, got 100" "bounds --samples 100"
+
+# 2. An --out where no run folder can be made: refused before the report is computed
+# (it was computed, then lost), naming --out.
+touch "$tmp/afile"
+"$kvb" bounds --quick --out "$tmp/afile" >"$tmp/out.txt" 2>"$tmp/out.err"
+rc=$?
+[ $rc -eq 2 ] || fail "bounds --out FILE: expected exit 2, got $rc"
+expect "$tmp/out.err" "--out $tmp/afile: cannot create $tmp/afile/bounds: Not a directory" "bounds --out FILE"
+[ -s "$tmp/out.txt" ] && fail "bounds --out FILE: printed a report: $(head -3 "$tmp/out.txt")"
 
 # config N: a --data config keeping the first N tokens of gpt2-bytes.
 config() {
@@ -29,7 +39,7 @@ for r in json.load(open(sys.argv[1]))["rows"]:
     print(r["name"], r["verdict"], json.dumps(r["interval"]), r["interval_of"], sep="\t")' "$1"
 }
 
-# 2. 9 tokens: first-order rows on 2 query positions (one bootstrap block).
+# 3. 9 tokens: first-order rows on 2 query positions (one bootstrap block).
 config 9
 "$kvb" bounds --quick --data "$tmp/short9.toml" --json --out "$tmp/b9" >"$tmp/b9.json" 2>"$tmp/b9.err" ||
   fail "bounds --data (9 tokens) exited $?: $(tail -3 "$tmp/b9.err")"
@@ -42,7 +52,7 @@ bad = [r["name"] for r in rows if r["interval_of"] != "exact" and r["interval"] 
 sys.exit(bool(bad) and print("firm verdicts without an interval:", bad) is None)' "$tmp/b9.json" ||
   fail "9 tokens: a sampled row without an interval has a firm verdict"
 
-# 3. 5 tokens: no calibration position under the fixed rule; the report is still written.
+# 4. 5 tokens: no calibration position under the fixed rule; the report is still written.
 config 5
 "$kvb" bounds --quick --data "$tmp/short5.toml" --json --out "$tmp/b5" >"$tmp/b5.json" 2>"$tmp/b5.err" ||
   fail "bounds --data (5 tokens) exited $?: $(tail -3 "$tmp/b5.err")"
