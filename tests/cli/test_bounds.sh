@@ -4,8 +4,9 @@
 # rows, whose bootstrap has fewer than 5 blocks, are "within uncertainty" with no
 # interval (not a firm verdict on a zero-width one); on a recording too short for the
 # report's fixed calibration rule (every 8th position from 7) the entropy-rule rows are
-# "not tested", saying why, and every other row is still written. An --out where no run
-# folder can be made is refused before the report is computed.
+# "not tested", saying why, and every other row is still written; so are the rows whose
+# formats cannot store the recording's head_dim. An --out where no run folder can be
+# made is refused before the report is computed.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -68,4 +69,20 @@ done
   "$tmp/b5.json" || fail "5 tokens: rows_not_tested should be 6"
 db=$(ls -d "$tmp"/b5/bounds/2*)
 expect "$db/bounds.md" "| not tested |" "5 tokens: bounds.md"
+
+# 5. head_dim 80, which the rows' g32 formats cannot store: the first-order and
+# entropy-rule rows are not tested, naming the format and head_dim, and the rest of the
+# report is written (it was measured on a shape the format refuses, or lost mid-report).
+printf '[data.synthetic]\nlayers = 2\nq_heads = 4\nhead_dim = 80\ntokens = 64\n[[strategy]]\ntype = "uniform"\nformat = "keep-fp16"\n' \
+  >"$tmp/hd80.toml"
+"$kvb" bounds --quick --data "$tmp/hd80.toml" --json --out "$tmp/h80" >"$tmp/h80.json" 2>"$tmp/h80.err" ||
+  fail "bounds --data (head_dim 80) exited $?: $(tail -3 "$tmp/h80.err")"
+verdicts "$tmp/h80.json" >"$tmp/h80.tsv"
+[ "$(grep -cP '^(value|key) error int\d-asym-g32.*\tnot tested\tnull\tnone: format int\d-asym-g32: group size 32 does not divide head_dim 80 of the recording$' "$tmp/h80.tsv")" = 6 ] ||
+  fail "head_dim 80: the 6 first-order rows should be not tested, naming the format: $(grep error "$tmp/h80.tsv")"
+[ "$(grep -cP '^alpha .*\tnot tested\tnull\tnone: format int2-asym-g32: group size 32 does not divide head_dim 80' "$tmp/h80.tsv")" = 6 ] ||
+  fail "head_dim 80: the 6 entropy-rule rows should be not tested, naming the format: $(grep '^alpha' "$tmp/h80.tsv")"
+/usr/bin/python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(j["rows_not_tested"] != 12)' \
+  "$tmp/h80.json" || fail "head_dim 80: rows_not_tested should be 12"
+grep -qP '^shannon b=2 lloyd-max\tholds' "$tmp/h80.tsv" || fail "head_dim 80: the Gaussian rows should still be measured"
 exit $status
