@@ -11,6 +11,7 @@
 
 #include "experiments/data_building.h"
 #include "experiments/report.h"
+#include "experiments/sliding_window.h"
 #include "sim/core/error.h"
 #include "sim/core/parallel.h"
 #include "sim/core/rng.h"
@@ -584,16 +585,13 @@ void entropy_rule_rows(const BoundsOptions& opt, const Recording& rec, std::vect
                                    entropy_rule_claim(claimed), entropy_rule_criterion(step), why));
   };
   // The entropy rule reads head entropies over calibration queries: without one (a
-  // recording of 7 tokens or fewer, or none inside a sliding window) its rows are not
-  // tested, and the other rows of the report stand.
+  // recording of 7 tokens or fewer) its rows are not tested, and the other rows of the
+  // report stand. (A sliding window never leaves calibration positions out here: a
+  // recording past its window is refused, check_full_causal_attention.)
   if (stats.calibration().empty()) {
     untested("the bounds report calibrates on every 8th position from 7 (a fixed rule; a --data config's "
-             "[calibration] is not read), and " +
-             (stats.calibration_outside_window() > 0
-                  ? "none of its " + std::to_string(stats.calibration_outside_window()) +
-                        " calibration positions lies below the model's sliding window of " +
-                        std::to_string(rec.full_causal_queries()) + " tokens"
-                  : "the recording has only " + std::to_string(rec.tokens) + " tokens (at least 8 needed)"));
+             "[calibration] is not read), and the recording has only " + std::to_string(rec.tokens) +
+             " tokens (at least 8 needed)");
     return;
   }
   // Likewise when a width of the family (or the exact keys' format) cannot store the
@@ -938,10 +936,24 @@ WaterFillingCheck water_filling_check(double slope) {
   return w;
 }
 
+// The first-order and entropy-rule rows simulate full causal attention at every query
+// position, as `kvbudget run`'s attention-level metrics do: on a sliding-window model's
+// recording past its window W that is attention the model never computes, refused as
+// `run` refuses it (check_full_causal_metrics), before any row is computed.
+void check_full_causal_attention(const BoundsOptions& opt, const Recording& rec) {
+  const std::string why = beyond_window_reason(rec);
+  if (why.empty()) return;
+  throw ConfigError((opt.data ? opt.data->where + ": " : std::string()) +
+                    "the first-order and entropy-rule rows measure attention, but " + why +
+                    "; evaluate at most " + std::to_string(rec.full_causal_queries()) +
+                    " tokens (data.max_tokens, or data.n_ctx)");
+}
+
 std::vector<BoundRow> bounds_report(const BoundsOptions& opt) {
   // The recording first: a --data config that cannot give one fails before the rows
   // that take minutes are computed.
   const Recording rec = opt.data ? build_recording(*opt.data) : generate_synthetic(gpt2_like(opt));
+  check_full_causal_attention(opt, rec);
   std::vector<BoundRow> out;
   gaussian_rows(opt, out);
   entropy_coded_rows(out);

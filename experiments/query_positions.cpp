@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "experiments/sliding_window.h"
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
 #include "sim/metrics/metric_table.h"
@@ -49,15 +50,9 @@ void check_attention_rows(const ExperimentSpec& spec, const QueryPositions& posi
 }
 
 void check_full_causal_metrics(const ExperimentSpec& spec, const Recording& rec) {
+  const std::string why = beyond_window_reason(rec);
+  if (why.empty()) return;
   const int64_t W = rec.full_causal_queries();
-  if (W >= rec.tokens) return;
-  std::vector<std::string> sliding;
-  for (size_t l = 0; l < rec.attention_windows.size(); ++l)
-    if (rec.attention_windows[l] > 0) sliding.push_back(std::to_string(l));
-  const std::string why = rec.name + " slides over the last W = " + std::to_string(W) + " tokens (layers " +
-                          join(sliding, ",") + ") and " + std::to_string(rec.tokens) +
-                          " tokens are evaluated: the simulator computes full causal attention, which the model does "
-                          "not compute for queries at or beyond W";
   for (const std::string& name : spec.metrics.report)
     if (require_metric(name, "metrics.report").level != MetricLevel::Model)
       throw ConfigError(spec.metrics.report_where + ": '" + name + "' is an attention-level metric, but " + why +

@@ -61,7 +61,7 @@ int cmd_bounds(const Args& args) {
       "an experiment config whose [data] recording replaces the GPT-2-like synthetic one for the first-order and "
       "entropy-rule rows (its [calibration] is not read: the entropy rule calibrates on every 8th position from 7; "
       "a recording of 7 tokens or fewer, or of a head_dim their g32 formats cannot store, leaves those rows not "
-      "tested)")("threads", po::value(&threads), "OpenMP threads (default all cores)")(
+      "tested; a sliding-window model's recording past its window is refused)")("threads", po::value(&threads), "OpenMP threads (default all cores)")(
       "quick", "smaller recordings and coarser grids (for tests)")(
       "json", "print the report as one JSON object (README \"Command line conventions\")");
   po::variables_map vm;

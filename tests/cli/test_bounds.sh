@@ -5,8 +5,9 @@
 # interval (not a firm verdict on a zero-width one); on a recording too short for the
 # report's fixed calibration rule (every 8th position from 7) the entropy-rule rows are
 # "not tested", saying why, and every other row is still written; so are the rows whose
-# formats cannot store the recording's head_dim. An --out where no run folder can be
-# made is refused before the report is computed.
+# formats cannot store the recording's head_dim. Refused before the report is computed:
+# an --out where no run folder can be made, and a sliding-window model's recording past
+# its window (as `kvbudget run` refuses it).
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -85,4 +86,33 @@ verdicts "$tmp/h80.json" >"$tmp/h80.tsv"
 /usr/bin/python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(j["rows_not_tested"] != 12)' \
   "$tmp/h80.json" || fail "head_dim 80: rows_not_tested should be 12"
 grep -qP '^shannon b=2 lloyd-max\tholds' "$tmp/h80.tsv" || fail "head_dim 80: the Gaussian rows should still be measured"
+
+# 6. A sliding-window model recorded past its window (llama-bytes as Mistral, W = 16, 64
+# tokens): refused before any row is computed, as `kvbudget run` refuses attention-level
+# metrics on it (the rows measured full causal attention the model never computes).
+mistral="$tmp/mistral"
+mkdir -p "$mistral"
+for f in "$src"/data/models/llama-bytes/*; do ln -s "$f" "$mistral/"; done
+rm "$mistral/config.json"
+/usr/bin/python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=16)
+json.dump(c, open(sys.argv[2], "w"))' "$src/data/models/llama-bytes/config.json" "$mistral/config.json"
+sw_config() {  # sw_config TOKENS
+  printf '[data]\nsource = "model"\nmodel = "%s"\ntext = "%s"\nmax_tokens = %s\ncontinuations = 0\n[[strategy]]\ntype = "uniform"\nformat = "keep-fp16"\n' \
+    "$mistral" "$src/data/text/eval_kjv_revelation.txt" "$1" >"$tmp/sw$1.toml"
+}
+sw_config 64
+"$kvb" bounds --quick --data "$tmp/sw64.toml" --out "$tmp/sw" >"$tmp/sw.out" 2>"$tmp/sw.err"
+rc=$?
+[ $rc -eq 2 ] || fail "bounds --data past a sliding window: expected exit 2, got $rc"
+expect "$tmp/sw.err" "the first-order and entropy-rule rows measure attention, but" "bounds past the window"
+expect "$tmp/sw.err" "slides over the last W = 16 tokens (layers 0,1,2,3,4,5) and 64 tokens are evaluated" \
+  "bounds past the window"
+expect "$tmp/sw.err" "evaluate at most 16 tokens (data.max_tokens, or data.n_ctx)" "bounds past the window"
+[ -e "$tmp/sw/bounds/latest" ] && fail "bounds past the window: wrote a run folder"
+# Within the window (16 tokens) the same model is measured.
+sw_config 16
+"$kvb" bounds --quick --data "$tmp/sw16.toml" --json --out "$tmp/sw" >"$tmp/sw16.json" 2>"$tmp/sw16.err" ||
+  fail "bounds --data within the window exited $?: $(tail -3 "$tmp/sw16.err")"
 exit $status
