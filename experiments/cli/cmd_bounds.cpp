@@ -115,14 +115,16 @@ int cmd_bounds(const Args& args) {
   j["data"] = data_config.empty() ? "synthetic (built in)" : data_config;
   j["git_commit"] = KVB_GIT_COMMIT;
   j["wall_seconds"] = secs;
-  size_t held = 0, uncertain = 0, untested = 0;
+  size_t held = 0, violated = 0, uncertain = 0, untested = 0;
   for (const BoundRow& r : rows) {
     held += r.verdict == "holds" ? 1 : 0;
+    violated += r.verdict == "violated" ? 1 : 0;
     uncertain += r.verdict == "within uncertainty" ? 1 : 0;
     untested += r.verdict == "not tested" ? 1 : 0;
   }
   j["rows"] = rows.size();
   j["rows_holding"] = held;
+  j["rows_violated"] = violated;
   j["rows_within_uncertainty"] = uncertain;
   j["rows_not_tested"] = untested;
   j["verdicts"] = "holds / violated only when the 95 % interval of the tested quantity lies wholly inside / outside "
@@ -147,15 +149,16 @@ int cmd_bounds(const Args& args) {
                           {"note", r.note}});
     const nlohmann::ordered_json summary = {{"command", "bounds"},     {"dir", dir.string()},
                                             {"rows_total", rows.size()}, {"rows_holding", held},
+                                            {"rows_violated", violated},
                                             {"rows_within_uncertainty", uncertain},
                                             {"rows_not_tested", untested},
                                             {"wall_seconds", secs},      {"rows", out_rows}};
     std::printf("%s\n", summary.dump(2).c_str());
     return kExitOk;
   }
-  std::printf("%s\n%zu of %zu rows hold, %zu within uncertainty%s; written to %s (%.1f s)\n", md.c_str(), held,
-              rows.size(), uncertain, untested ? (", " + std::to_string(untested) + " not tested").c_str() : "",
-              dir.string().c_str(), secs);
+  std::printf("%s\n%zu of %zu rows hold, %zu violated, %zu within uncertainty%s; written to %s (%.1f s)\n",
+              md.c_str(), held, rows.size(), violated, uncertain,
+              untested ? (", " + std::to_string(untested) + " not tested").c_str() : "", dir.string().c_str(), secs);
   return kExitOk;
 }
 

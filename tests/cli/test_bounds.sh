@@ -8,6 +8,7 @@
 # formats cannot store the recording's head_dim. Refused before the report is computed:
 # an --out where no run folder can be made, and a sliding-window model's recording past
 # its window (as `kvbudget run` refuses it).
+# The summary counts the violated rows (text, --json, manifest.json).
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -115,4 +116,24 @@ expect "$tmp/sw.err" "evaluate at most 16 tokens (data.max_tokens, or data.n_ctx
 sw_config 16
 "$kvb" bounds --quick --data "$tmp/sw16.toml" --json --out "$tmp/sw" >"$tmp/sw16.json" 2>"$tmp/sw16.err" ||
   fail "bounds --data within the window exited $?: $(tail -3 "$tmp/sw16.err")"
+
+# 7. The summary counts every verdict, violated included: rows_violated in --json and
+# manifest.json and ", N violated" in the text summary, each equal to the rows whose
+# verdict is violated, and the four counts add up to the rows.
+"$kvb" bounds --quick --out "$tmp/v" >"$tmp/v.out" 2>"$tmp/v.err" || fail "bounds exited $?: $(tail -3 "$tmp/v.err")"
+dv=$(ls -d "$tmp"/v/bounds/2*)
+/usr/bin/python3 -c 'import collections, csv, json, re, sys
+n = collections.Counter(r["verdict"] for r in csv.DictReader(open(sys.argv[1] + "/bounds.csv")))
+m = json.load(open(sys.argv[1] + "/manifest.json"))
+want = {"rows_holding": n["holds"], "rows_violated": n["violated"], "rows_within_uncertainty": n["within uncertainty"],
+        "rows_not_tested": n["not tested"], "rows": sum(n.values())}
+assert {k: m.get(k) for k in want} == want, (m, want)
+line = open(sys.argv[2]).read().strip().splitlines()[-1]
+assert line.startswith("%d of %d rows hold, %d violated, %d within uncertainty;" % (
+    n["holds"], sum(n.values()), n["violated"], n["within uncertainty"])), line
+j = json.load(open(sys.argv[3]))
+k = collections.Counter(r["verdict"] for r in j["rows"])
+assert j["rows_violated"] == k["violated"], j["rows_violated"]
+assert j["rows_holding"] + j["rows_violated"] + j["rows_within_uncertainty"] + j["rows_not_tested"] == j["rows_total"]
+' "$dv" "$tmp/v.out" "$tmp/b5.json" || fail "bounds: the violated rows are not counted in the summary"
 exit $status
