@@ -14,6 +14,9 @@
 #include "sim/io/atomic_file.h"
 #include "experiments/bounds.h"
 #include "experiments/cli/commands.h"
+#include "experiments/config.h"
+#include "experiments/data_spec.h"
+#include "experiments/experiment.h"
 #include "experiments/report.h"
 #include "kvb/git_info.h"
 #include "sim/core/error.h"
@@ -44,6 +47,26 @@ void check_out_dir(const std::string& out_dir) {
   }
 }
 
+// --data's config. The report reads its [data] alone, so a config of [data] (with seed,
+// data.synthetic.seed's default, and name or description if wanted) is enough, and any
+// other key of it is unknown; a config with [[strategy]] blocks is an experiment
+// config, loaded and checked whole as `kvbudget run` loads it. Throws ConfigError with
+// file:line locations.
+DataSpec load_data_config(const std::string& file) {
+  std::shared_ptr<ConfigDoc> doc = ConfigDoc::load(file);
+  if (doc->table().contains("strategy")) return load_experiment(file, {}).data;
+  ConfigTable root = doc->root();
+  root.string("name", "");
+  root.string("description", "");
+  const int64_t seed = root.integer("seed", 0);
+  if (seed < 0) root.fail("seed", "must be >= 0");
+  const std::optional<ConfigTable> data = root.opt_table("data");
+  if (!data) throw ConfigError(file + ": missing [data] table (a recording path or [data.synthetic])");
+  DataSpec spec = parse_data(*data, doc->file(), static_cast<uint64_t>(seed));
+  doc->check_unknown_keys();
+  return spec;
+}
+
 }  // namespace
 
 int cmd_bounds(const Args& args) {
@@ -58,8 +81,9 @@ int cmd_bounds(const Args& args) {
       "samples", po::value(&b.samples),
       "Gaussian samples per sampled MSE (default 1048576; at least 160: 5 rows of 32 for an interval)")(
       "data", po::value(&data_config),
-      "an experiment config whose [data] recording replaces the GPT-2-like synthetic one for the first-order and "
-      "entropy-rule rows (its [calibration] is not read: the entropy rule calibrates on every 8th position from 7; "
+      "a config whose [data] recording replaces the GPT-2-like synthetic one for the first-order and entropy-rule "
+      "rows: [data] alone (and seed), or an experiment config, checked whole (its [calibration] is not read: the "
+      "entropy rule calibrates on every 8th position from 7; "
       "a recording of 7 tokens or fewer, or of a head_dim their g32 formats cannot store, leaves those rows not "
       "tested; a sliding-window model's recording past its window is refused)")("threads", po::value(&threads), "OpenMP threads (default all cores)")(
       "quick", "smaller recordings and coarser grids (for tests)")(
@@ -86,7 +110,7 @@ int cmd_bounds(const Args& args) {
   b.quick = vm.count("quick") != 0;
   if (b.quick && !vm.count("samples")) b.samples = 1 << 16;
   if (!data_config.empty()) {
-    b.data = load_experiment(data_config, {}).data;
+    b.data = load_data_config(data_config);
     if (b.data->sequence_count() > 1)
       throw ConfigError(b.data->sequences_where + ": --data takes one recording, but " + data_config + " names " +
                         std::to_string(b.data->sequence_count()) + " sequences; give a config with one");

@@ -9,6 +9,7 @@
 # an --out where no run folder can be made, and a sliding-window model's recording past
 # its window (as `kvbudget run` refuses it).
 # The summary counts the violated rows (text, --json, manifest.json).
+# --data takes a config of [data] alone, or an experiment config.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -136,4 +137,20 @@ k = collections.Counter(r["verdict"] for r in j["rows"])
 assert j["rows_violated"] == k["violated"], j["rows_violated"]
 assert j["rows_holding"] + j["rows_violated"] + j["rows_within_uncertainty"] + j["rows_not_tested"] == j["rows_total"]
 ' "$dv" "$tmp/v.out" "$tmp/b5.json" || fail "bounds: the violated rows are not counted in the summary"
+
+# 8. --data with a config of [data] alone (the report reads nothing else): the same rows
+# as the experiment config of the same [data] (it was refused: "no [[strategy]] blocks");
+# a key the report does not read is unknown there.
+printf '[data]\npath = "%s"\nmax_tokens = 9\n' "$rec" >"$tmp/data9.toml"
+"$kvb" bounds --quick --data "$tmp/data9.toml" --json --out "$tmp/d9" >"$tmp/d9.json" 2>"$tmp/d9.err" ||
+  fail "bounds --data with [data] alone exited $?: $(tail -3 "$tmp/d9.err")"
+/usr/bin/python3 -c 'import json, sys
+a, b = (json.load(open(f))["rows"] for f in sys.argv[1:])
+sys.exit(a != b)' "$tmp/b9.json" "$tmp/d9.json" 2>/dev/null ||
+  fail "bounds --data: [data] alone and the experiment config of the same [data] give different rows"
+printf '[data]\npath = "%s"\n[calibration]\nstride = 4\n' "$rec" >"$tmp/cal.toml"
+"$kvb" bounds --quick --data "$tmp/cal.toml" --out "$tmp/cal" >/dev/null 2>"$tmp/cal.err"
+rc=$?
+[ $rc -eq 2 ] || fail "bounds --data with [calibration] and no [[strategy]]: expected exit 2, got $rc"
+expect "$tmp/cal.err" "$tmp/cal.toml:3: unknown key 'calibration'" "bounds --data with [calibration]"
 exit $status
