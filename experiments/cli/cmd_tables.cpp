@@ -26,24 +26,34 @@ namespace kvb::cli {
 namespace {
 
 // For the commands whose only option is --json: true when they should print their
-// table (*json: as JSON); otherwise the exit code is in *code (0 after --help,
-// kExitUsage for anything else).
+// table (*json: as JSON); otherwise the exit code is in *code (0 after --help, with
+// --json or alone; kExitUsage for anything else). An error names the argument at fault:
+// the first that is neither --json nor --help, or a second --json.
 bool table_arguments_ok(const Args& args, const char* command, const char* what, bool* json, int* code) {
   *json = false;
-  if (args.empty()) return true;
-  if (args.size() == 1 && args[0] == "--json") {
-    *json = true;
-    return true;
+  bool help = false;
+  for (const std::string& arg : args) {
+    if (arg == "--help" || arg == "-h") {
+      help = true;
+    } else if (arg == "--json" && *json) {
+      std::fprintf(stderr, "kvbudget %s: --json given twice\n", command);
+      *code = kExitUsage;
+      return false;
+    } else if (arg == "--json") {
+      *json = true;
+    } else {
+      std::fprintf(stderr, "kvbudget %s: unexpected argument '%s' (the only option is --json)%s\n", command,
+                   arg.c_str(), did_you_mean(arg, {"--json", "--help"}).c_str());
+      *code = kExitUsage;
+      return false;
+    }
   }
-  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+  if (help) {
     std::printf("kvbudget %s: prints %s; --json prints it as JSON (README \"Command line conventions\")\n", command, what);
     *code = kExitOk;
     return false;
   }
-  std::fprintf(stderr, "kvbudget %s: unexpected argument '%s' (the only option is --json)%s\n", command,
-               args[0].c_str(), did_you_mean(args[0], {"--json", "--help"}).c_str());
-  *code = kExitUsage;
-  return false;
+  return true;
 }
 
 nlohmann::ordered_json param_json(const ParamValue& v) {

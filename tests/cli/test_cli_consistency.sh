@@ -59,6 +59,12 @@ refused "a config format naming a preset" "select it with preset = \"kivi-2\"" \
 refused "a config type naming a preset" "'kivi-2' is a preset: select it with preset = \"kivi-2\"" \
   "$kvb" run "$src/configs/quickstart.toml" --set 'strategy.0.type="kivi-2"' --out "$tmp/x"
 refused "a mistyped table option" "did you mean '--json'" "$kvb" metrics --jsno
+# The argument at fault is named: not the first one, when that one is fine.
+refused "an extra table argument" "kvbudget metrics: unexpected argument 'x' (the only option is --json)" \
+  "$kvb" metrics --json x
+refused "a repeated --json" "kvbudget strategies: --json given twice" "$kvb" strategies --json --json
+"$kvb" metrics --json --help >"$tmp/help.out" 2>&1 || fail "metrics --json --help exited $?"
+expect "$tmp/help.out" "kvbudget metrics: prints" "metrics --json --help"
 
 # 2. --set key value (and eval --param) without '=': the fix is in the message.
 refused "--set key value" "write --set data.max_tokens=128, not --set data.max_tokens 128" \
