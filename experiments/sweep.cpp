@@ -818,8 +818,8 @@ void SweepRun::run_tasks() {
   const bool parallel = measurer.concurrency() > 1;
   std::optional<BackgroundQueue> background;
   if (!parallel && backend_.used != Backend::Cpu) {
+    finalize_threads_ = std::max(1, finalize_threads_ - 1);  // set before the queue's thread reads it
     background.emplace([this](size_t i) { finalize(i); });
-    finalize_threads_ = std::max(1, finalize_threads_ - 1);
   }
   background_ = background ? &*background : nullptr;
   if (streamed_) {

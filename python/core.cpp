@@ -9,6 +9,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <algorithm>
+#include <exception>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -57,6 +58,7 @@ namespace {
 // preset reproduces) and canonical (a preset's format; the name itself otherwise).
 py::list format_table(int64_t head_dim, int64_t tokens) {
   if (head_dim < 1 || tokens < 1) throw ConfigError("head_dim and tokens must be >= 1");
+  if (const std::string why = table_span_error(tokens, head_dim); !why.empty()) throw ConfigError(why);
   py::list rows;
   auto row = [&](const std::string& name, const std::string& family, const std::string& canonical,
                  const std::string& description) {
@@ -120,9 +122,14 @@ FormatPtr quantize_format(const std::string& format) {
 py::array cast_values(const py::array_t<float>& values, const py::dtype& dtype) {
   py::object quiet = py::module_::import("numpy").attr("errstate")(py::arg("over") = "ignore");
   quiet.attr("__enter__")();
-  py::array cast = values.attr("astype")(dtype);
-  quiet.attr("__exit__")(py::none(), py::none(), py::none());
-  return cast;
+  try {
+    py::array cast = values.attr("astype")(dtype);
+    quiet.attr("__exit__")(py::none(), py::none(), py::none());
+    return cast;
+  } catch (...) {  // NumPy's error state goes back as it was whatever astype does
+    quiet.attr("__exit__")(py::none(), py::none(), py::none());
+    throw;
+  }
 }
 
 // How many values are finite in `computed` (float32) but not in `returned` (the same
@@ -254,9 +261,9 @@ Quantized quantize(const py::array& x_in, const std::string& format, const std::
   // Same dtype as x: float32 is returned as computed, others converted back.
   const bool is_float32 = dtype.itemsize() == 4;
   q.values = is_float32 ? py::array(out) : cast_values(out, dtype);
-  if (!is_float32) {
+  if (dtype.itemsize() < 4) {
     // A narrower dtype can overflow where float32 did not (float16 beyond 65504): the
-    // values returned are the ones counted.
+    // values returned are the ones counted. (float64 holds every float32.)
     const int64_t overflowed = newly_nonfinite(out, q.values);
     if (overflowed) {
       q.nonfinite += overflowed;
@@ -717,6 +724,7 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
   };
   RunOutcome outcome;
   std::string interrupted_while_loading;
+  std::exception_ptr failure;  // rethrown once a stop signal received meanwhile is passed on
   {
     py::gil_scoped_release release;
     const BlasCallScope blas_scope;  // OpenBLAS one thread per call; NumPy's count put back after
@@ -724,11 +732,14 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
       outcome = run_experiment(request);
     } catch (const RunInterrupted& e) {
       interrupted_while_loading = e.what();
+    } catch (...) {
+      failure = std::current_exception();
     }
     interrupt.reset();  // Python's own handlers again
     hangup.reset();
   }
   pass_on_stop_signal(g_stop_signal.load());
+  if (failure) std::rethrow_exception(failure);
   if (!interrupted_while_loading.empty()) {
     PyErr_SetString(PyExc_KeyboardInterrupt, ("kvbudget.run " + interrupted_while_loading).c_str());
     throw py::error_already_set();

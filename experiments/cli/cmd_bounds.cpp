@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "sim/io/atomic_file.h"
 #include "experiments/bounds.h"
@@ -17,6 +16,7 @@
 #include "experiments/config.h"
 #include "experiments/data_spec.h"
 #include "experiments/experiment.h"
+#include "experiments/output_paths.h"
 #include "experiments/report.h"
 #include "kvb/git_info.h"
 #include "sim/core/error.h"
@@ -30,21 +30,6 @@ namespace {
 // "--out DIR: cannot create PATH: why", for a run folder that cannot be made under --out.
 ConfigError out_dir_error(const std::string& out_dir, const std::filesystem::filesystem_error& e) {
   return ConfigError("--out " + out_dir + ": cannot create " + e.path1().string() + ": " + e.code().message());
-}
-
-// Creates OUT/bounds/ and a probe folder in it (removed again), so that an --out where
-// make_run_dir cannot create the run folder (a file, a read-only or missing mount) fails
-// before the report's minutes of computing, not after them. Throws out_dir_error.
-void check_out_dir(const std::string& out_dir) {
-  const std::filesystem::path parent = std::filesystem::path(out_dir) / "bounds";
-  try {
-    std::filesystem::create_directories(parent);
-    const std::filesystem::path probe = parent / (".probe." + std::to_string(::getpid()));
-    std::filesystem::create_directory(probe);
-    std::filesystem::remove(probe);
-  } catch (const std::filesystem::filesystem_error& e) {
-    throw out_dir_error(out_dir, e);
-  }
 }
 
 // --data's config. The report reads its [data] alone, so a config of [data] (with seed,
@@ -117,7 +102,9 @@ int cmd_bounds(const Args& args) {
   }
   check_threads(threads, "--threads");
   if (threads > 0) omp_set_num_threads(threads);
-  check_out_dir(out_dir);
+  // An --out where no run folder can be made fails now, not after the report's minutes of
+  // computing (nothing is created yet).
+  require_writable_dir(std::filesystem::path(out_dir) / "bounds", "--out");
 
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<BoundRow> rows = bounds_report(b);

@@ -382,6 +382,8 @@ int cmd_generate(const Args& args) {
         recording_from_capture(cfg, std::move(capture), plan_ids, "model " + in.checkpoint + " on " + plan_origin);
     try {
       built = build_calibrated_plan(*strat, recording, sampling.seed, plan_source);
+    } catch (const ConfigError&) {
+      throw;  // the plan itself (a group size the model's head_dim cannot hold): no text fixes it
     } catch (const Error& e) {
       // What the strategy reads (calibration queries, a phase marker) comes from the text
       // the plan is built on: that text is the user's to change, not a config's.

@@ -81,10 +81,6 @@ namespace {
 // run's bpe counts it: a one-unit plan's (Plan::storage_bits_at: a group along tokens
 // still open at the last token, up to G tokens for ch<G> and the whole span for ch,
 // which never closes, is held at the residual precision; methods.md §3).
-// The most elements a span may have for `formats`: its bits are counted in int64, and
-// the examples store under 1024 bits per element (the most, qjl-m256 at head_dim 1: 272).
-constexpr int64_t kMaxSpanElements = std::numeric_limits<int64_t>::max() / 1024;
-
 double causal_cache_bpe(const FormatPtr& f, int64_t tokens, int64_t head_dim) {
   Plan plan(1, 1, tokens, head_dim);
   plan.assign_all(Kind::Key, f);
@@ -118,12 +114,8 @@ int cmd_formats(const Args& args) {
     std::fprintf(stderr, "kvbudget formats: --head-dim and --tokens must be >= 1\n");
     return kExitUsage;
   }
-  if (tokens > kMaxSpanElements / head_dim) {
-    std::fprintf(stderr,
-                 "kvbudget formats: --tokens %lld x --head-dim %lld is over %lld elements: the span's bit count "
-                 "would overflow a 64-bit integer; give fewer tokens\n",
-                 static_cast<long long>(tokens), static_cast<long long>(head_dim),
-                 static_cast<long long>(kMaxSpanElements));
+  if (const std::string why = table_span_error(tokens, head_dim); !why.empty()) {
+    std::fprintf(stderr, "kvbudget formats: --%s\n", why.c_str());
     return kExitUsage;
   }
   if (vm.count("json")) {

@@ -1,6 +1,7 @@
 #include "sim/formats/registry.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "sim/core/error.h"
 #include "sim/core/strings.h"
@@ -21,6 +22,14 @@ namespace kvb {
 // The format table. One entry per family; order is the order users see. Each example's
 // maximum relative MSE is 1.25x the relative MSE its round trip measures on N(0, 1) data
 // (tests/formats/test_format_table.cpp), rounded up to two digits.
+std::string table_span_error(int64_t tokens, int64_t head_dim) {
+  const int64_t max_elements = std::numeric_limits<int64_t>::max() / kMaxExampleBitsPerElement;
+  if (tokens < 1 || head_dim < 1 || tokens <= max_elements / head_dim) return {};
+  return "tokens " + std::to_string(tokens) + " x head_dim " + std::to_string(head_dim) + " is over " +
+         std::to_string(max_elements) + " elements: the span's bit count would overflow a 64-bit integer; give "
+         "fewer tokens";
+}
+
 const std::vector<FormatFamily>& format_families() {
   static const std::vector<FormatFamily> families = {
       {"int", "int<b>-<sym|asym>-<g<G>|tok|ch<G>|ch>[-s<dtype>][-z<dtype>]",

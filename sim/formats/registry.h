@@ -2,6 +2,7 @@
 // the CLI (`kvbudget formats`), configs, sweeps and tests all iterate over.
 // Adding a format family means adding one entry to format_families() in registry.cpp.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,14 @@ const FormatFamily& format_family(const Format& format);
 // Whether `format` has a CUDA twin (its family's cuda_twin; false for a format outside
 // the table).
 bool has_cuda_twin(const Format& format);
+
+// Why a span of `tokens` x `head_dim` is too large for a table of every example's bits
+// (`kvbudget formats`, Python's formats()), or "" when it is not: storage bits are
+// counted in int64 and the examples store under kMaxExampleBitsPerElement bits per
+// element (the most, qjl-m256 at head_dim 1: 272), so a span may have at most
+// INT64_MAX / kMaxExampleBitsPerElement elements.
+inline constexpr int64_t kMaxExampleBitsPerElement = 1024;
+std::string table_span_error(int64_t tokens, int64_t head_dim);
 
 // Named presets (e.g. "kivi-2" -> a canonical name). Looked up before families.
 struct FormatAlias {

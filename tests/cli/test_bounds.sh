@@ -28,7 +28,7 @@ touch "$tmp/afile"
 "$kvb" bounds --quick --out "$tmp/afile" >"$tmp/out.txt" 2>"$tmp/out.err"
 rc=$?
 [ $rc -eq 2 ] || fail "bounds --out FILE: expected exit 2, got $rc"
-expect "$tmp/out.err" "--out $tmp/afile: cannot create $tmp/afile/bounds: Not a directory" "bounds --out FILE"
+expect "$tmp/out.err" "--out: cannot create directory $tmp/afile/bounds: $tmp/afile is not a directory" "bounds --out FILE"
 [ -s "$tmp/out.txt" ] && fail "bounds --out FILE: printed a report: $(head -3 "$tmp/out.txt")"
 
 # config N: a --data config keeping the first N tokens of gpt2-bytes.

@@ -124,7 +124,7 @@ ex = {e["name"]: e for f in d["families"] for e in f["examples"]}
 sys.exit(not (ex["int2-asym-ch32"]["cache_bpe"] == 3.8125 and ex["int3-asym-ch"]["cache_bpe"] == 16.0
               and "cache_bpe" not in ex["int4-asym-g32"]))' \
   "$tmp/formats512.json" || fail "formats --json: cache_bpe of groups along tokens"
-refused "formats --tokens whose bits overflow" "--tokens 10000000000000000 x --head-dim 128 is over" \
+refused "formats --tokens whose bits overflow" "--tokens 10000000000000000 x head_dim 128 is over" \
   "$kvb" formats --tokens 10000000000000000 --head-dim 128
 expect "$tmp/refused.out" "the span's bit count would overflow a 64-bit integer" "formats --tokens overflow"
 "$kvb" metrics --json >"$tmp/metrics.json" || fail "metrics --json exited $?"

@@ -85,6 +85,7 @@ expect "$tmp/prefill.out" "the prompt is the prefill" "generate: a plan's prefil
 rc=$?
 [ $rc -eq 2 ] || fail "generate --format int4-asym-g33: expected exit 2, got $rc"
 expect "$tmp/g33.out" "group size 33 does not divide head_dim 64" "generate: a group size that does not divide head_dim"
+grep -q "longer --prompt" "$tmp/g33.out" && fail "generate: a group size error told to lengthen the prompt"
 # What a strategy reads comes from the text its plan is built on: an error there names it.
 "$kvb" generate "$llama" --prompt "abcd" -n 2 --strategy entropy --param budget_bpe=4 --param 'family=int{b}-asym-g32' \
   >"$tmp/short_plan.out" 2>&1

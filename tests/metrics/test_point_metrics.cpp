@@ -123,5 +123,8 @@ TEST_CASE("point_metrics: a failing job is rethrown once every job has run") {
   options.beside = [] { throw std::runtime_error("attribution failed"); };
   CHECK_THROWS_WITH_AS(point_metrics(stats, metrics, options), "attribution failed", std::runtime_error);
   options.bootstrap.resamples = 0;  // every metric with an interval fails before `beside`'s error
+  int beside_runs = 0;
+  options.beside = [&] { ++beside_runs; };  // runs though the metrics before it failed
   CHECK_THROWS_WITH_AS(point_metrics(stats, metrics, options), "bootstrap: resamples must be >= 1", Error);
+  CHECK(beside_runs == 1);
 }

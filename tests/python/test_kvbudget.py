@@ -58,6 +58,9 @@ def test_formats_is_the_cli_table():
     for name in table["name"]:
         assert name in listing, name
     assert table.loc[table["name"] == "q4_0", "bpe"].item() == pytest.approx(4.5)
+    # A span whose bits overflow int64 is refused, as by `kvbudget formats`.
+    with pytest.raises(kvbudget.ConfigError, match="would overflow a 64-bit integer"):
+        kvbudget.formats(head_dim=128, tokens=10**16)
 
 
 def rope_of_rows(x, theta=10000.0):
