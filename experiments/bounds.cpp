@@ -494,16 +494,22 @@ std::string shape_problem(const Recording& rec, const std::vector<std::string>& 
   return "";
 }
 
+// The first-order rows' claims and criterion (methods.md §5), for measured and untested rows.
+constexpr const char* kValueErrorClaim = "E||do||^2 = sum_j p_j^2 E||e_j||^2 (independent zero-mean value errors)";
+constexpr const char* kRenyi2Claim = "E||do||^2 = 2^(-H2) sigma_e^2 (equal per-token error)";
+constexpr const char* kKeyErrorClaim = "KL(p||p^) = 1/2 Var_p(ds), ds_j = q.e_j/sqrt(d)";
+constexpr const char* kFirstOrderCriterion = "measured/predicted in [0.8, 1.25]";
+
 // The three first-order rows of `format`, not tested for `why`.
 void untested_first_order_rows(const std::string& format, const std::string& why, std::vector<BoundRow>& out) {
   out.push_back(untested_row("first-order", "value error " + format,
-                             "E||do||^2 = sum_j p_j^2 E||e_j||^2 (independent zero-mean value errors)",
-                             "measured/predicted in [0.8, 1.25]", why));
+                             kValueErrorClaim,
+                             kFirstOrderCriterion, why));
   out.push_back(untested_row("first-order", "value error " + format + " renyi2",
-                             "E||do||^2 = 2^(-H2) sigma_e^2 (equal per-token error)",
-                             "measured/predicted in [0.8, 1.25]", why));
-  out.push_back(untested_row("first-order", "key error " + format, "KL(p||p^) = 1/2 Var_p(ds), ds_j = q.e_j/sqrt(d)",
-                             "measured/predicted in [0.8, 1.25]", why));
+                             kRenyi2Claim,
+                             kFirstOrderCriterion, why));
+  out.push_back(untested_row("first-order", "key error " + format, kKeyErrorClaim,
+                             kFirstOrderCriterion, why));
 }
 
 void first_order_rows(const BoundsOptions& opt, const Recording& rec, std::vector<BoundRow>& out) {
@@ -527,23 +533,23 @@ void first_order_rows(const BoundsOptions& opt, const Recording& rec, std::vecto
     const theory::FirstOrderCheck v = theory::value_error_first_order(rec, *f, pos, opt.seed);
     out.push_back(with_interval(
         row("first-order", std::string("value error ") + name,
-            "E||do||^2 = sum_j p_j^2 E||e_j||^2 (independent zero-mean value errors)", v.predicted, v.measured,
-            within_ratio(v.measured, v.predicted, 0.8, 1.25), "measured/predicted in [0.8, 1.25]",
+            kValueErrorClaim, v.predicted, v.measured,
+            within_ratio(v.measured, v.predicted, 0.8, 1.25), kFirstOrderCriterion,
             "mean over " + std::to_string(v.rows) + " rows, values only quantized"),
         ratio_interval(v.measured_at, v.predicted_at, opt.seed, kTag), "measured/predicted", 0.8, 1.25,
         too_few("blocks of query positions")));
     out.push_back(with_interval(
         row("first-order", std::string("value error ") + name + " renyi2",
-            "E||do||^2 = 2^(-H2) sigma_e^2 (equal per-token error)", v.predicted_renyi2, v.measured,
-            within_ratio(v.measured, v.predicted_renyi2, 0.8, 1.25), "measured/predicted in [0.8, 1.25]",
+            kRenyi2Claim, v.predicted_renyi2, v.measured,
+            within_ratio(v.measured, v.predicted_renyi2, 0.8, 1.25), kFirstOrderCriterion,
             "sigma_e^2: the mean per-token error over the tokens each row reads"),
         ratio_interval(v.measured_at, v.predicted_renyi2_at, opt.seed, kTag), "measured/predicted", 0.8, 1.25,
         too_few("blocks of query positions")));
     const theory::FirstOrderCheck k = theory::key_error_first_order(rec, *f, pos, opt.seed);
     out.push_back(with_interval(
-        row("first-order", std::string("key error ") + name, "KL(p||p^) = 1/2 Var_p(ds), ds_j = q.e_j/sqrt(d)",
+        row("first-order", std::string("key error ") + name, kKeyErrorClaim,
             k.predicted, k.measured, within_ratio(k.measured, k.predicted, 0.8, 1.25),
-            "measured/predicted in [0.8, 1.25]",
+            kFirstOrderCriterion,
             "mean KL (nats) over " + std::to_string(k.rows) + " rows, keys only quantized"),
         ratio_interval(k.measured_at, k.predicted_at, opt.seed, kTag), "measured/predicted", 0.8, 1.25,
         too_few("blocks of query positions")));

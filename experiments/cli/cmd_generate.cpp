@@ -394,12 +394,13 @@ int cmd_generate(const Args& args) {
     }
   }
   const int64_t plan_tokens = static_cast<int64_t>(plan_ids.size());
-  // The plan as generation runs it: a plan with a prefill gets the prompt as its prefill
-  // (generate_with), so its memory and description are those of prefill P.
+  // The plan as generation runs it (CacheQuantization::for_prompt, what generate_with
+  // applies): a plan with a prefill gets the prompt as its prefill, so its memory and
+  // description are those of prefill P.
   std::optional<Plan> as_run;
   if (built) {
     as_run = built->plan;
-    if (as_run->prefill() > 0) as_run->set_prefill(P);
+    as_run->set_prefill(CacheQuantization{&built->plan}.for_prompt(P).effective_prefill());
   }
   const std::string plan_text = built ? plan_source + " = " + as_run->describe() : "exact";
 

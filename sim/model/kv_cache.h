@@ -55,6 +55,15 @@ struct CacheQuantization {
   std::optional<int64_t> second_phase = std::nullopt;
 
   int64_t effective_prefill() const { return prefill >= 0 ? prefill : (plan ? plan->prefill() : 0); }
+  // This quantization for generation from a prompt of `prompt_tokens`: a plan with a
+  // prefill takes the prompt as its prefill (unless `prefill` is set already), so that
+  // the continuation is quantized relative to its own prompt. What generate_with (CPU and
+  // CUDA) runs, and what `kvbudget generate` reports the memory of.
+  CacheQuantization for_prompt(int64_t prompt_tokens) const {
+    CacheQuantization out = *this;
+    if (plan && plan->prefill() > 0 && prefill < 0) out.prefill = prompt_tokens;
+    return out;
+  }
   // This quantization for a sequence holding `tokens` (positions 0..): second_phase at
   // the first plan->phase_marker() token among them, when the plan has a marker and
   // the tokens hold it; otherwise unchanged. What extend() (CPU and CUDA) attends with.

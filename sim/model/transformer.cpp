@@ -221,9 +221,7 @@ std::vector<int64_t> generate_with(const ExtendStep& extend, std::span<const int
   std::vector<int64_t> out;
   if (max_new_tokens <= 0) return out;
   ExtendOptions opt;
-  opt.cache = cache;
-  if (cache.plan && cache.plan->prefill() > 0 && cache.prefill < 0)
-    opt.cache.prefill = static_cast<int64_t>(prompt.size());
+  opt.cache = cache.for_prompt(static_cast<int64_t>(prompt.size()));
   opt.all_logits = false;
   RowMatrix logits = extend(prompt, opt);
   while (true) {
