@@ -19,6 +19,38 @@ size_t metric_column(const FrontierInput& in, const std::string& name) {
 // Whether all of `i` meets the bound of an error budget.
 bool wholly_meets(const BudgetQuery& q, const Interval& i) { return q.upper ? i.hi <= q.bound : i.lo >= q.bound; }
 
+bool overlap(const Interval& a, const Interval& b) { return a.lo <= b.hi && b.lo <= a.hi; }
+
+// Whether the run can tell `rival` from `point` in metric k (a_interval, b_interval:
+// their metric_interval). Measured on the same positions, by the paired bootstrap
+// interval of the difference (rival − point: `difference`, `paired` set); else by
+// whether their intervals are disjoint. Intervals that are already disjoint need no
+// resampling: the paired interval is at most as wide as the two intervals together
+// whenever the points' errors do not vary against each other over the positions, as
+// two quantizations of the same cache's positions do.
+struct Told {
+  bool distinguishable = true;
+  bool paired = false;
+  PairedDifference difference;
+};
+Told tell_apart(const MetricDef& metric, size_t k, const PointResult& point, const Interval& point_interval,
+                const PointResult& rival, const Interval& rival_interval, const BootstrapSettings& settings,
+                bool always_pair) {
+  Told t;
+  if (!always_pair && finite(point_interval) && finite(rival_interval) && !overlap(point_interval, rival_interval))
+    return t;
+  const bool pairable = k < point.block_sums.size() && k < rival.block_sums.size() && !point.block_sums[k].empty() &&
+                        !rival.block_sums[k].empty();
+  if (pairable) t.difference = paired_difference(metric, point.block_sums[k], rival.block_sums[k], settings);
+  if (t.difference.comparable) {
+    t.paired = true;
+    t.distinguishable = !(t.difference.interval.lo <= 0 && 0 <= t.difference.interval.hi);
+  } else {
+    t.distinguishable = !(finite(point_interval) && finite(rival_interval) && overlap(point_interval, rival_interval));
+  }
+  return t;
+}
+
 }  // namespace
 
 Interval metric_interval(const PointResult& r, size_t k, double level) {
@@ -66,18 +98,9 @@ PickUncertainty pick_uncertainty(const BudgetQuery& q, const BudgetAnswer::Pick&
   for (size_t i = 0; i < rows.size(); ++i) {
     if (i == *pick.index || std::isnan(value[i]) || std::isnan(budget[i])) continue;
     if (q.upper ? !(budget[i] <= q.bound) : !(budget[i] >= q.bound)) continue;
-    PickUncertainty::Rival rival{i, {}, false};
-    const bool pairable = k < picked.block_sums.size() && k < rows[i]->block_sums.size() &&
-                          !picked.block_sums[k].empty() && !rows[i]->block_sums[k].empty();
-    if (pairable) rival.difference = paired_difference(metric, picked.block_sums[k], rows[i]->block_sums[k], settings);
-    if (rival.difference.comparable) {
-      rival.paired = true;
-      if (rival.difference.interval.lo <= 0 && 0 <= rival.difference.interval.hi) u.indistinguishable.push_back(rival);
-    } else {
-      const Interval& other = intervals[i];
-      if (finite(u.interval) && finite(other) && other.lo <= u.interval.hi && u.interval.lo <= other.hi)
-        u.indistinguishable.push_back(rival);
-    }
+    // Every rival is paired, so budgets.json gives each its difference and interval.
+    const Told t = tell_apart(metric, k, picked, u.interval, *rows[i], intervals[i], settings, /*always_pair=*/true);
+    if (!t.distinguishable) u.indistinguishable.push_back({i, t.difference, t.paired});
   }
   const bool lower_better = metric.better == Better::Lower;
   std::stable_sort(u.indistinguishable.begin(), u.indistinguishable.end(),
@@ -85,6 +108,36 @@ PickUncertainty pick_uncertainty(const BudgetQuery& q, const BudgetAnswer::Pick&
                      return lower_better ? value[a.index] < value[b.index] : value[a.index] > value[b.index];
                    });
   return u;
+}
+
+std::vector<FrontPointUncertainty> front_uncertainty(const std::vector<size_t>& front, size_t k,
+                                                     const std::vector<double>& cost, const FrontierInput& in,
+                                                     const std::vector<const PointResult*>& rows,
+                                                     const BootstrapSettings& settings) {
+  const MetricDef& metric = *find_metric(in.metric_names[k]);
+  const std::vector<double>& value = in.metric_values[k];
+  std::vector<Interval> intervals(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) intervals[i] = metric_interval(*rows[i], k, settings.level);
+  // Rows with a memory and a value, least memory first (ties: by index).
+  std::vector<size_t> by_cost;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (!std::isnan(cost[i]) && !std::isnan(value[i])) by_cost.push_back(i);
+  std::stable_sort(by_cost.begin(), by_cost.end(), [&](size_t a, size_t b) { return cost[a] < cost[b]; });
+  std::vector<FrontPointUncertainty> out(front.size());
+  for (size_t f = 0; f < front.size(); ++f) {
+    const size_t i = front[f];
+    FrontPointUncertainty& u = out[f];
+    u.interval = intervals[i];
+    u.known = finite(u.interval);
+    if (!u.known) continue;
+    for (size_t j : by_cost) {
+      if (cost[j] > cost[i]) break;
+      if (j == i) continue;
+      const Told t = tell_apart(metric, k, *rows[i], u.interval, *rows[j], intervals[j], settings, /*always_pair=*/false);
+      if (!t.distinguishable) u.may_be_dominated_by.push_back(j);
+    }
+  }
+  return out;
 }
 
 }  // namespace kvb

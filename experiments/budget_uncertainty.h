@@ -44,4 +44,25 @@ struct PickUncertainty {
 PickUncertainty pick_uncertainty(const BudgetQuery& q, const BudgetAnswer::Pick& pick, const FrontierInput& in,
                                  const std::vector<const PointResult*>& rows, const BootstrapSettings& settings);
 
+// How sure a Pareto frontier's point is of its place. The front (pareto_front) is drawn
+// from measured values: each point on it is better than every point with less memory.
+// `may_be_dominated_by` lists the points with at most its memory (itself aside) that the
+// run cannot tell from it in the metric (the same test as a memory budget's
+// `indistinguishable`), least memory first: non-empty, the point may be no better than
+// a cheaper one, and its place on the front is within uncertainty. `known` is false when
+// the point has no interval in the metric (a tensor-level metric, one position): then
+// nothing is said.
+struct FrontPointUncertainty {
+  Interval interval;  // the point's, in the metric (metric_interval)
+  bool known = false;
+  std::vector<size_t> may_be_dominated_by;  // row indices into `rows`
+};
+
+// For each of `front`'s rows (indices into `rows`, as pareto_front returns them) in
+// metric in.metric_names[k] against the memory column `cost`.
+std::vector<FrontPointUncertainty> front_uncertainty(const std::vector<size_t>& front, size_t k,
+                                                     const std::vector<double>& cost, const FrontierInput& in,
+                                                     const std::vector<const PointResult*>& rows,
+                                                     const BootstrapSettings& settings);
+
 }  // namespace kvb

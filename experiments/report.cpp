@@ -520,19 +520,46 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
   auto bpe_of = [&](const PointResult& r) { return at_target ? r.bpe_target : r.bpe; };
   auto bytes_of = [&](const PointResult& r) { return at_target ? r.bytes_target : r.bytes; };
   constexpr const char* kExtrapolatedMark = " (extrapolated)";
+  constexpr const char* kUncertainMark = " ~";
 
+  const BootstrapSettings settings = bootstrap_settings(spec_);
+  char level[32];
+  std::snprintf(level, sizeof level, "%g %%", settings.level * 100);
+  // A point as an uncertainty note names it: label, bpe, value [interval].
+  auto point_words = [&](size_t row, const std::string& metric) {
+    const PointResult& r = *ok[row];
+    const size_t k = metric_index(metric);
+    return points_[r.id].display_label + " (bpe " + short_num(r.bpe) + ", " + short_num(r.metrics[k]) +
+           interval_words(metric_interval(r, k, settings.level)) + ")";
+  };
+  // A front point whose place is within uncertainty, and the cheaper points it cannot
+  // be told from (the first few).
+  auto front_rival_words = [&](const PointResult& r, const std::vector<size_t>& rivals, const std::string& metric) {
+    constexpr size_t kListed = 3;
+    std::string words = points_[r.id].display_label + ": ";
+    for (size_t i = 0; i < std::min(kListed, rivals.size()); ++i) words += (i ? "; " : "") + point_words(rivals[i], metric);
+    if (rivals.size() > kListed) words += "; and " + std::to_string(rivals.size() - kListed) + " more";
+    return words;
+  };
   std::ostringstream csv, console;
-  csv << "metric,rank,id,key,strategy,label,bpe,bytes,bpe_target,bytes_target,value,memory,extrapolated\n";
+  csv << "metric,rank,id,key,strategy,label,bpe,bytes,bpe_target,bytes_target,value,value_lo,value_hi,memory,"
+         "extrapolated,within_uncertainty,may_be_dominated_by\n";
   for (const std::string& m : spec_.metrics.pareto) {
     const MetricDef& def = *find_metric(m);
     const std::vector<size_t> front = pareto_front(cost, in.metric_values[metric_index(m)], def.better);
+    const std::vector<FrontPointUncertainty> sure = front_uncertainty(front, metric_index(m), cost, in, ok, settings);
     for (size_t k = 0; k < front.size(); ++k) {
       const PointResult& r = *ok[front[k]];
       const SweepPoint& point = points_[r.id];
+      const FrontPointUncertainty& u = sure[k];
+      std::string rivals;  // point ids, ';'-separated
+      for (size_t row : u.may_be_dominated_by) rivals += (rivals.empty() ? "" : ";") + std::to_string(ok[row]->id);
       csv << m << "," << k << "," << r.id << "," << csv_field(point.key) << "," << csv_field(point.label) << ","
           << csv_field(point.display_label) << "," << num(r.bpe) << ","
           << num(r.bytes) << "," << num(r.bpe_target) << "," << num(r.bytes_target) << ","
-          << num(r.metrics[metric_index(m)]) << "," << x << "," << (extrapolated_on(r, x) ? "true" : "false") << "\n";
+          << num(r.metrics[metric_index(m)]) << "," << num(u.interval.lo) << "," << num(u.interval.hi) << "," << x
+          << "," << (extrapolated_on(r, x) ? "true" : "false") << ","
+          << (!u.known ? "" : u.may_be_dominated_by.empty() ? "false" : "true") << "," << rivals << "\n";
     }
     // Console: the frontier of this metric with the other Pareto metrics beside it.
     console << "\nPareto frontier: " << m << " (" << (def.better == Better::Lower ? "lower" : "higher")
@@ -548,7 +575,9 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
     }
     console << "  point\n";
     std::vector<std::string> notes;  // why the marked points are extrapolated, each once
-    for (size_t i : front) {
+    std::vector<std::string> uncertain;  // the front's points whose place is within uncertainty
+    for (size_t f = 0; f < front.size(); ++f) {
+      const size_t i = front[f];
       const PointResult& r = *ok[i];
       std::snprintf(line, sizeof line, "  %*.4f %7.3f %12.0f", bpe_width, bpe_of(r), 16.0 / bpe_of(r), bytes_of(r));
       console << line;
@@ -557,22 +586,20 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
         console << line;
       }
       const std::string note = extrapolation_note(r, x, spec_.output.target_context);
-      console << "  " << points_[r.id].display_label << (note.empty() ? "" : kExtrapolatedMark) << "\n";
+      const std::vector<size_t>& rivals = sure[f].may_be_dominated_by;
+      console << "  " << points_[r.id].display_label << (note.empty() ? "" : kExtrapolatedMark)
+              << (rivals.empty() ? "" : kUncertainMark) << "\n";
       if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
+      if (!rivals.empty()) uncertain.push_back(front_rival_words(r, rivals, m));
     }
     for (const std::string& note : notes) console << "  extrapolated: " << note << " (docs/methods.md §1)\n";
+    if (!uncertain.empty())
+      console << "  ~ within uncertainty: not told apart (" << level
+              << " paired bootstrap interval of the difference holds 0, or overlapping intervals) from a point "
+                 "with no more memory, so it may be no better (pareto.csv may_be_dominated_by):\n";
+    for (const std::string& words : uncertain) console << "    " << words << "\n";
   }
   nlohmann::json budgets = nlohmann::json::array();
-  const BootstrapSettings settings = bootstrap_settings(spec_);
-  char level[32];
-  std::snprintf(level, sizeof level, "%g %%", settings.level * 100);
-  // A point as an uncertainty note names it: label, bpe, value [interval].
-  auto point_words = [&](size_t row, const std::string& metric) {
-    const PointResult& r = *ok[row];
-    const size_t k = metric_index(metric);
-    return points_[r.id].display_label + " (bpe " + short_num(r.bpe) + ", " + short_num(r.metrics[k]) +
-           interval_words(metric_interval(r, k, settings.level)) + ")";
-  };
   auto point_json = [&](size_t row, const std::string& metric) {
     const PointResult& r = *ok[row];
     const size_t k = metric_index(metric);

@@ -469,6 +469,16 @@ def _numbers_with_nan(frame):
     return frame
 
 
+def _id_list(cell):
+    """A ';'-separated list of point ids as pandas read it (a string, a number when it
+    held one id, NaN when empty) -> [int]."""
+    if isinstance(cell, str):
+        return [int(i) for i in cell.split(";") if i]
+    if cell != cell:  # NaN: empty
+        return []
+    return [int(cell)]
+
+
 class Result:
     """A results folder: dir, manifest, config, points / pareto / attribution /
     errors (DataFrames, read from the folder's CSV files, each row with its strategy),
@@ -562,7 +572,13 @@ class Result:
 
     @property
     def pareto(self):
-        return self._with_strategy(self._csv("pareto.csv"))
+        """pareto.csv: each metric's front, with `strategy`; `may_be_dominated_by` as a list
+        of point ids (those with no more memory the run cannot tell from the point)."""
+        frame = self._with_strategy(self._csv("pareto.csv"))
+        if "may_be_dominated_by" in frame.columns:
+            frame = frame.copy()
+            frame["may_be_dominated_by"] = [_id_list(v) for v in frame["may_be_dominated_by"]]
+        return frame
 
     @property
     def attribution(self):

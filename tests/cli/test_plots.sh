@@ -52,6 +52,13 @@ labels = {p["label"] for p in points}
 assert "flat(bits=4, group=32)" in labels and "same" in labels, labels
 pareto = list(csv.DictReader(open(os.path.join(d, "pareto.csv"))))
 assert pareto and all(r["strategy"] in ("flat", "same") and r["label"].startswith(r["strategy"]) for r in pareto), pareto
+# Each frontier point's interval, and whether a point with no more memory cannot be told from it.
+assert all(float(r["value_lo"]) <= float(r["value"]) <= float(r["value_hi"]) for r in pareto), pareto
+assert all(r["within_uncertainty"] in ("true", "false") for r in pareto), pareto
+ids = {p["id"] for p in points}
+for r in pareto:
+    rivals = [i for i in r["may_be_dominated_by"].split(";") if i]
+    assert (r["within_uncertainty"] == "true") == bool(rivals) and set(rivals) <= ids, r
 answer = json.load(open(os.path.join(d, "budgets.json")))[0]["answers"][0]
 assert answer["strategy"] in ("flat", "same") and answer["label"].startswith(answer["strategy"]), answer
 # The answer's uncertainty: its interval, whether all of it meets the bound, cheaper candidates.

@@ -92,3 +92,37 @@ TEST_CASE("pick_uncertainty: a memory budget's best point and those it cannot be
   CHECK_FALSE(u.indistinguishable[0].paired);
   CHECK_FALSE(u.meets_for_certain.has_value());
 }
+
+TEST_CASE("front_uncertainty: a front point not told from a cheaper one, by intervals or paired blocks") {
+  // All four on the front by their values. 1's interval overlaps 0's (no block sums:
+  // the intervals decide); 2's is disjoint from every cheaper one's; 3 has none.
+  PointResult a = point(0, 4, 0.06, 0.05, 0.07), b = point(1, 5, 0.055, 0.045, 0.058),
+              c = point(2, 6, 0.02, 0.015, 0.025), d = point(3, 7, 0.01, NAN, NAN);
+  std::vector<const PointResult*> rows = {&a, &b, &c, &d};
+  FrontierInput in = input_of(rows, "attn_out_rel_err");
+  const std::vector<size_t> front = pareto_front(in.bpe, in.metric_values[0], Better::Lower);
+  REQUIRE(front == std::vector<size_t>{0, 1, 2, 3});
+  std::vector<FrontPointUncertainty> u = front_uncertainty(front, 0, in.bpe, in, rows, BootstrapSettings{});
+  REQUIRE(u.size() == 4);
+  CHECK(u[0].known);
+  CHECK(u[0].may_be_dominated_by.empty());
+  CHECK(u[1].may_be_dominated_by == std::vector<size_t>{0});
+  CHECK(u[1].interval.lo == 0.045);
+  CHECK(u[2].known);
+  CHECK(u[2].may_be_dominated_by.empty());
+  CHECK_FALSE(u[3].known);
+  CHECK(u[3].may_be_dominated_by.empty());
+
+  // Measured on the same blocks, 1 is better than 0 in every block by the same margin:
+  // the paired interval of the difference excludes 0 although their intervals overlap.
+  a.block_sums = {BlockSums{{0.05, 0.07, 0.06, 0.065}, {1, 1, 1, 1}, {}}};
+  b.block_sums = {BlockSums{{0.045, 0.065, 0.055, 0.06}, {1, 1, 1, 1}, {}}};
+  u = front_uncertainty(front, 0, in.bpe, in, rows, BootstrapSettings{});
+  CHECK(u[1].may_be_dominated_by.empty());
+  // A point at equal memory and a value it cannot be told from is listed too.
+  PointResult e = point(4, 5, 0.0565, 0.046, 0.059);
+  rows.push_back(&e);
+  in = input_of(rows, "attn_out_rel_err");
+  u = front_uncertainty(front, 0, in.bpe, in, rows, BootstrapSettings{});
+  CHECK(u[1].may_be_dominated_by == std::vector<size_t>{4});
+}

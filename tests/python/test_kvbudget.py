@@ -233,6 +233,11 @@ def test_results_as_dataframes(quickstart_runs):
     for frame in (api.pareto, api.attribution):
         assert len(frame) > 0 and "strategy" in frame.columns and frame["strategy"].notna().all()
     assert "Pareto frontier: attn_kl_mean" in api.frontier
+    rivals = api.pareto["may_be_dominated_by"]  # point ids, as lists
+    assert all(isinstance(r, list) and all(i in set(points["id"]) for i in r) for r in rivals)
+    assert list(api.pareto["within_uncertainty"].astype(bool)) == [bool(r) for r in rivals]
+    # However pandas read the cell: several ids, one id as a number, empty.
+    assert [kvbudget._id_list(c) for c in ("3;14", 20.0, float("nan"))] == [[3, 14], [20], []]
 
 
 def test_budget_answers_as_budgets_json(quickstart_runs):
