@@ -78,6 +78,7 @@ json result_json(const PointResult& r) {
   j["error"] = r.error;
   j["bpe"] = number(r.bpe);
   j["bpe_target"] = number(r.bpe_target);
+  j["bpe_read"] = number(r.bpe_read);
   j["bytes"] = number(r.bytes);
   j["bytes_target"] = number(r.bytes_target);
   j["measured_tokens"] = r.measured_tokens;  // what the extrapolated marks compare
@@ -143,6 +144,7 @@ PointResult result_from_json(const json& j) {
   r.error = j.at("error").get<std::string>();
   r.bpe = number_from(j.at("bpe"), "bpe");
   r.bpe_target = number_from(j.at("bpe_target"), "bpe_target");
+  if (j.contains("bpe_read")) r.bpe_read = number_from(j.at("bpe_read"), "bpe_read");
   r.bytes = number_from(j.at("bytes"), "bytes");
   r.bytes_target = number_from(j.at("bytes_target"), "bytes_target");
   r.measured_tokens = j.at("measured_tokens").get<int64_t>();

@@ -44,8 +44,9 @@ std::string num(double v) { return format_double(v); }
 const std::vector<std::string> kPointColumnsLead = {"id", "strategy", "type", "key", "label"};
 // `extrapolated`: which memory figures are taken at a longer context than the error
 // (extrapolated_label, methods.md §1).
-const std::vector<std::string> kPointColumnsPlan = {"plan",         "bpe",         "bpe_target",  "bytes",
-                                                    "bytes_target", "compression", "extrapolated"};
+// `bpe_read`: the memory of the caches the evaluated queries read (Plan::mean_bpe_read).
+const std::vector<std::string> kPointColumnsPlan = {"plan",  "bpe",          "bpe_target",  "bytes",
+                                                    "bytes_target", "compression", "extrapolated", "bpe_read"};
 constexpr const char* kPointColumnLast = "seconds";
 
 // The points.csv columns of one metric: its value, then `<name>_se` when the metric has
@@ -391,7 +392,7 @@ std::string Report::points_csv(const std::vector<PointResult>& results, const st
       os << "," << v.value_or("");
     }
     os << "," << csv_field(r.plan) << "," << num(r.bpe) << "," << num(r.bpe_target) << "," << num(r.bytes) << ","
-       << num(r.bytes_target) << "," << num(16.0 / r.bpe) << "," << extrapolated_label(r);
+       << num(r.bytes_target) << "," << num(16.0 / r.bpe) << "," << extrapolated_label(r) << "," << num(r.bpe_read);
     for (size_t k = 0; k < r.metrics.size(); ++k) {
       os << "," << num(r.metrics[k]);
       const MetricDef& def = require_metric(spec_.metrics.report[k], "metrics.report");

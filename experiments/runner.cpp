@@ -436,6 +436,10 @@ RunOutcome run_experiment(const RunRequest& request) {
         info.warnings.push_back(note);
       }
     });
+  if (const std::string note = memory_read_note(results, all_points); !note.empty()) {
+    std::fprintf(stderr, "kvbudget run: warning: %s\n", note.c_str());
+    info.warnings.push_back(note);
+  }
   attempt("results.jsonl", [&] { report.write_point_log(results); });
   if (failed_intermediate_writes > 0) {
     const std::string what = std::to_string(failed_intermediate_writes) +

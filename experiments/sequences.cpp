@@ -91,6 +91,11 @@ PointResult aggregate_sequences(const ExperimentSpec& spec, const std::vector<co
   out.bpe_target = first.bpe_target;
   out.bytes = first.bytes;
   out.bytes_target = first.bytes_target;
+  {  // each sequence's queries read caches of its own plan: their mean, as the metrics'
+    std::vector<double> read;
+    for (size_t s = 0; s < S; ++s) read.push_back(per_sequence[s]->bpe_read);
+    out.bpe_read = mean_over_sequences(read);
+  }
   out.measured_tokens = first.measured_tokens;
   out.sized_for_tokens = first.sized_for_tokens;
   out.target_extrapolated = first.target_extrapolated;

@@ -142,6 +142,30 @@ std::string extrapolation_note(const PointResult& r, const std::string& memory, 
   return join(what, ", ") + ", error measured on " + std::to_string(r.measured_tokens);
 }
 
+std::string memory_read_note(const std::vector<PointResult>& results, const std::vector<SweepPoint>& points) {
+  size_t count = 0;
+  const PointResult* most = nullptr;
+  auto gap = [](const PointResult& r) { return std::fabs(r.bpe_read - r.bpe) / r.bpe; };
+  for (const PointResult& r : results) {
+    if (!r.ok || !std::isfinite(r.bpe_read) || !(r.bpe > 0) || !(gap(r) > kMemoryReadTolerance)) continue;
+    ++count;
+    if (!most || gap(r) > gap(*most)) most = &r;
+  }
+  if (!most) return "";
+  auto brief = [](double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4g", v);
+    return std::string(text);
+  };
+  return std::to_string(count) + " point(s) have their error averaged over caches whose memory differs from their bpe "
+         "at " + std::to_string(most->measured_tokens) + " tokens by more than " +
+         brief(kMemoryReadTolerance * 100) + " % (most: " + points.at(most->id).display_label + ", bpe " +
+         brief(most->bpe) + ", " + brief(most->bpe_read) +
+         " over the caches its evaluated queries read; points.csv bpe_read): a window, sink tokens, phases or a "
+         "prefill make their memory depend on the length. Compare them on bpe_read, or evaluate positions near the "
+         "end (metrics.positions) so that memory and error come from one cache (docs/methods.md §1)";
+}
+
 std::vector<SweepPoint> expand_sweep(const ExperimentSpec& spec) {
   // The cartesian products are sized before anything is expanded: a sweep of millions
   // of points would exhaust memory long before it finished.
@@ -570,6 +594,7 @@ void SweepRun::build_plans() {
       r.bpe = plan.bpe();
       r.bpe_target = plan.bpe_at(spec_.output.target_context);
       r.bytes = plan.bytes_at(rec_.tokens);
+      r.bpe_read = plan.mean_bpe_read(positions_.evaluation);
       r.bytes_target = plan.bytes_at(spec_.output.target_context);
       r.measured_tokens = rec_.tokens;
       r.sized_for_tokens = plan.sized_for_context().value_or(rec_.tokens);

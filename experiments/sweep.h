@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -61,6 +62,9 @@ struct PointResult {
   std::string error;  // when !ok: what failed, naming the point
   double bpe = 0, bpe_target = 0;
   double bytes = 0, bytes_target = 0;
+  // Plan::mean_bpe_read of the evaluated positions: the memory of the caches the error
+  // is averaged over, where bpe is the cache's at T (NaN from older results files).
+  double bpe_read = std::numeric_limits<double>::quiet_NaN();
   // The contexts behind those figures (methods.md §1, "extrapolated"): the error is
   // measured on the recording's measured_tokens; the plan was sized for
   // sized_for_tokens (budget_context; = measured_tokens when sized there); and
@@ -108,6 +112,15 @@ std::string extrapolated_label(const PointResult& r);
 // error measured on 512", "allocated for budget_context 32768 tokens, ..." (empty when
 // not extrapolated on `memory`); target_context is output.target_context.
 std::string extrapolation_note(const PointResult& r, const std::string& memory, int64_t target_context);
+
+// How far a point's bpe_read may differ from its bpe (a share of bpe) before the run
+// warns that its error was measured on caches of another memory (memory_read_note).
+inline constexpr double kMemoryReadTolerance = 0.05;
+// The run's warning (empty when none) for the measured points whose bpe_read differs
+// from their bpe by more than kMemoryReadTolerance: their error is averaged over caches
+// shorter than T, whose memory is not the bpe they are compared at (methods.md §1).
+// Names how many, and the one that differs most; `points` indexed by id.
+std::string memory_read_note(const std::vector<PointResult>& results, const std::vector<SweepPoint>& points);
 
 // The bootstrap behind PointResult::intervals: BootstrapSettings' defaults (200
 // resamples, 95 %) with the experiment's seed. manifest.json records them.

@@ -1,6 +1,7 @@
 #include "sim/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -294,6 +295,16 @@ double Plan::bpe_at(int64_t context) const {
   for (int64_t l = 0; l < layers_; ++l) held += held_tokens(l, context);
   const double elements = 2.0 * static_cast<double>(kv_heads_ * head_dim_) * static_cast<double>(held);
   return elements > 0 ? static_cast<double>(storage_bits_at(context)) / elements : 0.0;
+}
+
+double Plan::mean_bpe_read(const std::vector<int64_t>& positions) const {
+  if (positions.empty()) return std::nan("");
+  // The same make-up at every length: bpe_at is bpe() at every t + 1.
+  if (prefill_ == 0 && stores_tokens_alike()) return bpe();
+  double sum = 0;
+  for (int64_t t : positions)
+    sum += t < prefill_ ? static_cast<double>(kResidualBitsWithoutWindow) : bpe_at(t + 1);
+  return sum / static_cast<double>(positions.size());
 }
 
 std::string Plan::check() const {

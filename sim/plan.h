@@ -190,6 +190,14 @@ class Plan {
   uint64_t storage_bits_at(int64_t context) const;
   double bpe() const { return bpe_at(tokens_); }
   double bpe_at(int64_t context) const;
+  // The memory the error of queries `positions` is measured on (methods.md §1, "Memory
+  // and error at one context"): the mean over them of the bits per element of the cache
+  // each reads, bpe_at(t + 1) for query t, or the model's own fp16 cache
+  // (kResidualBitsWithoutWindow) for a query of the prefill (t < prefill), which attends
+  // exact keys and values. It differs from bpe() where the make-up changes with the
+  // length (a recency window, sink tokens, phases, a prefill, groups along tokens) and
+  // the queries read caches shorter than T. NaN for no positions.
+  double mean_bpe_read(const std::vector<int64_t>& positions) const;
   // Bytes of the cache at a context: bpe * elements / 8.
   double bytes_at(int64_t context) const { return static_cast<double>(storage_bits_at(context)) / 8.0; }
 

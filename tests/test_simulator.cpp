@@ -396,6 +396,30 @@ TEST_CASE("window membership: sliding and chunked (flushed) residuals") {
   CHECK(w.held_at(5, 3) == 2);
 }
 
+TEST_CASE("memory the evaluated queries read: bpe at t + 1 each, fp16 in the prefill (methods.md 1)") {
+  // Keys: a 16-token fp32 window over int2 (3 bpe); values int2.
+  Plan plan(1, 1, 64, 32);
+  plan.assign_all(Kind::Key, make_format("int2-asym-g32"));
+  plan.assign_all(Kind::Value, make_format("int2-asym-g32"));
+  plan.unit(0, 0, Kind::Key).window = RecentWindow{16, make_format("keep-fp32")};
+  // A query of a cache of at most 16 tokens reads the window alone; later ones read it too.
+  CHECK(plan.mean_bpe_read({9}) == doctest::Approx((32.0 + 3.0) / 2));
+  CHECK(plan.mean_bpe_read({63}) == doctest::Approx(plan.bpe()));
+  CHECK(plan.mean_bpe_read({9, 63}) == doctest::Approx(((32.0 + 3.0) / 2 + plan.bpe()) / 2));
+  CHECK(plan.mean_bpe_read({31}) == doctest::Approx(plan.bpe_at(32)));
+  CHECK(plan.mean_bpe_read({31}) > plan.bpe());
+  // A query of the prefill attends the exact cache: fp16.
+  plan.set_prefill(20);
+  CHECK(plan.mean_bpe_read({19}) == 16.0);
+  CHECK(plan.mean_bpe_read({19, 63}) == doctest::Approx((16.0 + plan.bpe_at(64)) / 2));
+  CHECK(std::isnan(plan.mean_bpe_read({})));
+  // A cache stored alike has the same memory at every length.
+  Plan alike(1, 1, 64, 32);
+  alike.assign_all(Kind::Key, make_format("int4-asym-g32"));
+  alike.assign_all(Kind::Value, make_format("int2-asym-g32"));
+  CHECK(alike.mean_bpe_read({0, 5, 40, 63}) == doctest::Approx(4.0));
+}
+
 TEST_CASE("window memory: replacement W(p - b)/T, extra copy W p/T (methods.md 1)") {
   const Recording rec = test::random_recording(2, 2, 64, 32, 2);
   Plan plan(rec.num_layers(), 2, 64, 32);

@@ -43,6 +43,15 @@ has_column "$d1/pareto.csv" extrapolated || fail "pareto.csv has no extrapolated
 [ "$(column "$d1/points.csv" extrapolated kivi-2)" = target_context ] || fail "kivi-2 not extrapolated in points.csv"
 [ "$(column "$d1/points.csv" extrapolated int3-asym-g32)" = no ] || fail "uniform int3 extrapolated in points.csv"
 [ "$(column "$d1/points.csv" bpe kivi-2)" = 6.25 ] || fail "kivi-2 is not 6.25 bpe at 512 tokens"
+# Its error averages caches of 1..512 tokens, a quarter of them wholly in the window:
+# bpe_read says so, and the run warns; uniform int3 reads the same memory at every length.
+[ "$(column "$d1/points.csv" bpe_read int3-asym-g32)" = 4 ] || fail "uniform int3's bpe_read is not its bpe"
+/usr/bin/python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 1.05 * 6.25)' "$(column "$d1/points.csv" bpe_read kivi-2)" \
+  || fail "kivi-2's bpe_read is not above its 6.25 bpe at 512 tokens"
+expect "$tmp/r1.out" "warning: 1 point(s) have their error averaged over caches whose memory differs from their bpe at 512 tokens" \
+  "the run's warning"
+/usr/bin/python3 -c 'import json, sys; sys.exit(not any("bpe_read" in w for w in json.load(open(sys.argv[1]))["warnings"]))' \
+  "$d1/manifest.json" || fail "manifest.json's warnings lack the bpe_read note"
 grep -F 'bpe_target <= 4 -> best attn_kl_mean: kivi-2' "$tmp/r1.out" >"$tmp/r1.line" \
   || fail "bpe_target <= 4 did not answer kivi-2"
 expect "$tmp/r1.line" "extrapolated: memory at target_context 32768 tokens, error measured on 512" "kivi-2's answer"
