@@ -8,11 +8,17 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <exception>
 #include <atomic>
 #include <cmath>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -22,7 +28,9 @@
 #include "experiments/crash_marker.h"
 #include "experiments/experiment.h"
 #include "experiments/frontier.h"
+#include "experiments/point_log.h"
 #include "experiments/query_positions.h"
+#include "experiments/report.h"
 #include "experiments/runner.h"
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
@@ -767,7 +775,8 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
 }
 
 // Answers a budget query over rows given as columns {name: values} (a results
-// folder's points.csv): [(metric, row index or None)], as budgets.json picks.
+// folder's points.csv): [(metric, row index or None)], as budgets.json picks. Only the
+// picks, for a folder without results.jsonl (budget_answer gives the whole answer).
 py::list budget_picks(const std::string& text, const std::map<std::string, std::vector<double>>& columns,
                       const std::vector<std::string>& pareto, const std::string& memory) {
   FrontierInput in;
@@ -788,6 +797,73 @@ py::list budget_picks(const std::string& text, const std::map<std::string, std::
   for (const BudgetAnswer::Pick& p : answer.picks)
     picks.append(py::make_tuple(p.metric, p.index ? py::cast(*p.index) : py::object(py::none())));
   return picks;
+}
+
+// A folder made for one call and removed with everything in it when the call ends.
+class ScratchFolder {
+ public:
+  ScratchFolder() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "kvbudget-budget-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr)
+      throw Error("kvbudget.Result.budget: cannot create a scratch folder " + pattern + ": " + std::strerror(errno));
+    path_ = pattern;
+  }
+  ~ScratchFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ScratchFolder(const ScratchFolder&) = delete;
+  ScratchFolder& operator=(const ScratchFolder&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// The answer to a budget query over a results folder's points, exactly as budgets.json
+// gives one (its object for the query: {"query", "kind", "answers": [...]}, as JSON
+// text), whether or not the run asked it. The folder's config.toml (as the run resolved
+// it) and results.jsonl (every point's result with its intervals and block sums, as
+// `kvbudget merge` reads them back) go through the report code of a run
+// (Report::write_frontier, with the query as the only one), written into a scratch
+// folder that is then removed: each pick's interval, meets_bound_for_certain,
+// cheaper_within_uncertainty and least_memory_for_certain (an error budget),
+// indistinguishable (a memory budget, by the paired bootstrap), and its extrapolation
+// on the memory column the query used are the CLI's. ConfigError for a query the run
+// cannot answer (bad syntax, a metric it did not measure); Error for a folder without
+// results.jsonl or whose config.toml expands to other points than it measured.
+std::string budget_answer(const std::filesystem::path& dir, const std::string& query) {
+  const std::filesystem::path log = dir / kPointLogFile;
+  if (!std::filesystem::is_regular_file(log))
+    throw Error(log.string() + ": missing: the points' intervals and block sums behind a budget answer's "
+                "uncertainty are read from it (a folder of an older kvbudget: rerun it)");
+  ExperimentSpec spec = load_experiment(dir / "config.toml", {});
+  const BudgetQuery q = parse_budget_query(query, "budget");
+  const std::vector<std::string>& reported = spec.metrics.report;
+  if (!q.memory && std::find(reported.begin(), reported.end(), q.lhs) == reported.end())
+    throw ConfigError("budget: budget query '" + query + "': " + dir.string() + " did not measure " + q.lhs +
+                      " (its metrics.report: " + join(reported, ", ") + "); rerun with the query in [budgets] or "
+                      "--budget, which measures it");
+  if (q.memory && spec.metrics.pareto.empty())
+    throw ConfigError("budget: budget query '" + query + "' asks for the least error within a memory budget, for "
+                      "each metrics.pareto metric, but the run's metrics.pareto is empty");
+  spec.budgets = {q};
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  std::vector<PointResult> results;
+  for (PointLogEntry& e : read_point_log(log)) {
+    if (e.result.id >= points.size() || points[e.result.id].key != e.key)
+      throw Error(log.string() + ":" + std::to_string(e.line) + ": point " + std::to_string(e.result.id) + " is " +
+                  e.key + ", but " + (dir / "config.toml").string() + " expands it to " +
+                  (e.result.id < points.size() ? points[e.result.id].key : std::string("no point")));
+    results.push_back(std::move(e.result));
+  }
+  const ScratchFolder scratch;
+  std::string write_error;
+  Report(spec, points, scratch.path()).write_frontier(results, &write_error);
+  if (!write_error.empty()) throw Error("kvbudget.Result.budget: " + write_error);
+  std::ifstream in(scratch.path() / "budgets.json");
+  const nlohmann::json budgets = nlohmann::json::parse(in);
+  return budgets.at(0).dump();
 }
 
 }  // namespace
@@ -932,6 +1008,7 @@ PYBIND11_MODULE(_core, m) {
       py::arg("out"), py::arg("backend"), py::arg("plots"), py::arg("quiet"), py::arg("shard"), py::arg("resume"),
       py::arg("command_line"), py::arg("precision"));
   m.def("budget_picks", &budget_picks, py::arg("query"), py::arg("columns"), py::arg("pareto"), py::arg("memory"));
+  m.def("budget_answer", &budget_answer, py::arg("dir"), py::arg("query"));
   // The indices of the Pareto frontier of (cost, value) (experiments/frontier.h: NaN
   // rows ignored, cheapest first), in the direction of `higher_is_better`.
   m.def(
