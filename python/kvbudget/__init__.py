@@ -479,6 +479,21 @@ def _id_list(cell):
     return [int(cell)]
 
 
+# The columns budget() adds to a pick's points.csv row (budgets.json's fields of it), and
+# those holding point ids, lists of them or None.
+_BUDGET_COLUMNS = ("budget_metric", "value", "interval_lo", "interval_hi", "memory", "extrapolated", "extrapolation",
+                   "meets_bound_for_certain", "cheaper_within_uncertainty", "least_memory_for_certain",
+                   "indistinguishable")
+_BUDGET_OBJECT_COLUMNS = ("meets_bound_for_certain", "cheaper_within_uncertainty", "least_memory_for_certain",
+                          "indistinguishable")
+
+
+def _ids_of(points):
+    """The ids of budgets.json's list of points; None when it gives none (the field does
+    not apply to the query's kind)."""
+    return None if points is None else [p["id"] for p in points]
+
+
 class Result:
     """A results folder: dir, manifest, config, points / pareto / attribution /
     errors (DataFrames, read from the folder's CSV files, each row with its strategy),
@@ -597,29 +612,94 @@ class Result:
 
     def budget(self, query):
         """The answer to a budget query ("attn_kl_mean <= 1e-3", "bpe <= 4") over this
-        run's points, as budgets.json answers it: the rows of r.points picked, with a
-        column `budget_metric` (the metric constrained or, for a memory budget, the
-        Pareto metric optimized). An empty frame when nothing qualifies."""
+        run's points, exactly as `kvbudget run` answers it in budgets.json and on the
+        console, whether or not the run asked it: the run's config.toml and results.jsonl
+        go through the CLI's report code (no statistics are redone in Python). One row per
+        pick (an error budget: the least memory on output.x meeting it; a memory budget:
+        the least error within it, for each Pareto metric), its points.csv row and:
+
+        - `budget_metric`: the metric constrained or, for a memory budget, optimized;
+          `value`: the pick's value in it, `interval_lo`/`interval_hi` its interval (the
+          run's level, 95 %: bootstrap or closed form, else value ± z·SE; NaN without one);
+        - `memory`: the memory column the query used (a memory budget: its own; an error
+          budget: output.x), `extrapolated` (bool) whether the pick's memory on that column
+          is taken at a longer context than its error was measured on, `extrapolation` why
+          ("" when not; docs/methods.md §1). points.csv's `extrapolated` says it of any
+          column;
+        - an error budget: `meets_bound_for_certain` (the whole interval meets the bound;
+          None without an interval), `cheaper_within_uncertainty` (ids of the points with
+          less memory whose measured value misses the bound but whose interval reaches
+          it, least memory first), `least_memory_for_certain` (when the pick's interval
+          reaches past the bound: the id of the point with the least memory whose whole
+          interval meets it, else None); `indistinguishable` None;
+        - a memory budget: `indistinguishable` (ids of the other points within the
+          budget that the run cannot tell from the pick in the metric: the paired
+          bootstrap interval of the difference holds 0, or, unpaired, their intervals
+          overlap; best first); the error budget's columns None.
+
+        An empty frame when nothing qualifies. ConfigError for a query the run cannot
+        answer (a metric it did not measure). A folder without results.jsonl (an older
+        kvbudget's) gives only the picks, with a warning: the uncertainty columns None,
+        `extrapolated` read from points.csv's."""
         import pandas as pd
 
         points = self.points
-        memory = self._output_setting("memory_axis", "x", "bpe")
-        pareto = self._pareto_metrics()
-        columns = {}
-        for c in points.columns:
-            if c in ("id",) or points[c].dtype.kind not in "fi":
-                continue
-            columns[c] = [float(v) for v in points[c]]
-        picks = _core.budget_picks(query, columns, list(pareto), memory)
+        if (self.dir / "results.jsonl").is_file():
+            answers = json.loads(_core.budget_answer(os.fspath(self.dir), query))["answers"]
+        else:
+            warnings.warn(f"{self.dir}: no results.jsonl (a folder of an older kvbudget): budget({query!r}) gives the "
+                          "picks without their uncertainty, and extrapolated from points.csv", RuntimeWarning,
+                          stacklevel=2)
+            answers = self._budget_picks_only(query, points)
+        row_of = {int(i): k for k, i in enumerate(points["id"])} if "id" in points.columns else {}
         rows = []
+        for answer in answers:
+            if answer["point"] is None:
+                continue
+            row = points.iloc[row_of[answer["id"]]].to_dict()
+            interval = answer.get("interval") or [float("nan"), float("nan")]
+            least = answer.get("least_memory_for_certain")
+            row.update({
+                "budget_metric": answer["metric"],
+                "value": answer["value"],
+                "interval_lo": interval[0],
+                "interval_hi": interval[1],
+                "memory": answer["memory"],
+                "extrapolated": answer["extrapolated"],
+                "extrapolation": answer.get("extrapolation", ""),
+                "meets_bound_for_certain": answer.get("meets_bound_for_certain"),
+                "cheaper_within_uncertainty": _ids_of(answer.get("cheaper_within_uncertainty")),
+                "least_memory_for_certain": least["id"] if least else None,
+                "indistinguishable": _ids_of(answer.get("indistinguishable")),
+            })
+            rows.append(row)
+        columns = list(points.columns) + [c for c in _BUDGET_COLUMNS if c not in points.columns]
+        frame = pd.DataFrame(rows, columns=columns)
+        for column in _BUDGET_OBJECT_COLUMNS:  # ids and None as they are, not floats with NaN
+            frame[column] = pd.Series([row[column] for row in rows], dtype=object)
+        return frame
+
+    def _budget_picks_only(self, query, points):
+        """budget()'s answers, as budgets.json's, for a folder without results.jsonl: the
+        picks from points.csv, with `extrapolated` on the memory column used (points.csv's
+        `extrapolated` names the figures extrapolated) and no uncertainty."""
+        memory_axis = self._output_setting("memory_axis", "x", "bpe")
+        columns = {c: [float(v) for v in points[c]] for c in points.columns
+                   if c != "id" and points[c].dtype.kind in "fi"}
+        picks = _core.budget_picks(query, columns, list(self._pareto_metrics()), memory_axis)  # checks the query
+        lhs = re.match(r"\s*(\w+)", query).group(1)
+        memory = lhs if lhs in ("bpe", "bytes", "bpe_target", "bytes_target") else memory_axis
+        answers = []
         for metric, index in picks:
             if index is None:
+                answers.append({"metric": metric, "point": None})
                 continue
-            row = points.iloc[index].copy()
-            row["budget_metric"] = metric
-            rows.append(row)
-        return pd.DataFrame(rows).reset_index(drop=True) if rows else pd.DataFrame(columns=list(points.columns) +
-                                                                                     ["budget_metric"])
+            row = points.iloc[index]
+            flag = str(row.get("extrapolated", "no"))
+            extrapolated = "budget_context" in flag or (memory.endswith("_target") and "target_context" in flag)
+            answers.append({"metric": metric, "point": row.get("key", ""), "id": int(row["id"]), "value": row[metric],
+                            "memory": memory, "extrapolated": extrapolated})
+        return answers
 
     def plot(self, metric=None, x=None, ax=None, frontier=True, logy=None):
         """Plots each point's `metric` (default: the first Pareto metric) against memory

@@ -258,6 +258,92 @@ def test_budget_answers_as_budgets_json(quickstart_runs):
         api.budget("attn_kl_mean < 1e-3")
 
 
+def assert_budget_is_saved(result, saved):
+    """result.budget(query) gives every field of budgets.json's answer `saved` to it: the
+    picks, their memory and extrapolation on the memory column used, and their
+    uncertainty (rivals as point ids)."""
+    answer = result.budget(saved["query"])
+    picked = [a for a in saved["answers"] if a["point"] is not None]
+    assert len(answer) == len(picked), saved["query"]
+
+    def ids(a, field):
+        return None if field not in a else [p["id"] for p in a[field]]
+
+    for (_, row), a in zip(answer.iterrows(), picked):
+        where = f"{saved['query']} -> {a['metric']}"
+        assert (row["id"], row["budget_metric"], row["key"]) == (a["id"], a["metric"], a["point"]), where
+        assert (row["strategy"], row["label"]) == (a["strategy"], a["label"]), where
+        for column in ("bpe", "bytes", "bpe_target", "bytes_target", "value"):
+            assert row[column] == a[column], (where, column)
+        interval = a["interval"] or [float("nan")] * 2
+        assert np.array_equal([row["interval_lo"], row["interval_hi"]], interval, equal_nan=True), where
+        assert row["memory"] == a["memory"], where
+        assert isinstance(row["extrapolated"], (bool, np.bool_)) and row["extrapolated"] == a["extrapolated"], where
+        assert row["extrapolation"] == a.get("extrapolation", ""), where
+        assert row["meets_bound_for_certain"] == a.get("meets_bound_for_certain"), where
+        assert row["cheaper_within_uncertainty"] == ids(a, "cheaper_within_uncertainty"), where
+        assert row["least_memory_for_certain"] == (a.get("least_memory_for_certain") or {}).get("id"), where
+        assert row["indistinguishable"] == ids(a, "indistinguishable"), where
+
+
+def test_budget_gives_the_uncertainty_budgets_json_gives(quickstart_runs):
+    _, api = quickstart_runs
+    for saved in api.budgets:  # the config's queries
+        assert_budget_is_saved(api, saved)
+    memory_budget = api.budget("bpe <= 4.5")  # the one of them SMALL's points meet
+    assert sum(len(ids) for ids in memory_budget["indistinguishable"]) > 0
+    for field in ("meets_bound_for_certain", "cheaper_within_uncertainty", "least_memory_for_certain"):
+        assert memory_budget[field].isna().all(), field  # an error budget's
+
+
+# Queries the quickstart config does not ask, each leaving something open on SMALL's
+# points: an error budget met by its pick's interval or not, with cheaper rivals within
+# uncertainty, and memory budgets whose picks others cannot be told from.
+OTHER_QUERIES = ["attn_kl_mean <= 1e-2", "attn_out_rel_err <= 0.1", "topk_overlap >= 0.9", "bpe <= 4",
+                 "bytes <= 1e9"]
+
+
+def test_budget_answers_a_query_the_run_did_not_ask_as_the_cli_would(tmp_path, quickstart_runs):
+    _, api = quickstart_runs
+    asked = {saved["query"] for saved in api.budgets}
+    assert not asked & set(OTHER_QUERIES)
+    # The same sweep with the queries asked: the same points and intervals (the seed).
+    args = [KVB, "run", str(QUICKSTART), "--quiet", "--no-plots", "--out", str(tmp_path)]
+    for s in SMALL:
+        args += ["--set", s]
+    for q in OTHER_QUERIES:
+        args += ["--budget", q]
+    subprocess.run(args, check=True, capture_output=True)
+    saved_answers = [saved for saved in kvbudget.open_results(only_run(tmp_path)).budgets
+                     if saved["query"] in OTHER_QUERIES]
+    assert len(saved_answers) == len(OTHER_QUERIES)
+    for saved in saved_answers:
+        assert_budget_is_saved(api, saved)
+    given = {field for saved in saved_answers for a in saved["answers"] for field, value in a.items() if value}
+    assert {"cheaper_within_uncertainty", "least_memory_for_certain", "indistinguishable"} <= given
+    with pytest.raises(kvbudget.ConfigError, match="did not measure ppl_ratio"):
+        api.budget("ppl_ratio <= 1.1")
+
+
+def test_budget_marks_extrapolation_on_the_memory_column_the_query_used(tmp_path):
+    # KIVI-2 on 64 tokens: all of its cache is in the fp16 window, so bpe_target (at
+    # 32768 tokens) is extrapolated (points.csv: target_context) and bpe is not.
+    config = {**TINY, "strategy": [{"type": "uniform", "format": "int{bits}-asym-g32", "vars": {"bits": [2, 4, 8]}},
+                                   {"preset": "kivi-2"}],
+              "output": {"x": "bpe_target"}}
+    queries = ["bpe <= 16", "bpe_target <= 4", "attn_kl_mean <= 1"]
+    r = kvbudget.run(config, budgets=queries, out=tmp_path, plots=False, quiet=True)
+    kivi = r.points.loc[r.points["strategy"] == "kivi-2", "id"].item()
+    assert r.points.loc[r.points["id"] == kivi, "extrapolated"].item() == "target_context"
+    for saved in r.budgets:
+        assert_budget_is_saved(r, saved)
+    on_bpe = r.budget("bpe <= 16")
+    assert list(on_bpe["id"]) == [kivi] and not on_bpe["extrapolated"].any() and (on_bpe["memory"] == "bpe").all()
+    on_target = r.budget("bpe_target <= 4")
+    assert kivi in set(on_target["id"]) and on_target.loc[on_target["id"] == kivi, "extrapolated"].all()
+    assert "target_context" in on_target.loc[on_target["id"] == kivi, "extrapolation"].iloc[0]
+
+
 def test_open_results_refuses_a_folder_without_manifest(tmp_path, quickstart_runs):
     _, api = quickstart_runs
     assert kvbudget.open_results(api.dir).manifest["status"] == "complete"
@@ -307,7 +393,11 @@ def test_a_nan_cell_leaves_a_metric_column_numbers(tmp_path):
     assert np.isnan(points["ppl_ratio_se"]).all() and points["ln_ppl_correlation"][1] == 0.9
     assert points["extrapolated"].tolist() == ["no", "no"]  # text columns stay text
     assert points["ln_ppl_correlation"].mean() == 0.9
-    assert list(r.budget("ln_ppl_correlation >= 0.5")["id"]) == [1]
+    # No results.jsonl: the picks from points.csv, without their uncertainty.
+    with pytest.warns(RuntimeWarning, match="no results.jsonl .* without their uncertainty"):
+        answer = r.budget("ln_ppl_correlation >= 0.5")
+    assert list(answer["id"]) == [1] and answer["extrapolated"].tolist() == [False]
+    assert answer["meets_bound_for_certain"].tolist() == [None] and np.isnan(answer["interval_lo"]).all()
     assert r.plot("ppl_ratio").get_ylabel().startswith("perplexity ratio")
 
 
