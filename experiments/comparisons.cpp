@@ -18,6 +18,7 @@ double memory_on(const PointResult& r, const std::string& x) {
   if (x == "bpe_target") return r.bpe_target;
   if (x == "bytes") return r.bytes;
   if (x == "bytes_target") return r.bytes_target;
+  if (x == "bpe_read") return r.bpe_read;
   return r.bpe;
 }
 

@@ -187,7 +187,7 @@ OutputSpec parse_output(const std::optional<ConfigTable>& t) {
 }  // namespace
 
 const std::vector<std::string>& memory_columns() {
-  static const std::vector<std::string> columns = {"bpe", "bpe_target", "bytes", "bytes_target"};
+  static const std::vector<std::string> columns = {"bpe", "bpe_target", "bytes", "bytes_target", "bpe_read"};
   return columns;
 }
 

@@ -82,8 +82,9 @@ struct MetricsSpec {
 };
 
 // The points.csv columns that hold a point's memory: bits per element and bytes at
-// the recording's length (bpe, bytes) and at output.target_context (bpe_target,
-// bytes_target). output.x picks one for the plots and frontiers.
+// the recording's length (bpe, bytes), at output.target_context (bpe_target,
+// bytes_target), and the mean bits per element of the caches the evaluated queries read
+// (bpe_read, PointResult::bpe_read). output.x picks one for the plots and frontiers.
 const std::vector<std::string>& memory_columns();
 
 struct OutputSpec {

@@ -17,6 +17,7 @@ const std::vector<double>& frontier_column(const FrontierInput& in, const std::s
   if (name == "bytes") return in.bytes;
   if (name == "bpe_target") return in.bpe_target;
   if (name == "bytes_target") return in.bytes_target;
+  if (name == "bpe_read") return in.bpe_read;
   for (size_t i = 0; i < in.metric_names.size(); ++i)
     if (in.metric_names[i] == name) return in.metric_values[i];
   throw ConfigError("budget query: metric '" + name + "' is not among the reported metrics (add it to metrics.report)");

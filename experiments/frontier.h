@@ -34,7 +34,7 @@ struct BudgetAnswer {
 // Rows are described by column accessors so the frontier code does not depend on
 // how results are stored.
 struct FrontierInput {
-  std::vector<double> bpe, bytes, bpe_target, bytes_target;
+  std::vector<double> bpe, bytes, bpe_target, bytes_target, bpe_read;  // memory_columns()
   std::vector<std::string> metric_names;             // columns available
   std::vector<std::vector<double>> metric_values;    // [metric][row]
   std::vector<std::string> pareto_metrics;           // metrics a memory budget optimizes

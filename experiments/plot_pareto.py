@@ -14,7 +14,7 @@ Reads RESULTS/points.csv, RESULTS/pareto.csv and RESULTS/errors.csv (written by
   unit and direction: "attention KL, mean (nats, lower is better)"); without one, the
   metric's name and its direction (--higher-is-better lists the metrics where higher
   is better); a log axis has at least two labelled ticks;
-- the x axis is the memory column --x (output.x: bpe, bpe_target, bytes, bytes_target).
+- the x axis is the memory column --x (output.x: bpe, bpe_target, bytes, bytes_target, bpe_read).
   Points whose memory on it is taken at a longer context than their error was measured
   on (points.csv `extrapolated`, docs/methods.md §1) are drawn hollow, and a note
   under the plot says so;
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plot_style  # noqa: E402  (exits with a clear message without matplotlib)
 from plot_style import as_float, plt, point_label, read_csv  # noqa: E402
 
-MEMORY_COLUMNS = ("bpe", "bpe_target", "bytes", "bytes_target")
+MEMORY_COLUMNS = ("bpe", "bpe_target", "bytes", "bytes_target", "bpe_read")
 OVERLAP_PIXELS = 4.0  # points closer than this on the figure (at 100 dpi) count as overlapping
 
 
@@ -76,7 +76,7 @@ def interval(point, metric):
 
 def x_label(x, target_context):
     at = f" at {target_context} tokens (output.target_context)" if x.endswith("_target") else \
-        " at the recorded context"
+        " of the caches the evaluated queries read (bpe_read)" if x == "bpe_read" else " at the recorded context"
     if x.startswith("bpe"):
         return "memory: bits per element" + at + ", all metadata counted (bits, lower is better)"
     return "memory: cache size" + at + " (bytes, lower is better)"

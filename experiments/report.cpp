@@ -497,6 +497,7 @@ FrontierInput Report::frontier_input(const std::vector<const PointResult*>& ok) 
     in.bytes.push_back(r->bytes);
     in.bpe_target.push_back(r->bpe_target);
     in.bytes_target.push_back(r->bytes_target);
+    in.bpe_read.push_back(r->bpe_read);
     for (size_t m = 0; m < in.metric_names.size(); ++m) in.metric_values[m].push_back(r->metrics[m]);
   }
   return in;
@@ -515,10 +516,13 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
   const std::string& x = spec_.output.x;
   const bool at_target = x == "bpe_target" || x == "bytes_target";
   const std::string target = std::to_string(spec_.output.target_context);
+  const bool read = x == "bpe_read";
   const std::string x_words = (x.rfind("bpe", 0) == 0 ? std::string("bits per element") : std::string("bytes")) +
-                              (at_target ? " at target_context " + target + " tokens" : std::string());
+                              (at_target ? " at target_context " + target + " tokens"
+                               : read    ? " of the caches the evaluated queries read (bpe_read)"
+                                         : std::string());
   const std::vector<double>& cost = frontier_column(in, x);
-  auto bpe_of = [&](const PointResult& r) { return at_target ? r.bpe_target : r.bpe; };
+  auto bpe_of = [&](const PointResult& r) { return at_target ? r.bpe_target : read ? r.bpe_read : r.bpe; };
   auto bytes_of = [&](const PointResult& r) { return at_target ? r.bytes_target : r.bytes; };
   constexpr const char* kExtrapolatedMark = " (extrapolated)";
   constexpr const char* kUncertainMark = " ~";
@@ -567,7 +571,8 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
             << " is better) vs " << x_words << ", " << front.size() << " of " << ok.size() << " points\n";
     char line[512];
     const int bpe_width = at_target ? 10 : 8;  // fits the column's name
-    std::snprintf(line, sizeof line, "  %*s %7s %12s", bpe_width, at_target ? "bpe_target" : "bpe", "x fp16",
+    std::snprintf(line, sizeof line, "  %*s %7s %12s", bpe_width, at_target ? "bpe_target" : read ? "bpe_read" : "bpe",
+                  "x fp16",
                   at_target ? "bytes_target" : "bytes");
     console << line;
     for (const std::string& o : spec_.metrics.pareto) {

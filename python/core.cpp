@@ -787,6 +787,7 @@ py::list budget_picks(const std::string& text, const std::map<std::string, std::
     else if (name == "bytes") in.bytes = values;
     else if (name == "bpe_target") in.bpe_target = values;
     else if (name == "bytes_target") in.bytes_target = values;
+    else if (name == "bpe_read") in.bpe_read = values;
     else {
       in.metric_names.push_back(name);
       in.metric_values.push_back(values);
@@ -1007,6 +1008,8 @@ PYBIND11_MODULE(_core, m) {
       py::arg("config"), py::arg("config_is_text"), py::arg("overrides"), py::arg("budgets"), py::arg("threads"),
       py::arg("out"), py::arg("backend"), py::arg("plots"), py::arg("quiet"), py::arg("shard"), py::arg("resume"),
       py::arg("command_line"), py::arg("precision"));
+  // The points.csv columns that hold a point's memory (output.x and memory budgets).
+  m.attr("memory_columns") = py::tuple(py::cast(memory_columns()));
   m.def("budget_picks", &budget_picks, py::arg("query"), py::arg("columns"), py::arg("pareto"), py::arg("memory"));
   m.def("budget_answer", &budget_answer, py::arg("dir"), py::arg("query"));
   // The indices of the Pareto frontier of (cost, value) (experiments/frontier.h: NaN

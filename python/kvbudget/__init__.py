@@ -688,7 +688,7 @@ class Result:
                    if c != "id" and points[c].dtype.kind in "fi"}
         picks = _core.budget_picks(query, columns, list(self._pareto_metrics()), memory_axis)  # checks the query
         lhs = re.match(r"\s*(\w+)", query).group(1)
-        memory = lhs if lhs in ("bpe", "bytes", "bpe_target", "bytes_target") else memory_axis
+        memory = lhs if lhs in _core.memory_columns else memory_axis
         answers = []
         for metric, index in picks:
             if index is None:
@@ -703,7 +703,8 @@ class Result:
 
     def plot(self, metric=None, x=None, ax=None, frontier=True, logy=None):
         """Plots each point's `metric` (default: the first Pareto metric) against memory
-        `x` (default: output.x: "bpe", "bpe_target", "bytes" or "bytes_target"), one
+        `x` (default: output.x: "bpe", "bpe_target", "bytes", "bytes_target" or
+        "bpe_read"), one
         series per strategy (its name), each with its own marker and line style (the
         line joins the points in memory order), with the metric's interval as error bars
         (`<metric>_lo`/`_hi`, else ± 1.96 `<metric>_se`) and hollow markers where the memory
@@ -723,8 +724,10 @@ class Result:
         points = self.points
         if metric not in points.columns:
             raise ConfigError(f"plot: points.csv has no column '{metric}'")
-        if x not in ("bpe", "bpe_target", "bytes", "bytes_target"):
-            raise ConfigError(f"plot: x = '{x}' is not a memory column (bpe, bpe_target, bytes, bytes_target)")
+        if x not in _core.memory_columns:
+            raise ConfigError(f"plot: x = '{x}' is not a memory column ({', '.join(_core.memory_columns)})")
+        if x not in points.columns:
+            raise ConfigError(f"plot: points.csv has no column '{x}' (a folder of an older kvbudget)")
         if ax is None:
             _, ax = plt.subplots()
         markers = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p"]

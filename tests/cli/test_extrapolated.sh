@@ -100,6 +100,23 @@ if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   grep -q "Hollow:" "$tmp/r1/kivi/latest/plots/attn_kl_mean.svg" && fail "the bpe plot has an extrapolation caption"
 fi
 
+# 2b. output.x = "bpe_read": the frontier and an error budget on the memory the errors
+# were measured at; KIVI-2 there costs more than its 6.25 bpe at 512 tokens.
+"$kvb" run "$tmp/kivi.toml" --out "$tmp/r2b" --quiet --set output.x=bpe_read --budget 'bpe_read <= 20' \
+  >"$tmp/r2b.out" 2>&1 || fail "run 2b exited $?"
+expect "$tmp/r2b.out" "vs bits per element of the caches the evaluated queries read (bpe_read)" "the bpe_read frontier"
+/usr/bin/python3 - "$tmp/r2b/kivi/latest" <<'PY' || fail "pareto.csv / budgets.json on bpe_read"
+import csv, json, os, sys
+d = sys.argv[1]
+points = {r["id"]: r for r in csv.DictReader(open(os.path.join(d, "points.csv")))}
+rows = list(csv.DictReader(open(os.path.join(d, "pareto.csv"))))
+assert rows and all(r["memory"] == "bpe_read" for r in rows), rows
+read = [float(points[r["id"]]["bpe_read"]) for r in rows]
+assert read == sorted(read), read  # the front in order of bpe_read
+answer = json.load(open(os.path.join(d, "budgets.json")))[0]["answers"][0]
+assert answer["memory"] == "bpe_read" and answer["extrapolated"] is False, answer
+PY
+
 # 3. A budget met at budget_context 32768 > 512 tokens: the allocation itself is for an
 # unmeasured cache, so every memory column is extrapolated for that point.
 cat >"$tmp/sized.toml" <<TOML
