@@ -80,15 +80,15 @@ BoundRow with_interval(BoundRow r, const Interval& interval, const std::string& 
   return r;
 }
 
-// Why a sampled row has no interval: fewer than kBoundsMinIntervalUnits `units`.
+// Why a sampled row has no interval: fewer than kMinIntervalUnits `units`.
 std::string too_few(const std::string& units) {
-  return "fewer than " + std::to_string(kBoundsMinIntervalUnits) + " " + units + " for an interval";
+  return "fewer than " + std::to_string(kMinIntervalUnits) + " " + units + " for an interval";
 }
 
 // mean ± z·se, from `units` independent samples (rows, vectors, blocks) behind the
-// standard error; {NaN, NaN} with fewer than kBoundsMinIntervalUnits of them.
+// standard error; {NaN, NaN} with fewer than kMinIntervalUnits of them.
 Interval normal_interval(double mean, double se, int64_t units) {
-  if (units < kBoundsMinIntervalUnits || !std::isfinite(se)) return {std::nan(""), std::nan("")};
+  if (units < kMinIntervalUnits || !std::isfinite(se)) return {std::nan(""), std::nan("")};
   return {mean - kZ95 * se, mean + kZ95 * se};
 }
 
@@ -104,11 +104,11 @@ BootstrapSettings bounds_bootstrap(uint64_t seed) {
 
 // Percentile bootstrap interval of Σ num / Σ den over blocks of consecutive entries
 // (the n^(1/3) block rule of the run's intervals, bootstrap.h); {NaN, NaN} with fewer
-// than kBoundsMinIntervalUnits blocks (one block resampled is itself: a zero-width
+// than kMinIntervalUnits blocks (one block resampled is itself: a zero-width
 // "interval" that says nothing).
 Interval ratio_interval(const std::vector<double>& num, const std::vector<double>& den, uint64_t seed, uint64_t tag) {
   const int64_t n = static_cast<int64_t>(num.size());
-  if (bootstrap_blocks(n) < kBoundsMinIntervalUnits) return {std::nan(""), std::nan("")};
+  if (bootstrap_blocks(n) < kMinIntervalUnits) return {std::nan(""), std::nan("")};
   const size_t per = static_cast<size_t>(bootstrap_block_positions(n)), blocks = static_cast<size_t>(bootstrap_blocks(n));
   std::vector<double> bn(blocks, 0.0), bd(blocks, 0.0);
   for (size_t i = 0; i < num.size(); ++i) {
@@ -239,9 +239,9 @@ std::vector<float> unit_vectors(int64_t rows, int64_t d, uint64_t seed) {
 // 128: the MSE bounds of turbo-<b>, and the inner-product error of the unbiased
 // variant (TurboQuant-prod: turbo-<b-1> plus a QJL sketch of m = d bits of the
 // residual, b bits per element in all). At least 5 blocks of 64 vectors, so that the
-// inner-product rows always have an interval (kBoundsMinIntervalUnits blocks).
+// inner-product rows always have an interval (kMinIntervalUnits blocks).
 void turbo_rows(const BoundsOptions& opt, std::vector<BoundRow>& out) {
-  const int64_t d = 128, rows = std::max<int64_t>(kBoundsMinIntervalUnits * 64, opt.samples / d);
+  const int64_t d = 128, rows = std::max<int64_t>(kMinIntervalUnits * 64, opt.samples / d);
   const std::vector<float> x = unit_vectors(rows, d, synth::derive_seed({opt.seed, 0x7475726275ull}));
   std::vector<float> y(x.size());
   const double upper = std::sqrt(3.0) * std::numbers::pi / 2;
@@ -800,7 +800,7 @@ void taqg_rows(const BoundsOptions& opt, std::vector<BoundRow>& out) {
   // its rho is not expected to give the figure itself, so the row tests it as a lower
   // bound (at least half of it) and says where the figure lies against the interval.
   const double claimed = 0.58;
-  const Interval interval = static_cast<int64_t>(blocks) < kBoundsMinIntervalUnits
+  const Interval interval = static_cast<int64_t>(blocks) < kMinIntervalUnits
                                 ? Interval{std::nan(""), std::nan("")}
                                 : percentile_interval(reductions, settings.level);
   const std::string figure =
@@ -873,8 +873,8 @@ BestAllocationVerdict best_allocation_verdict(const std::vector<MeasuredAllocati
     v.why_none = "every allocation measured is one the criterion accepts: nothing to compare against";
     return v;
   }
-  if (static_cast<int64_t>(accepted.front()->num.size()) < kBoundsMinIntervalUnits) {
-    v.why_none = "fewer than " + std::to_string(kBoundsMinIntervalUnits) + " blocks of positions for an interval";
+  if (static_cast<int64_t>(accepted.front()->num.size()) < kMinIntervalUnits) {
+    v.why_none = "fewer than " + std::to_string(kMinIntervalUnits) + " blocks of positions for an interval";
     return v;
   }
   const BlockSums* best = *std::min_element(accepted.begin(), accepted.end(),

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "experiments/experiment.h"
+#include "sim/metrics/bootstrap.h"
 #include "sim/metrics/model_metrics.h"
 #include "sim/metrics/paired.h"
 
@@ -54,14 +55,13 @@ struct BoundRow {
   std::string verdict;
 };
 
-// Fewest independent units (Gaussian samples, rows of 32 samples, unit vectors, blocks
-// of vectors or of query positions) a sampled row's interval is computed from: with
-// fewer, a standard error or a bootstrap says nothing (one block resampled is itself, a
-// zero-width "interval"), so the row has no interval and is "within uncertainty".
-constexpr int64_t kBoundsMinIntervalUnits = 5;
-// The fewest --samples the command accepts: kBoundsMinIntervalUnits rows of 32 for the
-// int formats' MSE on Gaussian data.
-constexpr int64_t kBoundsMinSamples = kBoundsMinIntervalUnits * 32;
+// A sampled row's interval is computed from at least kMinIntervalUnits independent
+// units (sim/metrics/bootstrap.h, the run's rule too: Gaussian samples, rows of 32
+// samples, unit vectors, blocks of vectors or of query positions); with fewer, the row
+// has no interval and is "within uncertainty".
+// The fewest --samples the command accepts: kMinIntervalUnits rows of 32 for the int
+// formats' MSE on Gaussian data.
+constexpr int64_t kBoundsMinSamples = kMinIntervalUnits * 32;
 
 // The verdict of a criterion that accepts a quantity in [accept_lo, accept_hi] (either
 // end infinite), given the 95 % interval of a sampled measurement: "holds" when the
@@ -89,7 +89,7 @@ struct MeasuredAllocation {
 //   violated            one outside is measurably better than every accepted one;
 //   within uncertainty  otherwise, and whenever nothing can be compared: no accepted or
 //                       no outside allocation measured, or fewer than
-//                       kBoundsMinIntervalUnits blocks.
+//                       kMinIntervalUnits blocks.
 // `interval` is the difference of the closest competitor (the outside allocation whose
 // interval reaches lowest; for "violated" the one measurably better); NaN with
 // `why_none` when nothing was compared.

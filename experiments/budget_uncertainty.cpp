@@ -72,9 +72,10 @@ PickUncertainty pick_uncertainty(const BudgetQuery& q, const BudgetAnswer::Pick&
   std::vector<Interval> intervals(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) intervals[i] = metric_interval(*rows[i], k, settings.level);
   u.interval = intervals[*pick.index];
+  u.known = finite(u.interval);
+  if (!u.known) return u;
   const std::vector<double>& memory = frontier_column(in, in.memory);
   if (!q.memory) {
-    if (!finite(u.interval)) return u;
     for (size_t i = 0; i < rows.size(); ++i) {
       const Interval& other = intervals[i];
       const bool reaches = q.upper ? other.lo <= q.bound : other.hi >= q.bound;

@@ -21,6 +21,10 @@ Interval metric_interval(const PointResult& r, size_t k, double level);
 
 struct PickUncertainty {
   Interval interval;  // the pick's, of the metric picked on (metric_interval)
+  // Whether the pick has an interval: without one (a tensor-level metric; too few blocks
+  // or problems, kMinIntervalUnits) nothing below is said, and budgets.json writes its
+  // fields as null rather than as a certain pick with no rivals.
+  bool known = false;
   // Error budget: whether the pick's interval lies wholly within the bound (nullopt: it
   // has no interval), and if not, the point with the least memory whose interval does.
   std::optional<bool> meets_for_certain;

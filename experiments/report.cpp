@@ -346,6 +346,61 @@ void check_plot_columns(const ExperimentSpec& spec, const std::vector<SweepPoint
   }
 }
 
+namespace {
+
+// The fewest units per sequence of block sums (one sequence: its blocks).
+int64_t units_per_sequence(const BlockSums& sums) {
+  if (sums.sequence_blocks.empty()) return static_cast<int64_t>(sums.num.size());
+  return *std::min_element(sums.sequence_blocks.begin(), sums.sequence_blocks.end());
+}
+
+// "1 block", "3 problems".
+std::string counted(int64_t n, const std::string& one, const std::string& many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+}  // namespace
+
+std::vector<std::string> too_few_interval_units_warnings(const ExperimentSpec& spec, int64_t evaluated_positions,
+                                                        const std::vector<PointResult>& results) {
+  const std::string fewer = " (fewer than " + std::to_string(kMinIntervalUnits) + ")";
+  const std::string on_each = spec.data.sequence_count() > 1 ? " on each sequence" : "";
+  std::vector<std::string> parts;
+  // Attention metrics: the block bootstrap over the evaluated positions.
+  const int64_t blocks = bootstrap_blocks(evaluated_positions);
+  const bool attention = std::any_of(spec.metrics.report.begin(), spec.metrics.report.end(), [](const std::string& m) {
+    return require_metric(m, "metrics.report").rows.kind != RowReduction::Kind::None;
+  });
+  if (attention && !enough_units_for_interval(blocks))
+    parts.push_back(counted(blocks, "block", "blocks") + " of evaluated positions" + on_each + fewer +
+                    ": no bootstrap intervals or paired verdicts; evaluate more positions (metrics.positions)");
+  // Model metrics: paired over blocks of next-token positions, or over problems.
+  std::vector<std::string> by_positions, by_problems;
+  int64_t position_blocks_seen = -1, problems_seen = -1;
+  for (size_t k = 0; k < spec.metrics.report.size(); ++k) {
+    const MetricDef& m = require_metric(spec.metrics.report[k], "metrics.report");
+    if (m.level != MetricLevel::Model || !m.samples.value) continue;
+    const auto finished = std::find_if(results.begin(), results.end(), [&](const PointResult& r) {
+      return r.ok && k < r.block_sums.size() && !r.block_sums[k].empty();
+    });
+    if (finished == results.end()) continue;
+    const int64_t units = units_per_sequence(finished->block_sums[k]);
+    if (enough_units_for_interval(units)) continue;
+    const bool problems = m.samples.unit == SampleReduction::Unit::Problems;
+    (problems ? by_problems : by_positions).push_back(m.name);
+    (problems ? problems_seen : position_blocks_seen) = units;
+  }
+  if (!by_positions.empty())
+    parts.push_back(counted(position_blocks_seen, "block", "blocks") + " of next-token positions" + on_each + fewer +
+                    ": no paired verdicts on " + join(by_positions, ", ") +
+                    "; evaluate more positions (metrics.positions)");
+  if (!by_problems.empty())
+    parts.push_back(counted(problems_seen, "problem", "problems") + " of the answer task" + on_each + fewer +
+                    ": no paired verdicts on " + join(by_problems, ", ") +
+                    " (its Wilson interval stays); give the task more problems (task.max_problems)");
+  return parts;
+}
+
 std::vector<std::string> Report::coord_columns() const { return coordinate_names(points_); }
 
 std::vector<std::string> Report::annotation_columns(const std::vector<PointResult>& results) const {
@@ -623,6 +678,15 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
                                       nlohmann::json& jp) {
     const char* level_text = level;
     std::string words;
+    if (!u.known) {  // no interval: nothing said of the bound or the rivals
+      if (!q.memory) {
+        jp["meets_bound_for_certain"] = nullptr;
+        jp["cheaper_within_uncertainty"] = nullptr;
+      } else {
+        jp["indistinguishable"] = nullptr;
+      }
+      return words;
+    }
     if (!q.memory) {
       jp["meets_bound_for_certain"] = u.meets_for_certain ? nlohmann::json(*u.meets_for_certain) : nlohmann::json();
       jp["cheaper_within_uncertainty"] = nlohmann::json::array();

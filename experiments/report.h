@@ -57,6 +57,18 @@ std::vector<std::string> points_csv_columns(const ExperimentSpec& spec, const st
 // points_csv_columns (a typo would otherwise surface only at the plot step).
 void check_plot_columns(const ExperimentSpec& spec, const std::vector<SweepPoint>& points);
 
+// The run's warnings when its intervals and paired verdicts have too few units to
+// resample (fewer than kMinIntervalUnits, sim/metrics/bootstrap.h), for stderr and
+// manifest.json's warnings: "1 block of evaluated positions (fewer than 5): no bootstrap
+// intervals or paired verdicts; evaluate more positions (metrics.positions)", and
+// likewise for the model metrics' blocks of next-token positions and an answer task's
+// problems (read from the finished points' block sums; on several sequences, per
+// sequence), one warning per kind of unit. `evaluated_positions`: how many query
+// positions were evaluated. Empty when every reported metric with a bootstrap interval or
+// a paired comparison has enough.
+std::vector<std::string> too_few_interval_units_warnings(const ExperimentSpec& spec, int64_t evaluated_positions,
+                                                         const std::vector<PointResult>& results);
+
 // Creates results/<name>/<timestamp><suffix>/ (then -2, -3, ... if it exists: runs
 // started in the same second, shards of a job array, each get their own) and points
 // results/<name>/latest at it.

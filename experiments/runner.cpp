@@ -415,6 +415,13 @@ RunOutcome run_experiment(const RunRequest& request) {
   // with threads), and a resumed run's kept points come after the new ones.
   std::sort(results.begin(), results.end(), [](const PointResult& a, const PointResult& b) { return a.id < b.id; });
   const double sweep_wall_seconds = phase_end();
+  // Too few blocks or problems for intervals and paired verdicts: said once, here and in
+  // the manifest (its final write below).
+  for (const std::string& w : too_few_interval_units_warnings(
+           spec, static_cast<int64_t>(positions.evaluation.size()), results)) {
+    std::fprintf(stderr, "kvbudget run: warning: %s\n", w.c_str());
+    info.warnings.push_back(w);
+  }
   for (const std::string& e : sweep_errors) run_errors.push_back("while the sweep ran, " + e);
   info.backend_decided = true;
   progress.finish();

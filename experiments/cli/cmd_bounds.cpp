@@ -88,7 +88,7 @@ int cmd_bounds(const Args& args) {
     std::cerr << "kvbudget bounds: --samples must be >= " << kBoundsMinSamples << ", got " << b.samples
               << " (the int formats' MSE on Gaussian samples is measured over rows of 32, and its 95 % interval "
                  "needs at least "
-              << kBoundsMinIntervalUnits << " of them)\n";
+              << kMinIntervalUnits << " of them)\n";
     return kExitUsage;
   }
   b.seed = checked_seed(seed, "--seed");

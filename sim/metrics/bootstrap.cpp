@@ -223,6 +223,7 @@ std::vector<Interval> bootstrap_intervals(const ErrorStats& stats, const std::ve
   const PositionBlocks& block_of = row_blocks ? *row_blocks : own_blocks.emplace(position_blocks(rows));
   std::vector<size_t> start;  // block b's values: [start[b], start[b + 1])
   const size_t blocks = block_of.blocks;
+  if (!enough_units_for_interval(static_cast<int64_t>(blocks))) return out;
   const size_t resamples = static_cast<size_t>(settings.resamples);
   const std::vector<uint32_t> draws = bootstrap_draws(settings, blocks, kIntervalTag);
 

@@ -20,6 +20,18 @@
 
 namespace kvb {
 
+// The fewest independent units an interval is computed from: blocks of evaluated query
+// positions (the attention metrics' and model metrics' block bootstraps, paired
+// differences over blocks), an answer task's problems (paired differences over
+// problems), and in the bounds report also Gaussian samples, rows and unit vectors behind
+// a standard error. With fewer, a percentile bootstrap says nothing: one block resampled
+// is itself (a zero-width "interval"), two or three give a handful of distinct resamples.
+// Below it there is no interval ({NaN, NaN}) and no paired verdict ("not comparable").
+// Over several sequences the rule holds on each sequence (every sequence has the same
+// evaluated positions, and the same problems' count).
+constexpr int64_t kMinIntervalUnits = 5;
+inline bool enough_units_for_interval(int64_t units) { return units >= kMinIntervalUnits; }
+
 struct BootstrapSettings {
   int resamples = 200;
   double level = 0.95;  // two-sided coverage of the interval
@@ -95,7 +107,8 @@ struct BootstrapScratch {
 };
 
 // One interval per metric, aligned with `metrics`; {NaN, NaN} for a metric whose
-// RowReduction is Kind::None, or when `stats` has no rows. Rows may come in any order
+// RowReduction is Kind::None, when `stats` has no rows, or when the rows' positions
+// make fewer than kMinIntervalUnits blocks (no resamples then either). Rows may come in any order
 // (they are grouped by the rank of their position among the distinct positions).
 // `resamples` (optional) receives, aligned with `metrics`, each metric's resampled
 // values in resample order (empty where the interval is NaN): what a bootstrap over

@@ -163,6 +163,8 @@ std::vector<double> two_level_resamples(const MetricDef& metric, const BlockSums
     throw Error("two-level bootstrap: the two points were not measured on the same sequences and blocks");
   if (b.den.size() != b.num.size()) throw Error("block sums: numerators and denominators differ in length");
   const size_t sequences = start.size() - 1;
+  for (size_t s = 0; s < sequences; ++s)
+    if (!enough_units_for_interval(static_cast<int64_t>(start[s + 1] - start[s]))) return {};
   const size_t resamples = static_cast<size_t>(settings.resamples);
   // Which sequence each slot of each resample takes (one sequence: always 0, no draw).
   std::vector<uint32_t> chosen(resamples * sequences, 0);
@@ -207,6 +209,7 @@ PairedDifference paired_difference(const MetricDef& metric, const BlockSums& a, 
       b.den.size() != b.num.size() || a.sequence_blocks != b.sequence_blocks)
     return d;
   std::vector<double> diffs = two_level_resamples(metric, &a, b, settings, kPairedTag);
+  if (diffs.empty()) return d;  // too few blocks or problems to resample
   const double tail = (1 - settings.level) / 2;
   d.interval.lo = quantile(diffs, tail);
   d.interval.hi = quantile_in_place(diffs, 1 - tail);

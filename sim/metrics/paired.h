@@ -64,8 +64,9 @@ double mean_over_sequences(const std::vector<double>& values);
 // own for slot k, the same for a and b (paired); the resample's value is the mean
 // over the S drawn sequences of finish(Σ num / Σ den) on their drawn blocks. With one
 // sequence this is the one-level block bootstrap exactly (slot 0's stream is
-// bootstrap_draws(settings, blocks, tag)). Throws kvb::Error when a and b are not
-// made of the same sequences and block counts.
+// bootstrap_draws(settings, blocks, tag)). Empty when a sequence has fewer than
+// kMinIntervalUnits blocks (bootstrap.h: too few to resample). Throws kvb::Error when a
+// and b are not made of the same sequences and block counts.
 std::vector<double> two_level_resamples(const MetricDef& metric, const BlockSums* a, const BlockSums& b,
                                         const BootstrapSettings& settings, uint64_t tag);
 
@@ -77,9 +78,10 @@ struct PairedDifference {
 
 // metric(b) − metric(a) and its paired bootstrap interval (`settings`: resamples,
 // level, seed): two_level_resamples, so over several sequences both the sequences
-// and the blocks within each are resampled. Not comparable when either is empty or
+// and the blocks within each are resampled. Not comparable when either is empty, when
 // their sequences or block counts differ (the points were not measured on the same
-// positions and sequences).
+// positions and sequences), or when a sequence has fewer than kMinIntervalUnits blocks
+// (or problems): too few to tell a difference from chance.
 PairedDifference paired_difference(const MetricDef& metric, const BlockSums& a, const BlockSums& b,
                                    const BootstrapSettings& settings);
 

@@ -99,6 +99,36 @@ cmp -s "$d/comparisons.csv" "$tmp/merged/comparisons.csv" || fail "merged compar
   || fail "run with metrics.primary exited $?: $(cat "$tmp/p.out")"
 expect "$tmp/p.out" "attn_out_rel_fro (primary) " "the console with metrics.primary"
 
+# One evaluated position is one block of positions (fewer than 5): no bootstrap
+# intervals, no paired verdicts, nothing "for certain" in budgets.json or pareto.csv,
+# and one warning on stderr and in the manifest.
+"$kvb" run "$tmp/cmp.toml" --out "$tmp/one" --set 'metrics.positions=[255]' --set calibration.overlap=true \
+  --budget 'attn_kl_mean <= 1' --budget 'bpe <= 4' >"$tmp/one.out" 2>&1 || fail "run at one position exited $?: $(cat "$tmp/one.out")"
+d1="$tmp/one/cmp/latest"
+expect "$tmp/one.out" "kvbudget run: warning: 1 block of evaluated positions (fewer than 5): no bootstrap intervals or paired verdicts; evaluate more positions (metrics.positions)" "stderr at one position"
+[ "$(grep -c 'fewer than 5' "$tmp/one.out")" -eq 1 ] || fail "the too-few-blocks warning is not said once"
+/usr/bin/python3 - "$d1" <<'PY' || fail "one evaluated position: an interval or a verdict that the run cannot give"
+import csv, json, sys
+d = sys.argv[1]
+manifest = json.load(open(f"{d}/manifest.json"))
+assert manifest["uncertainty"]["attention_interval"]["blocks"] == 1, manifest["uncertainty"]
+assert [w for w in manifest["warnings"] if w.startswith("1 block of evaluated positions (fewer than 5)")], manifest["warnings"]
+points = list(csv.DictReader(open(f"{d}/points.csv")))
+assert all(r[f"{m}_{e}"] == "nan" for r in points for m in ("attn_kl_mean", "attn_kl_p99") for e in ("lo", "hi")), points
+comparisons = list(csv.DictReader(open(f"{d}/comparisons.csv")))
+assert comparisons and all(r["verdict"] == "not comparable" and r["difference_lo"] == "nan" for r in comparisons), comparisons
+assert any(float(r["difference"]) != 0 for r in comparisons), comparisons  # the measured difference stays
+error_budget, memory_budget = json.load(open(f"{d}/budgets.json"))
+pick = error_budget["answers"][0]
+assert pick["point"] and pick["interval"] is None, pick
+assert pick["meets_bound_for_certain"] is None and pick["cheaper_within_uncertainty"] is None, pick
+assert all(a["indistinguishable"] is None for a in memory_budget["answers"] if a["point"]), memory_budget
+pareto = list(csv.DictReader(open(f"{d}/pareto.csv")))
+assert pareto and all(r["within_uncertainty"] == "" and r["value_lo"] == "nan" for r in pareto), pareto
+PY
+sed -n '/^against the baseline/,$p' "$tmp/one.out" | grep -E ' (better|worse)(;|,|$)' \
+  && fail "a verdict from one block on the console"
+
 # A baseline that names no strategy: exit 2, with the closest name.
 "$kvb" run "$tmp/cmp.toml" --quiet --out "$tmp/x" --set metrics.baseline=unifrom >"$tmp/bad.out" 2>&1
 [ $? -eq 2 ] || fail "a misspelt baseline: expected exit 2"

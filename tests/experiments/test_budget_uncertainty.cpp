@@ -93,6 +93,27 @@ TEST_CASE("pick_uncertainty: a memory budget's best point and those it cannot be
   CHECK_FALSE(u.meets_for_certain.has_value());
 }
 
+TEST_CASE("pick_uncertainty: a pick without an interval (too few blocks) says nothing, not 'certain'") {
+  // The values would pick 1 in both budgets; no point has an interval (one block of
+  // positions: bootstrap_intervals gives none), and their one block each is too few to pair.
+  PointResult a = point(0, 4, 0.06, NAN, NAN), b = point(1, 5, 0.049, NAN, NAN), c = point(2, 6, 0.03, NAN, NAN);
+  for (PointResult* r : {&a, &b, &c}) r->block_sums = {BlockSums{{r->metrics[0]}, {1}, {}}};
+  const std::vector<const PointResult*> rows = {&a, &b, &c};
+  const FrontierInput in = input_of(rows, "attn_out_rel_err");
+  const BudgetQuery error_budget = parse_budget_query("attn_out_rel_err <= 0.05", "test");
+  const PickUncertainty e = pick_uncertainty(error_budget, answer_budget(error_budget, in).picks[0], in, rows, {});
+  CHECK_FALSE(e.known);
+  CHECK_FALSE(e.meets_for_certain.has_value());
+  CHECK(e.cheaper_within_uncertainty.empty());
+  const BudgetQuery memory_budget = parse_budget_query("bpe <= 5", "test");
+  const PickUncertainty m = pick_uncertainty(memory_budget, answer_budget(memory_budget, in).picks[0], in, rows, {});
+  CHECK_FALSE(m.known);
+  CHECK(m.indistinguishable.empty());
+  // With an interval the same pick is known.
+  b.intervals = {Interval{0.047, 0.051}};
+  CHECK(pick_uncertainty(error_budget, answer_budget(error_budget, in).picks[0], in, rows, {}).known);
+}
+
 TEST_CASE("front_uncertainty: a front point not told from a cheaper one, by intervals or paired blocks") {
   // All four on the front by their values. 1's interval overlaps 0's (no block sums:
   // the intervals decide); 2's is disjoint from every cheaper one's; 3 has none.
@@ -115,8 +136,8 @@ TEST_CASE("front_uncertainty: a front point not told from a cheaper one, by inte
 
   // Measured on the same blocks, 1 is better than 0 in every block by the same margin:
   // the paired interval of the difference excludes 0 although their intervals overlap.
-  a.block_sums = {BlockSums{{0.05, 0.07, 0.06, 0.065}, {1, 1, 1, 1}, {}}};
-  b.block_sums = {BlockSums{{0.045, 0.065, 0.055, 0.06}, {1, 1, 1, 1}, {}}};
+  a.block_sums = {BlockSums{{0.05, 0.07, 0.06, 0.065, 0.055}, {1, 1, 1, 1, 1}, {}}};
+  b.block_sums = {BlockSums{{0.045, 0.065, 0.055, 0.06, 0.05}, {1, 1, 1, 1, 1}, {}}};
   u = front_uncertainty(front, 0, in.bpe, in, rows, BootstrapSettings{});
   CHECK(u[1].may_be_dominated_by.empty());
   // A point at equal memory and a value it cannot be told from is listed too.

@@ -122,9 +122,10 @@ TEST_CASE("bootstrap: deterministic for a seed, independent of row order, NaN wh
   settings.seed = 8;
   const std::vector<Interval> d = bootstrap_intervals(s, metrics, settings);
   CHECK((d[2].lo != a[2].lo || d[2].hi != a[2].hi));
-  // One position is one block: every resample is the sample itself.
+  // One position is one block: every resample would be the sample itself, so no interval
+  // (the fewer-than-kMinIntervalUnits rule, tested below).
   const ErrorStats single = stats_of(synthetic_rows(3, 0.2, 2, 2, 1));
-  for (const Interval& i : bootstrap_intervals(single, metrics, settings)) CHECK(i.lo == i.hi);
+  for (const Interval& i : bootstrap_intervals(single, metrics, settings)) CHECK(std::isnan(i.lo));
   // No rows, or a metric without a row reduction: NaN.
   const std::vector<Interval> none = bootstrap_intervals(ErrorStats{}, metrics, settings);
   CHECK(std::isnan(none[0].lo));
@@ -306,5 +307,36 @@ TEST_CASE("bootstrap: the quantiles of resamples, walked from the sorted tail, e
     d.values[d.start[7] + 2] = -INFINITY;
     check_same_resamples(d, 0.99, 6);
     check_same_resamples(d, 0.01, 6);
+  }
+}
+
+TEST_CASE("bootstrap: fewer than kMinIntervalUnits blocks of positions give no interval and no resamples") {
+  const std::vector<const MetricDef*> metrics = attention_metrics();
+  BootstrapSettings settings;
+  settings.seed = 5;
+  // 12 positions: blocks of 3, 4 blocks (one short of the rule); 13 positions: 5 blocks.
+  REQUIRE(kMinIntervalUnits == 5);
+  REQUIRE(bootstrap_blocks(12) == 4);
+  REQUIRE(bootstrap_blocks(13) == 5);
+  for (int positions : {1, 2, 8, 12}) {
+    INFO(positions, " positions");
+    const ErrorStats few = stats_of(synthetic_rows(4, 0.2, 2, 2, positions));
+    std::vector<std::vector<double>> resamples;
+    const std::vector<Interval> none = bootstrap_intervals(few, metrics, settings, &resamples);
+    for (size_t m = 0; m < metrics.size(); ++m) {
+      INFO(metrics[m]->name);
+      CHECK(std::isnan(none[m].lo));
+      CHECK(std::isnan(none[m].hi));
+      CHECK(resamples[m].empty());  // nothing for a bootstrap over sequences to pool
+    }
+  }
+  const ErrorStats enough = stats_of(synthetic_rows(4, 0.2, 2, 2, 13));
+  std::vector<std::vector<double>> resamples;
+  const std::vector<Interval> some = bootstrap_intervals(enough, metrics, settings, &resamples);
+  for (size_t m = 0; m < metrics.size(); ++m) {
+    INFO(metrics[m]->name);
+    CHECK(std::isfinite(some[m].lo));
+    CHECK(std::isfinite(some[m].hi));
+    CHECK(resamples[m].size() == static_cast<size_t>(settings.resamples));
   }
 }

@@ -150,3 +150,64 @@ TEST_CASE("points measured on different positions are not compared") {
   CHECK(paired_verdict(kl, d) == "not comparable");
   CHECK(paired_verdict(kl, paired_difference(kl, a, BlockSums{}, {})) == "not comparable");
 }
+
+TEST_CASE("fewer than kMinIntervalUnits blocks or problems: not comparable, however large the difference") {
+  const BootstrapSettings settings;
+  // Attention: 12 positions make 4 blocks, 13 make 5; b is twice as bad as a everywhere.
+  const MetricDef& kl = require_metric("attn_kl_mean", "test");
+  auto kl_blocks = [&](int positions, double shift, uint64_t seed) {
+    return metric_block_sums(kl, rows_with_shared_difficulty(positions, shift, seed));
+  };
+  for (int positions : {1, 12}) {
+    INFO(positions, " positions");
+    const PairedDifference d = paired_difference(kl, kl_blocks(positions, 0.0, 10), kl_blocks(positions, 0.1, 11), settings);
+    CHECK(d.value > 0.05);  // the measured difference stays
+    CHECK_FALSE(d.comparable);
+    CHECK(std::isnan(d.interval.lo));
+    CHECK(std::isnan(d.interval.hi));
+    CHECK(paired_verdict(kl, d) == "not comparable");
+  }
+  CHECK(paired_verdict(kl, paired_difference(kl, kl_blocks(13, 0.0, 10), kl_blocks(13, 0.1, 11), settings)) == "worse");
+
+  // Model metrics: 64 next-token positions are 16 blocks of 4; 8 are 4 blocks of 2.
+  const MetricDef& token_kl = require_metric("next_token_kl_mean", "test");
+  ErrorStats a, b;
+  a.model = model_stats(8, 0.05, 12);
+  b.model = a.model;
+  for (double& v : b.model.kl) v *= 3;
+  CHECK(paired_verdict(token_kl, paired_difference(token_kl, metric_block_sums(token_kl, a),
+                                                   metric_block_sums(token_kl, b), settings)) == "not comparable");
+  a.model = model_stats(64, 0.05, 12);
+  b.model = a.model;
+  for (double& v : b.model.kl) v *= 3;
+  CHECK(paired_verdict(token_kl, paired_difference(token_kl, metric_block_sums(token_kl, a),
+                                                   metric_block_sums(token_kl, b), settings)) == "worse");
+
+  // An answer task: each problem is a unit. 4 problems all flipped wrong: not comparable;
+  // 5: the paired bootstrap resamples them.
+  const MetricDef& accuracy = require_metric("answer_accuracy", "test");
+  ErrorStats right, wrong;
+  right.model.answers_correct = {1, 1, 1, 1};
+  wrong.model.answers_correct = {0, 0, 0, 0};
+  CHECK(paired_verdict(accuracy, paired_difference(accuracy, metric_block_sums(accuracy, right),
+                                                   metric_block_sums(accuracy, wrong), settings)) == "not comparable");
+  right.model.answers_correct.push_back(1);
+  wrong.model.answers_correct.push_back(0);
+  CHECK(paired_verdict(accuracy, paired_difference(accuracy, metric_block_sums(accuracy, right),
+                                                   metric_block_sums(accuracy, wrong), settings)) == "worse");
+}
+
+TEST_CASE("two-level resamples over sequences need kMinIntervalUnits blocks on each sequence") {
+  const MetricDef& kl = require_metric("attn_kl_mean", "test");
+  const BlockSums many = metric_block_sums(kl, rows_with_shared_difficulty(64, 0.0, 13));  // 16 blocks
+  const BlockSums few = metric_block_sums(kl, rows_with_shared_difficulty(12, 0.0, 14));   // 4 blocks
+  REQUIRE(many.num.size() == 16);
+  REQUIRE(few.num.size() == 4);
+  BootstrapSettings settings;
+  CHECK(two_level_resamples(kl, nullptr, join_sequences({many, many}), settings, 1).size() == 200);
+  // Enough blocks in all (20) but 4 on one sequence: nothing to resample, not comparable.
+  const BlockSums mixed = join_sequences({many, few});
+  CHECK(two_level_resamples(kl, nullptr, mixed, settings, 1).empty());
+  CHECK_FALSE(paired_difference(kl, mixed, mixed, settings).comparable);
+  CHECK(two_level_resamples(kl, nullptr, few, settings, 1).empty());
+}
