@@ -1,5 +1,6 @@
 #include "experiments/comparisons.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -69,6 +70,10 @@ std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const 
       c.memory_axis = spec.output.x;
       c.memory = memory_on(*r, spec.output.x);
       c.baseline_memory = memory_on(*base, spec.output.x);
+      c.extrapolation = extrapolation_note(*r, spec.output.x, spec.output.target_context);
+      c.baseline_extrapolation = extrapolation_note(*base, spec.output.x, spec.output.target_context);
+      c.extrapolated = extrapolated_on(*r, spec.output.x);
+      c.baseline_extrapolated = extrapolated_on(*base, spec.output.x);
       c.difference = paired_difference(metric, a, b, settings);
       c.verdict = paired_verdict(metric, c.difference);
       out.push_back(std::move(c));
@@ -79,13 +84,15 @@ std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const 
 
 std::string comparisons_csv(const std::vector<SweepPoint>& points, const std::vector<Comparison>& comparisons) {
   std::ostringstream os;
-  os << "id,strategy,label,key,baseline_id,baseline_label,memory_axis,memory,baseline_memory,metric,value,"
-        "baseline_value,difference,difference_lo,difference_hi,verdict\n";
+  os << "id,strategy,label,key,baseline_id,baseline_label,memory_axis,memory,baseline_memory,extrapolated,"
+        "baseline_extrapolated,metric,value,baseline_value,difference,difference_lo,difference_hi,verdict\n";
+  auto flag = [](bool b) { return b ? "true" : "false"; };
   for (const Comparison& c : comparisons)
     os << c.id << "," << csv_field(points.at(c.id).label) << "," << csv_field(points.at(c.id).display_label) << ","
        << csv_field(points.at(c.id).key) << "," << c.baseline_id << ","
        << csv_field(points.at(c.baseline_id).display_label) << "," << c.memory_axis << "," << format_double(c.memory)
-       << "," << format_double(c.baseline_memory) << "," << c.metric << ","
+       << "," << format_double(c.baseline_memory) << "," << flag(c.extrapolated) << ","
+       << flag(c.baseline_extrapolated) << "," << c.metric << ","
        << format_double(c.value) << "," << format_double(c.baseline_value) << ","
        << format_double(c.difference.value) << "," << format_double(c.difference.interval.lo) << ","
        << format_double(c.difference.interval.hi) << "," << c.verdict << "\n";
@@ -102,11 +109,19 @@ std::string comparisons_console(const ExperimentSpec& spec, const std::vector<Sw
   os << "\nagainst the baseline '" << spec.metrics.baseline << "' (nearest in " << spec.output.x
      << "; paired bootstrap, " << level
      << " interval of the difference; better/worse only when it excludes zero), comparisons.csv:\n";
+  constexpr const char* kExtrapolatedMark = " (extrapolated)";  // as the Pareto frontier marks a point
+  std::vector<std::string> notes;  // why the marked points' memory is extrapolated, each once
+  auto note_once = [&](const std::string& note) {
+    if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
+  };
   size_t i = 0;
   while (i < comparisons.size()) {
     const size_t id = comparisons[i].id;
     const Comparison& first = comparisons[i];
-    os << "  " << points.at(id).display_label << " vs " << points.at(first.baseline_id).display_label << " ("
+    note_once(first.extrapolation);
+    note_once(first.baseline_extrapolation);
+    os << "  " << points.at(id).display_label << (first.extrapolated ? kExtrapolatedMark : "") << " vs "
+       << points.at(first.baseline_id).display_label << (first.baseline_extrapolated ? kExtrapolatedMark : "") << " ("
        << first.memory_axis << " " << format_double(first.memory) << " vs " << format_double(first.baseline_memory);
     if (first.memory != first.baseline_memory)
       os << ": at unequal memory, " << format_double(std::fabs(first.memory - first.baseline_memory))
@@ -132,6 +147,7 @@ std::string comparisons_console(const ExperimentSpec& spec, const std::vector<Sw
     os << "\n";
     i = end;
   }
+  for (const std::string& note : notes) os << "  extrapolated: " << note << " (docs/methods.md §1)\n";
   return os.str();
 }
 

@@ -7,8 +7,11 @@
 // reported metric that is pairable (sim/metrics/paired.h) a row gives both values, the
 // difference (point − baseline), its paired bootstrap interval and the verdict:
 // "better" / "worse" only when the interval excludes zero, else "no measurable
-// difference". Both points' memory on output.x stands beside it: a point with no
-// baseline point at its memory is compared at unequal memory, and says so.
+// difference" (or "not comparable": too few blocks or problems, kMinIntervalUnits).
+// Both points' memory on output.x stands beside it: a point with no baseline point at
+// its memory is compared at unequal memory, and says so; a memory taken at a longer
+// context than the error was measured on is marked extrapolated (extrapolated_on, as
+// pareto.csv marks it).
 #pragma once
 #include <string>
 #include <vector>
@@ -24,6 +27,10 @@ struct Comparison {
   double value = 0, baseline_value = 0;
   std::string memory_axis;                 // output.x: bpe, bytes, bpe_target or bytes_target
   double memory = 0, baseline_memory = 0;  // the two points' memory on it
+  // Whether each memory is extrapolated (extrapolated_on), and why (extrapolation_note;
+  // empty when not).
+  bool extrapolated = false, baseline_extrapolated = false;
+  std::string extrapolation, baseline_extrapolation;
   PairedDifference difference;
   std::string verdict;
 };
@@ -35,12 +42,14 @@ std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const 
                                               const std::vector<PointResult>& results);
 
 // comparisons.csv: id, strategy, label, key, baseline_id, baseline_label, memory_axis,
-// memory, baseline_memory, metric, value, baseline_value, difference, difference_lo,
-// difference_hi, verdict.
+// memory, baseline_memory, extrapolated, baseline_extrapolated (true/false), metric,
+// value, baseline_value, difference, difference_lo, difference_hi, verdict.
 std::string comparisons_csv(const std::vector<SweepPoint>& points, const std::vector<Comparison>& comparisons);
 
 // One console line per compared point: its verdict in the primary metric
-// (metrics.primary) first, then in every other compared metric.
+// (metrics.primary) first, then in every other compared metric; a point whose memory
+// is extrapolated is marked " (extrapolated)", and the notes saying why follow the
+// lines, each once.
 std::string comparisons_console(const ExperimentSpec& spec, const std::vector<SweepPoint>& points,
                                 const std::vector<Comparison>& comparisons);
 

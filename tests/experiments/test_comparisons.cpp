@@ -1,5 +1,6 @@
 // Paired comparisons against a baseline (experiments/comparisons.*), on constructed
-// points: points with too few blocks are "not comparable".
+// points: extrapolated memory is marked in comparisons.csv and on the console, and
+// points with too few blocks are "not comparable".
 #include <sstream>
 
 #include "experiments/comparisons.h"
@@ -62,7 +63,41 @@ std::string field(const std::vector<std::vector<std::string>>& rows, size_t row,
   return "";
 }
 
+bool has(const std::string& text, const std::string& part) {
+  INFO(text);
+  return text.find(part) != std::string::npos;
+}
+
 }  // namespace
+
+TEST_CASE("comparisons mark extrapolated memory on output.x, in the CSV and on the console") {
+  const ExperimentSpec spec = spec_of("bpe_target");
+  const std::vector<SweepPoint> points = expand_sweep(spec);
+  REQUIRE(points.size() == 2);
+  // kivi (id 0) is extrapolated at 32K on bpe_target; the flat baseline (id 1) is not.
+  const std::vector<PointResult> results = {point(0, 6.25, 3.05, true, 0.02, 16), point(1, 3, 3, false, 0.03, 16)};
+  const std::vector<Comparison> comparisons = compare_with_baseline(spec, points, results);
+  REQUIRE(comparisons.size() == 1);
+  CHECK(comparisons[0].extrapolated);
+  CHECK_FALSE(comparisons[0].baseline_extrapolated);
+  CHECK(comparisons[0].verdict == "better");
+  const auto rows = rows_of(comparisons_csv(points, comparisons));
+  REQUIRE(rows.size() == 2);
+  CHECK(field(rows, 1, "extrapolated") == "true");
+  CHECK(field(rows, 1, "baseline_extrapolated") == "false");
+  CHECK(field(rows, 1, "memory") == "3.05");
+  const std::string console = comparisons_console(spec, points, comparisons);
+  CHECK(has(console, "kivi (extrapolated) vs flat (bpe_target 3.05 vs 3"));
+  CHECK(has(console, "  extrapolated: memory at target_context 32768 tokens, error measured on 96 (docs/methods.md §1)"));
+
+  // On bpe (the recorded context) nothing is extrapolated: no mark, no note.
+  const ExperimentSpec at_bpe = spec_of("bpe");
+  const std::vector<Comparison> measured = compare_with_baseline(at_bpe, points, results);
+  REQUIRE(measured.size() == 1);
+  CHECK_FALSE(measured[0].extrapolated);
+  CHECK(field(rows_of(comparisons_csv(points, measured)), 1, "extrapolated") == "false");
+  CHECK_FALSE(has(comparisons_console(at_bpe, points, measured), "extrapolated"));
+}
 
 TEST_CASE("comparisons over fewer than kMinIntervalUnits blocks are not comparable") {
   const ExperimentSpec spec = spec_of("bpe");
