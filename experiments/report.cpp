@@ -585,19 +585,32 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
   const BootstrapSettings settings = bootstrap_settings(spec_);
   char level[32];
   std::snprintf(level, sizeof level, "%g %%", settings.level * 100);
-  // A point as an uncertainty note names it: label, bpe, value [interval].
-  auto point_words = [&](size_t row, const std::string& metric) {
+  // Adds `note` (an extrapolation_note) to `notes` unless empty or already there.
+  auto note_once = [](std::vector<std::string>& notes, const std::string& note) {
+    if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
+  };
+  // A point as an uncertainty note names it: label, bpe and the memory column in use
+  // (`memory`, when not bpe: "bpe 4.625, bpe_target 3.025"), marked "extrapolated" when
+  // that memory is (its note added to `notes`), value [interval].
+  auto point_words = [&](size_t row, const std::string& metric, const std::string& memory,
+                         std::vector<std::string>& notes) {
     const PointResult& r = *ok[row];
     const size_t k = metric_index(metric);
-    return points_[r.id].display_label + " (bpe " + short_num(r.bpe) + ", " + short_num(r.metrics[k]) +
+    const std::string note = extrapolation_note(r, memory, spec_.output.target_context);
+    note_once(notes, note);
+    return points_[r.id].display_label + " (bpe " + short_num(r.bpe) +
+           (memory == "bpe" ? "" : ", " + memory + " " + short_num(frontier_column(in, memory)[row])) +
+           (note.empty() ? "" : " extrapolated") + ", " + short_num(r.metrics[k]) +
            interval_words(metric_interval(r, k, settings.level)) + ")";
   };
   // A front point whose place is within uncertainty, and the cheaper points it cannot
-  // be told from (the first few).
-  auto front_rival_words = [&](const PointResult& r, const std::vector<size_t>& rivals, const std::string& metric) {
+  // be told from (the first few), on the frontier's memory axis output.x.
+  auto front_rival_words = [&](const PointResult& r, const std::vector<size_t>& rivals, const std::string& metric,
+                               std::vector<std::string>& notes) {
     constexpr size_t kListed = 3;
     std::string words = points_[r.id].display_label + ": ";
-    for (size_t i = 0; i < std::min(kListed, rivals.size()); ++i) words += (i ? "; " : "") + point_words(rivals[i], metric);
+    for (size_t i = 0; i < std::min(kListed, rivals.size()); ++i)
+      words += (i ? "; " : "") + point_words(rivals[i], metric, x, notes);
     if (rivals.size() > kListed) words += "; and " + std::to_string(rivals.size() - kListed) + " more";
     return words;
   };
@@ -650,8 +663,8 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
       const std::vector<size_t>& rivals = sure[f].may_be_dominated_by;
       console << "  " << points_[r.id].display_label << (note.empty() ? "" : kExtrapolatedMark)
               << (rivals.empty() ? "" : kUncertainMark) << "\n";
-      if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
-      if (!rivals.empty()) uncertain.push_back(front_rival_words(r, rivals, m));
+      note_once(notes, note);
+      if (!rivals.empty()) uncertain.push_back(front_rival_words(r, rivals, m, notes));
     }
     for (const std::string& note : notes) console << "  extrapolated: " << note << " (docs/methods.md §1)\n";
     if (!uncertain.empty())
@@ -661,22 +674,41 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
     for (const std::string& words : uncertain) console << "    " << words << "\n";
   }
   nlohmann::json budgets = nlohmann::json::array();
-  auto point_json = [&](size_t row, const std::string& metric) {
+  // A point an answer's uncertainty names, on the memory column the query used
+  // (`memory`: an error budget's output.x, a memory budget's own column), with whether
+  // that memory is extrapolated and why (as the pick's `extrapolated`, `extrapolation`).
+  auto point_json = [&](size_t row, const std::string& metric, const std::string& memory) {
     const PointResult& r = *ok[row];
     const size_t k = metric_index(metric);
-    return nlohmann::json{{"id", r.id},
-                          {"point", points_[r.id].key},
-                          {"label", points_[r.id].display_label},
-                          {"bpe", r.bpe},
-                          {"memory_value", frontier_column(in, spec_.output.x)[row]},
-                          {"value", r.metrics[k]},
-                          {"interval", interval_json(metric_interval(r, k, settings.level))}};
+    const std::string note = extrapolation_note(r, memory, spec_.output.target_context);
+    nlohmann::json j{{"id", r.id},
+                     {"point", points_[r.id].key},
+                     {"label", points_[r.id].display_label},
+                     {"bpe", r.bpe},
+                     {"memory", memory},
+                     {"memory_value", frontier_column(in, memory)[row]},
+                     {"extrapolated", !note.empty()},
+                     {"value", r.metrics[k]},
+                     {"interval", interval_json(metric_interval(r, k, settings.level))}};
+    if (!note.empty()) j["extrapolation"] = note;
+    return j;
   };
   // What the pick's uncertainty leaves open, as console lines (none when nothing) and
-  // budgets.json fields of the answer `jp`.
+  // budgets.json fields of the answer `jp`. The points it names stand on the answer's
+  // `memory` column; why those are extrapolated follows them, each note once, unless it
+  // is the pick's (`pick_note`, on the pick's line).
   auto budget_uncertainty_words = [&](const BudgetQuery& q, const BudgetAnswer::Pick& p, const PickUncertainty& u,
-                                      nlohmann::json& jp) {
+                                      const std::string& memory, const std::string& pick_note, nlohmann::json& jp) {
     const char* level_text = level;
+    std::vector<std::string> notes{pick_note};
+    auto rival_words = [&](size_t row) { return point_words(row, p.metric, memory, notes); };
+    auto rival_json = [&](size_t row) { return point_json(row, p.metric, memory); };
+    // The notes of the points named, after the pick's.
+    auto with_notes = [&](std::string words) {
+      for (size_t i = 1; i < notes.size(); ++i)
+        words += "      extrapolated: " + notes[i] + " (docs/methods.md §1)\n";
+      return words;
+    };
     std::string words;
     if (!u.known) {  // no interval: nothing said of the bound or the rivals
       if (!q.memory) {
@@ -690,29 +722,29 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
     if (!q.memory) {
       jp["meets_bound_for_certain"] = u.meets_for_certain ? nlohmann::json(*u.meets_for_certain) : nlohmann::json();
       jp["cheaper_within_uncertainty"] = nlohmann::json::array();
-      for (size_t row : u.cheaper_within_uncertainty) jp["cheaper_within_uncertainty"].push_back(point_json(row, p.metric));
+      for (size_t row : u.cheaper_within_uncertainty) jp["cheaper_within_uncertainty"].push_back(rival_json(row));
       if (!u.cheaper_within_uncertainty.empty()) {
         words += std::string("      with less memory, within uncertainty of the bound (") + level_text +
                  " interval reaches it): ";
         constexpr size_t kListed = 3;
         for (size_t i = 0; i < std::min(kListed, u.cheaper_within_uncertainty.size()); ++i)
-          words += (i ? "; " : "") + point_words(u.cheaper_within_uncertainty[i], p.metric);
+          words += (i ? "; " : "") + rival_words(u.cheaper_within_uncertainty[i]);
         if (u.cheaper_within_uncertainty.size() > kListed)
           words += "; and " + std::to_string(u.cheaper_within_uncertainty.size() - kListed) + " more (budgets.json)";
         words += "\n";
       }
       if (u.meets_for_certain && !*u.meets_for_certain) {
         jp["least_memory_for_certain"] =
-            u.least_memory_for_certain ? point_json(*u.least_memory_for_certain, p.metric) : nlohmann::json();
+            u.least_memory_for_certain ? rival_json(*u.least_memory_for_certain) : nlohmann::json();
         words += std::string("      within uncertainty: its ") + level_text + " interval reaches past " +
                  short_num(q.bound) + "; the least memory whose whole interval meets it: " +
-                 (u.least_memory_for_certain ? point_words(*u.least_memory_for_certain, p.metric) : "none") + "\n";
+                 (u.least_memory_for_certain ? rival_words(*u.least_memory_for_certain) : "none") + "\n";
       }
-      return words;
+      return with_notes(words);
     }
     jp["indistinguishable"] = nlohmann::json::array();
     for (const PickUncertainty::Rival& rival : u.indistinguishable) {
-      nlohmann::json j = point_json(rival.index, p.metric);
+      nlohmann::json j = rival_json(rival.index);
       j["paired"] = rival.paired;
       if (rival.paired) {
         j["difference"] = rival.difference.value;
@@ -725,10 +757,10 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
              " paired bootstrap interval of the difference holds 0, or overlapping intervals): ";
     constexpr size_t kListed = 4;
     for (size_t i = 0; i < std::min(kListed, u.indistinguishable.size()); ++i)
-      words += (i ? "; " : "") + point_words(u.indistinguishable[i].index, p.metric);
+      words += (i ? "; " : "") + rival_words(u.indistinguishable[i].index);
     if (u.indistinguishable.size() > kListed)
       words += "; and " + std::to_string(u.indistinguishable.size() - kListed) + " more (budgets.json)";
-    return words + "\n";
+    return with_notes(words + "\n");
   };
   if (!spec_.budgets.empty()) console << "\nBudget queries:\n";
   for (const BudgetQuery& q : spec_.budgets) {
@@ -769,7 +801,7 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
                 << (memory == "bpe" ? "" : ", " + memory + " " + short_num(memory_value)) << ", " << p.metric << " "
                 << short_num(value) << interval_words(u.interval) << ")"
                 << (note.empty() ? "" : "  extrapolated: " + note) << "\n";
-        console << budget_uncertainty_words(q, p, u, jp);
+        console << budget_uncertainty_words(q, p, u, memory, note, jp);
       }
       jq["answers"].push_back(jp);
     }

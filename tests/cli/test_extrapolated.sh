@@ -100,12 +100,49 @@ if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   grep -q "Hollow:" "$tmp/r1/kivi/latest/plots/attn_kl_mean.svg" && fail "the bpe plot has an extrapolation caption"
 fi
 
-# 2b. output.x = "bpe_read": the frontier and an error budget on the memory the errors
-# were measured at; KIVI-2 there costs more than its 6.25 bpe at 512 tokens.
-"$kvb" run "$tmp/kivi.toml" --out "$tmp/r2b" --quiet --set output.x=bpe_read --budget 'bpe_read <= 20' \
+# 2b. Comparisons against a baseline, and the points a budget answer names, on
+# bpe_target: KIVI-2's memory there is extrapolated, and each says so (comparisons.csv's
+# extrapolated / baseline_extrapolated, the console's mark and note; budgets.json's
+# rival with its memory column and flag, the console naming bpe_target beside bpe).
+# int2 (3.0 at 32K) meets KL <= 0.25 by its value only; the least memory whose whole
+# interval meets it is KIVI-2 (3.05 at 32K, 6.25 at 512).
+"$kvb" run "$tmp/kivi.toml" --out "$tmp/r2b" --quiet --no-plots --set output.x=bpe_target \
+  --set strategy.0.name=flat --set metrics.baseline=flat --budget 'attn_kl_mean <= 0.25' \
   >"$tmp/r2b.out" 2>&1 || fail "run 2b exited $?"
-expect "$tmp/r2b.out" "vs bits per element of the caches the evaluated queries read (bpe_read)" "the bpe_read frontier"
-/usr/bin/python3 - "$tmp/r2b/kivi/latest" <<'PY' || fail "pareto.csv / budgets.json on bpe_read"
+d2b="$tmp/r2b/kivi/latest"
+has_column "$d2b/comparisons.csv" extrapolated || fail "comparisons.csv has no extrapolated column"
+has_column "$d2b/comparisons.csv" baseline_extrapolated || fail "comparisons.csv has no baseline_extrapolated column"
+/usr/bin/python3 - "$d2b/comparisons.csv" <<'PY' || fail "comparisons.csv on bpe_target: wrong extrapolated flags"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert rows and all(r["memory_axis"] == "bpe_target" and r["baseline_extrapolated"] == "false" for r in rows), rows
+assert all((r["extrapolated"] == "true") == r["key"].startswith("kivi-2") for r in rows), rows
+assert any(r["key"].startswith("kivi-2") for r in rows), rows
+PY
+sed -n '/^against the baseline/,$p' "$tmp/r2b.out" >"$tmp/r2b.cmp"
+expect "$tmp/r2b.cmp" "kivi-2() (extrapolated) vs flat(bits=2) (bpe_target 3.05078125 vs 3" "console comparison line"
+expect "$tmp/r2b.cmp" "  extrapolated: memory at target_context 32768 tokens, error measured on 512 (docs/methods.md §1)" \
+  "console comparison note"
+grep -F 'attn_kl_mean <= 0.25 -> least memory: flat(bits=2)' "$tmp/r2b.out" >/dev/null || fail "KL <= 0.25 did not pick int2"
+expect "$tmp/r2b.out" "the least memory whose whole interval meets it: kivi-2() (bpe 6.25, bpe_target 3.051 extrapolated, " \
+  "the console's rival on bpe_target"
+expect "$tmp/r2b.out" "      extrapolated: memory at target_context 32768 tokens, error measured on 512 (docs/methods.md §1)" \
+  "the console's note for the rival"
+/usr/bin/python3 - "$d2b/budgets.json" <<'PY' || fail "budgets.json's rival lacks its memory column or extrapolation"
+import json, sys
+pick = json.load(open(sys.argv[1]))[0]["answers"][0]
+assert pick["point"].startswith("uniform") and pick["extrapolated"] is False and pick["meets_bound_for_certain"] is False, pick
+rival = pick["least_memory_for_certain"]
+assert rival["point"].startswith("kivi-2") and rival["memory"] == "bpe_target" and rival["memory_value"] == 3.05078125, rival
+assert rival["extrapolated"] is True and "error measured on 512" in rival["extrapolation"], rival
+PY
+
+# 2c. output.x = "bpe_read": the frontier and an error budget on the memory the errors
+# were measured at; KIVI-2 there costs more than its 6.25 bpe at 512 tokens.
+"$kvb" run "$tmp/kivi.toml" --out "$tmp/r2c" --quiet --set output.x=bpe_read --budget 'bpe_read <= 20' \
+  >"$tmp/r2c.out" 2>&1 || fail "run 2c exited $?"
+expect "$tmp/r2c.out" "vs bits per element of the caches the evaluated queries read (bpe_read)" "the bpe_read frontier"
+/usr/bin/python3 - "$tmp/r2c/kivi/latest" <<'PY' || fail "pareto.csv / budgets.json on bpe_read"
 import csv, json, os, sys
 d = sys.argv[1]
 points = {r["id"]: r for r in csv.DictReader(open(os.path.join(d, "points.csv")))}
