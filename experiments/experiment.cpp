@@ -222,10 +222,10 @@ void record_run_options(ExperimentSpec& spec, const RunOptionsInConfig& o) {
   spec.resolved_toml = os.str();
 }
 
-ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
+ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc, const std::filesystem::path& data_config) {
   ExperimentSpec e;
   ConfigTable root = doc->root();
-  e.config_path = doc->file();
+  e.config_path = data_config.empty() ? doc->file() : data_config;
   e.name = root.string("name", doc->file().stem().string());
   static const std::regex safe_name(R"(^[A-Za-z0-9_.-]+$)");
   if (!std::regex_match(e.name, safe_name) || e.name == "." || e.name == "..")
@@ -244,8 +244,8 @@ ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc) {
 
   auto data = root.opt_table("data");
   if (!data) throw ConfigError(doc->file().string() + ": missing [data] table (a recording path or [data.synthetic])");
-  e.data = parse_data(*data, doc->file(), e.seed);
-  if (auto task = root.opt_table("task")) parse_task(*task, doc->file(), e.data);
+  e.data = parse_data(*data, e.config_path, e.seed);
+  if (auto task = root.opt_table("task")) parse_task(*task, e.config_path, e.data);
 
   const std::vector<ConfigTable> blocks = root.table_array("strategy");
   if (blocks.empty())

@@ -117,6 +117,10 @@ struct ExperimentSpec {
   AttributionSpec attribution;
   OutputSpec output;
   std::vector<BudgetQuery> budgets;
+  // The config file the experiment was started from: relative data paths are looked up
+  // in its folder (experiments/data_spec.h resolve_data_path), and manifest.json's
+  // `config` names it. For a results folder's config.toml read back (--resume, merge:
+  // load_results_config), the config its run was started from, not the copy.
   std::filesystem::path config_path;
   std::string resolved_toml;  // the config after --set overrides (and run's options), as TOML text
 };
@@ -125,7 +129,9 @@ struct ExperimentSpec {
 // (types, unknown keys, unknown metrics/strategies/formats in fixed values, empty
 // sweeps). Throws ConfigError with file:line locations.
 ExperimentSpec load_experiment(const std::filesystem::path& file, const std::vector<std::string>& overrides);
-ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc);
+// `data_config`: the config file whose folder relative data paths are looked up in
+// (spec.config_path); empty: doc's own file.
+ExperimentSpec parse_experiment(std::shared_ptr<ConfigDoc> doc, const std::filesystem::path& data_config = {});
 
 // `kvbudget run`'s options that stand for config keys, recorded in
 // spec.resolved_toml so that the saved config.toml reruns the experiment as it ran

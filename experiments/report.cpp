@@ -184,7 +184,11 @@ std::string Report::manifest_text(const RunInfo& info) const {
   nlohmann::json j;
   j["name"] = spec_.name;
   j["description"] = spec_.description;
-  j["config"] = spec_.config_path.string();
+  // Absolute, so that a --resume or merge elsewhere finds the config's folder (its
+  // relative data paths); a config given as text ("<config>") is named as it is.
+  std::error_code ec;
+  const bool config_is_file = std::filesystem::is_regular_file(spec_.config_path, ec);
+  j["config"] = (config_is_file ? std::filesystem::absolute(spec_.config_path).lexically_normal() : spec_.config_path).string();
   j["command"] = info.command_line;
   j["status"] = info.status;
   if (!info.signal.empty()) j["signal"] = info.signal;

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "experiments/config.h"
+#include "experiments/experiment.h"
 #include "experiments/shard.h"
 #include "kvb/build_config.h"
 #include "kvb/git_info.h"
@@ -192,6 +194,21 @@ std::string mixed_backends_note(const std::vector<std::string>& backends) {
   return "this folder's points were measured on backends " + join(backends, " and ") +
          " (a --resume or a shard on another machine): their metrics agree to about 1e-5 relative "
          "(tests/gpu), their `seconds` do not compare";
+}
+
+ExperimentSpec load_results_config(const std::filesystem::path& dir, const std::vector<std::string>& overrides) {
+  nlohmann::json manifest;
+  try {
+    manifest = read_manifest(dir);
+  } catch (const Error& e) {  // not a results folder: a usage error, as a bad config path
+    throw ConfigError(e.what());
+  }
+  const nlohmann::json* started_from = manifest.contains("config") ? &manifest["config"] : nullptr;
+  const std::filesystem::path original =
+      started_from && started_from->is_string() ? started_from->get<std::string>() : std::string();
+  std::shared_ptr<ConfigDoc> doc = ConfigDoc::load(dir / "config.toml");
+  for (const std::string& o : overrides) doc->apply_override(o);
+  return parse_experiment(doc, original);
 }
 
 RunStatus read_run_status(const std::filesystem::path& dir) {

@@ -64,6 +64,12 @@ void add_point_backend(std::vector<std::string>& backends, const std::string& ba
 // The manifest's warning when a folder's points come from more than one backend.
 std::string mixed_backends_note(const std::vector<std::string>& backends);
 
+// DIR/config.toml of a results folder, with `overrides` applied, as its run read it:
+// relative data paths are looked up in the folder of the config the run was started
+// from (manifest.json's `config`, which becomes spec.config_path), not in DIR. Throws
+// kvb::ConfigError when DIR is not a results folder (no readable manifest.json).
+ExperimentSpec load_results_config(const std::filesystem::path& dir, const std::vector<std::string>& overrides);
+
 struct RunStatus {
   std::string status;          // the manifest's: running, complete, interrupted, failed, crashed
   bool running = false;        // status is "running"

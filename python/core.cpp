@@ -31,6 +31,7 @@
 #include "experiments/point_log.h"
 #include "experiments/query_positions.h"
 #include "experiments/report.h"
+#include "experiments/run_state.h"
 #include "experiments/runner.h"
 #include "kvb/build_config.h"
 #include "sim/core/error.h"
@@ -689,13 +690,13 @@ py::dict run(const std::string& config, bool config_is_text, const RunOptions& o
   if (o.threads < 0 || o.threads > kMaxThreads)
     throw ConfigError("threads must be between 0 (all cores) and " + std::to_string(kMaxThreads) + ", got " +
                       std::to_string(o.threads));
-  std::string config_path = config;
-  if (!config_is_text && config_path.empty() && !o.resume.empty())
-    config_path = (std::filesystem::path(o.resume) / "config.toml").string();
   RunRequest request;
-  {
-    std::shared_ptr<ConfigDoc> doc =
-        config_is_text ? ConfigDoc::parse(config, "<config>") : ConfigDoc::load(config_path);
+  if (!config_is_text && config.empty() && !o.resume.empty()) {
+    // The resumed folder's config.toml, its relative data paths from the folder of the
+    // config the run was started from (experiments/run_state.h).
+    request.spec = load_results_config(o.resume, o.overrides);
+  } else {
+    std::shared_ptr<ConfigDoc> doc = config_is_text ? ConfigDoc::parse(config, "<config>") : ConfigDoc::load(config);
     for (const std::string& s : o.overrides) doc->apply_override(s);
     request.spec = parse_experiment(doc);
   }

@@ -60,9 +60,9 @@ int cmd_merge(const Args& args) {
   std::vector<std::filesystem::path> paths(dirs.begin(), dirs.end());
   const MergeInput in = read_shards(paths);
   const ShardFolder& first = in.shards.front();
-  // The shards' config, as they ran it (after --set and run's options).
-  ExperimentSpec spec = load_experiment(first.dir / "config.toml", {});
-  if (first.manifest.contains("config")) spec.config_path = first.manifest["config"].get<std::string>();
+  // The shards' config, as they ran it (after --set and run's options); relative data
+  // paths from the folder of the config they were started from, not from the shard's.
+  ExperimentSpec spec = load_results_config(first.dir, {});
   // Shards run with --no-plots (scripts/slurm/sweep.sbatch) leave the plots to the merge
   // when their config asks for them.
   if (vm.count("no-plots")) spec.output.plots = false;

@@ -13,6 +13,7 @@
 #include "experiments/cli/commands.h"
 #include "experiments/crash_marker.h"
 #include "experiments/experiment.h"
+#include "experiments/run_state.h"
 #include "experiments/runner.h"
 #include "experiments/shard.h"
 #include "sim/core/error.h"
@@ -66,7 +67,7 @@ int cmd_run(const Args& args) {
       "`kvbudget merge` combines the shards' folders")(
       "resume", po::value(&resume_dir),
       "continue the interrupted or killed run (or shard) in results folder DIR: its finished points are kept "
-      "(CONFIG defaults to DIR/config.toml)")(
+      "(CONFIG defaults to DIR/config.toml, its relative data paths found from the original config's folder)")(
       "no-plots", "skip the matplotlib plots")("quiet,q", "no progress output")(
       "json", "print the final summary and budget answers as one JSON object (README \"Command line conventions\")");
   po::variables_map vm;
@@ -81,8 +82,7 @@ int cmd_run(const Args& args) {
                          "budgets.json, attribution.csv, concentration.csv and plots/. See configs/README.md for the config reference.\n";
     return kExitOk;
   }
-  if (config.empty() && !resume_dir.empty()) config = (std::filesystem::path(resume_dir) / "config.toml").string();
-  if (config.empty()) {
+  if (config.empty() && resume_dir.empty()) {
     std::cerr << "kvbudget run: missing CONFIG (e.g. kvbudget run configs/quickstart.toml)\n\n" << opts;
     return kExitUsage;
   }
@@ -91,7 +91,9 @@ int cmd_run(const Args& args) {
   check_threads(threads, "--threads");
   std::optional<Shard> shard_option;
   if (!shard_text.empty()) shard_option = parse_shard(shard_text, "--shard");
-  ExperimentSpec spec = load_experiment(config, sets);
+  // --resume DIR without CONFIG: DIR's config.toml, its relative data paths from the
+  // folder of the config the run was started from (manifest.json's `config`).
+  ExperimentSpec spec = config.empty() ? load_results_config(resume_dir, sets) : load_experiment(config, sets);
   for (const std::string& b : budgets) add_budget_query(spec, b, "--budget");
   if (threads > 0) spec.threads = threads;
   if (!out_dir.empty()) {

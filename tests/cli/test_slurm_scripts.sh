@@ -12,6 +12,9 @@
 #     manifest's `error` and `status` say why.
 #   - submit.sh passes the shard count to sweep.sbatch and says what to do when a shard
 #     ends in TIMEOUT or FAILED (the merge job is cancelled).
+#   - A config outside the source tree with a data path relative to its own folder:
+#     shards, merge.sbatch and `run --resume DIR` (no CONFIG) from other working
+#     directories find the data from the original config's folder.
 # $1 = kvbudget binary, $2 = source dir. Exit 0 pass, 1 fail.
 kvb="$1"
 src="$2"
@@ -130,5 +133,44 @@ expect "$tmp/submit.err" "cancels merge job 102 (afterok)" "submit.sh's message"
 expect "$tmp/submit.err" "sbatch --array=<i> " "submit.sh's message"
 expect "$tmp/submit.err" "sweep.sbatch -n 4 $tmp/sw.toml $tmp/sub --quiet" "submit.sh's message"
 expect "$tmp/submit.err" "merge.sbatch $tmp/sub" "submit.sh's message"
+
+# A config outside the source tree, its data path relative to its own folder: the shards
+# run from one working directory, merge.sbatch and --resume (no CONFIG) from another.
+mkdir -p "$tmp/proj/recs" "$tmp/cwd1" "$tmp/cwd2"
+cp "$src/data/records/gpt2-bytes-record.safetensors" "$tmp/proj/recs/r.safetensors"
+cat >"$tmp/proj/my.toml" <<TOML
+name = "rel"
+[data]
+path = "recs/r.safetensors"
+max_tokens = 64
+[[strategy]]
+type = "uniform"
+format = "int{bits}-asym-g32"
+[strategy.vars]
+bits = [2, 3, 4, 8]
+[metrics]
+pareto = ["attn_kl_mean"]
+[output]
+plots = false
+TOML
+for i in 0 1; do
+  (cd "$tmp/cwd1" && array_task "$i" 0 1 2 bash "$sweep" -n 2 ../proj/my.toml "$tmp/rel" --quiet) >"$tmp/rel$i.out" 2>&1 \
+    || fail "shard $i/2 of a config with a relative data path exited $?: $(cat "$tmp/rel$i.out")"
+done
+(cd "$tmp/cwd2" && KVBUDGET="$kvb" bash "$src/scripts/slurm/merge.sbatch" "$tmp/rel") >"$tmp/rel_merge.out" 2>&1 \
+  || fail "merge.sbatch of a config with a relative data path exited $?: $(cat "$tmp/rel_merge.out")"
+expect "$tmp/rel/merged/manifest.json" '"status": "complete"' "the merge of a config with a relative data path"
+rel1=$(ls -d "$tmp"/rel/shards/rel/*-shard1of2)
+expect "$rel1/manifest.json" "\"config\": \"$tmp/proj/my.toml\"" "the shard's manifest (the config, absolute)"
+for attempt in 1 2; do  # the resumed manifest still names the original config: a second resume finds the data too
+  sed -i 1d "$rel1/results.jsonl"
+  (cd "$tmp/cwd2" && "$kvb" run --resume "$rel1" --quiet) >"$tmp/rel_resume$attempt.out" 2>&1 \
+    || fail "--resume of a config with a relative data path (attempt $attempt) exited $?: $(cat "$tmp/rel_resume$attempt.out")"
+  expect "$rel1/manifest.json" '"points_resumed": 1' "the resumed shard (attempt $attempt)"
+  expect "$rel1/manifest.json" "\"config\": \"$tmp/proj/my.toml\"" "the resumed shard's manifest (attempt $attempt)"
+done
+(cd "$tmp/cwd2" && "$kvb" run --resume "$tmp/cwd1" --quiet) >"$tmp/not_a_run.out" 2>&1
+[ $? -eq 2 ] || fail "--resume of a folder that is not a run: expected exit 2"
+expect "$tmp/not_a_run.out" "is not a kvbudget results folder" "--resume of a folder that is not a run"
 
 exit $status
