@@ -233,7 +233,9 @@ std::string Report::manifest_text(const RunInfo& info) const {
                  {"problem_prefix", task->problem_prefix}};
     if (task->answer_after) j["task"]["answer_after"] = *task->answer_after;
   }
-  j["warnings"] = info.warnings;
+  std::vector<std::string> warnings = info.warnings;
+  add_warnings(warnings, info.earlier_warnings);
+  j["warnings"] = warnings;
   // Derived from point_backends, so that a resumed run (which does not carry the
   // earlier manifest's warnings) keeps it.
   if (info.point_backends.size() > 1) j["warnings"].push_back(mixed_backends_note(info.point_backends));

@@ -92,6 +92,9 @@ struct RunInfo {
   size_t points_total = 0;
   std::string recording_summary;
   std::vector<std::string> warnings;  // about the data (targets the synthetic generator clamped)
+  // A resumed folder's earlier warnings (carried_warnings): those of the points it keeps;
+  // the manifest holds them after `warnings`, each text once.
+  std::vector<std::string> earlier_warnings;
   BackendChoice backend;  // requested, used and why (used/reason empty until the sweep decided)
   bool backend_decided = false;  // `backend` is this run's choice (made before its first point finished)
   // The backends that measured the folder's points: a resumed folder's earlier ones

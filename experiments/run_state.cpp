@@ -14,6 +14,7 @@
 
 #include "experiments/config.h"
 #include "experiments/experiment.h"
+#include "experiments/sequences.h"
 #include "experiments/shard.h"
 #include "kvb/build_config.h"
 #include "kvb/git_info.h"
@@ -194,6 +195,26 @@ std::string mixed_backends_note(const std::vector<std::string>& backends) {
   return "this folder's points were measured on backends " + join(backends, " and ") +
          " (a --resume or a shard on another machine): their metrics agree to about 1e-5 relative "
          "(tests/gpu), their `seconds` do not compare";
+}
+
+std::vector<std::string> carried_warnings(const nlohmann::json& manifest) {
+  std::vector<std::string> kept;
+  const nlohmann::json* warnings = manifest.contains("warnings") ? &manifest["warnings"] : nullptr;
+  if (!warnings || !warnings->is_array()) return kept;
+  const std::vector<std::string> backends = manifest_point_backends(manifest);
+  const std::string backends_note = backends.size() > 1 ? mixed_backends_note(backends) : std::string();
+  for (const nlohmann::json& w : *warnings) {
+    if (!w.is_string()) continue;
+    const std::string text = w.get<std::string>();
+    if ((!backends_note.empty() && text == backends_note) || is_unknown_sequence_rows_note(text)) continue;
+    kept.push_back(text);
+  }
+  return kept;
+}
+
+void add_warnings(std::vector<std::string>& warnings, const std::vector<std::string>& more) {
+  for (const std::string& w : more)
+    if (std::find(warnings.begin(), warnings.end(), w) == warnings.end()) warnings.push_back(w);
 }
 
 ExperimentSpec load_results_config(const std::filesystem::path& dir, const std::vector<std::string>& overrides) {

@@ -64,6 +64,15 @@ void add_point_backend(std::vector<std::string>& backends, const std::string& ba
 // The manifest's warning when a folder's points come from more than one backend.
 std::string mixed_backends_note(const std::vector<std::string>& backends);
 
+// An earlier manifest's warnings that a folder made from it keeps (a resumed folder, a
+// merge of shards): the data's and the plans' warnings, without those derived from the
+// folder's points as a whole (the mixed-backends note, the per-sequence rows note), which
+// the new manifest derives again.
+std::vector<std::string> carried_warnings(const nlohmann::json& manifest);
+// Appends each warning of `more` that `warnings` does not hold yet, in order: a union
+// in first-seen order, each text once.
+void add_warnings(std::vector<std::string>& warnings, const std::vector<std::string>& more);
+
 // DIR/config.toml of a results folder, with `overrides` applied, as its run read it:
 // relative data paths are looked up in the folder of the config the run was started
 // from (manifest.json's `config`, which becomes spec.config_path), not in DIR. Throws

@@ -228,6 +228,7 @@ RunOutcome run_experiment(const RunRequest& request) {
   info.shard = shard;
   info.sweep_points_total = all_points.size();
   info.points_resumed = resumed ? resumed->kept.size() : 0;
+  if (resumed) info.earlier_warnings = carried_warnings(resumed->manifest);
   if (resumed && !resumed->kept.empty()) info.point_backends = manifest_point_backends(resumed->manifest);
   info.config_hash = config_hash;
   info.data_identity = data_identity;  // in one pass empty (not in the manifest) until every layer was loaded

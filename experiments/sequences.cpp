@@ -215,8 +215,16 @@ std::string points_by_sequence_csv(const std::vector<std::string>& sources,
   return os.str();
 }
 
+namespace {
+constexpr std::string_view kUnknownSequenceRowsLead = "points_by_sequence.csv has no rows for ";
+}  // namespace
+
+bool is_unknown_sequence_rows_note(const std::string& warning) {
+  return warning.rfind(kUnknownSequenceRowsLead, 0) == 0;
+}
+
 std::string unknown_sequence_rows_note(const std::vector<size_t>& ids) {
-  return "points_by_sequence.csv has no rows for " + std::to_string(ids.size()) + " measured point(s) (ids " +
+  return std::string(kUnknownSequenceRowsLead) + std::to_string(ids.size()) + " measured point(s) (ids " +
          id_ranges(ids) +
          "): their results.jsonl lines, written by an older kvbudget, hold no per-sequence results; their rows are "
          "unavailable (points.csv has their aggregate); run them again in a fresh run to get them";

@@ -64,5 +64,7 @@ std::string points_by_sequence_csv(const std::vector<std::string>& sources,
 // points `ids` (Report::write_points_by_sequence: their per-sequence results were not
 // logged by the build that measured them).
 std::string unknown_sequence_rows_note(const std::vector<size_t>& ids);
+// Whether `warning` is an unknown_sequence_rows_note (of any ids).
+bool is_unknown_sequence_rows_note(const std::string& warning);
 
 }  // namespace kvb

@@ -113,17 +113,16 @@ int cmd_merge(const Args& args) {
   manifest["merged_from"] = shards;
   manifest["shards_wall_seconds"] = shard_seconds;
   if (!point_backends.empty()) manifest["point_backends"] = point_backends;
+  // Every shard's warnings (the data's, and the plans' of its points), in shard order,
+  // each once: what the single run would have warned of.
+  std::vector<std::string> warnings;
+  for (const ShardFolder& s : in.shards) add_warnings(warnings, carried_warnings(s.manifest));
   if (point_backends.size() > 1) {
     const std::string note = mixed_backends_note(point_backends);
     std::fprintf(stderr, "kvbudget merge: warning: %s\n", note.c_str());
-    // Once: the warnings copied from shard 0 hold its own note when it was mixed.
-    nlohmann::json kept = nlohmann::json::array();
-    const std::vector<std::string> first_backends = manifest_point_backends(first.manifest);
-    for (const nlohmann::json& w : manifest.value("warnings", nlohmann::json::array()))
-      if (first_backends.size() < 2 || w != mixed_backends_note(first_backends)) kept.push_back(w);
-    kept.push_back(note);
-    manifest["warnings"] = kept;
+    warnings.push_back(note);
   }
+  manifest["warnings"] = warnings;
 
   std::vector<std::string> errors;
   auto attempt = [&](const std::string& what, const std::function<void()>& write) {

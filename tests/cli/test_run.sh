@@ -355,4 +355,49 @@ expect "$tmp/merge_other.out" "backend differs (measured by different backends" 
 [ $? -eq 2 ] || fail "unknown backend: expected exit 2"
 expect "$tmp/g.out" '--backend: backend must be "cpu", "cuda" or "auto", got "gpu"' "unknown backend"
 
+# Warnings survive merge and --resume: a point whose window covers every token is warned
+# of (by the plans of the process that measures it); the merged manifest holds every
+# shard's warnings (the union, each once), and a resumed one those of the points it keeps.
+cat >"$tmp/warned.toml" <<TOML
+name = "warned"
+[data]
+path = "$rec"
+max_tokens = 64
+[[strategy]]
+name = "u"
+type = "uniform"
+format = "int{bits}-asym-g32"
+[strategy.vars]
+bits = [2, 3, 4, 5]
+[[strategy]]
+name = "w"
+type = "uniform"
+format = "int4-asym-g32"
+window = 128
+[metrics]
+pareto = ["attn_kl_mean"]
+[output]
+plots = false
+TOML
+# warnings_of DIR: manifest.json's warnings, one a line, sorted.
+warnings_of() { /usr/bin/python3 -c 'import json, sys; print("\n".join(sorted(json.load(open(sys.argv[1]))["warnings"])))' "$1/manifest.json"; }
+"$kvb" run "$tmp/warned.toml" --quiet --out "$tmp/warned" >"$tmp/warned.out" 2>&1 || fail "the warned run exited $?"
+warned=$(ls -d "$tmp"/warned/warned/2*)
+expect "$warned/manifest.json" "a window covers all of the recording's 64 tokens" "the warned run's manifest"
+for i in 0 1 2; do
+  "$kvb" run "$tmp/warned.toml" --quiet --shard "$i/3" --out "$tmp/warned_shards" >/dev/null 2>&1 || fail "warned shard $i/3 exited $?"
+done
+"$kvb" merge "$tmp"/warned_shards/warned/*-shard*of3 --merged-dir "$tmp/warned_merged" --quiet \
+  >"$tmp/warned_merge.out" 2>&1 || fail "merging the warned shards exited $?: $(cat "$tmp/warned_merge.out")"
+[ "$(warnings_of "$tmp/warned_merged")" = "$(warnings_of "$warned")" ] \
+  || fail "merged warnings '$(warnings_of "$tmp/warned_merged")' are not the single run's '$(warnings_of "$warned")'"
+# A resume that keeps only the window's point (the others run again): its warning stays.
+cp -r "$warned" "$tmp/warned_resumed"
+grep -F 'window=128' "$warned/results.jsonl" >"$tmp/warned_resumed/results.jsonl" || fail "no window point in results.jsonl"
+"$kvb" run "$tmp/warned.toml" --resume "$tmp/warned_resumed" --quiet >"$tmp/warned_resume.out" 2>&1 \
+  || fail "resuming the warned run exited $?: $(cat "$tmp/warned_resume.out")"
+expect "$tmp/warned_resumed/manifest.json" '"points_resumed": 1' "the resumed warned run"
+[ "$(warnings_of "$tmp/warned_resumed")" = "$(warnings_of "$warned")" ] \
+  || fail "resumed warnings '$(warnings_of "$tmp/warned_resumed")' are not the single run's '$(warnings_of "$warned")'"
+
 exit $status
