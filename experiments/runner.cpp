@@ -197,8 +197,10 @@ RunOutcome run_experiment(const RunRequest& request) {
       std::fprintf(stderr, "kvbudget run: warning: %s\n", plan_warnings.back().c_str());
     }
   const double check_plans_seconds = phase_end();
+  // Any --shard, 0/1 included (scripts/slurm/submit.sh -n 1): its folder is named as a
+  // shard, which merge and sweep.sbatch's resume look for.
   const std::string shard_suffix =
-      shard.whole() ? "" : "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count);
+      request.shard ? "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count) : "";
   // A stop while the data loaded (a caller that does not end the process then) leaves
   // nothing behind.
   if (stopped()) throw RunInterrupted("interrupted while loading the data; nothing was written");

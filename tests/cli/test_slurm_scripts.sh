@@ -12,6 +12,7 @@
 #     manifest's `error` and `status` say why.
 #   - submit.sh passes the shard count to sweep.sbatch and says what to do when a shard
 #     ends in TIMEOUT or FAILED (the merge job is cancelled).
+#   - -n 1 makes a shard 0 of 1 (a -shard0of1 folder) that resumes and merges.
 #   - A config outside the source tree with a data path relative to its own folder:
 #     shards, merge.sbatch and `run --resume DIR` (no CONFIG) from other working
 #     directories find the data from the original config's folder.
@@ -133,6 +134,20 @@ expect "$tmp/submit.err" "cancels merge job 102 (afterok)" "submit.sh's message"
 expect "$tmp/submit.err" "sbatch --array=<i> " "submit.sh's message"
 expect "$tmp/submit.err" "sweep.sbatch -n 4 $tmp/sw.toml $tmp/sub --quiet" "submit.sh's message"
 expect "$tmp/submit.err" "merge.sbatch $tmp/sub" "submit.sh's message"
+
+# -n 1: shard 0 of 1, in a folder named so (-shard0of1): run again it resumes that
+# folder, and merge.sbatch merges it.
+for attempt in 1 2; do
+  array_task 0 0 0 1 bash "$sweep" -n 1 "$tmp/sw.toml" "$tmp/one" --quiet --set output.plots=false \
+    >"$tmp/one$attempt.out" 2>&1 || fail "sweep.sbatch -n 1 (attempt $attempt) exited $?: $(cat "$tmp/one$attempt.out")"
+done
+one=$(ls -d "$tmp"/one/shards/sw/*-shard0of1 2>/dev/null)
+[ -n "$one" ] || fail "sweep.sbatch -n 1 made no -shard0of1 folder: $(ls "$tmp"/one/shards/sw)"
+[ "$(ls "$tmp"/one/shards/sw | grep -vc '^latest$')" -eq 1 ] || fail "sweep.sbatch -n 1 run again made another folder"
+expect "$tmp/one2.out" "resuming $one" "sweep.sbatch -n 1 run again"
+KVBUDGET="$kvb" bash "$src/scripts/slurm/merge.sbatch" "$tmp/one" >"$tmp/one_merge.out" 2>&1 \
+  || fail "merge.sbatch of one shard exited $?: $(cat "$tmp/one_merge.out")"
+expect "$tmp/one/merged/manifest.json" '"status": "complete"' "the merge of one shard"
 
 # A config outside the source tree, its data path relative to its own folder: the shards
 # run from one working directory, merge.sbatch and --resume (no CONFIG) from another.
