@@ -11,8 +11,11 @@
 #     draws the plots the config asks for); where a plot failure does fail a run, the
 #     manifest's `error` and `status` say why.
 #   - submit.sh passes the shard count to sweep.sbatch and says what to do when a shard
-#     ends in TIMEOUT or FAILED (the merge job is cancelled).
-#   - -n 1 makes a shard 0 of 1 (a -shard0of1 folder) that resumes and merges.
+#     ends in TIMEOUT or FAILED (the merge job is cancelled): the printed commands, run,
+#     submit what submit.sh did (its sbatch options and environment included).
+#   - submit.sh refuses the kvbudget run options sweep.sbatch sets itself; -n 1 makes a
+#     shard 0 of 1 that resumes and merges; --set 'name="x"' is the name x.
+#   - merge.sbatch runs again after a failed merge (the earlier folder moved aside).
 #   - A config outside the source tree with a data path relative to its own folder:
 #     shards, merge.sbatch and `run --resume DIR` (no CONFIG) from other working
 #     directories find the data from the original config's folder.
@@ -98,10 +101,22 @@ for i in 0 1 2 3; do
   array_task "$i" 0 3 4 bash "$sweep" -n 4 "$tmp/sw.toml" "$tmp/whole" --quiet >"$tmp/shard$i.out" 2>&1 \
     || fail "shard $i/4 exited $?: $(cat "$tmp/shard$i.out")"
 done
+# A merge whose plots fail (KVB_PYTHON=/bin/false) writes OUT/merged/ and exits 1; run
+# again (the printed recovery), it moves that folder aside and merges anew.
+KVBUDGET="$kvb" bash "$src/scripts/slurm/merge.sbatch" "$tmp/whole" >"$tmp/merge_failed.out" 2>&1
+[ $? -eq 1 ] || fail "merge.sbatch with failing plots: expected exit 1: $(cat "$tmp/merge_failed.out")"
+expect "$tmp/whole/merged/manifest.json" '"status": "failed"' "the failed merge's manifest"
 env -u KVB_PYTHON KVBUDGET="$kvb" bash "$src/scripts/slurm/merge.sbatch" "$tmp/whole" >"$tmp/merge.out" 2>&1 \
   || fail "merge.sbatch exited $?: $(cat "$tmp/merge.out")"
 [ -s "$tmp/whole/merged/plots/attn_kl_mean.png" ] || fail "the merge drew no plots for shards run with --no-plots"
 expect "$tmp/whole/merged/manifest.json" '"status": "complete"' "the merged manifest"
+aside=$(ls -d "$tmp"/whole/merged.2* 2>/dev/null)
+if [ -n "$aside" ]; then expect "$aside/manifest.json" '"status": "failed"' "the earlier merge moved aside"
+else fail "the earlier merge was not moved aside: $(ls "$tmp/whole")"; fi
+expect "$tmp/merge.out" "moved to $aside" "merge.sbatch run again"
+bash "$src/scripts/slurm/merge.sbatch" >"$tmp/merge_usage.out" 2>&1
+[ $? -eq 2 ] || fail "merge.sbatch without OUT_DIR: expected exit 2"
+expect "$tmp/merge_usage.out" "usage: merge.sbatch OUT_DIR" "merge.sbatch without OUT_DIR"
 
 # What --no-plots spares a shard: a run that cannot plot fails, and says why (the
 # manifest's `error`, printed by status instead of a resume hint).
@@ -117,7 +132,7 @@ if grep -q -- "--resume" "$tmp/plotting_status.out"; then fail "status suggests 
 mkdir -p "$tmp/bin"
 cat >"$tmp/bin/sbatch" <<'SH'
 #!/usr/bin/env bash
-printf '%s\n' "$*" >>"$SBATCH_LOG"
+printf '%s [KVBUDGET=%s SBATCH_PARTITION=%s]\n' "$*" "${KVBUDGET:-}" "${SBATCH_PARTITION:-}" >>"$SBATCH_LOG"
 n=$(wc -l <"$SBATCH_LOG")
 echo "$((100 + n))"
 SH
@@ -135,6 +150,41 @@ expect "$tmp/submit.err" "sbatch --array=<i> " "submit.sh's message"
 expect "$tmp/submit.err" "sweep.sbatch -n 4 $tmp/sw.toml $tmp/sub --quiet" "submit.sh's message"
 expect "$tmp/submit.err" "merge.sbatch $tmp/sub" "submit.sh's message"
 
+# The printed commands submit what submit.sh submitted (array index and dependency
+# aside): its sbatch options and environment (KVBUDGET, SBATCH_*) included, when run from
+# a shell that has neither.
+rm -f "$tmp/sbatch.log"
+PATH="$tmp/bin:$PATH" SBATCH_LOG="$tmp/sbatch.log" KVBUDGET="$kvb" SBATCH_PARTITION=gpu \
+  SWEEP_SBATCH_ARGS="--cpus-per-task=4 --time=1:00:00 --gres=gpu:1" MERGE_SBATCH_ARGS="--mem=1G" \
+  bash "$src/scripts/slurm/submit.sh" -n 4 "$tmp/sw.toml" "$tmp/sub" --quiet >/dev/null 2>"$tmp/submit_args.err" \
+  || fail "submit.sh with sbatch options exited $?: $(cat "$tmp/submit_args.err")"
+rerun_shard=$(grep -F 'sbatch --array=<i> ' "$tmp/submit_args.err")
+rerun_merge=$(grep -F 'merge.sbatch' "$tmp/submit_args.err" | grep -vF -- '--array')
+(export PATH="$tmp/bin:$PATH" SBATCH_LOG="$tmp/sbatch.log"; unset KVBUDGET SBATCH_PARTITION
+ eval "${rerun_shard//<i>/2}"; eval "$rerun_merge") >/dev/null || fail "the printed commands failed"
+[ "$(sed -n 3p "$tmp/sbatch.log")" = "$(sed -n 1p "$tmp/sbatch.log" | sed 's/--parsable --array=0-3/--array=2/')" ] \
+  || fail "the printed shard rerun submits '$(sed -n 3p "$tmp/sbatch.log")', not '$(sed -n 1p "$tmp/sbatch.log")'"
+[ "$(sed -n 4p "$tmp/sbatch.log")" = "$(sed -n 2p "$tmp/sbatch.log" | sed 's/--parsable --dependency=afterok:[0-9]* --kill-on-invalid-dep=yes //')" ] \
+  || fail "the printed merge submits '$(sed -n 4p "$tmp/sbatch.log")', not '$(sed -n 2p "$tmp/sbatch.log")'"
+expect "$tmp/sbatch.log" "--gres=gpu:1 $src/scripts/slurm/sweep.sbatch" "the array job's sbatch options"
+expect "$tmp/sbatch.log" "--mem=1G $src/scripts/slurm/merge.sbatch" "the merge job's sbatch options"
+expect "$tmp/sbatch.log" "[KVBUDGET=$kvb SBATCH_PARTITION=gpu]" "the jobs' environment"
+
+# Options sweep.sbatch sets itself: refused by submit.sh before anything is submitted
+# (every array task would fail), and by sweep.sbatch.
+for option in "--threads 1" "--threads=1" "--no-plots" "--out $tmp/elsewhere" "--shard 0/2" "--resume $tmp"; do
+  rm -f "$tmp/sbatch.log"
+  # shellcheck disable=SC2086  # the option and its value as two words
+  PATH="$tmp/bin:$PATH" SBATCH_LOG="$tmp/sbatch.log" KVBUDGET="$kvb" \
+    bash "$src/scripts/slurm/submit.sh" -n 2 "$tmp/sw.toml" "$tmp/sub" --quiet $option >/dev/null 2>"$tmp/refused.err"
+  [ $? -eq 2 ] || fail "submit.sh ... $option: expected exit 2"
+  expect "$tmp/refused.err" "${option%%[ =]*} is set by sweep.sbatch" "submit.sh ... $option"
+  [ ! -e "$tmp/sbatch.log" ] || fail "submit.sh ... $option submitted: $(cat "$tmp/sbatch.log")"
+done
+array_task 0 0 1 2 bash "$sweep" -n 2 "$tmp/sw.toml" "$tmp/sub" --quiet --no-plots >"$tmp/refused.out" 2>&1
+[ $? -eq 2 ] || fail "sweep.sbatch ... --no-plots: expected exit 2"
+expect "$tmp/refused.out" "--no-plots is set by this script" "sweep.sbatch ... --no-plots"
+
 # -n 1: shard 0 of 1, in a folder named so (-shard0of1): run again it resumes that
 # folder, and merge.sbatch merges it.
 for attempt in 1 2; do
@@ -148,6 +198,16 @@ expect "$tmp/one2.out" "resuming $one" "sweep.sbatch -n 1 run again"
 KVBUDGET="$kvb" bash "$src/scripts/slurm/merge.sbatch" "$tmp/one" >"$tmp/one_merge.out" 2>&1 \
   || fail "merge.sbatch of one shard exited $?: $(cat "$tmp/one_merge.out")"
 expect "$tmp/one/merged/manifest.json" '"status": "complete"' "the merge of one shard"
+
+# --set 'name="x"' (a TOML string) names the folder x: the task run again resumes it.
+for attempt in 1 2; do
+  array_task 3 0 3 4 bash "$sweep" -n 4 "$tmp/sw.toml" "$tmp/quoted" --quiet --set 'name="quoted"' \
+    >"$tmp/quoted$attempt.out" 2>&1 || fail "--set 'name=\"quoted\"' (attempt $attempt) exited $?: $(cat "$tmp/quoted$attempt.out")"
+done
+quoted=$(ls -d "$tmp"/quoted/shards/quoted/*-shard3of4 2>/dev/null)
+[ "$(printf '%s' "$quoted" | grep -c .)" -eq 1 ] \
+  || fail "--set 'name=\"quoted\"': not one shards/quoted/ folder: $(ls -R "$tmp/quoted/shards" | head)"
+expect "$tmp/quoted2.out" "resuming $quoted" "--set 'name=\"quoted\"' run again"
 
 # A config outside the source tree, its data path relative to its own folder: the shards
 # run from one working directory, merge.sbatch and --resume (no CONFIG) from another.
