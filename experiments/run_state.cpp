@@ -16,6 +16,7 @@
 #include "experiments/experiment.h"
 #include "experiments/sequences.h"
 #include "experiments/shard.h"
+#include "experiments/sweep.h"
 #include "kvb/build_config.h"
 #include "kvb/git_info.h"
 #include "sim/core/error.h"
@@ -206,7 +207,9 @@ std::vector<std::string> carried_warnings(const nlohmann::json& manifest) {
   for (const nlohmann::json& w : *warnings) {
     if (!w.is_string()) continue;
     const std::string text = w.get<std::string>();
-    if ((!backends_note.empty() && text == backends_note) || is_unknown_sequence_rows_note(text)) continue;
+    if ((!backends_note.empty() && text == backends_note) || is_unknown_sequence_rows_note(text) ||
+        is_memory_read_note(text))
+      continue;
     kept.push_back(text);
   }
   return kept;

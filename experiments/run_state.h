@@ -66,8 +66,8 @@ std::string mixed_backends_note(const std::vector<std::string>& backends);
 
 // An earlier manifest's warnings that a folder made from it keeps (a resumed folder, a
 // merge of shards): the data's and the plans' warnings, without those derived from the
-// folder's points as a whole (the mixed-backends note, the per-sequence rows note), which
-// the new manifest derives again.
+// folder's points as a whole (the mixed-backends note, the per-sequence rows note, the
+// memory_read_note), which the new manifest derives again.
 std::vector<std::string> carried_warnings(const nlohmann::json& manifest);
 // Appends each warning of `more` that `warnings` does not hold yet, in order: a union
 // in first-seen order, each text once.

@@ -142,6 +142,12 @@ std::string extrapolation_note(const PointResult& r, const std::string& memory, 
   return join(what, ", ") + ", error measured on " + std::to_string(r.measured_tokens);
 }
 
+namespace {
+constexpr const char* kMemoryReadNoteMark = " point(s) have their error averaged over caches whose memory differs";
+}  // namespace
+
+bool is_memory_read_note(const std::string& warning) { return warning.find(kMemoryReadNoteMark) != std::string::npos; }
+
 std::string memory_read_note(const std::vector<PointResult>& results, const std::vector<SweepPoint>& points) {
   size_t count = 0;
   const PointResult* most = nullptr;
@@ -157,8 +163,7 @@ std::string memory_read_note(const std::vector<PointResult>& results, const std:
     std::snprintf(text, sizeof text, "%.4g", v);
     return std::string(text);
   };
-  return std::to_string(count) + " point(s) have their error averaged over caches whose memory differs from their bpe "
-         "at " + std::to_string(most->measured_tokens) + " tokens by more than " +
+  return std::to_string(count) + kMemoryReadNoteMark + " from their bpe at " + std::to_string(most->measured_tokens) + " tokens by more than " +
          brief(kMemoryReadTolerance * 100) + " % (most: " + points.at(most->id).display_label + ", bpe " +
          brief(most->bpe) + ", " + brief(most->bpe_read) +
          " over the caches its evaluated queries read; points.csv bpe_read): a window, sink tokens, phases or a "

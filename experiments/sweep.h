@@ -121,6 +121,9 @@ inline constexpr double kMemoryReadTolerance = 0.05;
 // shorter than T, whose memory is not the bpe they are compared at (methods.md §1).
 // Names how many, and the one that differs most; `points` indexed by id.
 std::string memory_read_note(const std::vector<PointResult>& results, const std::vector<SweepPoint>& points);
+// Whether a manifest warning is a memory_read_note: derived from a folder's points as a
+// whole, so merge and --resume derive it again instead of carrying an earlier one.
+bool is_memory_read_note(const std::string& warning);
 
 // The bootstrap behind PointResult::intervals: BootstrapSettings' defaults (200
 // resamples, 95 %) with the experiment's seed. manifest.json records them.

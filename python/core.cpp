@@ -839,7 +839,7 @@ std::string budget_answer(const std::filesystem::path& dir, const std::string& q
   if (!std::filesystem::is_regular_file(log))
     throw Error(log.string() + ": missing: the points' intervals and block sums behind a budget answer's "
                 "uncertainty are read from it (a folder of an older kvbudget: rerun it)");
-  ExperimentSpec spec = load_experiment(dir / "config.toml", {});
+  ExperimentSpec spec = load_results_config(dir, {});  // relative data paths as the run found them
   const BudgetQuery q = parse_budget_query(query, "budget");
   const std::vector<std::string>& reported = spec.metrics.report;
   if (!q.memory && std::find(reported.begin(), reported.end(), q.lhs) == reported.end())

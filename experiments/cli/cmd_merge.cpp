@@ -12,6 +12,7 @@
 #include "sim/io/atomic_file.h"
 #include "experiments/cli/commands.h"
 #include "experiments/run_state.h"
+#include "experiments/sweep.h"
 #include "experiments/machine_info.h"
 #include "experiments/merge.h"
 #include "experiments/report.h"
@@ -119,6 +120,10 @@ int cmd_merge(const Args& args) {
   for (const ShardFolder& s : in.shards) add_warnings(warnings, carried_warnings(s.manifest));
   if (point_backends.size() > 1) {
     const std::string note = mixed_backends_note(point_backends);
+    std::fprintf(stderr, "kvbudget merge: warning: %s\n", note.c_str());
+    warnings.push_back(note);
+  }
+  if (const std::string note = memory_read_note(in.results, points); !note.empty()) {
     std::fprintf(stderr, "kvbudget merge: warning: %s\n", note.c_str());
     warnings.push_back(note);
   }
