@@ -100,6 +100,18 @@ if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   grep -q "Hollow:" "$tmp/r1/kivi/latest/plots/attn_kl_mean.svg" && fail "the bpe plot has an extrapolation caption"
 fi
 
+# The note is derived from the folder's points as a whole: two shards merged carry the
+# whole run's one note, not each shard's.
+for i in 0 1; do
+  "$kvb" run "$tmp/kivi.toml" --out "$tmp/r1s" --quiet --no-plots --shard $i/2 >/dev/null 2>&1 || fail "shard $i exited $?"
+done
+"$kvb" merge "$tmp"/r1s/kivi/*-shard* --merged-dir "$tmp/r1s/merged" >"$tmp/r1s.out" 2>&1 || fail "merge exited $?"
+/usr/bin/python3 - "$d1/manifest.json" "$tmp/r1s/merged/manifest.json" <<'PY' || fail "merge does not derive the bpe_read note again"
+import json, sys
+whole, merged = ([w for w in json.load(open(f))["warnings"] if "bpe_read" in w] for f in sys.argv[1:])
+assert len(whole) == 1 and merged == whole, (whole, merged)
+PY
+
 # 2b. Comparisons against a baseline, and the points a budget answer names, on
 # bpe_target: KIVI-2's memory there is extrapolated, and each says so (comparisons.csv's
 # extrapolated / baseline_extrapolated, the console's mark and note; budgets.json's
@@ -173,6 +185,12 @@ type = "uniform"
 budget_bpe = 4.0
 family = "int{b}-asym-g32"
 key_window = 32
+[[strategy]]
+name = "alike"
+type = "uniform"
+budget_bpe = 4.0
+family = "int{b}-asym-g32"
+budget_context = 32768
 [metrics]
 pareto = ["attn_kl_mean"]
 TOML
@@ -184,6 +202,10 @@ d3="$tmp/r3/sized/latest"
 [ "$(/usr/bin/python3 -c 'import csv,sys; print([r["extrapolated"] for r in csv.DictReader(open(sys.argv[1]))][1])' \
   "$d3/points.csv")" = no ] || fail "a budget met at the recording's length is extrapolated"
 expect "$tmp/r3.out" "allocated for budget_context 32768 tokens, error measured on 256" "console (budget_context)"
+# Without the window the cache is stored alike at every length: the same plan at any
+# budget_context, measured as it is, so not extrapolated.
+[ "$(/usr/bin/python3 -c 'import csv,sys; print([r["extrapolated"] for r in csv.DictReader(open(sys.argv[1]))][2])' \
+  "$d3/points.csv")" = no ] || fail "a plan stored alike, sized at 32768, is marked extrapolated"
 
 # 4. output.x is validated like every key: file:line, the key, a suggestion; exit 2.
 printf '[output]\nx = "bpe_targt"\n' >>"$tmp/kivi.toml"
