@@ -564,7 +564,7 @@ FrontierInput Report::frontier_input(const std::vector<const PointResult*>& ok) 
   return in;
 }
 
-std::string Report::write_frontier(const std::vector<PointResult>& results, std::string* write_error) const {
+Report::Frontier Report::frontier(const std::vector<PointResult>& results) const {
   std::vector<const PointResult*> ok;
   for (const PointResult& r : results)
     if (r.ok) ok.push_back(&r);
@@ -813,14 +813,19 @@ std::string Report::write_frontier(const std::vector<PointResult>& results, std:
     }
     budgets.push_back(jq);
   }
-  for (const auto& [file, text] : {std::pair{"pareto.csv", csv.str()}, std::pair{"budgets.json", budgets.dump(2) + "\n"}}) {
+  return Frontier{csv.str(), budgets.dump(2) + "\n", console.str()};
+}
+
+std::string Report::write_frontier(const std::vector<PointResult>& results, std::string* write_error) const {
+  const Frontier f = frontier(results);
+  for (const auto& [file, text] : {std::pair{"pareto.csv", f.pareto_csv}, std::pair{"budgets.json", f.budgets_json}}) {
     try {
       write_file_atomic(dir_ / file, text);
     } catch (const std::exception& e) {
       if (write_error) *write_error += std::string(write_error->empty() ? "" : "; ") + e.what();
     }
   }
-  return console.str();
+  return f.console;
 }
 
 std::string Report::write_comparisons(const std::vector<PointResult>& results, std::string* write_error) const {

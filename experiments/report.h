@@ -140,9 +140,18 @@ class Report {
   void write_point_log(const std::vector<PointResult>& results) const;
   // attribution.csv and concentration.csv (when any point has an attribution).
   void write_attribution(const std::vector<PointResult>& results) const;
-  // pareto.csv and budgets.json; returns the console text of the frontier table and
-  // the budget answers, also when a file cannot be written (then *write_error says
-  // why, so that the answers still reach the console).
+  // The Pareto frontiers and the budget answers of `results`: pareto.csv's text,
+  // budgets.json's text (an array, one object per spec.budgets query, in order) and the
+  // console text of both. Writes nothing.
+  struct Frontier {
+    std::string pareto_csv;
+    std::string budgets_json;
+    std::string console;
+  };
+  Frontier frontier(const std::vector<PointResult>& results) const;
+  // pareto.csv and budgets.json (frontier()); returns the console text of the frontier
+  // table and the budget answers, also when a file cannot be written (then
+  // *write_error says why, so that the answers still reach the console).
   std::string write_frontier(const std::vector<PointResult>& results, std::string* write_error) const;
   // comparisons.csv (experiments/comparisons.h) when metrics.baseline is set; returns
   // its console summary ("" without a baseline), also when the file cannot be written.

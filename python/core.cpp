@@ -14,11 +14,7 @@
 #include <exception>
 #include <atomic>
 #include <cmath>
-#include <cerrno>
 #include <csignal>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -801,34 +797,13 @@ py::list budget_picks(const std::string& text, const std::map<std::string, std::
   return picks;
 }
 
-// A folder made for one call and removed with everything in it when the call ends.
-class ScratchFolder {
- public:
-  ScratchFolder() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "kvbudget-budget-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr)
-      throw Error("kvbudget.Result.budget: cannot create a scratch folder " + pattern + ": " + std::strerror(errno));
-    path_ = pattern;
-  }
-  ~ScratchFolder() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  ScratchFolder(const ScratchFolder&) = delete;
-  ScratchFolder& operator=(const ScratchFolder&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
 // The answer to a budget query over a results folder's points, exactly as budgets.json
 // gives one (its object for the query: {"query", "kind", "answers": [...]}, as JSON
 // text), whether or not the run asked it. The folder's config.toml (as the run resolved
 // it) and results.jsonl (every point's result with its intervals and block sums, as
 // `kvbudget merge` reads them back) go through the report code of a run
-// (Report::write_frontier, with the query as the only one), written into a scratch
-// folder that is then removed: each pick's interval, meets_bound_for_certain,
+// (Report::frontier, with the query as the only one; nothing is written): each pick's
+// interval, meets_bound_for_certain,
 // cheaper_within_uncertainty and least_memory_for_certain (an error budget),
 // indistinguishable (a memory budget, by the paired bootstrap), and its extrapolation
 // on the memory column the query used are the CLI's. ConfigError for a query the run
@@ -859,13 +834,8 @@ std::string budget_answer(const std::filesystem::path& dir, const std::string& q
                   (e.result.id < points.size() ? points[e.result.id].key : std::string("no point")));
     results.push_back(std::move(e.result));
   }
-  const ScratchFolder scratch;
-  std::string write_error;
-  Report(spec, points, scratch.path()).write_frontier(results, &write_error);
-  if (!write_error.empty()) throw Error("kvbudget.Result.budget: " + write_error);
-  std::ifstream in(scratch.path() / "budgets.json");
-  const nlohmann::json budgets = nlohmann::json::parse(in);
-  return budgets.at(0).dump();
+  const Report::Frontier frontier = Report(spec, points, dir).frontier(results);
+  return nlohmann::json::parse(frontier.budgets_json).at(0).dump();
 }
 
 }  // namespace
