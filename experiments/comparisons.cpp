@@ -14,6 +14,13 @@ namespace kvb {
 
 namespace {
 
+// A memory figure for the console: 4 significant digits (comparisons.csv has them all).
+std::string brief(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", v);
+  return text;
+}
+
 // The point's memory on output.x (one of memory_columns()).
 double memory_on(const PointResult& r, const std::string& x) {
   if (x == "bpe_target") return r.bpe_target;
@@ -122,9 +129,9 @@ std::string comparisons_console(const ExperimentSpec& spec, const std::vector<Sw
     note_once(first.baseline_extrapolation);
     os << "  " << points.at(id).display_label << (first.extrapolated ? kExtrapolatedMark : "") << " vs "
        << points.at(first.baseline_id).display_label << (first.baseline_extrapolated ? kExtrapolatedMark : "") << " ("
-       << first.memory_axis << " " << format_double(first.memory) << " vs " << format_double(first.baseline_memory);
+       << first.memory_axis << " " << brief(first.memory) << " vs " << brief(first.baseline_memory);
     if (first.memory != first.baseline_memory)
-      os << ": at unequal memory, " << format_double(std::fabs(first.memory - first.baseline_memory))
+      os << ": at unequal memory, " << brief(std::fabs(first.memory - first.baseline_memory))
          << (first.memory > first.baseline_memory ? " more" : " less");
     os << "):";
     // The primary metric first (metrics.primary), then every other one.

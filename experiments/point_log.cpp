@@ -84,6 +84,7 @@ json result_json(const PointResult& r) {
   j["measured_tokens"] = r.measured_tokens;  // what the extrapolated marks compare
   j["sized_for_tokens"] = r.sized_for_tokens;
   j["target_extrapolated"] = r.target_extrapolated;
+  j["stores_tokens_alike"] = r.stores_tokens_alike;
   j["plan"] = r.plan;
   json notes = json::array();
   for (const Annotation& a : r.annotations) {
@@ -150,6 +151,7 @@ PointResult result_from_json(const json& j) {
   r.measured_tokens = j.at("measured_tokens").get<int64_t>();
   r.sized_for_tokens = j.at("sized_for_tokens").get<int64_t>();
   r.target_extrapolated = j.at("target_extrapolated").get<bool>();
+  r.stores_tokens_alike = j.value("stores_tokens_alike", false);
   r.plan = j.at("plan").get<std::string>();
   for (const json& a : j.at("annotations")) {
     Annotation note;

@@ -621,21 +621,21 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
     return words;
   };
   std::ostringstream csv, console;
-  csv << "metric,rank,id,key,strategy,label,bpe,bytes,bpe_target,bytes_target,value,value_lo,value_hi,memory,"
+  csv << "metric,rank,id,key,strategy,label,bpe,bytes,bpe_target,bytes_target,bpe_read,value,value_lo,value_hi,memory,"
          "extrapolated,within_uncertainty,may_be_dominated_by\n";
   for (const std::string& m : spec_.metrics.pareto) {
     const MetricDef& def = *find_metric(m);
     const std::vector<size_t> front = pareto_front(cost, in.metric_values[metric_index(m)], def.better);
-    const std::vector<FrontPointUncertainty> sure = front_uncertainty(front, metric_index(m), cost, in, ok, settings);
+    const std::vector<FrontPointUncertainty> places = front_uncertainty(front, metric_index(m), cost, in, ok, settings);
     for (size_t k = 0; k < front.size(); ++k) {
       const PointResult& r = *ok[front[k]];
       const SweepPoint& point = points_[r.id];
-      const FrontPointUncertainty& u = sure[k];
+      const FrontPointUncertainty& u = places[k];
       std::string rivals;  // point ids, ';'-separated
       for (size_t row : u.may_be_dominated_by) rivals += (rivals.empty() ? "" : ";") + std::to_string(ok[row]->id);
       csv << m << "," << k << "," << r.id << "," << csv_field(point.key) << "," << csv_field(point.label) << ","
           << csv_field(point.display_label) << "," << num(r.bpe) << ","
-          << num(r.bytes) << "," << num(r.bpe_target) << "," << num(r.bytes_target) << ","
+          << num(r.bytes) << "," << num(r.bpe_target) << "," << num(r.bytes_target) << "," << num(r.bpe_read) << ","
           << num(r.metrics[metric_index(m)]) << "," << num(u.interval.lo) << "," << num(u.interval.hi) << "," << x
           << "," << (extrapolated_on(r, x) ? "true" : "false") << ","
           << (!u.known ? "" : u.may_be_dominated_by.empty() ? "false" : "true") << "," << rivals << "\n";
@@ -647,7 +647,7 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
     const int bpe_width = at_target ? 10 : 8;  // fits the column's name
     std::snprintf(line, sizeof line, "  %*s %7s %12s", bpe_width, at_target ? "bpe_target" : read ? "bpe_read" : "bpe",
                   "x fp16",
-                  at_target ? "bytes_target" : "bytes");
+                  at_target ? "bytes_target" : read ? "bytes at T" : "bytes");
     console << line;
     for (const std::string& o : spec_.metrics.pareto) {
       std::snprintf(line, sizeof line, " %20s", o.substr(0, 20).c_str());
@@ -666,7 +666,7 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
         console << line;
       }
       const std::string note = extrapolation_note(r, x, spec_.output.target_context);
-      const std::vector<size_t>& rivals = sure[f].may_be_dominated_by;
+      const std::vector<size_t>& rivals = places[f].may_be_dominated_by;
       console << "  " << points_[r.id].display_label << (note.empty() ? "" : kExtrapolatedMark)
               << (rivals.empty() ? "" : kUncertainMark) << "\n";
       note_once(notes, note);
@@ -792,6 +792,7 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
         jp["bytes"] = r.bytes;
         jp["bpe_target"] = r.bpe_target;
         jp["bytes_target"] = r.bytes_target;
+        jp["bpe_read"] = r.bpe_read;
         jp["value"] = value;
         // A memory budget reads its own column; an error budget minimizes output.x.
         const std::string& memory = q.memory ? q.lhs : spec_.output.x;
@@ -800,6 +801,7 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
         jp["extrapolated"] = !note.empty();
         if (!note.empty()) jp["extrapolation"] = note;
         const double memory_value = frontier_column(in, memory)[*p.index];
+        jp["memory_value"] = memory_value;
         const PickUncertainty u = pick_uncertainty(q, p, in, ok, settings);
         jp["interval"] = interval_json(u.interval);
         console << "  " << q.text << (q.memory ? " -> best " + p.metric : std::string(" -> least memory")) << ": "

@@ -99,6 +99,7 @@ PointResult aggregate_sequences(const ExperimentSpec& spec, const std::vector<co
   out.measured_tokens = first.measured_tokens;
   out.sized_for_tokens = first.sized_for_tokens;
   out.target_extrapolated = first.target_extrapolated;
+  out.stores_tokens_alike = first.stores_tokens_alike;
   out.plan = first.plan;
   for (size_t s = 1; s < S; ++s)
     if (per_sequence[s]->plan != first.plan) {

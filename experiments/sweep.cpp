@@ -112,7 +112,12 @@ void require_declared_columns(const Plan& plan, const std::string& type_name) {
 
 namespace {
 bool target_column(const std::string& memory) { return memory == "bpe_target" || memory == "bytes_target"; }
-bool sized_beyond_recording(const PointResult& r) { return r.sized_for_tokens > r.measured_tokens; }
+// A plan stored alike at every length (no window, sink tokens, phases or groups along
+// tokens) is the same cache at any context: allocated for a longer one, its memory and
+// error still come from the cache measured.
+bool sized_beyond_recording(const PointResult& r) {
+  return r.sized_for_tokens > r.measured_tokens && !r.stores_tokens_alike;
+}
 }  // namespace
 
 BootstrapSettings bootstrap_settings(const ExperimentSpec& spec) {
@@ -602,10 +607,8 @@ void SweepRun::build_plans() {
       r.bpe_read = plan.mean_bpe_read(positions_.evaluation);
       r.bytes_target = plan.bytes_at(spec_.output.target_context);
       r.measured_tokens = rec_.tokens;
-      // A plan stored alike at every length (no window, sink tokens, phases or groups
-      // along tokens) is the same cache at any context: allocated for a longer one, its
-      // memory and error still come from the cache measured (review honest_review nit 7).
-      r.sized_for_tokens = plan.stores_tokens_alike() ? rec_.tokens : plan.sized_for_context().value_or(rec_.tokens);
+      r.sized_for_tokens = plan.sized_for_context().value_or(rec_.tokens);
+      r.stores_tokens_alike = plan.stores_tokens_alike();
       r.target_extrapolated = spec_.output.target_context > rec_.tokens && !plan.stores_tokens_alike();
       r.plan = plan.describe();
       r.annotations = plan.annotations();

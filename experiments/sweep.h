@@ -73,6 +73,9 @@ struct PointResult {
   int64_t measured_tokens = 0;
   int64_t sized_for_tokens = 0;
   bool target_extrapolated = false;
+  // Plan::stores_tokens_alike: the same make-up at every context, so a plan sized for
+  // budget_context > measured_tokens is still the cache measured (not extrapolated).
+  bool stores_tokens_alike = false;
   std::string plan;                        // Plan::describe()
   std::vector<Annotation> annotations;     // the strategy's extra results
   std::vector<double> metrics;             // aligned with spec.metrics.report

@@ -807,14 +807,23 @@ py::list budget_picks(const std::string& text, const std::map<std::string, std::
 // cheaper_within_uncertainty and least_memory_for_certain (an error budget),
 // indistinguishable (a memory budget, by the paired bootstrap), and its extrapolation
 // on the memory column the query used are the CLI's. ConfigError for a query the run
-// cannot answer (bad syntax, a metric it did not measure); Error for a folder without
+// cannot answer (bad syntax, a metric it did not measure); {"config_unreadable": why}
+// when the folder's config cannot be read (its data moved); Error for a folder without
 // results.jsonl or whose config.toml expands to other points than it measured.
 std::string budget_answer(const std::filesystem::path& dir, const std::string& query) {
   const std::filesystem::path log = dir / kPointLogFile;
   if (!std::filesystem::is_regular_file(log))
     throw Error(log.string() + ": missing: the points' intervals and block sums behind a budget answer's "
                 "uncertainty are read from it (a folder of an older kvbudget: rerun it)");
-  ExperimentSpec spec = load_results_config(dir, {});  // relative data paths as the run found them
+  // Relative data paths as the run found them. Reading the config needs its data files
+  // (a glob's sequences, a model's config.json); when they moved (results copied off a
+  // cluster), {"config_unreadable": why}: Result.budget() then answers from points.csv.
+  ExperimentSpec spec;
+  try {
+    spec = load_results_config(dir, {});
+  } catch (const std::exception& e) {
+    return nlohmann::json{{"config_unreadable", e.what()}}.dump();
+  }
   const BudgetQuery q = parse_budget_query(query, "budget");
   const std::vector<std::string>& reported = spec.metrics.report;
   if (!q.memory && std::find(reported.begin(), reported.end(), q.lhs) == reported.end())

@@ -593,6 +593,9 @@ class Result:
         if "may_be_dominated_by" in frame.columns:
             frame = frame.copy()
             frame["may_be_dominated_by"] = [_id_list(v) for v in frame["may_be_dominated_by"]]
+        if "within_uncertainty" in frame.columns:  # empty (no interval) -> None, not NaN (truthy)
+            frame["within_uncertainty"] = [None if v != v else bool(v) if not isinstance(v, str) else v == "true"
+                                           for v in frame["within_uncertainty"]]
         return frame
 
     @property
@@ -644,8 +647,15 @@ class Result:
         import pandas as pd
 
         points = self.points
-        if (self.dir / "results.jsonl").is_file():
-            answers = json.loads(_core.budget_answer(os.fspath(self.dir), query))["answers"]
+        answered = (json.loads(_core.budget_answer(os.fspath(self.dir), query))
+                    if (self.dir / "results.jsonl").is_file() else None)
+        if answered is not None and "config_unreadable" in answered:
+            warnings.warn(f"{self.dir}: its config.toml cannot be read here ({answered['config_unreadable']}): "
+                          f"budget({query!r}) gives the picks without their uncertainty, from points.csv",
+                          RuntimeWarning, stacklevel=2)
+            answers = self._budget_picks_only(query, points)
+        elif answered is not None:
+            answers = answered["answers"]
         else:
             warnings.warn(f"{self.dir}: no results.jsonl (a folder of an older kvbudget): budget({query!r}) gives the "
                           "picks without their uncertainty, and extrapolated from points.csv", RuntimeWarning,

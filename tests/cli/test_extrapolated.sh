@@ -132,7 +132,7 @@ assert all((r["extrapolated"] == "true") == r["key"].startswith("kivi-2") for r 
 assert any(r["key"].startswith("kivi-2") for r in rows), rows
 PY
 sed -n '/^against the baseline/,$p' "$tmp/r2b.out" >"$tmp/r2b.cmp"
-expect "$tmp/r2b.cmp" "kivi-2() (extrapolated) vs flat(bits=2) (bpe_target 3.05078125 vs 3" "console comparison line"
+expect "$tmp/r2b.cmp" "kivi-2() (extrapolated) vs flat(bits=2) (bpe_target 3.051 vs 3" "console comparison line"
 expect "$tmp/r2b.cmp" "  extrapolated: memory at target_context 32768 tokens, error measured on 512 (docs/methods.md §1)" \
   "console comparison note"
 grep -F 'attn_kl_mean <= 0.25 -> least memory: flat(bits=2)' "$tmp/r2b.out" >/dev/null || fail "KL <= 0.25 did not pick int2"
@@ -164,7 +164,13 @@ read = [float(points[r["id"]]["bpe_read"]) for r in rows]
 assert read == sorted(read), read  # the front in order of bpe_read
 answer = json.load(open(os.path.join(d, "budgets.json")))[0]["answers"][0]
 assert answer["memory"] == "bpe_read" and answer["extrapolated"] is False, answer
+assert answer["memory_value"] == float(points[str(answer["id"])]["bpe_read"]), answer
+assert all(r["bpe_read"] == points[r["id"]]["bpe_read"] for r in rows), rows
 PY
+if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then  # the plot draws the frontier on bpe_read
+  grep -q "frontier over all strategies (0 points" "$tmp/r2c/kivi/latest/plots/attn_kl_mean.caption.txt" \
+    && fail "the bpe_read plot has no frontier"
+fi
 
 # 3. A budget met at budget_context 32768 > 512 tokens: the allocation itself is for an
 # unmeasured cache, so every memory column is extrapolated for that point.

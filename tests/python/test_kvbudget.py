@@ -235,7 +235,7 @@ def test_results_as_dataframes(quickstart_runs):
     assert "Pareto frontier: attn_kl_mean" in api.frontier
     rivals = api.pareto["may_be_dominated_by"]  # point ids, as lists
     assert all(isinstance(r, list) and all(i in set(points["id"]) for i in r) for r in rivals)
-    assert list(api.pareto["within_uncertainty"].astype(bool)) == [bool(r) for r in rivals]
+    assert list(api.pareto["within_uncertainty"]) == [bool(r) for r in rivals]
     # However pandas read the cell: several ids, one id as a number, empty.
     assert [kvbudget._id_list(c) for c in ("3;14", 20.0, float("nan"))] == [[3, 14], [20], []]
 
@@ -294,6 +294,21 @@ def test_budget_gives_the_uncertainty_budgets_json_gives(quickstart_runs):
     assert sum(len(ids) for ids in memory_budget["indistinguishable"]) > 0
     for field in ("meets_bound_for_certain", "cheaper_within_uncertainty", "least_memory_for_certain"):
         assert memory_budget[field].isna().all(), field  # an error budget's
+
+
+def test_budget_from_a_folder_whose_data_moved_gives_the_picks(quickstart_runs, tmp_path):
+    # Results copied elsewhere: config.toml's data.path no longer resolves. budget()
+    # still answers from points.csv, with a warning, as budgets.json picked.
+    _, api = quickstart_runs
+    import shutil
+    copy = tmp_path / "copied"
+    shutil.copytree(api.dir, copy)
+    config = (copy / "config.toml").read_text()
+    (copy / "config.toml").write_text(config.replace("gpt2-bytes-record.safetensors", "moved-away.safetensors"))
+    saved = api.budgets[0]
+    with pytest.warns(RuntimeWarning, match="cannot be read here"):
+        answer = kvbudget.open_results(copy).budget(saved["query"])
+    assert list(answer["id"]) == [a["id"] for a in saved["answers"] if a["point"] is not None]
 
 
 # Queries the quickstart config does not ask, each leaving something open on SMALL's
