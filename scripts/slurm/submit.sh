@@ -41,15 +41,23 @@ out="$(realpath -m "$2")"
 shift 2
 # Options sweep.sbatch passes to kvbudget run itself: given again, every array task
 # would fail ("cannot be specified more than once"), after the queue wait. Refused now.
+# kvbudget takes an unambiguous prefix of an option (--thread, --no-plot), so prefixes
+# of these count too.
+set_by_script() {
+  local name="${1%%=*}" opt
+  [[ "$name" == --?* ]] || return 1
+  for opt in --out --no-plots --threads --shard --resume; do
+    [[ "$opt" == "$name"* ]] && return 0
+  done
+  return 1
+}
 for arg in "$@"; do
-  case "$arg" in
-    --out | --out=* | --no-plots | --threads | --threads=* | --shard | --shard=* | --resume | --resume=*)
-      echo "$0: ${arg%%=*} is set by sweep.sbatch (--shard i/N --out OUT/shards --no-plots, --resume of a" \
-        "requeued shard, --threads \$SLURM_CPUS_PER_TASK): leave it out of the kvbudget run options (results go" \
-        "to OUT_DIR/shards and OUT_DIR/merged; threads: SWEEP_SBATCH_ARGS=\"--cpus-per-task=N\")" >&2
-      exit 2
-      ;;
-  esac
+  if set_by_script "$arg"; then
+    echo "$0: ${arg%%=*} is set by sweep.sbatch (--shard i/N --out OUT/shards --no-plots, --resume of a" \
+      "requeued shard, --threads \$SLURM_CPUS_PER_TASK): leave it out of the kvbudget run options (results go" \
+      "to OUT_DIR/shards and OUT_DIR/merged; threads: SWEEP_SBATCH_ARGS=\"--cpus-per-task=N\")" >&2
+    exit 2
+  fi
 done
 # The sbatch options of each job, as words (no globbing).
 read -r -a sweep_sbatch_args <<<"${SWEEP_SBATCH_ARGS:-}"

@@ -172,7 +172,8 @@ expect "$tmp/sbatch.log" "[KVBUDGET=$kvb SBATCH_PARTITION=gpu]" "the jobs' envir
 
 # Options sweep.sbatch sets itself: refused by submit.sh before anything is submitted
 # (every array task would fail), and by sweep.sbatch.
-for option in "--threads 1" "--threads=1" "--no-plots" "--out $tmp/elsewhere" "--shard 0/2" "--resume $tmp"; do
+for option in "--threads 1" "--threads=1" "--no-plots" "--out $tmp/elsewhere" "--shard 0/2" "--resume $tmp" \
+  "--thread 1" "--no-plot" "--ou=$tmp/elsewhere"; do  # and their prefixes, which kvbudget takes
   rm -f "$tmp/sbatch.log"
   # shellcheck disable=SC2086  # the option and its value as two words
   PATH="$tmp/bin:$PATH" SBATCH_LOG="$tmp/sbatch.log" KVBUDGET="$kvb" \
