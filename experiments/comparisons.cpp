@@ -21,22 +21,13 @@ std::string brief(double v) {
   return text;
 }
 
-// The point's memory on output.x (one of memory_columns()).
-double memory_on(const PointResult& r, const std::string& x) {
-  if (x == "bpe_target") return r.bpe_target;
-  if (x == "bytes") return r.bytes;
-  if (x == "bytes_target") return r.bytes_target;
-  if (x == "bpe_read") return r.bpe_read;
-  return r.bpe;
-}
-
 // The baseline point nearest to `r` in memory (ties: the lower id); nullptr if none.
 const PointResult* nearest_baseline(const PointResult& r, const std::vector<const PointResult*>& baselines,
                                     const std::string& x) {
   const PointResult* best = nullptr;
   double best_gap = std::numeric_limits<double>::infinity();
   for (const PointResult* b : baselines) {
-    const double gap = std::fabs(memory_on(*b, x) - memory_on(r, x));
+    const double gap = std::fabs(memory_value(*b, x) - memory_value(r, x));
     if (gap < best_gap || (gap == best_gap && best && b->id < best->id)) {
       best_gap = gap;
       best = b;
@@ -75,8 +66,8 @@ std::vector<Comparison> compare_with_baseline(const ExperimentSpec& spec, const 
       c.value = r->metrics[k];
       c.baseline_value = base->metrics[k];
       c.memory_axis = spec.output.x;
-      c.memory = memory_on(*r, spec.output.x);
-      c.baseline_memory = memory_on(*base, spec.output.x);
+      c.memory = memory_value(*r, spec.output.x);
+      c.baseline_memory = memory_value(*base, spec.output.x);
       c.extrapolation = extrapolation_note(*r, spec.output.x, spec.output.target_context);
       c.baseline_extrapolation = extrapolation_note(*base, spec.output.x, spec.output.target_context);
       c.extrapolated = extrapolated_on(*r, spec.output.x);

@@ -12,12 +12,27 @@ namespace {
 bool better_than(double a, double b, Better dir) { return dir == Better::Lower ? a < b : a > b; }
 }  // namespace
 
+namespace {
+// The member of `in` (const or not) holding memory column `name`; nullptr for a name
+// that is not one of memory_columns().
+template <class Input>
+auto memory_member(Input& in, const std::string& name) -> decltype(&in.bpe) {
+  if (name == "bpe") return &in.bpe;
+  if (name == "bytes") return &in.bytes;
+  if (name == "bpe_target") return &in.bpe_target;
+  if (name == "bytes_target") return &in.bytes_target;
+  if (name == "bpe_read") return &in.bpe_read;
+  return nullptr;
+}
+}  // namespace
+
+std::vector<double>& frontier_memory_column(FrontierInput& in, const std::string& name) {
+  if (std::vector<double>* column = memory_member(in, name)) return *column;
+  throw Error("internal: '" + name + "' is not a memory column (memory_columns())");
+}
+
 const std::vector<double>& frontier_column(const FrontierInput& in, const std::string& name) {
-  if (name == "bpe") return in.bpe;
-  if (name == "bytes") return in.bytes;
-  if (name == "bpe_target") return in.bpe_target;
-  if (name == "bytes_target") return in.bytes_target;
-  if (name == "bpe_read") return in.bpe_read;
+  if (const std::vector<double>* column = memory_member(in, name)) return *column;
   for (size_t i = 0; i < in.metric_names.size(); ++i)
     if (in.metric_names[i] == name) return in.metric_values[i];
   throw ConfigError("budget query: metric '" + name + "' is not among the reported metrics (add it to metrics.report)");

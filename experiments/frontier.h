@@ -44,6 +44,10 @@ struct FrontierInput {
 // The column of `in` named `name` (a memory column or a metric); throws ConfigError
 // naming metrics.report for a metric it lacks.
 const std::vector<double>& frontier_column(const FrontierInput& in, const std::string& name);
+// The member of `in` that holds memory column `name` (one of memory_columns()), to fill;
+// throws kvb::Error for another name. With frontier_column, the one place that maps the
+// memory columns to FrontierInput's members.
+std::vector<double>& frontier_memory_column(FrontierInput& in, const std::string& name);
 
 BudgetAnswer answer_budget(const BudgetQuery& q, const FrontierInput& in);
 

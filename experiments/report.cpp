@@ -554,11 +554,7 @@ FrontierInput Report::frontier_input(const std::vector<const PointResult*>& ok) 
   in.pareto_metrics = spec_.metrics.pareto;
   in.memory = spec_.output.x;
   for (const PointResult* r : ok) {
-    in.bpe.push_back(r->bpe);
-    in.bytes.push_back(r->bytes);
-    in.bpe_target.push_back(r->bpe_target);
-    in.bytes_target.push_back(r->bytes_target);
-    in.bpe_read.push_back(r->bpe_read);
+    for (const std::string& c : memory_columns()) frontier_memory_column(in, c).push_back(memory_value(*r, c));
     for (size_t m = 0; m < in.metric_names.size(); ++m) in.metric_values[m].push_back(r->metrics[m]);
   }
   return in;
@@ -621,8 +617,8 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
     return words;
   };
   std::ostringstream csv, console;
-  csv << "metric,rank,id,key,strategy,label,bpe,bytes,bpe_target,bytes_target,bpe_read,value,value_lo,value_hi,memory,"
-         "extrapolated,within_uncertainty,may_be_dominated_by\n";
+  csv << "metric,rank,id,key,strategy,label," << join(memory_columns(), ",")
+      << ",value,value_lo,value_hi,memory,extrapolated,within_uncertainty,may_be_dominated_by\n";
   for (const std::string& m : spec_.metrics.pareto) {
     const MetricDef& def = *find_metric(m);
     const std::vector<size_t> front = pareto_front(cost, in.metric_values[metric_index(m)], def.better);
@@ -634,9 +630,9 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
       std::string rivals;  // point ids, ';'-separated
       for (size_t row : u.may_be_dominated_by) rivals += (rivals.empty() ? "" : ";") + std::to_string(ok[row]->id);
       csv << m << "," << k << "," << r.id << "," << csv_field(point.key) << "," << csv_field(point.label) << ","
-          << csv_field(point.display_label) << "," << num(r.bpe) << ","
-          << num(r.bytes) << "," << num(r.bpe_target) << "," << num(r.bytes_target) << "," << num(r.bpe_read) << ","
-          << num(r.metrics[metric_index(m)]) << "," << num(u.interval.lo) << "," << num(u.interval.hi) << "," << x
+          << csv_field(point.display_label) << ",";
+      for (const std::string& c : memory_columns()) csv << num(memory_value(r, c)) << ",";
+      csv << num(r.metrics[metric_index(m)]) << "," << num(u.interval.lo) << "," << num(u.interval.hi) << "," << x
           << "," << (extrapolated_on(r, x) ? "true" : "false") << ","
           << (!u.known ? "" : u.may_be_dominated_by.empty() ? "false" : "true") << "," << rivals << "\n";
     }
@@ -788,11 +784,7 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
         jp["strategy"] = points_[r.id].label;
         jp["label"] = points_[r.id].display_label;
         jp["id"] = r.id;
-        jp["bpe"] = r.bpe;
-        jp["bytes"] = r.bytes;
-        jp["bpe_target"] = r.bpe_target;
-        jp["bytes_target"] = r.bytes_target;
-        jp["bpe_read"] = r.bpe_read;
+        for (const std::string& c : memory_columns()) jp[c] = memory_value(r, c);
         jp["value"] = value;
         // A memory budget reads its own column; an error budget minimizes output.x.
         const std::string& memory = q.memory ? q.lhs : spec_.output.x;

@@ -126,6 +126,15 @@ BootstrapSettings bootstrap_settings(const ExperimentSpec& spec) {
   return b;
 }
 
+double memory_value(const PointResult& r, const std::string& column) {
+  if (column == "bpe") return r.bpe;
+  if (column == "bpe_target") return r.bpe_target;
+  if (column == "bytes") return r.bytes;
+  if (column == "bytes_target") return r.bytes_target;
+  if (column == "bpe_read") return r.bpe_read;
+  throw Error("internal: '" + column + "' is not a memory column (memory_columns())");
+}
+
 bool extrapolated_on(const PointResult& r, const std::string& memory) {
   return sized_beyond_recording(r) || (target_column(memory) && r.target_extrapolated);
 }

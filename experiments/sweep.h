@@ -107,6 +107,9 @@ struct PointResult {
 // context than its error was measured on: a plan sized for more tokens than the
 // recording (any column), or bpe_target/bytes_target with target_extrapolated.
 bool extrapolated_on(const PointResult& r, const std::string& memory);
+// A point's memory on `column`, one of memory_columns() (throws kvb::Error for another
+// name): the one place that maps the columns to PointResult's fields.
+double memory_value(const PointResult& r, const std::string& column);
 // points.csv's `extrapolated` column: "no", or which memory figures are extrapolated,
 // "budget_context" (the allocation: every column), "target_context" (bpe_target and
 // bytes_target), or both joined by '+'.

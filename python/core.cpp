@@ -779,13 +779,11 @@ py::list budget_picks(const std::string& text, const std::map<std::string, std::
   FrontierInput in;
   in.memory = memory;
   in.pareto_metrics = pareto;
+  const std::vector<std::string>& memory_names = memory_columns();
   for (const auto& [name, values] : columns) {
-    if (name == "bpe") in.bpe = values;
-    else if (name == "bytes") in.bytes = values;
-    else if (name == "bpe_target") in.bpe_target = values;
-    else if (name == "bytes_target") in.bytes_target = values;
-    else if (name == "bpe_read") in.bpe_read = values;
-    else {
+    if (std::find(memory_names.begin(), memory_names.end(), name) != memory_names.end()) {
+      frontier_memory_column(in, name) = values;
+    } else {
       in.metric_names.push_back(name);
       in.metric_values.push_back(values);
     }
