@@ -138,9 +138,10 @@ TEST_CASE("output.x: the memory axis, one of the memory columns, checked with it
   CHECK(parse(text).output.x == "bpe");
   CHECK(parse(text + "[output]\nx = \"bytes_target\"\n").output.x == "bytes_target");
   CHECK(parse(text, {"output.x=bpe_target"}).output.x == "bpe_target");
+  CHECK(parse(text, {"output.x=bpe_read"}).output.x == "bpe_read");
   CHECK(error_of(text + "[output]\nx = \"bpe_traget\"\n") ==
         "test.toml:7: output.x: 'bpe_traget' is not a memory column (did you mean 'bpe_target'?); one of bpe, "
-        "bpe_target, bytes, bytes_target");
+        "bpe_target, bytes, bytes_target, bpe_read");
   CHECK(error_of(text, {"output.x=attn_kl_mean"}).find("--set output.x: 'attn_kl_mean' is not a memory column") == 0);
   CHECK(error_of(text + "[output]\nx = 4\n").find("test.toml:7: output.x: expected a string") == 0);
 }
