@@ -14,12 +14,6 @@ namespace kvb {
 
 namespace {
 
-// A memory figure for the console: 4 significant digits (comparisons.csv has them all).
-std::string brief(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.4g", v);
-  return text;
-}
 
 // The baseline point nearest to `r` in memory (ties: the lower id); nullptr if none.
 const PointResult* nearest_baseline(const PointResult& r, const std::vector<const PointResult*>& baselines,
@@ -107,22 +101,18 @@ std::string comparisons_console(const ExperimentSpec& spec, const std::vector<Sw
   os << "\nagainst the baseline '" << spec.metrics.baseline << "' (nearest in " << spec.output.x
      << "; paired bootstrap, " << level
      << " interval of the difference; better/worse only when it excludes zero), comparisons.csv:\n";
-  constexpr const char* kExtrapolatedMark = " (extrapolated)";  // as the Pareto frontier marks a point
   std::vector<std::string> notes;  // why the marked points' memory is extrapolated, each once
-  auto note_once = [&](const std::string& note) {
-    if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
-  };
   size_t i = 0;
   while (i < comparisons.size()) {
     const size_t id = comparisons[i].id;
     const Comparison& first = comparisons[i];
-    note_once(first.extrapolation);
-    note_once(first.baseline_extrapolation);
+    append_once(notes, first.extrapolation);
+    append_once(notes, first.baseline_extrapolation);
     os << "  " << points.at(id).display_label << (first.extrapolated ? kExtrapolatedMark : "") << " vs "
        << points.at(first.baseline_id).display_label << (first.baseline_extrapolated ? kExtrapolatedMark : "") << " ("
-       << first.memory_axis << " " << brief(first.memory) << " vs " << brief(first.baseline_memory);
+       << first.memory_axis << " " << four_digits(first.memory) << " vs " << four_digits(first.baseline_memory);
     if (first.memory != first.baseline_memory)
-      os << ": at unequal memory, " << brief(std::fabs(first.memory - first.baseline_memory))
+      os << ": at unequal memory, " << four_digits(std::fabs(first.memory - first.baseline_memory))
          << (first.memory > first.baseline_memory ? " more" : " less");
     os << "):";
     // The primary metric first (metrics.primary), then every other one.
@@ -145,7 +135,7 @@ std::string comparisons_console(const ExperimentSpec& spec, const std::vector<Sw
     os << "\n";
     i = end;
   }
-  for (const std::string& note : notes) os << "  extrapolated: " << note << " (docs/methods.md §1)\n";
+  for (const std::string& note : notes) os << "  " << extrapolation_line(note) << "\n";
   return os.str();
 }
 

@@ -579,18 +579,15 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
                                : read    ? " of the caches the evaluated queries read (bpe_read)"
                                          : std::string());
   const std::vector<double>& cost = frontier_column(in, x);
-  auto bpe_of = [&](const PointResult& r) { return at_target ? r.bpe_target : read ? r.bpe_read : r.bpe; };
-  auto bytes_of = [&](const PointResult& r) { return at_target ? r.bytes_target : r.bytes; };
-  constexpr const char* kExtrapolatedMark = " (extrapolated)";
+  // The table's bits-per-element and bytes columns: those of output.x's context (bytes
+  // at T beside bpe_read, which has no bytes of its own).
+  const std::string bpe_column = at_target ? "bpe_target" : read ? "bpe_read" : "bpe";
+  const std::string bytes_column = at_target ? "bytes_target" : "bytes";
   constexpr const char* kUncertainMark = " ~";
 
   const BootstrapSettings settings = bootstrap_settings(spec_);
   char level[32];
   std::snprintf(level, sizeof level, "%g %%", settings.level * 100);
-  // Adds `note` (an extrapolation_note) to `notes` unless empty or already there.
-  auto note_once = [](std::vector<std::string>& notes, const std::string& note) {
-    if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
-  };
   // A point as an uncertainty note names it: label, bpe and the memory column in use
   // (`memory`, when not bpe: "bpe 4.625, bpe_target 3.025"), marked "extrapolated" when
   // that memory is (its note added to `notes`), value [interval].
@@ -599,7 +596,7 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
     const PointResult& r = *ok[row];
     const size_t k = metric_index(metric);
     const std::string note = extrapolation_note(r, memory, spec_.output.target_context);
-    note_once(notes, note);
+    append_once(notes, note);
     return points_[r.id].display_label + " (bpe " + short_num(r.bpe) +
            (memory == "bpe" ? "" : ", " + memory + " " + short_num(frontier_column(in, memory)[row])) +
            (note.empty() ? "" : " extrapolated") + ", " + short_num(r.metrics[k]) +
@@ -641,9 +638,8 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
             << " is better) vs " << x_words << ", " << front.size() << " of " << ok.size() << " points\n";
     char line[512];
     const int bpe_width = at_target ? 10 : 8;  // fits the column's name
-    std::snprintf(line, sizeof line, "  %*s %7s %12s", bpe_width, at_target ? "bpe_target" : read ? "bpe_read" : "bpe",
-                  "x fp16",
-                  at_target ? "bytes_target" : read ? "bytes at T" : "bytes");
+    std::snprintf(line, sizeof line, "  %*s %7s %12s", bpe_width, bpe_column.c_str(), "x fp16",
+                  read ? "bytes at T" : bytes_column.c_str());
     console << line;
     for (const std::string& o : spec_.metrics.pareto) {
       std::snprintf(line, sizeof line, " %20s", o.substr(0, 20).c_str());
@@ -655,7 +651,8 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
     for (size_t f = 0; f < front.size(); ++f) {
       const size_t i = front[f];
       const PointResult& r = *ok[i];
-      std::snprintf(line, sizeof line, "  %*.4f %7.3f %12.0f", bpe_width, bpe_of(r), 16.0 / bpe_of(r), bytes_of(r));
+      const double bpe = memory_value(r, bpe_column);
+      std::snprintf(line, sizeof line, "  %*.4f %7.3f %12.0f", bpe_width, bpe, 16.0 / bpe, memory_value(r, bytes_column));
       console << line;
       for (const std::string& o : spec_.metrics.pareto) {
         std::snprintf(line, sizeof line, " %20s", short_num(r.metrics[metric_index(o)]).c_str());
@@ -665,10 +662,10 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
       const std::vector<size_t>& rivals = places[f].may_be_dominated_by;
       console << "  " << points_[r.id].display_label << (note.empty() ? "" : kExtrapolatedMark)
               << (rivals.empty() ? "" : kUncertainMark) << "\n";
-      note_once(notes, note);
+      append_once(notes, note);
       if (!rivals.empty()) uncertain.push_back(front_rival_words(r, rivals, m, notes));
     }
-    for (const std::string& note : notes) console << "  extrapolated: " << note << " (docs/methods.md §1)\n";
+    for (const std::string& note : notes) console << "  " << extrapolation_line(note) << "\n";
     if (!uncertain.empty())
       console << "  ~ within uncertainty: not told apart (" << level
               << " paired bootstrap interval of the difference holds 0, or overlapping intervals) from a point "
@@ -708,7 +705,7 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
     // The notes of the points named, after the pick's.
     auto with_notes = [&](std::string words) {
       for (size_t i = 1; i < notes.size(); ++i)
-        words += "      extrapolated: " + notes[i] + " (docs/methods.md §1)\n";
+        words += "      " + extrapolation_line(notes[i]) + "\n";
       return words;
     };
     std::string words;
@@ -792,13 +789,13 @@ Report::Frontier Report::frontier(const std::vector<PointResult>& results) const
         jp["memory"] = memory;
         jp["extrapolated"] = !note.empty();
         if (!note.empty()) jp["extrapolation"] = note;
-        const double memory_value = frontier_column(in, memory)[*p.index];
-        jp["memory_value"] = memory_value;
+        const double picked_memory = frontier_column(in, memory)[*p.index];
+        jp["memory_value"] = picked_memory;
         const PickUncertainty u = pick_uncertainty(q, p, in, ok, settings);
         jp["interval"] = interval_json(u.interval);
         console << "  " << q.text << (q.memory ? " -> best " + p.metric : std::string(" -> least memory")) << ": "
                 << points_[r.id].display_label << "  (bpe " << short_num(r.bpe)
-                << (memory == "bpe" ? "" : ", " + memory + " " + short_num(memory_value)) << ", " << p.metric << " "
+                << (memory == "bpe" ? "" : ", " + memory + " " + short_num(picked_memory)) << ", " << p.metric << " "
                 << short_num(value) << interval_words(u.interval) << ")"
                 << (note.empty() ? "" : "  extrapolated: " + note) << "\n";
         console << budget_uncertainty_words(q, p, u, memory, note, jp);

@@ -216,8 +216,7 @@ std::vector<std::string> carried_warnings(const nlohmann::json& manifest) {
 }
 
 void add_warnings(std::vector<std::string>& warnings, const std::vector<std::string>& more) {
-  for (const std::string& w : more)
-    if (std::find(warnings.begin(), warnings.end(), w) == warnings.end()) warnings.push_back(w);
+  for (const std::string& w : more) append_once(warnings, w);
 }
 
 ExperimentSpec load_results_config(const std::filesystem::path& dir, const std::vector<std::string>& overrides) {

@@ -126,6 +126,10 @@ BootstrapSettings bootstrap_settings(const ExperimentSpec& spec) {
   return b;
 }
 
+std::string extrapolation_line(const std::string& note) {
+  return "extrapolated: " + note + " (docs/methods.md §1)";
+}
+
 double memory_value(const PointResult& r, const std::string& column) {
   if (column == "bpe") return r.bpe;
   if (column == "bpe_target") return r.bpe_target;
@@ -172,14 +176,9 @@ std::string memory_read_note(const std::vector<PointResult>& results, const std:
     if (!most || gap(r) > gap(*most)) most = &r;
   }
   if (!most) return "";
-  auto brief = [](double v) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.4g", v);
-    return std::string(text);
-  };
   return std::to_string(count) + kMemoryReadNoteMark + " from their bpe at " + std::to_string(most->measured_tokens) + " tokens by more than " +
-         brief(kMemoryReadTolerance * 100) + " % (most: " + points.at(most->id).display_label + ", bpe " +
-         brief(most->bpe) + ", " + brief(most->bpe_read) +
+         four_digits(kMemoryReadTolerance * 100) + " % (most: " + points.at(most->id).display_label + ", bpe " +
+         four_digits(most->bpe) + ", " + four_digits(most->bpe_read) +
          " over the caches its evaluated queries read; points.csv bpe_read): a window, sink tokens, phases or a "
          "prefill make their memory depend on the length. Compare them on bpe_read, or evaluate positions near the "
          "end (metrics.positions) so that memory and error come from one cache (docs/methods.md §1)";

@@ -118,6 +118,10 @@ std::string extrapolated_label(const PointResult& r);
 // error measured on 512", "allocated for budget_context 32768 tokens, ..." (empty when
 // not extrapolated on `memory`); target_context is output.target_context.
 std::string extrapolation_note(const PointResult& r, const std::string& memory, int64_t target_context);
+// How the console marks a point whose memory is extrapolated, after its label, and the
+// line (without indentation) that says why, once per note under a table.
+inline constexpr const char* kExtrapolatedMark = " (extrapolated)";
+std::string extrapolation_line(const std::string& note);
 
 // How far a point's bpe_read may differ from its bpe (a share of bpe) before the run
 // warns that its error was measured on caches of another memory (memory_read_note).

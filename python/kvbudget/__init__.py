@@ -469,6 +469,15 @@ def _numbers_with_nan(frame):
     return frame
 
 
+def _extrapolated_on(flag, column):
+    """Whether points.csv's `extrapolated` cell ("no", or "budget_context" and/or
+    "target_context" joined by '+') makes the memory on `column` extrapolated
+    (docs/methods.md §1: the allocation's any column, the target's bpe_target and
+    bytes_target)."""
+    what = str(flag).split("+")
+    return "budget_context" in what or (column.endswith("_target") and "target_context" in what)
+
+
 def _id_list(cell):
     """A ';'-separated list of point ids as pandas read it (a string, a number when it
     held one id, NaN when empty) -> [int]."""
@@ -705,8 +714,7 @@ class Result:
                 answers.append({"metric": metric, "point": None})
                 continue
             row = points.iloc[index]
-            flag = str(row.get("extrapolated", "no"))
-            extrapolated = "budget_context" in flag or (memory.endswith("_target") and "target_context" in flag)
+            extrapolated = _extrapolated_on(row.get("extrapolated", "no"), memory)
             answers.append({"metric": metric, "point": row.get("key", ""), "id": int(row["id"]), "value": row[metric],
                             "memory": memory, "extrapolated": extrapolated})
         return answers
@@ -742,10 +750,6 @@ class Result:
             _, ax = plt.subplots()
         markers = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p"]
         lines = ["-", "--", "-.", ":"]
-        def extrapolated(flag):  # points.csv `extrapolated` on this x (docs/methods.md §1)
-            flag = str(flag)
-            return "budget_context" in flag or (x.endswith("_target") and "target_context" in flag)
-
         for k, (strategy, group) in enumerate(points.groupby("strategy", sort=False)):
             group = group.sort_values(x)
             line = ax.plot(group[x], group[metric], marker=markers[k % len(markers)],
@@ -760,7 +764,7 @@ class Result:
                 ax.errorbar(group[x], group[metric], yerr=[below.fillna(0), above.fillna(0)], fmt="none",
                             ecolor=line.get_color(), elinewidth=0.8, capsize=2, label="_nolegend_")
             if "extrapolated" in group.columns:
-                hollow = group[group["extrapolated"].map(extrapolated)]
+                hollow = group[group["extrapolated"].map(lambda flag: _extrapolated_on(flag, x))]
                 if not hollow.empty:
                     ax.plot(hollow[x], hollow[metric], linestyle="none", marker=markers[k % len(markers)],
                             markersize=4, markerfacecolor="white", markeredgecolor=line.get_color(),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 
 namespace kvb {
 
@@ -75,6 +76,16 @@ std::string replace_all(std::string pattern, std::string_view key, std::string_v
     pos += value.size();
   }
   return pattern;
+}
+
+std::string four_digits(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+void append_once(std::vector<std::string>& list, const std::string& text) {
+  if (!text.empty() && std::find(list.begin(), list.end(), text) == list.end()) list.push_back(text);
 }
 
 std::string format_double(double v) {

@@ -26,5 +26,11 @@ std::string replace_all(std::string pattern, std::string_view key, std::string_v
 
 // Shortest round-trippable decimal form of a double ("0.1", "1e-05", "3").
 std::string format_double(double v);
+// Four significant digits ("%.4g": "3.812", "1.18e+06"), for console messages.
+std::string four_digits(double v);
+
+// Appends `text` to `list` unless it is empty or already there (notes and warnings said
+// once each, in the order first given).
+void append_once(std::vector<std::string>& list, const std::string& text);
 
 }  // namespace kvb
